@@ -1,0 +1,1 @@
+"""Benchmarks: suites of cases timed on a GPU against their ceilings and peers (see suites/)."""

@@ -1,0 +1,43 @@
+"""Padding: every expert's tokens padded to the longest expert's count C, one batched matmul over
+[E, C, D] (a grouped GEMM with E equal groups). C is read on the host: one sync per layer, and
+E * C rows of work however few are real."""
+
+from __future__ import annotations
+
+import torch
+
+from ..ops import gather_scale, scatter_add, silu_mul
+from .base import Experts, expert_gemm, register
+
+
+@register
+class Padded(Experts):
+    name = "padded"
+    graph_safe = False
+    summary = "pad each expert to the max count, batched matmul (1 host sync)"
+
+    def forward(self, x, routing, weights, out, cfg, before_combine=lambda: None):
+        r, w = routing, weights
+        E, A = r.num_experts, r.num_pairs
+        C = int(r.counts.max()) if A else 0  # host sync: the padded length
+        if C == 0:
+            return
+        dev = x.device
+        e = r.expert_ids.long().clamp(0, E - 1)
+        rank = torch.arange(A, device=dev) - r.offsets()[e]
+        slot = torch.where(r.valid_mask(), e * C + rank, E * C)  # [A]; dropped pairs -> spare row
+        slot_token = torch.zeros(E * C + 1, dtype=torch.int32, device=dev)
+        slot_token = slot_token.index_copy_(0, slot, r.token_ids)[: E * C]
+        on_input = cfg.apply_router_weight_on_input
+        slot_weight = None
+        if on_input:  # padding rows get weight 0, so they are zero rows
+            slot_weight = torch.zeros(E * C + 1, dtype=torch.float32, device=dev)
+            slot_weight = slot_weight.index_copy_(0, slot, r.weights)[: E * C]
+        sizes = torch.full((E,), C, dtype=torch.int32, device=dev)
+        xb = gather_scale(x, slot_token, slot_weight, quantize=w.quantized)  # [E * C, D]
+        hb = expert_gemm(xb, w.w13, w.w13_scale, sizes, cfg.dtype)
+        ab = silu_mul(hb, quantize=w.quantized)
+        yb = expert_gemm(ab, w.w2, w.w2_scale, sizes, cfg.dtype)  # [E * C, D]
+        before_combine()
+        scatter_add(out, yb, r.token_ids, None if on_input else r.weights,
+                    num_valid=r.num_valid, rows=slot)

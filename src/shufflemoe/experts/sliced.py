@@ -1,0 +1,38 @@
+"""Slicing: counts read on the host, then one matmul pair per expert on its exact slice of the
+sorted pairs. No padding, but E launches of small shapes and a host sync per layer."""
+
+from __future__ import annotations
+
+from ..ops import gather_scale, silu_mul
+from .base import Experts, expert_gemm, pair_weights, register
+
+
+@register
+class Sliced(Experts):
+    name = "sliced"
+    graph_safe = False
+    summary = "one GEMM per expert on its slice (host sync, E launches)"
+
+    def forward(self, x, routing, weights, out, cfg, before_combine=lambda: None):
+        r, w = routing, weights
+        counts = r.counts.tolist()  # host sync
+        w_in, w_out = pair_weights(r, cfg)
+        xs = gather_scale(x, r.token_ids, w_in, num_valid=r.num_valid, quantize=w.quantized)
+        joined, start = False, 0
+        for e, c in enumerate(counts):
+            if c == 0:
+                continue
+            rows = slice(start, start + c)
+            start += c
+            size = r.counts[e : e + 1]  # a view of the device counts: no copy
+            inp = tuple(t[rows] for t in xs) if w.quantized else xs[rows]
+            s13 = None if w.w13_scale is None else w.w13_scale[e : e + 1]
+            s2 = None if w.w2_scale is None else w.w2_scale[e : e + 1]
+            h = expert_gemm(inp, w.w13[e : e + 1], s13, size, cfg.dtype)
+            a = silu_mul(h, quantize=w.quantized)
+            if not joined:
+                before_combine()
+                joined = True
+            expert_gemm(a, w.w2[e : e + 1], s2, size, cfg.dtype,
+                        row_weights=None if w_out is None else w_out[rows],
+                        scatter_ids=r.token_ids[rows], out=out)

@@ -1,0 +1,195 @@
+"""The MoE layer: router + shared expert + dispatcher x expert strategy.
+
+    x [T, D]
+     |- router:  logits = x @ Wr^T [T, E] -> Routing (pairs sorted by expert, on the device)
+     |- shared expert (own CUDA stream for small T): out = SwiGLU(x) [T, D]
+     `- dispatch.run(experts): out += routed experts' output (scatter-add into out)
+
+No step copies a size to the host with the ``shuffled`` strategy, so the layer can be captured in
+one CUDA graph (see graph.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ._checks import check_tensor
+from .config import MoEConfig
+from .dispatch import Dispatch, LocalDispatch
+from .experts import EXPERTS, Experts
+from .ops import quantize_fp8_rowwise, silu_mul
+from .ops.quantize import FP8_DTYPE
+from .routing import route, router_logits
+from .types import ExpertWeights, Routing
+
+_WEIGHT_NAMES = ("router_weight", "router_bias", "w13", "w2", "w13_scale", "w2_scale",
+                 "shared_w13", "shared_w2", "shared_gate")
+
+
+def _frozen(t: Tensor | None) -> nn.Parameter | None:
+    return None if t is None else nn.Parameter(t, requires_grad=False)
+
+
+class MoE(nn.Module):
+    """One Mixture-of-Experts layer for inference, weights in the canonical layout:
+
+    router_weight [E, D], router_bias [E] float32 (group_limited correction bias), w13 [E, 2I, D]
+    (gate rows then up rows), w2 [E, D, I], shared_w13 [2Is, D], shared_w2 [D, Is],
+    shared_gate [1, D]. Under fp8_rowwise, w13/w2 are float8_e4m3fn with w13_scale [E, 2I] and
+    w2_scale [E, D]. Forward takes [T, D] or [B, S, D] in config.dtype and returns the same shape.
+    """
+
+    def __init__(
+        self,
+        config: MoEConfig,
+        experts: str = "shuffled",
+        dispatch: Dispatch | None = None,
+        *,
+        device: torch.device | str | None = None,
+    ) -> None:
+        super().__init__()
+        cfg = self.config = config
+        E, D, I, Is = (cfg.num_experts, cfg.hidden_size, cfg.intermediate_size,
+                       cfg.shared_intermediate_size)
+
+        def param(*shape: int) -> nn.Parameter:  # random N(0, 1/fan_in): outputs of order one
+            t = torch.empty(*shape, device=device, dtype=cfg.dtype)
+            return _frozen(t.normal_(0.0, 1.0 / math.sqrt(shape[-1])))
+
+        self.router_weight = param(E, D)
+        self.router_bias = _frozen(torch.zeros(E, device=device)) if cfg.correction_bias else None
+        self.w13 = param(E, 2 * I, D)
+        self.w2 = param(E, D, I)
+        self.w13_scale = self.w2_scale = None
+        self.shared_w13 = param(2 * Is, D) if Is else None
+        self.shared_w2 = param(D, Is) if Is else None
+        self.shared_gate = param(1, D) if cfg.shared_expert_gate else None
+        if cfg.quantized:
+            self._quantize_experts()
+        self.dispatch = dispatch or LocalDispatch()
+        self.set_experts(experts)
+        self._side_stream: torch.cuda.Stream | None = None
+
+    @classmethod
+    def from_weights(
+        cls,
+        config: MoEConfig,
+        *,
+        router_weight: Tensor,
+        w13: Tensor,
+        w2: Tensor,
+        router_bias: Tensor | None = None,
+        w13_scale: Tensor | None = None,
+        w2_scale: Tensor | None = None,
+        shared_w13: Tensor | None = None,
+        shared_w2: Tensor | None = None,
+        shared_gate: Tensor | None = None,
+        experts: str = "shuffled",
+        dispatch: Dispatch | None = None,
+    ) -> MoE:
+        """Wrap existing tensors (not copied) in the canonical layout. Under fp8_rowwise, w13/w2
+        may be given in config.dtype (quantized here) or as float8 with their scales."""
+        layer = cls(config, experts, dispatch, device="meta")
+        given = dict(router_weight=router_weight, router_bias=router_bias, w13=w13, w2=w2,
+                     w13_scale=w13_scale, w2_scale=w2_scale, shared_w13=shared_w13,
+                     shared_w2=shared_w2, shared_gate=shared_gate)
+        fp8_given = w13.dtype == FP8_DTYPE
+        if fp8_given and not config.quantized:
+            raise ValueError("float8 w13/w2 need MoEConfig.quantization='fp8_rowwise'")
+        for name in _WEIGHT_NAMES:
+            want, t = getattr(layer, name), given[name]
+            if name.endswith("_scale") and not fp8_given:
+                if t is not None:
+                    raise ValueError(f"{name} is only used with float8_e4m3fn w13/w2")
+                continue
+            if (want is None) != (t is None):
+                raise ValueError(f"{name} is {'required' if t is None else 'not used'} by this MoEConfig")
+            if t is None:
+                continue
+            dtype = want.dtype if fp8_given or name not in ("w13", "w2") else config.dtype
+            check_tensor(name, t, shape=list(want.shape), dtypes=(dtype,), device=w13.device)
+            setattr(layer, name, _frozen(t))
+        if config.quantized and not fp8_given:
+            layer._quantize_experts()
+        return layer
+
+    def _quantize_experts(self) -> None:
+        """Quantize w13/w2 to float8_e4m3fn, one scale per output row (once, at load)."""
+        for name in ("w13", "w2"):
+            q, s = quantize_fp8_rowwise(getattr(self, name).data)
+            setattr(self, name, _frozen(q))
+            setattr(self, f"{name}_scale", _frozen(s))
+
+    def set_experts(self, name: str) -> None:
+        """Choose the expert strategy by name (see experts.EXPERTS)."""
+        strategy: Experts = EXPERTS.get(name)
+        device = self.w13.device
+        for part, (ok, why) in (("experts", strategy.supports(self.config, device)),
+                                ("dispatch", self.dispatch.supports(self.config, strategy, device))):
+            if not ok:
+                raise ValueError(f"{part} {name!r} does not support this layer: {why}")
+        self.experts = strategy
+
+    @property
+    def expert_weights(self) -> ExpertWeights:
+        return ExpertWeights(self.w13, self.w2, self.w13_scale, self.w2_scale)
+
+    def route(self, x: Tensor) -> Routing:
+        """x [T, D] -> Routing over all E experts."""
+        return route(router_logits(x, self.router_weight), self.config, self.router_bias)
+
+    def shared_expert(self, x: Tensor, out: Tensor) -> Tensor:
+        """out [T, D] = shared SwiGLU(x) (times sigmoid(x @ gate) for Qwen2-MoE)."""
+        h = F.linear(x, self.shared_w13)  # [T, 2Is]
+        torch.mm(silu_mul(h), self.shared_w2.t(), out=out)
+        if self.shared_gate is not None:
+            out.mul_(torch.sigmoid(F.linear(x, self.shared_gate)))
+        return out
+
+    def _uses_side_stream(self, x: Tensor) -> bool:
+        return (x.is_cuda and self.shared_w13 is not None
+                and x.shape[0] <= self.config.shared_stream_max_tokens)
+
+    def forward(self, x: Tensor) -> Tensor:
+        cfg = self.config
+        check_tensor("x", x, dtypes=(cfg.dtype,), device=self.w13.device)
+        if x.dim() not in (2, 3) or x.shape[-1] != cfg.hidden_size:
+            raise ValueError(f"x must be [T, {cfg.hidden_size}] or [B, S, {cfg.hidden_size}], "
+                             f"got {list(x.shape)}")
+        with torch.no_grad():
+            return self._forward(x.reshape(-1, cfg.hidden_size).contiguous()).view(x.shape)
+
+    def _forward(self, x: Tensor) -> Tensor:  # x [T, D]
+        has_shared = self.shared_w13 is not None
+        out = torch.empty_like(x) if has_shared else torch.zeros_like(x)  # [T, D]
+        join = _noop
+        if self._uses_side_stream(x):  # decode: shared expert overlaps routing and GEMM13
+            main = torch.cuda.current_stream(x.device)
+            if self._side_stream is None:
+                self._side_stream = torch.cuda.Stream(x.device)
+            side = self._side_stream
+            side.wait_stream(main)
+            with torch.cuda.stream(side):
+                self.shared_expert(x, out)
+            join = lambda: main.wait_stream(side)  # noqa: E731
+        elif has_shared:  # prefill: one stream, overlapping would only contend for SMs and L2
+            self.shared_expert(x, out)
+        routing = self.route(x)
+        self.dispatch.run(self.experts, x, routing, self.expert_weights, out, self.config, join)
+        join()
+        return out
+
+    def extra_repr(self) -> str:
+        c = self.config
+        return (f"E={c.num_experts}, k={c.top_k}, D={c.hidden_size}, I={c.intermediate_size}, "
+                f"shared={c.shared_intermediate_size}, router={c.router}, "
+                f"experts={self.experts.name}, dispatch={self.dispatch.name}, "
+                f"quantization={c.quantization}")
+
+
+def _noop() -> None:
+    pass

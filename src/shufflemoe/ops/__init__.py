@@ -1,0 +1,30 @@
+"""The ops of one MoE layer. Each op has a torch reference (runs anywhere, never copies a size to
+the host) and a Triton kernel (CUDA, or the CPU under TRITON_INTERPRET=1); the public function
+validates its arguments and picks one (see _impl.use_impl)."""
+
+from ._impl import interpreting, triton_available, use_impl
+from .gather_scale import gather_scale
+from .grouped_gemm import grouped_gemm
+from .index_shuffle import index_shuffle, sort_by_expert
+from .quantize import FP8_DTYPE, FP8_MAX, dequantize_fp8_rowwise, quantize_fp8_rowwise
+from .scatter_add import scatter_add
+from .shuffling import combine_shuffling, split_shuffling
+from .silu_mul import silu_mul
+
+__all__ = [
+    "FP8_DTYPE",
+    "FP8_MAX",
+    "combine_shuffling",
+    "dequantize_fp8_rowwise",
+    "gather_scale",
+    "grouped_gemm",
+    "index_shuffle",
+    "interpreting",
+    "quantize_fp8_rowwise",
+    "scatter_add",
+    "silu_mul",
+    "sort_by_expert",
+    "split_shuffling",
+    "triton_available",
+    "use_impl",
+]

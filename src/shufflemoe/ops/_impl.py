@@ -1,0 +1,59 @@
+"""Which implementation an op runs: its Triton kernel or its torch reference.
+
+``impl="auto"`` (the default) runs the kernel on CUDA tensors and the reference elsewhere.
+``impl="triton"`` forces the kernel: on CUDA, or on CPU tensors under ``TRITON_INTERPRET=1``
+(how CI tests kernels). ``impl="torch"`` forces the reference. ``use_impl`` sets the default for
+a block of code, which is how tests and benchmarks compare the two on the same pipeline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import importlib.util
+import os
+
+from torch import Tensor
+
+IMPLS = ("auto", "triton", "torch")
+_default: contextvars.ContextVar[str] = contextvars.ContextVar("shufflemoe_impl", default="auto")
+
+
+@functools.cache
+def triton_available() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def interpreting() -> bool:
+    """True when Triton kernels run in the interpreter (TRITON_INTERPRET=1), read at call time."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@contextlib.contextmanager
+def use_impl(impl: str):
+    """Run ops with ``impl`` ("auto" | "triton" | "torch") inside the block."""
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    token = _default.set(impl)
+    try:
+        yield
+    finally:
+        _default.reset(token)
+
+
+def resolve(impl: str | None, x: Tensor) -> str:
+    """Decide "triton" or "torch" for an op whose main input is ``x``."""
+    impl = _default.get() if impl is None else impl
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    if impl == "auto":
+        return "triton" if x.is_cuda and triton_available() else "torch"
+    if impl == "triton":
+        if not triton_available():
+            raise RuntimeError("impl='triton' needs the triton package")
+        if not (x.is_cuda or interpreting()):
+            raise ValueError(
+                f"impl='triton' needs CUDA tensors (got {x.device}) or TRITON_INTERPRET=1"
+            )
+    return impl

@@ -1,0 +1,52 @@
+"""GatherMul: xs[i] = x[token_ids[i]] * weights[i] (optionally fused fp8 rowwise quantization)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..._checks import INDEX_DTYPES, check_num_valid, check_same_device, check_tensor
+from .._impl import resolve
+from ..quantize import FP8_DTYPE
+from . import reference
+
+X_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def gather_scale(
+    x: Tensor,
+    token_ids: Tensor,
+    weights: Tensor | None = None,
+    *,
+    num_valid: Tensor | None = None,
+    quantize: bool = False,
+    out: Tensor | tuple[Tensor, Tensor] | None = None,
+    impl: str | None = None,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """x [T, D], token_ids [A], weights [A] float32 or None -> xs [A, D] in x's dtype, or with
+    quantize=True (q [A, D] float8_e4m3fn, scale [A] float32). Rows at or past num_valid [1] are
+    neither read nor written."""
+    check_tensor("x", x, dim=2, dtypes=X_DTYPES, contiguous=True)
+    check_tensor("token_ids", token_ids, dim=1, dtypes=INDEX_DTYPES)
+    A, D = token_ids.shape[0], x.shape[1]
+    if weights is not None:
+        check_tensor("weights", weights, shape=[A], dtypes=(torch.float32,))
+    dev = check_same_device(x=x, token_ids=token_ids, weights=weights, num_valid=num_valid)
+    check_num_valid(num_valid, dev)
+    if out is not None:
+        if quantize:
+            if not isinstance(out, tuple) or len(out) != 2:
+                raise TypeError("out must be a (q, scale) tuple when quantize=True")
+            check_tensor("out[0]", out[0], shape=[A, D], dtypes=(FP8_DTYPE,), device=dev,
+                         contiguous=True)
+            check_tensor("out[1]", out[1], shape=[A], dtypes=(torch.float32,), device=dev)
+        else:
+            check_tensor("out", out, shape=[A, D], dtypes=(x.dtype,), device=dev, contiguous=True)
+    if resolve(impl, x) == "triton":
+        from .kernel import gather_scale as kernel
+
+        return kernel(x, token_ids, weights, num_valid, quantize, out)
+    return reference.gather_scale(x, token_ids, weights, num_valid, quantize, out)
+
+
+__all__ = ["gather_scale"]

@@ -1,0 +1,79 @@
+"""IndexShuffling: routing scores -> token-expert pairs sorted by expert (a Routing)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..._checks import INDEX_DTYPES, check_tensor
+from ...types import Routing
+from .._impl import resolve
+from . import reference
+
+SCORINGS = ("none", "softmax", "sigmoid")
+SCORE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _check_capacity(capacity: int | None) -> None:
+    if capacity is not None and (not isinstance(capacity, int) or capacity < 0):
+        raise ValueError(f"capacity must be None or an int >= 0, got {capacity!r}")
+
+
+def index_shuffle(
+    scores: Tensor,
+    top_k: int,
+    *,
+    scoring: str = "none",
+    renormalize: bool = False,
+    scaling: float = 1.0,
+    capacity: int | None = None,
+    impl: str | None = None,
+) -> Routing:
+    """Fused top-k + histogram + sort. scores [T, E] (logits or scores) -> Routing, A = T * k.
+
+    scoring: how a chosen expert's weight is computed from the row ("none": the score itself,
+    "softmax": softmax over all E, "sigmoid"); renormalize: divide by the sum of the k weights;
+    scaling: multiply the weights; capacity: keep at most this many pairs per expert (in token
+    order), the rest move past ``num_valid``.
+    """
+    check_tensor("scores", scores, dim=2, dtypes=SCORE_DTYPES)
+    T, E = scores.shape
+    if E == 0:
+        raise ValueError("scores must have at least one expert column")
+    if not isinstance(top_k, int) or not 1 <= top_k <= E:
+        raise ValueError(f"top_k must be an int in 1..E={E}, got {top_k!r}")
+    if scoring not in SCORINGS:
+        raise ValueError(f"scoring must be one of {SCORINGS}, got {scoring!r}")
+    _check_capacity(capacity)
+    if resolve(impl, scores) == "triton":
+        from .kernel import index_shuffle as kernel
+
+        return kernel(scores, top_k, scoring, renormalize, float(scaling), capacity)
+    return reference.index_shuffle(scores, top_k, scoring, renormalize, scaling, capacity)
+
+
+def sort_by_expert(
+    topk_ids: Tensor,
+    num_experts: int,
+    topk_weights: Tensor | None = None,
+    *,
+    capacity: int | None = None,
+    impl: str | None = None,
+) -> Routing:
+    """Precomputed top-k: topk_ids [T, k] (ids outside [0, E) are not routed), topk_weights
+    [T, k] (None: 1.0) -> Routing with A = T * k pairs, in index_shuffle's order."""
+    check_tensor("topk_ids", topk_ids, dim=2, dtypes=INDEX_DTYPES)
+    if topk_weights is not None:
+        check_tensor("topk_weights", topk_weights, shape=list(topk_ids.shape),
+                     dtypes=SCORE_DTYPES, device=topk_ids.device)
+    if not isinstance(num_experts, int) or num_experts <= 0:
+        raise ValueError(f"num_experts must be a positive int, got {num_experts!r}")
+    _check_capacity(capacity)
+    if resolve(impl, topk_ids) == "triton":
+        from .kernel import sort_by_expert as kernel
+
+        return kernel(topk_ids, num_experts, topk_weights, capacity)
+    return reference.sort_by_expert(topk_ids, num_experts, topk_weights, capacity)
+
+
+__all__ = ["index_shuffle", "sort_by_expert", "Routing"]

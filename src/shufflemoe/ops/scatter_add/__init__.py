@@ -1,0 +1,54 @@
+"""ScatterAdd: combine routed outputs into the token-major output without unshuffling.
+
+out[token_ids[i]] += y[rows[i]] * weights[i] for every pair i < num_valid. ``rows`` (default:
+i) is the padded form used by expert parallelism, where pair i's output sits at another row.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..._checks import INDEX_DTYPES, check_num_valid, check_same_device, check_tensor
+from .._impl import resolve
+from . import reference
+
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def scatter_add(
+    out: Tensor,
+    y: Tensor,
+    token_ids: Tensor,
+    weights: Tensor | None = None,
+    *,
+    num_valid: Tensor | None = None,
+    rows: Tensor | None = None,
+    impl: str | None = None,
+) -> Tensor:
+    """out [T, D] (added to in place and returned), y [R, D], token_ids [A], weights [A] float32
+    or None, rows [A] or None (then R >= A and pair i reads row i). Only rows of valid pairs are
+    read."""
+    check_tensor("out", out, dim=2, dtypes=DTYPES, contiguous=True)
+    check_tensor("y", y, dim=2, dtypes=DTYPES, contiguous=True)
+    check_tensor("token_ids", token_ids, dim=1, dtypes=INDEX_DTYPES)
+    A = token_ids.shape[0]
+    if y.shape[1] != out.shape[1]:
+        raise ValueError(f"y must have out's {out.shape[1]} columns, got shape {list(y.shape)}")
+    if weights is not None:
+        check_tensor("weights", weights, shape=[A], dtypes=(torch.float32,))
+    if rows is not None:
+        check_tensor("rows", rows, shape=[A], dtypes=INDEX_DTYPES)
+    elif y.shape[0] < A:
+        raise ValueError(f"y must have at least A={A} rows when rows is None, got {y.shape[0]}")
+    dev = check_same_device(out=out, y=y, token_ids=token_ids, weights=weights, rows=rows,
+                            num_valid=num_valid)
+    check_num_valid(num_valid, dev)
+    if resolve(impl, out) == "triton":
+        from .kernel import scatter_add as kernel
+
+        return kernel(out, y, token_ids, weights, num_valid, rows)
+    return reference.scatter_add(out, y, token_ids, weights, num_valid, rows)
+
+
+__all__ = ["scatter_add"]

@@ -1,0 +1,104 @@
+"""naive_moe: the whole layer in float64, one expert at a time, written to be checked by eye.
+
+It shares no code with the strategies beyond the fp8 quantization formula (which defines the
+quantized model). Routing is recomputed in float64 unless a Routing is given; tests pass the
+layer's own routing, because float32 and float64 logits may rank two near-equal experts
+differently.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .layer import MoE
+from .ops.quantize.reference import dequantize_fp8_rowwise, quantize_fp8_rowwise
+from .types import Routing
+
+
+def _fake_quant(x: Tensor) -> Tensor:
+    """What fp8 rowwise quantization does to activations, in float64."""
+    q, s = quantize_fp8_rowwise(x)
+    return dequantize_fp8_rowwise(q, s).double()
+
+
+def _weights64(layer: MoE) -> tuple[Tensor, Tensor]:
+    if layer.w13_scale is None:
+        return layer.w13.double(), layer.w2.double()
+    return (dequantize_fp8_rowwise(layer.w13, layer.w13_scale).double(),
+            dequantize_fp8_rowwise(layer.w2, layer.w2_scale).double())
+
+
+def naive_route(layer: MoE, x: Tensor) -> list[tuple[int, int, float]]:
+    """Float64 routing -> (token, expert, weight) triples, token by token."""
+    cfg = layer.config
+    logits = x.double() @ layer.router_weight.double().t()  # [T, E]
+    E, k = cfg.num_experts, cfg.top_k
+    triples = []
+    for t in range(x.shape[0]):
+        row = logits[t]
+        if cfg.router == "group_limited":
+            scores = row.softmax(0) if cfg.scoring == "softmax" else row.sigmoid()
+            choice = scores + (0 if layer.router_bias is None else layer.router_bias.double())
+            groups = choice.view(cfg.n_group, -1)
+            best = groups.topk(min(2, groups.shape[1]), dim=1).values.sum(1)
+            allowed = torch.zeros(cfg.n_group, dtype=torch.bool)
+            allowed[best.topk(cfg.topk_group).indices] = True
+            choice = choice.masked_fill(~allowed.repeat_interleave(E // cfg.n_group), -torch.inf)
+            experts = choice.topk(k).indices.tolist()
+            weights = [scores[e].item() for e in experts]
+        else:
+            experts = sorted(range(E), key=lambda e: (-row[e].item(), e))[:k]
+            if cfg.scoring == "softmax":
+                probs = row.softmax(0)
+                weights = [probs[e].item() for e in experts]
+            else:
+                weights = [torch.sigmoid(row[e]).item() for e in experts]
+        if cfg.renormalize:
+            weights = [w / sum(weights) for w in weights]
+        triples += [(t, e, w * cfg.routed_scaling_factor) for e, w in zip(experts, weights)]
+    capacity = cfg.capacity(x.shape[0])
+    if capacity is not None:  # keep the first `capacity` tokens of each expert, in token order
+        seen = [0] * E
+        kept = []
+        for t, e, w in triples:
+            if seen[e] < capacity:
+                kept.append((t, e, w))
+            seen[e] += 1
+        triples = kept
+    return triples
+
+
+def routing_triples(routing: Routing) -> list[tuple[int, int, float]]:
+    """The routed (token, expert, weight) triples of a Routing."""
+    n = int(routing.num_valid)
+    return list(zip(routing.token_ids[:n].tolist(), routing.expert_ids[:n].tolist(),
+                    routing.weights[:n].tolist()))
+
+
+def naive_moe(layer: MoE, x: Tensor, routing: Routing | None = None) -> Tensor:
+    """x [T, D] -> float64 [T, D]: shared expert + sum of each token's routed experts."""
+    cfg = layer.config
+    x64 = x.double().reshape(-1, cfg.hidden_size)
+    triples = naive_route(layer, x) if routing is None else routing_triples(routing)
+    w13, w2 = _weights64(layer)
+    quant = _fake_quant if cfg.quantized else (lambda t: t)
+    by_expert: dict[int, list[tuple[int, float]]] = {}
+    for t, e, w in triples:
+        by_expert.setdefault(e, []).append((t, w))
+    out = torch.zeros_like(x64)
+    for e, mine in sorted(by_expert.items()):
+        tokens = torch.tensor([t for t, _ in mine], device=x.device)
+        w = torch.tensor([w for _, w in mine], dtype=torch.float64, device=x.device)[:, None]
+        inp = x64[tokens] * w if cfg.apply_router_weight_on_input else x64[tokens]
+        gate, up = (quant(inp) @ w13[e].t()).chunk(2, dim=1)
+        y = quant(F.silu(gate) * up) @ w2[e].t()
+        out.index_add_(0, tokens, y if cfg.apply_router_weight_on_input else y * w)
+    if layer.shared_w13 is not None:
+        gate, up = (x64 @ layer.shared_w13.double().t()).chunk(2, dim=1)
+        shared = (F.silu(gate) * up) @ layer.shared_w2.double().t()
+        if layer.shared_gate is not None:
+            shared = shared * torch.sigmoid(x64 @ layer.shared_gate.double().t())
+        out += shared
+    return out.view(x.shape)
