@@ -8,6 +8,10 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# The tests run many small ops: one thread avoids OpenMP spin-waiting, which made them 10-50x
+# slower whenever the two CI cores had any other load.
+torch.set_num_threads(1)
+
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 

@@ -11,6 +11,7 @@ from .dispatch import DISPATCHERS
 from .experts import EXPERTS
 from .graph import graphed
 from .layer import MoE
+from .parallel import expert_parallel, tensor_parallel
 from .presets import preset
 from .reference import naive_moe
 from .routing import route
@@ -25,8 +26,10 @@ __all__ = [
     "MoE",
     "MoEConfig",
     "Routing",
+    "expert_parallel",
     "graphed",
     "naive_moe",
     "preset",
     "route",
+    "tensor_parallel",
 ]

@@ -33,6 +33,7 @@ class MoEConfig:
     n_group: int = 1  # group_limited: experts are split into n_group equal groups
     topk_group: int = 1  # group_limited: groups kept per token
     routed_scaling_factor: float = 1.0  # multiplies the routed weights (DeepSeek-V3 uses 2.5)
+    router_logits_dtype: torch.dtype | None = None  # None: x's dtype; DeepSeek-V3 in HF: float32
     capacity_factor: float | None = None  # None: dropless; else tokens past capacity are dropped
     shared_intermediate_size: int = 0  # I of the shared expert; 0 = no shared expert
     shared_expert_gate: bool = False  # Qwen2-MoE: shared output times sigmoid(x @ gate)
@@ -96,6 +97,8 @@ class MoEConfig:
             )
         if self.shared_expert_gate and self.shared_intermediate_size == 0:
             raise ValueError("MoEConfig.shared_expert_gate needs shared_intermediate_size > 0")
+        if self.router_logits_dtype not in (None, *DTYPES):
+            raise ValueError(f"MoEConfig.router_logits_dtype must be None or one of {DTYPES}")
         if self.dtype not in DTYPES:
             raise ValueError(f"MoEConfig.dtype must be one of {DTYPES}, got {self.dtype}")
         if self.quantization not in QUANTIZATIONS:

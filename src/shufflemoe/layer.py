@@ -58,7 +58,9 @@ class MoE(nn.Module):
 
         def param(*shape: int) -> nn.Parameter:  # random N(0, 1/fan_in): outputs of order one
             t = torch.empty(*shape, device=device, dtype=cfg.dtype)
-            return _frozen(t.normal_(0.0, 1.0 / math.sqrt(shape[-1])))
+            if t.device.type != "meta":  # normal_ on meta imports torch._dynamo: ~2 s
+                t.normal_(0.0, 1.0 / math.sqrt(shape[-1]))
+            return _frozen(t)
 
         self.router_weight = param(E, D)
         self.router_bias = _frozen(torch.zeros(E, device=device)) if cfg.correction_bias else None
@@ -88,11 +90,14 @@ class MoE(nn.Module):
         shared_w13: Tensor | None = None,
         shared_w2: Tensor | None = None,
         shared_gate: Tensor | None = None,
+        num_local_experts: int | None = None,
         experts: str = "shuffled",
         dispatch: Dispatch | None = None,
     ) -> MoE:
         """Wrap existing tensors (not copied) in the canonical layout. Under fp8_rowwise, w13/w2
-        may be given in config.dtype (quantized here) or as float8 with their scales."""
+        may be given in config.dtype (quantized here) or as float8 with their scales.
+        num_local_experts: w13/w2 (and scales) hold this many experts, an expert-parallel shard,
+        while the router still picks among config.num_experts."""
         layer = cls(config, experts, dispatch, device="meta")
         given = dict(router_weight=router_weight, router_bias=router_bias, w13=w13, w2=w2,
                      w13_scale=w13_scale, w2_scale=w2_scale, shared_w13=shared_w13,
@@ -111,7 +116,10 @@ class MoE(nn.Module):
             if t is None:
                 continue
             dtype = want.dtype if fp8_given or name not in ("w13", "w2") else config.dtype
-            check_tensor(name, t, shape=list(want.shape), dtypes=(dtype,), device=w13.device)
+            shape = list(want.shape)
+            if num_local_experts is not None and name in ("w13", "w2", "w13_scale", "w2_scale"):
+                shape[0] = num_local_experts
+            check_tensor(name, t, shape=shape, dtypes=(dtype,), device=w13.device)
             setattr(layer, name, _frozen(t))
         if config.quantized and not fp8_given:
             layer._quantize_experts()
@@ -140,7 +148,8 @@ class MoE(nn.Module):
 
     def route(self, x: Tensor) -> Routing:
         """x [T, D] -> Routing over all E experts."""
-        return route(router_logits(x, self.router_weight), self.config, self.router_bias)
+        logits = router_logits(x, self.router_weight, self.config.router_logits_dtype)
+        return route(logits, self.config, self.router_bias)
 
     def shared_expert(self, x: Tensor, out: Tensor) -> Tensor:
         """out [T, D] = shared SwiGLU(x) (times sigmoid(x @ gate) for Qwen2-MoE)."""

@@ -77,28 +77,55 @@ def routing_triples(routing: Routing) -> list[tuple[int, int, float]]:
                     routing.weights[:n].tolist()))
 
 
-def naive_moe(layer: MoE, x: Tensor, routing: Routing | None = None) -> Tensor:
-    """x [T, D] -> float64 [T, D]: shared expert + sum of each token's routed experts."""
+def naive_moe(layer: MoE, x: Tensor, routing: Routing | None = None, *,
+              with_magnitude: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+    """x [T, D] -> float64 [T, D]: shared expert + sum of each token's routed experts.
+
+    with_magnitude=True also returns the scale of the rounding error each output may carry, for
+    tests (shufflemoe.testing): a GEMM output y = sum_i a_i w_i whose inputs carry independent
+    relative errors of order u has an error of order u * sqrt(sum_i (a_i w_i)^2) (errors add like a
+    random walk); a_i = silu(g) * up errs relative to |g| * |up| (|silu'(g)| <= 1.1), and g, up
+    relative to |g| + sqrt(sum_j (x_j w_j)^2) (a rounding of g, plus its accumulation). The combine
+    adds k + 1 terms, each add rounding relative to the running sum: there |terms| add linearly."""
     cfg = layer.config
     x64 = x.double().reshape(-1, cfg.hidden_size)
     triples = naive_route(layer, x) if routing is None else routing_triples(routing)
     w13, w2 = _weights64(layer)
     quant = _fake_quant if cfg.quantized else (lambda t: t)
+
+    def rss(a: Tensor, w: Tensor) -> Tensor:  # sqrt(sum_i (a_i w_i)^2): [n, K] x [N, K] -> [n, N]
+        return (a.square() @ w.square().t()).sqrt()
+
+    def swiglu(inp: Tensor, w13: Tensor, w2: Tensor) -> tuple[Tensor, Tensor | None]:
+        xq = quant(inp)  # [n, D]
+        gate, up = (xq @ w13.t()).chunk(2, dim=1)  # [n, I] each
+        a = quant(F.silu(gate) * up)
+        y = a @ w2.t()  # [n, D]
+        if not with_magnitude:
+            return y, None
+        half = w13.shape[0] // 2
+        g_mag, up_mag = gate.abs() + rss(xq, w13[:half]), up.abs() + rss(xq, w13[half:])
+        return y, rss(1.1 * g_mag * up_mag, w2) + y.abs()
+
     by_expert: dict[int, list[tuple[int, float]]] = {}
     for t, e, w in triples:
         by_expert.setdefault(e, []).append((t, w))
-    out = torch.zeros_like(x64)
+    out, mag = torch.zeros_like(x64), torch.zeros_like(x64)
     for e, mine in sorted(by_expert.items()):
         tokens = torch.tensor([t for t, _ in mine], device=x.device)
         w = torch.tensor([w for _, w in mine], dtype=torch.float64, device=x.device)[:, None]
-        inp = x64[tokens] * w if cfg.apply_router_weight_on_input else x64[tokens]
-        gate, up = (quant(inp) @ w13[e].t()).chunk(2, dim=1)
-        y = quant(F.silu(gate) * up) @ w2[e].t()
-        out.index_add_(0, tokens, y if cfg.apply_router_weight_on_input else y * w)
+        on_input = cfg.apply_router_weight_on_input
+        y, y_mag = swiglu(x64[tokens] * w if on_input else x64[tokens], w13[e], w2[e])
+        out.index_add_(0, tokens, y if on_input else y * w)
+        if with_magnitude:
+            mag.index_add_(0, tokens, y_mag if on_input else y_mag * w.abs())
     if layer.shared_w13 is not None:
-        gate, up = (x64 @ layer.shared_w13.double().t()).chunk(2, dim=1)
-        shared = (F.silu(gate) * up) @ layer.shared_w2.double().t()
+        shared, shared_mag = swiglu(x64, layer.shared_w13.double(), layer.shared_w2.double())
         if layer.shared_gate is not None:
-            shared = shared * torch.sigmoid(x64 @ layer.shared_gate.double().t())
+            gate = torch.sigmoid(x64 @ layer.shared_gate.double().t())
+            shared = shared * gate
+            shared_mag = None if shared_mag is None else shared_mag * gate
         out += shared
-    return out.view(x.shape)
+        if with_magnitude:
+            mag += shared_mag
+    return (out.view(x.shape), mag.view(x.shape)) if with_magnitude else out.view(x.shape)

@@ -1,7 +1,10 @@
 """Dispatchers, chosen by name from DISPATCHERS (see base.py for the contract)."""
 
-from . import local  # noqa: F401  (registration)
+from . import ep, local, tp  # noqa: F401  (registration)
 from .base import DISPATCHERS, Dispatch
+from .ep import AllGatherDispatch, AllToAllDispatch
 from .local import LocalDispatch
+from .tp import TensorParallelDispatch
 
-__all__ = ["DISPATCHERS", "Dispatch", "LocalDispatch"]
+__all__ = ["DISPATCHERS", "AllGatherDispatch", "AllToAllDispatch", "Dispatch", "LocalDispatch",
+           "TensorParallelDispatch"]

@@ -1,0 +1,156 @@
+"""One declarative entry per transformers ``model_type``: which MoE block class to patch, where its
+weights live, how they map onto the canonical layout, and which router options its config sets.
+patch.py walks these entries with one generic function; nothing here is code per model.
+
+Canonical layout (shufflemoe.MoE): router [E, D], w13 [E, 2I, D] (gate rows then up rows),
+w2 [E, D, I], shared w13 [2Is, D], shared w2 [D, Is], shared gate [1, D], correction bias [E].
+
+Routing as transformers 5.17 computes it (checked against its modeling files):
+
+| model_type  | logits   | weights of the k chosen experts                          | cast     |
+| ----------- | -------- | -------------------------------------------------------- | -------- |
+| llama4      | model    | sigmoid(top-k logit) in fp32, applied to the input       | to model |
+| qwen3_moe   | model    | softmax in fp32, top-k, renormalize if norm_topk_prob    | to model |
+| qwen2_moe   | model    | as qwen3_moe; shared expert times sigmoid(x @ gate)      | to model |
+| mixtral     | model    | softmax in fp32, top-k, always renormalized              | none     |
+| olmoe       | model    | as qwen3_moe                                             | to model |
+| deepseek_v3 | **fp32** | sigmoid; top-k of score + bias in the top groups (group  | none     |
+|             |          | = sum of its 2 best; others masked with -inf, as in      |          |
+|             |          | routing.py); renormalize (+1e-20); x routed_scaling      |          |
+
+"logits": dtype of F.linear(x, W) ("model": the model dtype; deepseek_v3 upcasts x and W).
+"cast": transformers rounds the routing weights to the model dtype before the expert GEMMs.
+No renormalization has an epsilon except DeepSeek-V3's 1e-20, the same as routing.py's.
+
+shufflemoe keeps every routing weight in float32: where transformers rounds it first, bf16
+results differ by one bf16 rounding of the weight (2^-9 relative), inside the bf16 tolerance;
+float32 results are identical. DeepSeek-V3's float32 logits are reproduced with
+MoEConfig.router_logits_dtype: bf16 logits would move near-tied experts and so change results.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+
+@dataclass(frozen=True)
+class BlockSpec:
+    """How one transformers MoE block becomes a shufflemoe.MoE. Paths are attribute paths inside
+    the block; every tensor they name stays a parameter (or buffer) of the block under its HF name."""
+
+    module: str  # the transformers module that defines the block class
+    block: str  # the block class (its forward is what we replace)
+    moe_config: Callable[[Any], dict]  # HF (text) config -> MoEConfig fields, all but dtype
+    router: str = "gate.weight"  # [E, D]
+    w13: str = "experts.gate_up_proj"  # [E, 2I, D], or [E, D, 2I] when transposed
+    w2: str = "experts.down_proj"  # [E, D, I], or [E, I, D] when transposed
+    # Llama 4 stores experts as x @ W ([E, D, 2I] / [E, I, D]). They are converted once per layer
+    # and the HF parameter becomes a transposed view of the canonical tensor: same name, same
+    # shape, no second copy.
+    transposed: bool = False
+    # (gate, up, down) weights of the shared expert MLP: [Is, D], [Is, D], [D, Is]. gate and up
+    # are stored as two rows of one [2Is, D] tensor; each HF parameter becomes a view of its rows.
+    shared: tuple[str, str, str] | None = None
+    shared_gate: str | None = None  # [1, D] (Qwen2-MoE)
+    correction_bias: str | None = None  # [E] (DeepSeek-V3 e_score_correction_bias)
+    # The router submodule: called only while transformers records router logits (its forward
+    # hook captures them), since shufflemoe routes without it.
+    router_module: str = "gate"
+    returns_router_logits: bool = False  # block returns (out [T, D], router_logits [T, E])
+
+
+def _topk_softmax(num_experts: str, intermediate: str, renormalize: str | None) -> Callable:
+    """Config reader for the top-k softmax routers (Qwen, OLMoE, Mixtral)."""
+
+    def read(c) -> dict:
+        return dict(num_experts=getattr(c, num_experts), top_k=c.num_experts_per_tok,
+                    intermediate_size=getattr(c, intermediate),
+                    renormalize=True if renormalize is None else bool(getattr(c, renormalize)))
+
+    return read
+
+
+def _qwen2_moe(c) -> dict:
+    return dict(_topk_softmax("num_experts", "moe_intermediate_size", "norm_topk_prob")(c),
+                shared_intermediate_size=c.shared_expert_intermediate_size, shared_expert_gate=True)
+
+
+def _llama4(c) -> dict:
+    return dict(num_experts=c.num_local_experts, top_k=c.num_experts_per_tok,
+                intermediate_size=c.intermediate_size, shared_intermediate_size=c.intermediate_size,
+                router="llama4", scoring="sigmoid", apply_router_weight_on_input=True)
+
+
+def _deepseek_v3(c) -> dict:
+    return dict(num_experts=c.n_routed_experts, top_k=c.num_experts_per_tok,
+                intermediate_size=c.moe_intermediate_size,
+                shared_intermediate_size=c.moe_intermediate_size * (c.n_shared_experts or 0),
+                router="group_limited", scoring="sigmoid", correction_bias=True,
+                n_group=c.n_group, topk_group=c.topk_group,
+                routed_scaling_factor=float(c.routed_scaling_factor),
+                renormalize=bool(c.norm_topk_prob),
+                router_logits_dtype=torch.float32)  # F.linear(x.float(), W.float()) in HF
+
+
+_MLP = ("gate_proj.weight", "up_proj.weight", "down_proj.weight")
+
+
+def _mlp(prefix: str) -> tuple[str, str, str]:
+    return tuple(f"{prefix}.{name}" for name in _MLP)
+
+
+_LLAMA4 = BlockSpec(
+    module="transformers.models.llama4.modeling_llama4", block="Llama4TextMoe",
+    moe_config=_llama4, router="router.weight", transposed=True, shared=_mlp("shared_expert"),
+    router_module="router", returns_router_logits=True,
+)
+
+SPECS: dict[str, BlockSpec] = {
+    "llama4": _LLAMA4,  # the multimodal model: its text model holds the MoE blocks
+    "llama4_text": _LLAMA4,
+    "qwen3_moe": BlockSpec(
+        module="transformers.models.qwen3_moe.modeling_qwen3_moe", block="Qwen3MoeSparseMoeBlock",
+        moe_config=_topk_softmax("num_experts", "moe_intermediate_size", "norm_topk_prob"),
+    ),
+    "qwen2_moe": BlockSpec(
+        module="transformers.models.qwen2_moe.modeling_qwen2_moe", block="Qwen2MoeSparseMoeBlock",
+        moe_config=_qwen2_moe, shared=_mlp("shared_expert"),
+        shared_gate="shared_expert_gate.weight",
+    ),
+    "mixtral": BlockSpec(
+        module="transformers.models.mixtral.modeling_mixtral", block="MixtralSparseMoeBlock",
+        moe_config=_topk_softmax("num_local_experts", "intermediate_size", None),
+    ),
+    "olmoe": BlockSpec(
+        module="transformers.models.olmoe.modeling_olmoe", block="OlmoeSparseMoeBlock",
+        moe_config=_topk_softmax("num_experts", "intermediate_size", "norm_topk_prob"),
+    ),
+    "deepseek_v3": BlockSpec(
+        module="transformers.models.deepseek_v3.modeling_deepseek_v3", block="DeepseekV3MoE",
+        moe_config=_deepseek_v3, shared=_mlp("shared_experts"),
+        correction_bias="gate.e_score_correction_bias",
+    ),
+}
+
+# Model types that have MoE blocks shufflemoe cannot run without changing its core, and why.
+UNSUPPORTED: dict[str, str] = {
+    "gpt_oss": (
+        "its experts add biases after both projections (gate_up_proj_bias, down_proj_bias), use a "
+        "clamped activation ((clamp(up, -7, 7) + 1) * g * sigmoid(1.702 * g), g = min(gate, 7)) on "
+        "interleaved gate/up columns, and its router adds a bias and takes the softmax of the top-k "
+        "logits only; MoEConfig has no expert biases and only SwiGLU"
+    ),
+}
+
+
+def spec_for(model_type: str) -> BlockSpec:
+    """The BlockSpec of ``model_type``; raises ValueError naming what is missing."""
+    if model_type in SPECS:
+        return SPECS[model_type]
+    if model_type in UNSUPPORTED:
+        raise ValueError(f"shufflemoe cannot patch model_type {model_type!r}: {UNSUPPORTED[model_type]}")
+    raise ValueError(f"shufflemoe has no transformers mapping for model_type {model_type!r}; "
+                     f"supported: {sorted(SPECS)}")

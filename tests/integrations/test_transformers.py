@@ -1,0 +1,306 @@
+"""shufflemoe inside HF transformers: tiny random models per model_type, patched vs unpatched.
+
+float32: logits within the float32 table and 16 greedy tokens identical (float32 is the dtype for
+token identity: its errors, ~1e-7 relative, do not move an argmax). bfloat16: one bf16 rounding
+of a routing weight or an MoE output is enough to move a later layer's router input across a near
+tie, after which that token legitimately runs other experts (measured: ~1 run in 8 of these tiny
+models has one such token). So the bf16 checks are (1) every MoE block on the unpatched run's
+exact inputs, within the bf16 table, and (2) the logits of every sequence in which transformers'
+own router picks the same experts on the patched run's inputs as on the unpatched run's, within
+the bf16 table; at least half the sequences must qualify.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from shufflemoe.integrations.transformers import (  # noqa: E402
+    block_layer, patch, patch_model_type, register_experts_implementation, spec_for, unpatch,
+    unpatch_model_type)
+from shufflemoe.integrations.transformers.models import build_model, tiny_config  # noqa: E402
+from shufflemoe.testing import assert_close  # noqa: E402
+
+B, S = 4, 12  # prompt batch and length
+CASES = [  # (model_type, config overrides): every router option each model has
+    ("llama4_text", {}),
+    ("llama4_text", dict(num_experts_per_tok=2)),
+    ("qwen3_moe", dict(norm_topk_prob=True)),
+    ("qwen3_moe", dict(norm_topk_prob=False)),
+    ("qwen2_moe", dict(norm_topk_prob=False)),
+    ("qwen2_moe", dict(norm_topk_prob=True)),
+    ("mixtral", {}),
+    ("olmoe", dict(norm_topk_prob=False)),
+    ("olmoe", dict(norm_topk_prob=True)),
+    ("deepseek_v3", dict(norm_topk_prob=True)),
+    ("deepseek_v3", dict(norm_topk_prob=False, n_group=2, topk_group=1, routed_scaling_factor=1.0)),
+]
+IDS = [f"{t}-" + ("-".join(f"{k}={v}" for k, v in o.items()) or "default") for t, o in CASES]
+MODEL_TYPES = ["llama4_text", "qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "deepseek_v3"]
+DECORATED = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "deepseek_v3"]  # @use_experts_implementation
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """These models are tiny: with two OpenMP threads every op pays a barrier (measured on the
+    2-core CI machine under load: 1000 [4, 64] x [64, 64] linears take 2.3 s with 2 threads,
+    4 ms with 1), which made this file 116 s instead of 18 s."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _prompt(seed: int = 1) -> torch.Tensor:
+    return torch.randint(2, 128, (B, S), generator=torch.Generator().manual_seed(seed))
+
+
+def _blocks(model) -> dict[str, torch.nn.Module]:
+    base = spec_for(model.config.model_type)
+    return {n: m for n, m in model.named_modules() if type(m).__name__.endswith(base.block)}
+
+
+def _logits(model, ids) -> torch.Tensor:
+    with torch.no_grad():
+        return model(ids).logits
+
+
+def _run_recording(model, ids):
+    """logits, and each MoE block's (input, output) on this run."""
+    seen = {}
+
+    def hook(name):
+        def record(module, args, out):
+            seen[name] = (args[0].detach().clone(), (out[0] if isinstance(out, tuple) else out).clone())
+        return record
+
+    handles = [m.register_forward_hook(hook(n)) for n, m in _blocks(model).items()]
+    try:
+        return _logits(model, ids), seen
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _chosen(model, block, x) -> torch.Tensor:
+    """[T, E] bool: the experts transformers' own router of ``block`` picks for x [.., D]."""
+    spec = spec_for(model.config.model_type)
+    with torch.no_grad():
+        out = getattr(block, spec.router_module)(x.reshape(-1, x.shape[-1]))
+    if spec.returns_router_logits:  # Llama 4: (scores, logits), unchosen scores are sigmoid(-inf)
+        return out[0] > 0
+    ids = out[2]
+    return torch.zeros(ids.shape[0], out[0].shape[-1], dtype=torch.bool).scatter_(1, ids, True)
+
+
+def _tied(model, block, x) -> torch.Tensor:
+    """[T] bool: tokens whose k-th and (k+1)-th router logits are equal (topk's pick is arbitrary)."""
+    spec = spec_for(model.config.model_type)
+    with torch.no_grad():
+        out = getattr(block, spec.router_module)(x.reshape(-1, x.shape[-1]))
+    logits = (out[1] if spec.returns_router_logits else out[0]).float()
+    k = block_layer(block).config.top_k
+    top = logits.topk(min(k + 1, logits.shape[-1])).values
+    return top[:, k - 1] == top[:, -1] if k < logits.shape[-1] else torch.zeros(len(top), dtype=torch.bool)
+
+
+@pytest.mark.parametrize("model_type,overrides", CASES, ids=IDS)
+def test_float32_logits_and_greedy_tokens(model_type, overrides):
+    model = build_model(tiny_config(model_type, **overrides), torch.float32)
+    ids = _prompt()
+    ref = _logits(model, ids)
+    gen = dict(max_new_tokens=16, min_new_tokens=16, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        ref_tokens = model.generate(ids, **gen)
+    patch(model)
+    blocks = _blocks(model)
+    assert blocks and all(isinstance(b, type(b)._shufflemoe_base) for b in blocks.values())
+    assert_close(_logits(model, ids), ref, torch.float32, "logits")
+    with torch.no_grad():
+        tokens = model.generate(ids, **gen)
+    assert tokens.shape == (B, S + 16)
+    assert torch.equal(tokens, ref_tokens), "greedy tokens differ"
+
+
+@pytest.mark.parametrize("model_type,overrides", CASES, ids=IDS)
+def test_bfloat16_blocks_and_logits(model_type, overrides):
+    model = build_model(tiny_config(model_type, **overrides), torch.bfloat16)
+    ids = _prompt()
+    ref, hf = _run_recording(model, ids)
+    patch(model)
+    out, ours = _run_recording(model, ids)
+    assert hf.keys() == ours.keys() and hf
+    moved = torch.zeros(B, dtype=torch.bool)
+    for name, (x, y_ref) in hf.items():
+        block = model.get_submodule(name)
+        with torch.no_grad():
+            y = block(x)
+        y = (y[0] if isinstance(y, tuple) else y).reshape(y_ref.shape)
+        tied = _tied(model, block, x)  # exact ties: HF's topk order is not ours (nor CUDA's)
+        assert tied.float().mean() < 0.1, f"{name}: {int(tied.sum())} tokens tie exactly"
+        keep = ~tied.view(y_ref.shape[:-1]) if y_ref.dim() == 3 else ~tied
+        assert_close(y[keep], y_ref[keep], torch.bfloat16, f"{name} on the unpatched run's input")
+        moved |= (_chosen(model, block, x) != _chosen(model, block, ours[name][0])).any(-1).view(B, S).any(-1)
+    assert moved.sum() <= B // 2, f"transformers' router moved {int(moved.sum())} of {B} sequences"
+    assert_close(out[~moved], ref[~moved], torch.bfloat16, "logits")
+
+
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
+def test_checkpoint_round_trip(model_type, tmp_path):
+    """Save unpatched, load into a patched model (class patched before building), same outputs
+    and state_dict; save patched (its weights are views now), load unpatched, same outputs."""
+    hf = build_model(tiny_config(model_type), torch.float32, seed=3)
+    ids = _prompt(2)
+    ref = _logits(hf, ids)
+    hf.save_pretrained(tmp_path / "hf")
+    from transformers import AutoModelForCausalLM
+
+    patch_model_type(model_type)
+    try:
+        ours = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    finally:
+        unpatch_model_type(model_type)
+    assert _blocks(ours) and all(hasattr(b, "_shufflemoe_base") for b in _blocks(ours).values())
+    assert_close(_logits(ours, ids), ref, torch.float32, "logits after from_pretrained")
+    mine, theirs = ours.state_dict(), hf.state_dict()
+    assert list(mine) == list(theirs)
+    assert all(mine[k].shape == theirs[k].shape and mine[k].dtype == theirs[k].dtype for k in mine)
+    ours.save_pretrained(tmp_path / "ours")
+    back = AutoModelForCausalLM.from_pretrained(tmp_path / "ours").eval()
+    assert not _blocks(back) or not hasattr(next(iter(_blocks(back).values())), "_shufflemoe_base")
+    assert_close(_logits(back, ids), ref, torch.float32, "logits of the re-saved checkpoint")
+
+
+@pytest.mark.parametrize("model_type", ["llama4_text", "qwen2_moe", "deepseek_v3"])
+def test_load_state_dict_and_to_rebuild_the_layer(model_type):
+    """In-place loads and dtype moves reach the shufflemoe layer; no weight is held twice."""
+    cfg = tiny_config(model_type)
+    model, other = build_model(cfg, torch.float32, seed=4), build_model(cfg, torch.float32, seed=5)
+    ids = _prompt(3)
+    patch(model)
+    _logits(model, ids)  # builds the layers (Llama 4 experts converted, shared gate/up fused)
+    hf_storage = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    for block in _blocks(model).values():
+        layer = block_layer(block)
+        for name in ("w13", "w2", "router_weight", "shared_w13", "shared_w2", "shared_gate"):
+            t = getattr(layer, name)
+            assert t is None or t.untyped_storage().data_ptr() in hf_storage, f"{name} is a copy"
+    model.load_state_dict(other.state_dict())
+    assert_close(_logits(model, ids), _logits(other, ids), torch.float32, "after load_state_dict")
+    model.to(torch.bfloat16)
+    other.to(torch.bfloat16)
+    assert all(block_layer(b).config.dtype == torch.bfloat16 for b in _blocks(model).values())
+    assert _logits(model, ids).dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("model_type", ["llama4_text", "qwen3_moe"])
+def test_router_logits_are_recorded(model_type):
+    model = build_model(tiny_config(model_type), torch.float32)
+    ids = _prompt()
+    with torch.no_grad():  # the base model: Llama4ForCausalLM does not pass them on
+        ref = model.model(ids, output_router_logits=True)["router_logits"]
+        patch(model)
+        out = model.model(ids, output_router_logits=True)["router_logits"]
+        plain = model.model(ids)
+    assert len(out) == len(ref) > 0
+    for o, r in zip(out, ref):
+        assert_close(o, r, torch.float32, "router logits")
+    assert plain.get("router_logits") is None
+
+
+@pytest.mark.parametrize("model_type", DECORATED)
+def test_experts_implementation_registry(model_type, tmp_path):
+    """transformers routes, shufflemoe runs the experts: set on a built model, or asked for in
+    from_pretrained."""
+    from transformers import AutoModelForCausalLM
+
+    register_experts_implementation()
+    model = build_model(tiny_config(model_type), torch.float32)
+    ids = _prompt()
+    ref = _logits(model, ids)
+    model.save_pretrained(tmp_path)
+    model.set_experts_implementation("shufflemoe")
+    assert model.config._experts_implementation == "shufflemoe"
+    assert_close(_logits(model, ids), ref, torch.float32, "logits (set_experts_implementation)")
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path, experts_implementation="shufflemoe")
+    assert loaded.config._experts_implementation == "shufflemoe"
+    assert_close(_logits(loaded.eval(), ids), ref, torch.float32, "logits (from_pretrained)")
+
+
+def test_unpatch_restores_the_hf_forward():
+    model = build_model(tiny_config("llama4_text"), torch.float32)
+    ids = _prompt()
+    ref = _logits(model, ids)
+    unpatch(patch(model))
+    assert all(type(b).__name__ == "Llama4TextMoe" for b in _blocks(model).values())
+    assert_close(_logits(model, ids), ref, torch.float32, "logits (HF forward on converted weights)")
+
+
+def test_unknown_model_type_raises():
+    model = build_model(tiny_config("mixtral"), torch.float32)
+    model.config.model_type = "llama"
+    with pytest.raises(ValueError, match="no transformers mapping for model_type 'llama'.*supported"):
+        patch(model)
+    with pytest.raises(ValueError, match="no transformers mapping for model_type 'not_a_model'"):
+        patch_model_type("not_a_model")
+
+
+def test_gpt_oss_is_refused_with_the_reason():
+    from transformers import AutoConfig
+
+    with pytest.raises(ValueError, match="gpt_oss.*biases"):
+        patch_model_type("gpt_oss")
+    cfg = AutoConfig.for_model("gpt_oss", hidden_size=64, intermediate_size=32, num_hidden_layers=1,
+                               num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                               num_local_experts=4, num_experts_per_tok=2, vocab_size=128)
+    register_experts_implementation()
+    model = build_model(cfg, torch.float32)
+    model.set_experts_implementation("shufflemoe")
+    with pytest.raises(NotImplementedError, match="expert biases"):
+        _logits(model, _prompt())
+
+
+def test_unsupported_options_raise_before_patching():
+    model = build_model(tiny_config("qwen3_moe", hidden_act="gelu"), torch.float32)
+    with pytest.raises(ValueError, match="hidden_act='gelu'"):
+        patch(model)
+    assert not any(hasattr(b, "_shufflemoe_base") for b in _blocks(model).values())
+    with pytest.raises(ValueError, match="unknown experts strategy 'nope'"):
+        patch(build_model(tiny_config("mixtral"), torch.float32), experts="nope")
+    bad = build_model(tiny_config("deepseek_v3"), torch.float32)
+    bad.config.n_group = 3  # does not divide 8 experts
+    with pytest.raises(ValueError, match="DeepseekV3MoE.*n_group"):
+        patch(bad)
+
+
+def test_llama4_multimodal_model_patches_its_text_blocks():
+    from transformers import AutoConfig, Llama4ForConditionalGeneration
+
+    vision = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+                  image_size=28, patch_size=14, vision_output_dim=32, projector_input_dim=32,
+                  projector_output_dim=32)
+    cfg = AutoConfig.for_model("llama4", text_config=tiny_config("llama4_text").to_dict(),
+                               vision_config=vision)
+    torch.manual_seed(0)
+    model = Llama4ForConditionalGeneration(cfg).eval()
+    ids = _prompt()
+    with torch.no_grad():
+        ref = model(input_ids=ids).logits
+        patch(model)
+        out = model(input_ids=ids).logits
+    assert len(_blocks(model)) == 2
+    assert all(hasattr(b, "_shufflemoe_base") for b in _blocks(model).values())
+    assert_close(out, ref, torch.float32, "logits")
+
+
+@pytest.mark.parametrize("experts", ["blockwise", "concat", "all_experts", "selective", "padded", "sliced"])
+def test_other_expert_strategies(experts):
+    """patch(model, experts=...) runs any strategy; shuffled is covered by every test above."""
+    model = build_model(tiny_config("qwen2_moe"), torch.float32)
+    ids = _prompt()
+    ref = _logits(model, ids)
+    patch(model, experts=experts)
+    assert_close(_logits(model, ids), ref, torch.float32, f"logits with experts={experts}")
+    assert all(block_layer(b).experts.name == experts for b in _blocks(model).values())

@@ -1,0 +1,51 @@
+import pytest
+import torch
+
+from shufflemoe import MoEConfig, preset
+
+BASE = dict(hidden_size=8, intermediate_size=4, num_experts=8)
+
+
+@pytest.mark.parametrize("changes, field", [
+    (dict(hidden_size=0), "hidden_size"),
+    (dict(intermediate_size=-1), "intermediate_size"),
+    (dict(num_experts=0), "num_experts"),
+    (dict(top_k=9), "top_k"),
+    (dict(top_k=0), "top_k"),
+    (dict(router="switch"), "router"),
+    (dict(scoring="relu"), "scoring"),
+    (dict(router="llama4", scoring="softmax", apply_router_weight_on_input=True), "scoring"),
+    (dict(router="llama4", scoring="sigmoid"), "apply_router_weight_on_input"),
+    (dict(router="group_limited", n_group=3), "n_group"),
+    (dict(router="group_limited", n_group=4, topk_group=5), "topk_group"),
+    (dict(router="group_limited", n_group=4, topk_group=1, top_k=3), "top_k"),
+    (dict(correction_bias=True), "correction_bias"),
+    (dict(routed_scaling_factor=0.0), "routed_scaling_factor"),
+    (dict(capacity_factor=0.0), "capacity_factor"),
+    (dict(shared_intermediate_size=-2), "shared_intermediate_size"),
+    (dict(shared_expert_gate=True), "shared_expert_gate"),
+    (dict(dtype=torch.int32), "dtype"),
+    (dict(quantization="int4"), "quantization"),
+    (dict(block_size=0), "block_size"),
+])
+def test_invalid_config_names_the_field(changes, field):
+    with pytest.raises(ValueError, match=field):
+        MoEConfig(**{**BASE, **changes})
+
+
+def test_capacity():
+    cfg = MoEConfig(**BASE, top_k=2, capacity_factor=1.25)
+    assert cfg.capacity(10) == 4  # ceil(1.25 * 10 * 2 / 8) = ceil(3.125)
+    assert cfg.capacity(0) == 0
+    assert MoEConfig(**BASE).capacity(10) is None
+
+
+def test_presets_shard_for_tensor_parallelism():
+    full = preset("llama4-scout")
+    shard = preset("llama4-scout", tp=8)
+    assert (full.intermediate_size, shard.intermediate_size) == (8192, 1024)
+    assert shard.shared_intermediate_size == 1024
+    with pytest.raises(ValueError, match="tp=3"):
+        preset("llama4-scout", tp=3)
+    with pytest.raises(ValueError, match="unknown model"):
+        preset("llama5")

@@ -1,0 +1,129 @@
+"""The MoE module: forward against naive_moe, input shapes, from_weights, fp8, bad input."""
+
+import pytest
+import torch
+
+from factories import make_input, make_layer, tolerance_key
+from shufflemoe import EXPERTS, MoE, MoEConfig, naive_moe
+from shufflemoe.testing import assert_close
+
+CONFIGS = {
+    "llama4-like": MoEConfig(hidden_size=40, intermediate_size=24, num_experts=16, router="llama4",
+                             scoring="sigmoid", apply_router_weight_on_input=True,
+                             shared_intermediate_size=24),
+    "qwen3-like": MoEConfig(hidden_size=32, intermediate_size=16, num_experts=128, top_k=8,
+                            renormalize=True),
+    "qwen2-like": MoEConfig(hidden_size=32, intermediate_size=16, num_experts=8, top_k=4,
+                            shared_intermediate_size=40, shared_expert_gate=True),
+    "deepseek-like": MoEConfig(hidden_size=32, intermediate_size=16, num_experts=32, top_k=4,
+                               router="group_limited", scoring="sigmoid", correction_bias=True,
+                               n_group=4, topk_group=2, routed_scaling_factor=2.5,
+                               renormalize=True, shared_intermediate_size=16),
+    "mixtral-fp8": MoEConfig(hidden_size=48, intermediate_size=32, num_experts=8, top_k=2,
+                             renormalize=True, quantization="fp8_rowwise"),
+    "mixtral-fp32": MoEConfig(hidden_size=48, intermediate_size=32, num_experts=8, top_k=2,
+                              renormalize=True, dtype=torch.float32),
+}
+
+
+def check_layer(layer, x):
+    flat = x.reshape(-1, x.shape[-1])
+    r = layer.route(flat)
+    ref, mag = (t.view(x.shape) for t in naive_moe(layer, flat, r, with_magnitude=True))
+    y = layer(x)
+    assert y.shape == x.shape and y.dtype == x.dtype
+    assert_close(y, ref, tolerance_key(layer.config), magnitude=mag)
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+@pytest.mark.parametrize("experts", ["shuffled", "blockwise"])
+def test_layer_matches_reference(name, experts):
+    cfg = CONFIGS[name]
+    check_layer(make_layer(cfg, experts=experts), make_input(cfg, 61))
+
+
+def test_batched_input_and_tiny_batches():
+    cfg = CONFIGS["qwen2-like"]
+    layer = make_layer(cfg)
+    check_layer(layer, make_input(cfg, 2 * 9).view(2, 9, cfg.hidden_size))
+    for T in (0, 1):
+        check_layer(layer, make_input(cfg, T))
+
+
+def test_naive_routing_agrees_without_a_given_routing():
+    cfg = CONFIGS["mixtral-fp32"]
+    layer = make_layer(cfg)
+    x = make_input(cfg, 30)
+    ref, mag = naive_moe(layer, x, with_magnitude=True)
+    assert_close(layer(x), ref, torch.float32, magnitude=mag)
+
+
+def test_from_weights_wraps_without_copying():
+    cfg = CONFIGS["qwen2-like"]
+    src = make_layer(cfg)
+    names = ("router_weight", "w13", "w2", "shared_w13", "shared_w2", "shared_gate")
+    layer = MoE.from_weights(cfg, **{n: getattr(src, n).data for n in names})
+    for n in names:
+        assert getattr(layer, n).data_ptr() == getattr(src, n).data_ptr()
+    x = make_input(cfg, 20)
+    assert torch.equal(layer(x), src(x))
+
+
+def test_from_weights_quantizes_bf16_weights_for_fp8():
+    cfg = CONFIGS["mixtral-fp8"]
+    bf16 = make_layer(cfg.replace(quantization="none"))
+    layer = MoE.from_weights(cfg, router_weight=bf16.router_weight.data, w13=bf16.w13.data,
+                             w2=bf16.w2.data)
+    assert layer.w13.dtype == torch.float8_e4m3fn and layer.w13_scale.shape == (8, 64)
+    assert layer.w2_scale.shape == (8, 48)
+    check_layer(layer, make_input(cfg, 33))
+
+
+@pytest.mark.parametrize("change, match", [
+    (dict(w13=torch.zeros(8, 64, 47)), "w13 must have shape"),
+    (dict(w2=torch.zeros(8, 48, 32, dtype=torch.float32)), "w2 must have dtype"),
+    (dict(shared_w13=torch.zeros(4, 48)), "shared_w13 is not used"),
+    (dict(w13_scale=torch.ones(8, 64)), "w13_scale is only used"),
+])
+def test_from_weights_rejects_bad_tensors(change, match):
+    cfg = CONFIGS["mixtral-fp8"].replace(quantization="none")
+    src = make_layer(cfg)
+    given = dict(router_weight=src.router_weight.data, w13=src.w13.data, w2=src.w2.data)
+    with pytest.raises((ValueError, TypeError), match=match):
+        MoE.from_weights(cfg, **{**given, **change})
+
+
+def test_missing_required_weight():
+    cfg = CONFIGS["llama4-like"]
+    src = make_layer(cfg)
+    with pytest.raises(ValueError, match="shared_w13 is required"):
+        MoE.from_weights(cfg, router_weight=src.router_weight.data, w13=src.w13.data, w2=src.w2.data)
+
+
+@pytest.mark.parametrize("x, error, match", [
+    (torch.randn(4, 48), TypeError, "x must have dtype"),
+    (torch.randn(4, 47, dtype=torch.bfloat16), ValueError, r"x must be \[T, 48\]"),
+    (torch.randn(48, dtype=torch.bfloat16), ValueError, r"x must be \[T, 48\]"),
+    (torch.randn(4, 48, dtype=torch.bfloat16, device="meta"), ValueError, "x must be on cpu"),
+    ("not a tensor", TypeError, "x must be a torch.Tensor"),
+])
+def test_bad_input_raises(x, error, match):
+    layer = make_layer(CONFIGS["mixtral-fp8"])
+    with pytest.raises(error, match=match):
+        layer(x)
+
+
+def test_unknown_strategy_lists_the_choices():
+    with pytest.raises(ValueError, match="choose one of"):
+        MoE(CONFIGS["qwen3-like"], experts="magic")
+    assert set(EXPERTS.names()) == {"shuffled", "padded", "sliced", "concat", "blockwise",
+                                    "all_experts", "selective"}
+
+
+def test_strategies_agree_with_each_other():
+    cfg = CONFIGS["deepseek-like"]
+    x = make_input(cfg, 50)
+    outs = {n: make_layer(cfg, experts=n)(x) for n in EXPERTS.names()}
+    first = outs.pop("shuffled").double()
+    for n, y in outs.items():
+        assert (y.double() - first).abs().max() < 0.05 * first.abs().max(), n

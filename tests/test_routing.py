@@ -1,0 +1,110 @@
+"""Routers against the float64 routing of naive_route, and the Routing invariants."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from factories import configs, make_input, make_layer
+from shufflemoe.reference import naive_route, routing_triples
+from shufflemoe.routing import route, router_logits
+
+
+def check_invariants(r, T, k, E):
+    A = T * k
+    assert r.token_ids.shape == r.expert_ids.shape == r.weights.shape == (A,)
+    assert r.counts.shape == (E,) and r.counts.dtype == torch.int32
+    n = int(r.num_valid)
+    assert int(r.counts.sum()) == n <= A
+    assert ((r.token_ids >= 0) & (r.token_ids < max(T, 1))).all() or A == 0
+    experts = r.expert_ids[:n]
+    expected = torch.repeat_interleave(torch.arange(E), r.counts.long())
+    assert torch.equal(experts.long(), expected)  # expert-major
+    for e in range(E):  # ascending token order within an expert
+        lo, hi = int(r.offsets()[e]), int(r.offsets()[e + 1])
+        toks = r.token_ids[lo:hi]
+        assert (toks[1:] > toks[:-1]).all()
+
+
+@settings(max_examples=40)
+@given(cfg=configs(dtypes=(torch.float32,), allow_fp8=False, allow_shared=False),
+       T=st.integers(0, 70), seed=st.integers(0, 2**16))
+def test_router_matches_float64_routing(cfg, T, seed):
+    layer = make_layer(cfg, seed)
+    x = make_input(cfg, T, seed + 1)
+    r = layer.route(x)
+    check_invariants(r, T, cfg.top_k, cfg.num_experts)
+    got = {(t, e): w for t, e, w in routing_triples(r)}
+    want = {(t, e): w for t, e, w in naive_route(layer, x)}
+    if got.keys() != want.keys():
+        # float32 and float64 logits may order two near-equal experts differently; allow it only
+        # when the scores really are that close
+        logits = x.double() @ layer.router_weight.double().t()
+        for t, e in got.keys() ^ want.keys():
+            others = [ee for tt, ee in (got.keys() | want.keys()) if tt == t and ee != e]
+            assert min(abs(logits[t, e] - logits[t, o]).item() for o in others) < 1e-4
+        return
+    for key, w in want.items():
+        assert got[key] == pytest.approx(w, rel=2e-6, abs=1e-7)
+
+
+def test_ties_go_to_the_lower_expert():
+    cfg_scores = torch.tensor([[1.0, 3.0, 3.0, 2.0, 3.0]])
+    from shufflemoe.ops import index_shuffle
+
+    r = index_shuffle(cfg_scores, 2, scoring="none")
+    assert r.expert_ids.tolist() == [1, 2]
+
+
+def test_capacity_drops_later_tokens_and_counts_them():
+    from shufflemoe import MoEConfig
+
+    cfg = MoEConfig(hidden_size=4, intermediate_size=4, num_experts=4, top_k=1, capacity_factor=1.0,
+                    dtype=torch.float32)
+    logits = torch.full((8, 4), -5.0)
+    logits[:, 2] = 5.0  # every token wants expert 2; capacity = ceil(8 * 1 / 4) = 2
+    logits[7, 1] = 9.0  # token 7 wants expert 1
+    r = route(logits, cfg)
+    assert r.counts.tolist() == [0, 1, 2, 0]
+    assert int(r.num_valid) == 3
+    assert r.token_ids[:3].tolist() == [7, 0, 1]
+    assert r.token_ids[3:].tolist() == [2, 3, 4, 5, 6]  # dropped, in token order
+    assert r.expert_ids[3:].tolist() == [2] * 5
+
+
+def test_llama4_weight_is_sigmoid_of_the_logit():
+    from shufflemoe import MoEConfig
+
+    cfg = MoEConfig(hidden_size=4, intermediate_size=4, num_experts=3, router="llama4",
+                    scoring="sigmoid", apply_router_weight_on_input=True, dtype=torch.float32)
+    logits = torch.tensor([[0.5, -1.0, 2.0], [1.5, 0.0, -3.0]])
+    r = route(logits, cfg)
+    assert r.expert_ids.tolist() == [0, 2] and r.token_ids.tolist() == [1, 0]
+    assert r.weights.tolist() == pytest.approx([torch.sigmoid(torch.tensor(1.5)).item(),
+                                                torch.sigmoid(torch.tensor(2.0)).item()])
+
+
+def test_group_limited_only_picks_from_the_best_groups():
+    from shufflemoe import MoEConfig
+
+    cfg = MoEConfig(hidden_size=4, intermediate_size=4, num_experts=8, top_k=2, router="group_limited",
+                    scoring="sigmoid", n_group=4, topk_group=1, correction_bias=True,
+                    routed_scaling_factor=2.0, dtype=torch.float32)
+    logits = torch.tensor([[3.0, -3.0, 2.0, 2.0, 0.0, 0.0, -1.0, 2.9]])
+    bias = torch.zeros(8)
+    # group scores (sum of sigmoids): {0,1} 1.0, {2,3} 1.76, {4,5} 1.0, {6,7} 1.22
+    r = route(logits, cfg, bias)
+    assert sorted(r.expert_ids.tolist()) == [2, 3]
+    s = torch.sigmoid(torch.tensor(2.0)).item()
+    assert r.weights.tolist() == pytest.approx([2 * s, 2 * s])
+    bias[7] = 10.0  # the bias steers selection only: group {6, 7} now wins, weights stay unbiased
+    r = route(logits, cfg, bias)
+    assert sorted(r.expert_ids.tolist()) == [6, 7]
+    assert sorted(r.weights.tolist()) == pytest.approx(
+        sorted([2 * torch.sigmoid(torch.tensor(-1.0)).item(), 2 * torch.sigmoid(torch.tensor(2.9)).item()]))
+
+
+def test_router_logits_are_in_the_model_dtype():
+    x = torch.randn(3, 8, dtype=torch.bfloat16)
+    w = torch.randn(4, 8, dtype=torch.bfloat16)
+    assert router_logits(x, w).dtype == torch.bfloat16

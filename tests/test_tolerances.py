@@ -1,0 +1,32 @@
+"""The tolerance table is tight: the measured error uses a real share of the bound (a bound 100x
+the error could not catch a rounding bug), and never exceeds it. The largest errors relative to
+the magnitude of the terms come from the narrowest layers (I = 1: nothing averages), so those are
+the cases measured here."""
+
+import torch
+
+from factories import make_input, make_layer, tolerance_key
+from shufflemoe import MoEConfig
+from shufflemoe.reference import naive_moe
+from shufflemoe.testing import tolerance_for
+
+CASES = [
+    MoEConfig(hidden_size=7, intermediate_size=inter, num_experts=8, top_k=2, renormalize=True,
+              dtype=dtype, quantization=q)
+    for dtype, q, inter in [(torch.float32, "none", 1), (torch.bfloat16, "none", 1),
+                            (torch.bfloat16, "fp8_rowwise", 16)]
+]
+
+
+def test_tolerances_are_tight_and_hold():
+    for cfg in CASES:
+        worst = 0.0
+        for seed in range(10):
+            layer = make_layer(cfg, seed)
+            x = make_input(cfg, 150, seed)
+            r = layer.route(x)
+            ref, mag = naive_moe(layer, x, r, with_magnitude=True)
+            worst = max(worst, ((layer(x).double() - ref).abs() / mag).max().item())
+        bound = tolerance_for(tolerance_key(cfg)).mag
+        assert worst <= bound, (cfg.dtype, cfg.quantization, worst, bound)
+        assert worst >= bound / 40, f"{tolerance_key(cfg)} bound {bound} is loose: error {worst:.3g}"
