@@ -57,7 +57,3 @@ def make_layer(cfg: MoEConfig, seed: int = 0, experts: str = "shuffled", device:
 def make_input(cfg: MoEConfig, T: int, seed: int = 1, device: str = "cpu") -> torch.Tensor:
     g = torch.Generator(device="cpu").manual_seed(seed)
     return torch.randn(T, cfg.hidden_size, generator=g).to(device=device, dtype=cfg.dtype)
-
-
-def tolerance_key(cfg: MoEConfig) -> str:
-    return "fp8_rowwise" if cfg.quantized else str(cfg.dtype).replace("torch.", "")

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from factories import make_input, make_layer, tolerance_key
+from factories import make_input, make_layer
+from shufflemoe.testing import tolerance_key
 from shufflemoe import EXPERTS, MoE, MoEConfig, naive_moe
 from shufflemoe.testing import assert_close
 

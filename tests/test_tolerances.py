@@ -5,7 +5,8 @@ the cases measured here."""
 
 import torch
 
-from factories import make_input, make_layer, tolerance_key
+from factories import make_input, make_layer
+from shufflemoe.testing import tolerance_key
 from shufflemoe import MoEConfig
 from shufflemoe.reference import naive_moe
 from shufflemoe.testing import tolerance_for

@@ -11,7 +11,7 @@ import torch
 
 from . import EXPERTS, MoE, MoEConfig, naive_moe, preset
 from .planner import HARDWARE, expert_bytes, fixed_bytes, plan
-from .testing import compare, tolerance_for
+from .testing import compare, tolerance_for, tolerance_key
 
 # The demo's two layers: real shapes on a GPU, the same structure scaled down on a CPU so the
 # whole demo (every strategy, checked in float64) takes well under a minute on two cores.
@@ -59,11 +59,11 @@ def demo(device: torch.device) -> int:
         routing = layer.route(x)
         ref, mag = naive_moe(layer, x, routing, with_magnitude=True)
         active = int((routing.counts > 0).sum())
-        bound = tolerance_for(cfg.dtype).mag
+        bound = tolerance_for(tolerance_key(cfg)).mag
         for strategy in EXPERTS.names():
             layer.set_experts(strategy)
             y = layer(x)
-            c = compare(y, ref, cfg.dtype, magnitude=mag)
+            c = compare(y, ref, tolerance_key(cfg), magnitude=mag)
             ratio = ((y.double() - ref).abs() / mag).max().item() / bound
             us = _time_us(lambda: layer(x), device, EXPERTS.get(strategy).graph_safe)
             failures += not c.ok

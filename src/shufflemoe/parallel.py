@@ -31,7 +31,7 @@ import functools
 
 import torch
 import torch.distributed as dist
-from torch import Tensor, nn
+from torch import Tensor
 
 from .dispatch import AllGatherDispatch, AllToAllDispatch, TensorParallelDispatch
 from .layer import MoE

@@ -87,7 +87,7 @@ class LayerCost:
 
 
 def _rows_and_experts(cfg: MoEConfig, strategy: str, T: int, active: float) -> tuple[float, float]:
-    E, k, A = cfg.num_experts, cfg.top_k, T * cfg.top_k
+    E, A = cfg.num_experts, T * cfg.top_k
     if strategy in ("shuffled", "sliced", "concat"):
         return A, active
     if strategy == "padded":  # every expert padded to the busiest one (~ balanced + 2 sigma)

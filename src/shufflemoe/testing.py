@@ -44,6 +44,11 @@ TOLERANCES: dict[str, Tolerance] = {
 }
 
 
+def tolerance_key(cfg) -> str:
+    """The TOLERANCES row of an MoEConfig's arithmetic: its dtype, or fp8_rowwise."""
+    return "fp8_rowwise" if cfg.quantized else str(cfg.dtype).replace("torch.", "")
+
+
 def tolerance_for(dtype: torch.dtype | str) -> Tolerance:
     key = dtype if isinstance(dtype, str) else str(dtype).replace("torch.", "")
     return TOLERANCES[key]

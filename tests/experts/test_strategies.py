@@ -7,7 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from factories import configs, make_input, make_layer, tolerance_key
+from factories import configs, make_input, make_layer
+from shufflemoe.testing import tolerance_key
 from shufflemoe import EXPERTS, MoEConfig
 from shufflemoe.ops import sort_by_expert
 from shufflemoe.reference import naive_moe

@@ -86,7 +86,6 @@ def measure_ceilings(n: int = 8192) -> Ceilings:
     dst = torch.empty_like(src)
     t = time_fn(lambda i: dst.copy_(src), 1, graph=False, reps=20)
     copy = 2 * src.numel() * src.element_size() / (t.median_us * 1e-6) / 1e9
-    del src, dst
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     t = time_fn(lambda i: a @ b.t(), 1, graph=False, reps=10)

@@ -10,19 +10,26 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import functools
 import importlib.util
 import os
 
+import torch
 from torch import Tensor
 
 IMPLS = ("auto", "triton", "torch")
 _default: contextvars.ContextVar[str] = contextvars.ContextVar("shufflemoe_impl", default="auto")
+# Looked up once: torch.compile cannot trace importlib.
+_TRITON = importlib.util.find_spec("triton") is not None
 
 
-@functools.cache
 def triton_available() -> bool:
-    return importlib.util.find_spec("triton") is not None
+    return _TRITON
+
+
+@torch._dynamo.assume_constant_result
+def _default_impl() -> str:
+    """The use_impl() default; a constant to torch.compile, which cannot trace a ContextVar."""
+    return _default.get()
 
 
 def interpreting() -> bool:
@@ -44,7 +51,7 @@ def use_impl(impl: str):
 
 def resolve(impl: str | None, x: Tensor) -> str:
     """Decide "triton" or "torch" for an op whose main input is ``x``."""
-    impl = _default.get() if impl is None else impl
+    impl = _default_impl() if impl is None else impl
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     if impl == "auto":

@@ -19,7 +19,7 @@ def scatter_add(
     A = token_ids.shape[0]
     if A == 0 or y.shape[0] == 0:
         return out
-    src = y if rows is None else y.index_select(0, rows.long().clamp(0, y.shape[0] - 1))
+    src = y[:A] if rows is None else y.index_select(0, rows.long().clamp(0, y.shape[0] - 1))
     contrib = src.float()  # [A, D]
     if weights is not None:
         contrib = contrib * weights.float()[:, None]

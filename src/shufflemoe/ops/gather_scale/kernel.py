@@ -1,0 +1,172 @@
+"""GatherMul in Triton: xs[i] = x[token_ids[i]] * weights[i] for i < num_valid, optionally fused
+with fp8 rowwise quantization (MetaShuffling's GatherMul: gather + gather scores + mul, and with
+quantization max + divide + mul + clamp + cast, in one pass over the rows).
+
+Bit-exact with reference.py: the product is taken in float32 and rounded once; the quantized
+output follows quantize/kernel.py. Rows at or past num_valid are neither read nor written, and
+nothing is copied to the host, so the op is safe inside a CUDA graph.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from .._impl import interpreting
+from ..quantize.kernel import cast_to, fp8_target, quant_block, row_scales, store_fp8
+from ..quantize.reference import FP8_DTYPE
+
+
+@triton.jit
+def _row_source(ids_ptr, w_ptr, nv_ptr, row, HAS_W: tl.constexpr, HAS_NV: tl.constexpr):
+    """(valid, source token, weight) of output row ``row``."""
+    if HAS_NV:
+        valid = row < tl.load(nv_ptr)
+    else:
+        valid = row >= 0
+    tok = tl.load(ids_ptr + row, mask=valid, other=0).to(tl.int64)
+    w = 1.0
+    if HAS_W:
+        w = tl.load(w_ptr + row, mask=valid, other=0.0)
+    return valid, tok, w
+
+
+@triton.jit
+def _gather_scale_kernel(
+    x_ptr,  # [T, D] source rows
+    ids_ptr,  # [A] int32/int64 source token of each output row
+    w_ptr,  # [A] float32 weights (unused when not HAS_W)
+    nv_ptr,  # [1] number of valid rows (unused when not HAS_NV)
+    out_ptr,  # [A, D] output, x's dtype
+    D,  # row length
+    HAS_W: tl.constexpr,
+    HAS_NV: tl.constexpr,
+    INTERPRET: tl.constexpr,  # round with integer arithmetic (interpreter casts are wrong)
+    BLOCK_D: tl.constexpr,  # columns per program (grid axis 1 covers D)
+):
+    row = tl.program_id(0)
+    valid, tok, w = _row_source(ids_ptr, w_ptr, nv_ptr, row, HAS_W, HAS_NV)
+    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    mask = (cols < D) & valid
+    v = tl.load(x_ptr + tok * D + cols, mask=mask)
+    if HAS_W:
+        # one rounding, as the reference
+        v = cast_to(v.to(tl.float32) * w, out_ptr.dtype.element_ty, INTERPRET)
+    tl.store(out_ptr + row.to(tl.int64) * D + cols, v, mask=mask)
+
+
+@triton.jit
+def _gather_scale_fp8_kernel(
+    x_ptr,  # [T, D] source rows
+    ids_ptr,  # [A] int32/int64 source token of each output row
+    w_ptr,  # [A] float32 weights (unused when not HAS_W)
+    nv_ptr,  # [1] number of valid rows (unused when not HAS_NV)
+    q_ptr,  # [A, D] e4m3 output (uint8 view when INTERPRET)
+    scale_ptr,  # [A] float32 row scales
+    D,  # row length
+    HAS_W: tl.constexpr,
+    HAS_NV: tl.constexpr,
+    INTERPRET: tl.constexpr,  # round with integer arithmetic (interpreter casts are wrong)
+    BLOCK_D: tl.constexpr,  # the whole row when ONE_PASS, else a chunk
+    ONE_PASS: tl.constexpr,  # the row fits in registers: read it once
+):
+    row = tl.program_id(0)
+    valid, tok, w = _row_source(ids_ptr, w_ptr, nv_ptr, row, HAS_W, HAS_NV)
+    src = x_ptr + tok * D
+    dst = q_ptr + row.to(tl.int64) * D
+    offs = tl.arange(0, BLOCK_D)
+    if ONE_PASS:
+        mask = (offs < D) & valid
+        v = tl.load(src + offs, mask=mask, other=0.0).to(tl.float32) * w
+        inv, scale = row_scales(tl.max(tl.abs(v), 0))
+        store_fp8(dst + offs, v, inv, mask, INTERPRET)
+    else:
+        # while loops: a range() over a runtime bound fails in the interpreter
+        amax = tl.zeros([BLOCK_D], tl.float32)
+        c = 0
+        while c < D:
+            mask = (c + offs < D) & valid
+            v = tl.load(src + c + offs, mask=mask, other=0.0).to(tl.float32) * w
+            amax = tl.maximum(amax, tl.abs(v))
+            c += BLOCK_D
+        inv, scale = row_scales(tl.max(amax, 0))
+        c = 0
+        while c < D:
+            mask = (c + offs < D) & valid
+            v = tl.load(src + c + offs, mask=mask, other=0.0).to(tl.float32) * w
+            store_fp8(dst + c + offs, v, inv, mask, INTERPRET)
+            c += BLOCK_D
+    tl.store(scale_ptr + row, scale, mask=valid)
+
+
+def _copy_block(D: int) -> int:
+    """Columns per program: the largest power of two <= 2048 that divides D (no masked tail;
+    5120 -> 1024), at least 256."""
+    block = 2048
+    while block > 256 and D % block:
+        block //= 2
+    return min(block, triton.next_power_of_2(D))
+
+
+@torch.library.custom_op("shufflemoe::gather_scale", mutates_args=("out",))
+def _gather_scale_op(x: Tensor, token_ids: Tensor, weights: Optional[Tensor],
+                     num_valid: Optional[Tensor], out: Tensor) -> None:
+    A, D = out.shape
+    if A == 0 or D == 0:
+        return
+    block = _copy_block(D)
+    _gather_scale_kernel[(A, triton.cdiv(D, block))](
+        x, token_ids, weights, num_valid, out, D,
+        HAS_W=weights is not None, HAS_NV=num_valid is not None, INTERPRET=interpreting(),
+        BLOCK_D=block, num_warps=4 if block <= 1024 else 8)
+
+
+@_gather_scale_op.register_fake
+def _(x, token_ids, weights, num_valid, out) -> None:
+    return None
+
+
+@torch.library.custom_op("shufflemoe::gather_scale_fp8", mutates_args=("q", "scale"))
+def _gather_scale_fp8_op(x: Tensor, token_ids: Tensor, weights: Optional[Tensor],
+                         num_valid: Optional[Tensor], q: Tensor, scale: Tensor) -> None:
+    A, D = q.shape
+    if A == 0 or D == 0:
+        return
+    target, interpret = fp8_target(q)
+    block, one_pass = quant_block(D)
+    _gather_scale_fp8_kernel[(A,)](
+        x, token_ids, weights, num_valid, target, scale, D,
+        HAS_W=weights is not None, HAS_NV=num_valid is not None, INTERPRET=interpret,
+        BLOCK_D=block, ONE_PASS=one_pass, num_warps=8 if block >= 4096 else 4)
+
+
+@_gather_scale_fp8_op.register_fake
+def _(x, token_ids, weights, num_valid, q, scale) -> None:
+    return None
+
+
+def gather_scale(
+    x: Tensor,
+    token_ids: Tensor,
+    weights: Tensor | None,
+    num_valid: Tensor | None,
+    quantize: bool,
+    out: Tensor | tuple[Tensor, Tensor] | None,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """x [T, D], token_ids [A], weights [A] | None -> [A, D] in x's dtype, or (q [A, D] e4m3,
+    scale [A] float32). Arguments were checked by the public function."""
+    A, D = token_ids.shape[0], x.shape[1]
+    if quantize:
+        if out is None:
+            out = (torch.empty(A, D, dtype=FP8_DTYPE, device=x.device),
+                   torch.empty(A, dtype=torch.float32, device=x.device))
+        torch.ops.shufflemoe.gather_scale_fp8(x, token_ids, weights, num_valid, out[0], out[1])
+        return out
+    if out is None:
+        out = torch.empty(A, D, dtype=x.dtype, device=x.device)
+    torch.ops.shufflemoe.gather_scale(x, token_ids, weights, num_valid, out)
+    return out

@@ -1,0 +1,109 @@
+"""Tile configurations for the grouped GEMM kernel: a deterministic heuristic, no autotuning.
+
+The host knows M (rows allocated), N, K, G and the dtype, never the group sizes (they live on the
+device), so the key is (M rounded up to a power of two, N, K, G, dtype). From it: the average
+rows per group M / G and the groups that can be active, min(G, M). Decode (a few rows per
+expert) streams weights and is memory bound; prefill (hundreds of rows per expert) is compute
+bound. The choices come from sweeps on an H100 (benchmarks/tune_grouped_gemm.py, numbers in
+benchmarks/notes/grouped_gemm.md). Tests and benchmarks replace the choice with ``override``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+from dataclasses import dataclass, replace
+from typing import Callable, Iterator
+
+import torch
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    block_m: int  # rows (tokens) per tile
+    block_n: int  # output columns per tile
+    block_k: int  # reduction step
+    num_warps: int = 4
+    num_stages: int = 3  # software-pipeline depth of the K loop
+    # Compute (W x^T)^T: the weight tile becomes the MMA's M side (wgmma needs 64 rows per warp
+    # group) and a few tokens its N side (8..256), so decode tiles of 16 tokens still use wgmma.
+    swap_ab: bool = False
+    ctas_per_sm: int = 1  # persistent programs per SM; 2 lets one hide the other's tile start
+    flatten: bool = False  # one software-pipelined loop over (tile, k) instead of a loop nest
+    # TMA loads where the shapes allow: "host" (descriptors passed as kernel arguments), "device"
+    # (made by each program: ~2 us more per launch on an H100, 66.3 vs 63.6 us for a 168 MB
+    # decode GEMM) or "none" (masked pointer loads)
+    tma: str = "host"
+
+    def with_(self, **changes) -> "TileConfig":
+        return replace(self, **changes)
+
+
+Key = tuple[int, int, int, int, torch.dtype]  # (M bucket, N, K, G, dtype)
+_override: contextvars.ContextVar[TileConfig | Callable[[Key], TileConfig] | None] = (
+    contextvars.ContextVar("shufflemoe_grouped_gemm_config", default=None))
+
+
+@contextlib.contextmanager
+def override(config: TileConfig | Callable[[Key], TileConfig]) -> Iterator[None]:
+    """Use ``config`` (or ``config(key)``) instead of the heuristic inside the block."""
+    token = _override.set(config)
+    try:
+        yield
+    finally:
+        _override.reset(token)
+
+
+def m_bucket(M: int) -> int:
+    """M rounded up to a power of two (at least 1): one compiled choice per bucket."""
+    return 1 << max(M - 1, 0).bit_length()
+
+
+def select(M: int, N: int, K: int, G: int, dtype: torch.dtype) -> TileConfig:
+    """The tile configuration for x [M, K] against G groups of [N, K] weights in ``dtype``."""
+    key = (m_bucket(M), N, K, G, dtype)
+    chosen = _override.get()
+    if chosen is not None:
+        return chosen if isinstance(chosen, TileConfig) else chosen(key)
+    return _heuristic(*key)
+
+
+# Decode: spread the active groups' weights over at least this many tiles (2 programs on each of
+# an H100's 132 SMs), narrowing the tiles when few groups can be active (M < G).
+_DECODE_TILES = 256
+_NARROW_TILE_BYTES = 512 << 10  # past this, a 64-row weight tile is too long for one SM alone
+
+
+@functools.lru_cache(maxsize=None)
+def _heuristic(M: int, N: int, K: int, G: int, dtype: torch.dtype) -> TileConfig:
+    """Measured on an H100 (benchmarks/notes/grouped_gemm.md has the numbers behind each rule)."""
+    if dtype == torch.float32:
+        # fp32 runs as IEEE fp32 FMAs (tf32 would lose 13 bits); 8 warps keep it out of spills.
+        return TileConfig(64, 64, 32, num_warps=8, num_stages=3)
+    fp8 = dtype == torch.float8_e4m3fn
+    bk = 128 if fp8 else 64  # 128 bytes of K per row: one TMA swizzle line
+    rows = -(-M // max(G, 1))  # average rows per group, an upper bound
+    active = min(G, M)  # groups that can be non-empty
+    if rows <= 16:
+        # Memory bound: 16-token tiles, weights as the wgmma M side (swap_ab), two programs per
+        # SM; all such choices land within 2% of each other on the spec's decode shapes.
+        if active * -(-N // 128) >= _DECODE_TILES:
+            return TileConfig(16, 128, 2 * bk, num_stages=3, swap_ab=True, ctas_per_sm=2)
+        if (active * -(-N // 64) < _DECODE_TILES
+                and 64 * K * dtype.itemsize > _NARROW_TILE_BYTES):
+            # One token on one of 16 experts, K=5120 bf16: 32-column tiles reach 128 SMs instead
+            # of 32 (17.2 us instead of 21.3); mma.sync, as wgmma needs 64 rows.
+            return TileConfig(16, 32, 2 * bk, num_stages=5, ctas_per_sm=2)
+        return TileConfig(16, 64, 2 * bk, num_stages=3, swap_ab=True, ctas_per_sm=2)
+    if rows <= 64:
+        # With real (uneven) routing 64-row tiles beat 32-row swapped ones by 0-20% (Qwen2 GEMM2
+        # at batch 512: 128 us vs 152); on equal groups they lose 2-5%.
+        return TileConfig(64, 128, bk, num_stages=4, ctas_per_sm=2)
+    if rows <= 128:
+        if fp8 and K <= 2048:
+            return TileConfig(128, 128, bk, num_stages=3, ctas_per_sm=2)
+        return TileConfig(128, 128, 2 * bk, num_warps=8, num_stages=3)
+    # Compute bound: 128x256 tiles, two consumer warp groups; the flattened loop overlaps a tile's
+    # epilogue with the next tile's first loads (K=1024 bf16: 268 us instead of 281).
+    return TileConfig(128, 256, bk, num_warps=8, num_stages=3, flatten=True)

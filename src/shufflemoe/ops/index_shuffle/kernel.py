@@ -1,0 +1,400 @@
+"""IndexShuffling in Triton: top-k + histogram + stable bucket sort, all on the device, in one
+launch for small batches and two for large ones (no grid-wide barrier, no atomics, so the order
+is deterministic and the kernels also run, one program after another, in the interpreter).
+
+Pairs are handled in blocks of BT tokens (P = BT * KP pairs, KP = k rounded up to a power of
+two). For each block, program ``_route_kernel``:
+  1. picks each token's top-k experts (or loads precomputed ids) and computes the pair weights;
+  2. sorts the block's pairs by (bucket, pair index) with ``tl.sort`` (bucket = expert id, or E for
+     an id outside [0, E)), and finds where each bucket starts and ends in the sorted keys by a
+     binary search (``tl.gather``), which gives the block's histogram;
+  3. with one block (``SINGLE``), places them directly: position = start of the bucket's section
+     + rank inside the bucket; otherwise it stores the sorted keys, ids, weights and the block's
+     histogram row to scratch, and ``_place_kernel`` (at most 128 programs, each placing a run of
+     consecutive blocks) reads the small [blocks, buckets] histogram table once to get each
+     bucket's totals and the number of pairs of earlier blocks, then places the pairs.
+Pair order (reference.py): kept pairs expert-major, then pairs over capacity expert-major, then
+pairs routed nowhere; pair index order inside each. Ties in top-k go to the lower expert id.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from ...types import Routing
+
+SCORING_IDS = {"none": 0, "softmax": 1, "sigmoid": 2}
+# Below the key of every float (canonical NaN aside): marks taken experts and padding columns.
+_SENTINEL = tl.constexpr(-(2**31) + 1)
+
+
+@triton.jit
+def _score_keys(s):
+    """float32 -> int32 keys in the order torch.sort uses: -0.0 == +0.0, NaN above +inf."""
+    bits = tl.where(s == 0.0, 0, s.to(tl.int32, bitcast=True))
+    key = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+    return tl.where(s != s, 0x7FC00000, key)
+
+
+@triton.jit
+def _key_value(key):
+    """Inverse of _score_keys (up to the sign of zero and NaN payloads)."""
+    return tl.where(key >= 0, key, key ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _load_scores(s_ptr, stride, t, tmask, cols, E: tl.constexpr):
+    return tl.load(s_ptr + t.to(tl.int64)[:, None] * stride + cols[None, :],
+                   mask=tmask[:, None] & (cols < E)[None, :], other=float("-inf")).to(tl.float32)
+
+
+@triton.jit
+def _topk(s_ptr, stride, t, tmask, scaling, E: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
+          BT: tl.constexpr, BEC: tl.constexpr, SCORING: tl.constexpr, RENORM: tl.constexpr):
+    """Each row's top-k experts: (ids [BT, KP] int32, weights [BT, KP] float32)."""
+    jj = tl.arange(0, KP)[None, :]
+    ids = tl.zeros([BT, KP], tl.int32)
+    vals = tl.zeros([BT, KP], tl.float32)
+    if BEC >= E:  # the whole row at once: take the best, mark it, repeat
+        cols = tl.arange(0, BEC)
+        s = _load_scores(s_ptr, stride, t, tmask, cols, E)
+        key = tl.where((cols < E)[None, :], _score_keys(s), _SENTINEL)
+        for j in tl.static_range(K):
+            m = tl.max(key, 1)
+            idx = tl.min(tl.where(key == m[:, None], cols[None, :], BEC), 1)
+            key = tl.where(cols[None, :] == idx[:, None], _SENTINEL, key)
+            ids = tl.where(jj == j, idx[:, None], ids)
+            vals = tl.where(jj == j, _key_value(m)[:, None], vals)
+        if SCORING == 1:
+            rmax = tl.where(tmask, tl.max(s, 1), 0.0)
+            denom = tl.sum(tl.exp(s - rmax[:, None]), 1)
+    else:  # chunks of BEC experts: pass j takes the best (key, id) below pass j-1's
+        prev_key = tl.full([BT], 0x7FFFFFFF, tl.int32)
+        prev_idx = tl.full([BT], -1, tl.int32)
+        for j in tl.static_range(K):
+            best = tl.full([BT], _SENTINEL, tl.int32)
+            best_idx = tl.zeros([BT], tl.int32)
+            for c0 in range(0, E, BEC):  # a loop, not unrolled: K * E / BEC chunks
+                cols = c0 + tl.arange(0, BEC)
+                key = _score_keys(_load_scores(s_ptr, stride, t, tmask, cols, E))
+                below = (key < prev_key[:, None]) | (
+                    (key == prev_key[:, None]) & (cols[None, :] > prev_idx[:, None]))
+                key = tl.where((cols < E)[None, :] & below, key, _SENTINEL)
+                m = tl.max(key, 1)
+                idx = tl.min(tl.where(key == m[:, None], cols[None, :], E), 1)
+                better = m > best  # an equal key in a later chunk has a higher id
+                best = tl.where(better, m, best)
+                best_idx = tl.where(better, idx, best_idx)
+            prev_key, prev_idx = best, best_idx
+            ids = tl.where(jj == j, best_idx[:, None], ids)
+            vals = tl.where(jj == j, _key_value(best)[:, None], vals)
+        if SCORING == 1:
+            rmax = tl.where(tmask, tl.sum(tl.where(jj == 0, vals, 0.0), 1), 0.0)
+            denom = tl.zeros([BT], tl.float32)
+            for c0 in range(0, E, BEC):
+                s = _load_scores(s_ptr, stride, t, tmask, c0 + tl.arange(0, BEC), E)
+                denom += tl.sum(tl.exp(s - rmax[:, None]), 1)
+    if SCORING == 1:
+        denom = tl.where(tmask, denom, 1.0)  # rows past T (and their rmax = 0): no 0 / 0
+        w = tl.math.div_rn(tl.exp(vals - rmax[:, None]), denom[:, None])
+    elif SCORING == 2:
+        w = tl.math.div_rn(tl.full([BT, KP], 1.0, tl.float32), 1.0 + tl.exp(-vals))
+    else:
+        w = vals
+    if RENORM:
+        total = tl.where(tmask, tl.sum(tl.where(jj < K, w, 0.0), 1), 1.0)
+        w = tl.math.div_rn(w, total[:, None])
+    return ids, w * scaling
+
+
+@triton.jit
+def _lower_bound(skey, target, P: tl.constexpr):
+    """For each target: how many of the P (a power of two) sorted keys are below it; a
+    branch-free binary search, log2(P) + 1 gathers."""
+    pos = tl.zeros(target.shape, tl.int32)
+    for i in tl.static_range(1, 16):
+        if (P >> i) > 0:
+            pos = tl.where(tl.gather(skey, pos + ((P >> i) - 1), 0) < target, pos + (P >> i), pos)
+    return tl.where(tl.gather(skey, pos, 0) < target, pos + 1, pos)
+
+
+@triton.jit
+def _emit(sb, r, raw, w, tok, valid, tot, cap, n_pairs, write_counts, counts_ptr, tok_ptr,
+          exp_ptr, w_ptr, nv_ptr, E: tl.constexpr, NB: tl.constexpr, HAS_CAP: tl.constexpr,
+          FROM_SCORES: tl.constexpr):
+    """Store pairs (bucket sb, rank r inside the bucket over the whole batch) at their final
+    positions, given the per-bucket totals ``tot`` [NB]; with write_counts, counts and num_valid."""
+    nbr = tl.arange(0, NB)
+    is_expert = nbr < E
+    routed = tl.where(is_expert, tot, 0)
+    if HAS_CAP:
+        kept = tl.minimum(routed, cap)
+    else:
+        kept = routed
+    dropped = routed - kept
+    n_kept = tl.sum(kept, 0)
+    sbc = tl.minimum(sb, NB - 1)
+    pos = tl.gather(tl.cumsum(kept, 0) - kept, sbc, 0) + r
+    if HAS_CAP:
+        over = n_kept + tl.gather(tl.cumsum(dropped, 0) - dropped, sbc, 0) + r - cap
+        pos = tl.where(r < cap, pos, over)
+    if not FROM_SCORES:
+        pos = tl.where(sb == E, n_kept + tl.sum(dropped, 0) + r, pos)
+    valid = valid & (pos >= 0) & (pos < n_pairs)  # never outside the outputs, whatever the input
+    tl.store(tok_ptr + pos, tok, mask=valid)
+    tl.store(exp_ptr + pos, raw, mask=valid)
+    tl.store(w_ptr + pos, w, mask=valid)
+    tl.store(counts_ptr + nbr, kept, mask=is_expert & write_counts)
+    tl.store(nv_ptr, n_kept, mask=write_counts)
+
+
+@triton.jit
+def _route_kernel(
+    src_ptr,  # scores [T, E] (FROM_SCORES) or topk_ids [T, K] int32/int64
+    src_stride,  # row stride of src
+    win_ptr,  # topk_weights [T, K] (HAS_W only)
+    win_stride,
+    counts_ptr, tok_ptr, exp_ptr, w_ptr, nv_ptr,  # outputs: [E], [A], [A], [A], [1]
+    skey_ptr, sid_ptr, sw_ptr, hist_ptr,  # scratch when not SINGLE: [nb*P] x3, [nb, NB]
+    T,  # tokens
+    cap,  # capacity per expert (HAS_CAP only)
+    scaling,  # weight multiplier (FROM_SCORES only)
+    E: tl.constexpr,  # experts
+    K: tl.constexpr,  # pairs per token
+    KP: tl.constexpr,  # K rounded up to a power of two
+    BT: tl.constexpr,  # tokens per block
+    BEC: tl.constexpr,  # experts per score chunk in top-k
+    NB: tl.constexpr,  # buckets, a power of two > every bucket id (E, or E + 1 with ids)
+    FROM_SCORES: tl.constexpr,
+    SCORING: tl.constexpr,  # 0 none, 1 softmax, 2 sigmoid
+    RENORM: tl.constexpr,
+    HAS_W: tl.constexpr,
+    HAS_CAP: tl.constexpr,
+    SINGLE: tl.constexpr,  # one block: place the pairs here (no scratch, no second launch)
+):
+    P: tl.constexpr = BT * KP
+    blk = tl.program_id(0)
+    t = blk * BT + tl.arange(0, BT)
+    jj = tl.arange(0, KP)
+    pair_ok = (t < T)[:, None] & (jj < K)[None, :]
+    if FROM_SCORES:
+        raw2, w2 = _topk(src_ptr, src_stride, t, t < T, scaling, E, K, KP, BT, BEC, SCORING,
+                         RENORM)
+        bucket2 = raw2
+    else:
+        offs = t.to(tl.int64)[:, None] * src_stride + jj[None, :]
+        ids = tl.load(src_ptr + offs, mask=pair_ok, other=0)
+        raw2 = ids.to(tl.int32)  # what expert_ids holds (int64 ids truncate as torch's .int())
+        bucket2 = tl.where((ids >= 0) & (ids < E), raw2, E)
+        if HAS_W:
+            w2 = tl.load(win_ptr + t.to(tl.int64)[:, None] * win_stride + jj[None, :],
+                         mask=pair_ok, other=0.0).to(tl.float32)
+        else:
+            w2 = tl.full([BT, KP], 1.0, tl.float32)
+    valid = tl.reshape(pair_ok, [P])
+    bucket = tl.where(valid, tl.reshape(bucket2, [P]), 0)
+    raw = tl.reshape(raw2, [P])
+    w = tl.reshape(w2, [P])
+    lane = tl.arange(0, P)
+    # Sorting (bucket, pair index) keys orders the block's pairs as the output wants them.
+    skey = tl.sort(tl.where(valid, bucket * P + lane, NB * P))
+    # Bucket e's keys are [e * P, (e + 1) * P). (tl.histogram overcounted on the GPU: its input
+    # here has a linear layout whose lanes repeat values, which its replication count misses.)
+    first = tl.arange(0, NB) * P
+    starts = _lower_bound(skey, first, P)  # [NB] first sorted position of each bucket
+    hist = _lower_bound(skey, first + P, P) - starts  # [NB] pairs per bucket
+    if SINGLE:
+        sb = skey // P
+        sp = skey % P
+        rank = lane - tl.gather(starts, tl.minimum(sb, NB - 1), 0)
+        _emit(sb, rank, tl.gather(raw, sp, 0), tl.gather(w, sp, 0), (sp // KP).to(tl.int32),
+              sb < NB, hist, cap, T * K, blk == 0, counts_ptr, tok_ptr, exp_ptr, w_ptr, nv_ptr, E,
+              NB, HAS_CAP, FROM_SCORES)
+    else:
+        base = blk.to(tl.int64) * P
+        tl.store(skey_ptr + base + lane, skey)
+        tl.store(sid_ptr + base + lane, raw)
+        tl.store(sw_ptr + base + lane, w)
+        tl.store(hist_ptr + blk * NB + tl.arange(0, NB), hist)
+
+
+@triton.jit
+def _place_kernel(
+    counts_ptr, tok_ptr, exp_ptr, w_ptr, nv_ptr,  # outputs: [E], [A], [A], [A], [1]
+    skey_ptr, sid_ptr, sw_ptr, hist_ptr,  # scratch written by _route_kernel
+    nb,  # blocks
+    per_prog,  # consecutive blocks placed by one program
+    A,  # pairs
+    cap,  # capacity per expert (HAS_CAP only)
+    E: tl.constexpr,
+    KP: tl.constexpr,
+    BT: tl.constexpr,
+    NB: tl.constexpr,
+    RB: tl.constexpr,  # histogram table rows read at a time
+    FROM_SCORES: tl.constexpr,
+    HAS_CAP: tl.constexpr,
+):
+    P: tl.constexpr = BT * KP
+    first = tl.program_id(0) * per_prog
+    lane = tl.arange(0, P)
+    nbr = tl.arange(0, NB)
+    # Each program reads the whole [nb, NB] table once (a few KB to 512 KB, from L2): bucket
+    # totals, and the pairs of each bucket in blocks before its first one.
+    tot = tl.zeros([NB], tl.int32)
+    before = tl.zeros([NB], tl.int32)
+    r0 = 0
+    while r0 < nb:  # (a range() over a runtime bound fails in the interpreter)
+        rows = r0 + tl.arange(0, RB)
+        tile = tl.load(hist_ptr + rows[:, None] * NB + nbr[None, :], mask=(rows < nb)[:, None],
+                       other=0)
+        tot += tl.sum(tile, 0)
+        before += tl.sum(tl.where((rows < first)[:, None], tile, 0), 0)
+        r0 += RB
+    blk = first
+    while (blk < first + per_prog) & (blk < nb):
+        base = blk.to(tl.int64) * P
+        skey = tl.load(skey_ptr + base + lane)
+        sb = skey // P
+        sp = skey % P
+        valid = sb < NB
+        own = tl.load(hist_ptr + blk * NB + nbr)
+        shift = before - (tl.cumsum(own, 0) - own)  # rank = shift[bucket] + sorted position
+        rank = tl.gather(shift, tl.minimum(sb, NB - 1), 0) + lane
+        raw = tl.load(sid_ptr + base + sp, mask=valid, other=0)
+        w = tl.load(sw_ptr + base + sp, mask=valid, other=0.0)
+        tok = (blk * BT + sp // KP).to(tl.int32)
+        _emit(sb, rank, raw, w, tok, valid, tot, cap, A, blk == 0, counts_ptr, tok_ptr, exp_ptr,
+              w_ptr, nv_ptr, E, NB, HAS_CAP, FROM_SCORES)
+        before += own
+        blk += 1
+
+
+def _num_buckets(E: int, from_scores: bool) -> int:
+    """Buckets: a power of two above every bucket id, at least 32."""
+    return max(32, triton.next_power_of_2(E if from_scores else E + 1))
+
+
+@dataclass(frozen=True)
+class RouteConfig:
+    """Tiling of one index_shuffle / sort_by_expert call (see route_config)."""
+
+    block_tokens: int  # BT, a power of two
+    expert_chunk: int  # BEC: experts per score tile in top-k
+    single: bool  # one program does everything (block_tokens >= T)
+    num_warps: int
+    place_programs: int = 128  # at most this many place programs: one wave on 132 SMs
+
+
+def route_config(T: int, E: int, k: int, from_scores: bool = True, single_pairs: int = 512,
+                 min_block_pairs: int = 32, max_block_pairs: int = 1024,
+                 score_tile: int = 2048) -> RouteConfig:
+    """Deterministic heuristic. One program while the padded batch has at most ``single_pairs``
+    pairs: a second launch costs more than sorting a few hundred pairs in one program.
+    Otherwise blocks of ``min_block_pairs`` to ``max_block_pairs`` pairs (the sort of one block
+    stays small), as small as keeps the number of blocks near 128 (one wave on 132 SMs). Top-k
+    reads scores in tiles of about ``score_tile`` values. Register counts from ptxas (sm_90):
+    a [128, 128] score tile spilled; [128, 16] took 76-118 registers with 8 warps, [64, 32] 118
+    with 4."""
+    kp = triton.next_power_of_2(k)
+    be = max(16, triton.next_power_of_2(E)) if from_scores else 16
+    t2 = triton.next_power_of_2(max(T, 1))
+    single = t2 * kp <= single_pairs
+    if single:
+        bt = max(t2, 16 // kp)
+    else:
+        pairs = max(min_block_pairs, triton.next_power_of_2(triton.cdiv(T * kp, 128)), kp)
+        bt = min(pairs, max_block_pairs) // kp
+    bec = min(be, max(16, score_tile // bt))
+    return RouteConfig(bt, bec, single, 8 if bt * kp >= 128 else 4)
+
+
+@torch.library.custom_op(
+    "shufflemoe::route",
+    mutates_args=("counts", "token_ids", "expert_ids", "weights", "num_valid", "scratch_i",
+                  "scratch_w", "hist"))
+def _route_op(src: Tensor, topk_weights: Optional[Tensor], counts: Tensor, token_ids: Tensor,
+              expert_ids: Tensor, weights: Tensor, num_valid: Tensor, scratch_i: Tensor,
+              scratch_w: Tensor, hist: Tensor, num_experts: int, top_k: int, from_scores: bool,
+              scoring: int, renormalize: bool, scaling: float, capacity: Optional[int],
+              block_tokens: int, expert_chunk: int, single: bool, num_warps: int,
+              place_programs: int) -> None:
+    T = src.shape[0]
+    if T == 0:
+        counts.zero_()
+        num_valid.zero_()
+        return
+    E, k = num_experts, top_k
+    kp = triton.next_power_of_2(k)
+    nb = triton.cdiv(T, block_tokens)
+    nbins = _num_buckets(E, from_scores)
+    cap = 0 if capacity is None else capacity
+    meta = dict(E=E, NB=nbins, FROM_SCORES=from_scores, HAS_CAP=capacity is not None)
+    win = topk_weights if topk_weights is not None else src
+    _route_kernel[(nb,)](
+        src, src.stride(0), win, win.stride(0), counts, token_ids, expert_ids, weights, num_valid,
+        scratch_i[0], scratch_i[1], scratch_w, hist, T, cap, scaling,
+        K=k, KP=kp, BT=block_tokens, BEC=expert_chunk, SCORING=scoring, RENORM=renormalize,
+        HAS_W=topk_weights is not None, SINGLE=single, num_warps=num_warps, **meta)
+    if not single:
+        # At most one wave of place programs; each reads the histogram table once.
+        per_prog = triton.cdiv(nb, min(nb, place_programs))
+        _place_kernel[(triton.cdiv(nb, per_prog),)](
+            counts, token_ids, expert_ids, weights, num_valid, scratch_i[0], scratch_i[1],
+            scratch_w, hist, nb, per_prog, T * k, cap, KP=kp, BT=block_tokens,
+            RB=max(1, min(64, 8192 // nbins)), num_warps=4 if block_tokens * kp <= 256 else 8,
+            **meta)
+
+
+@_route_op.register_fake
+def _(src, topk_weights, counts, token_ids, expert_ids, weights, num_valid, scratch_i, scratch_w,
+      hist, num_experts, top_k, from_scores, scoring, renormalize, scaling, capacity,
+      block_tokens, expert_chunk, single, num_warps, place_programs) -> None:
+    return None
+
+
+def _route(src: Tensor, topk_weights: Tensor | None, E: int, k: int, from_scores: bool,
+           scoring: str, renormalize: bool, scaling: float, capacity: int | None,
+           config: RouteConfig | None) -> Routing:
+    T = src.shape[0]
+    A, dev = T * k, src.device
+    cfg = config or route_config(T, E, k, from_scores)
+    if cfg.single and cfg.block_tokens < T:
+        raise ValueError(f"a single-program config needs block_tokens >= T={T}")
+    kp = triton.next_power_of_2(k)
+    nb = 0 if cfg.single else triton.cdiv(T, cfg.block_tokens)
+    nbins = _num_buckets(E, from_scores)
+    counts = torch.empty(E, dtype=torch.int32, device=dev)
+    token_ids = torch.empty(A, dtype=torch.int32, device=dev)
+    expert_ids = torch.empty(A, dtype=torch.int32, device=dev)
+    weights = torch.empty(A, dtype=torch.float32, device=dev)
+    num_valid = torch.empty(1, dtype=torch.int32, device=dev)
+    scratch_i = torch.empty(2, nb * cfg.block_tokens * kp, dtype=torch.int32, device=dev)
+    scratch_w = torch.empty(nb * cfg.block_tokens * kp, dtype=torch.float32, device=dev)
+    hist = torch.empty(nb, nbins, dtype=torch.int32, device=dev)
+    torch.ops.shufflemoe.route(
+        src, topk_weights, counts, token_ids, expert_ids, weights, num_valid, scratch_i,
+        scratch_w, hist, E, k, from_scores, SCORING_IDS[scoring], renormalize, float(scaling),
+        capacity, cfg.block_tokens, cfg.expert_chunk, cfg.single, cfg.num_warps,
+        cfg.place_programs)
+    return Routing(counts, token_ids, expert_ids, weights, num_valid)
+
+
+def index_shuffle(scores: Tensor, top_k: int, scoring: str, renormalize: bool, scaling: float,
+                  capacity: int | None, config: RouteConfig | None = None) -> Routing:
+    """scores [T, E] -> Routing (A = T * top_k pairs). Arguments were checked by the public
+    function; ``config`` overrides route_config (tests, tuning)."""
+    return _route(scores, None, scores.shape[1], top_k, True, scoring, renormalize, scaling,
+                  capacity, config)
+
+
+def sort_by_expert(topk_ids: Tensor, num_experts: int, topk_weights: Tensor | None,
+                   capacity: int | None, config: RouteConfig | None = None) -> Routing:
+    """topk_ids [T, k] (ids outside [0, E) are not routed), topk_weights [T, k] | None -> Routing."""
+    return _route(topk_ids, topk_weights, num_experts, topk_ids.shape[1], False, "none", False,
+                  1.0, capacity, config)

@@ -1,0 +1,95 @@
+"""Triton helpers for the fp8 rowwise quantization fused into gather_scale and silu_mul.
+
+They reproduce quantize_fp8_rowwise (reference.py) bit for bit, evaluated the way torch evaluates
+it in float32: amax = max(|row|, 1e-12); ``448 / amax`` is ``reciprocal(amax) * 448`` (torch's
+__rtruediv__), correctly rounded; q = e4m3(clamp(row * that, -448, 448)), nearest even; and
+``amax / 448`` is a true division on the CPU but ``amax * (1 / 448)`` on CUDA (torch multiplies
+by the reciprocal of a scalar divisor there), so the kernel follows the device it runs on.
+Triton's ``/`` is an approximate division on CUDA, hence ``div_rn``.
+
+Under the interpreter (TRITON_INTERPRET=1, Triton 3.6.0) two casts are wrong: float32 -> bfloat16
+truncates, and float32 -> float8e4nv rounds half up without carrying into the exponent (0.031
+became 0.0156 in our check). With ``INTERPRET=True`` the kernels round with integer arithmetic
+instead (e4m3 stored through a uint8 view); on CUDA they use the hardware casts (round to nearest
+even, cvt.rn.satfinite for e4m3). Both agree with torch bit for bit.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from .._impl import interpreting
+
+
+@triton.jit
+def e4m3_bits(v):
+    """float32 v in [-448, 448] -> e4m3fn bit pattern (int32 in 0..255), round to nearest even."""
+    bits = v.to(tl.int32, bitcast=True)
+    sign = (bits >> 24) & 0x80
+    a = tl.where(v != v, 0.0, tl.abs(v))  # NaN handled at the end
+    # Below 2^-6 e4m3 is subnormal, a multiple of 2^-9: adding 1.5 * 2^23 rounds a * 2^9 to an
+    # integer (nearest even) in float32 arithmetic.
+    sub = ((a * 512.0 + 12582912.0) - 12582912.0).to(tl.int32)
+    # Normal: keep 3 mantissa bits, rounding on bit 20 to nearest even; a carry moves into the
+    # exponent as it should. 120 = 127 - 7 rebiases the exponent.
+    abits = a.to(tl.int32, bitcast=True)
+    nrm = ((abits + 0x7FFFF + ((abits >> 20) & 1)) >> 20) - (120 << 3)
+    code = tl.where(a < 0.015625, sub, nrm)
+    code = tl.where(v != v, 0x7F, code)
+    return sign | code
+
+
+@triton.jit
+def to_bf16_rne(v):
+    """float32 -> bfloat16, round to nearest even, NaN kept NaN (the interpreter's cast truncates)."""
+    bits = v.to(tl.int32, bitcast=True)
+    r = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    r = tl.where(v != v, 0x7FC0, r)
+    return r.to(tl.int16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def cast_to(v, DTYPE: tl.constexpr, INTERPRET: tl.constexpr):
+    """float32 v rounded to DTYPE (nearest even) on CUDA and in the interpreter alike."""
+    out = v.to(DTYPE)
+    if INTERPRET:
+        if DTYPE == tl.bfloat16:
+            out = to_bf16_rne(v)
+    return out
+
+
+@triton.jit
+def row_scales(amax):
+    """Row absolute maximum -> (multiplier 448 / amax, stored scale amax * fp32(1 / 448)) as the
+    reference computes them (torch's 448 / amax is reciprocal(amax) * 448)."""
+    amax = tl.maximum(amax, 1e-12)
+    inv = tl.math.div_rn(1.0, amax) * 448.0
+    return inv, amax * 0.002232142857142857
+
+
+@triton.jit
+def store_fp8(ptr, v, inv, mask, INTERPRET: tl.constexpr):
+    """Store e4m3(clamp(v * inv, -448, 448)) at ptr (a uint8 pointer when INTERPRET). NaN stays
+    NaN as in torch.clamp (tl.clamp's default turns it into a bound on the GPU)."""
+    y = tl.clamp(v * inv, -448.0, 448.0, propagate_nan=tl.PropagateNan.ALL)
+    if INTERPRET:
+        tl.store(ptr, e4m3_bits(y).to(tl.uint8), mask=mask)
+    else:
+        tl.store(ptr, y.to(tl.float8e4nv), mask=mask)
+
+
+def fp8_target(q: Tensor) -> tuple[Tensor, bool]:
+    """(tensor to hand the kernel for an e4m3 output, INTERPRET flag): a uint8 view under the
+    interpreter, the tensor itself on CUDA."""
+    interpret = interpreting()
+    return (q.view(torch.uint8) if interpret else q), interpret
+
+
+def quant_block(n: int, limit: int = 16384) -> tuple[int, bool]:
+    """(BLOCK, ONE_PASS) for a row of n values: one pass holds the whole row in registers (the
+    amax needs every value) up to ``limit`` values; longer rows are read twice."""
+    block = triton.next_power_of_2(max(n, 16))
+    return (block, True) if block <= limit else (4096, False)

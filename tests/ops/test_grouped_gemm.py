@@ -1,0 +1,386 @@
+"""Grouped GEMM: the torch reference against an independent float64 loop, and the Triton kernel
+(interpreter on the CPU, the GPU when there is one) against float64 of the same, already rounded
+or quantized, inputs. Outputs start as NaN (or random values when accumulated into), x's tail
+rows as NaN, so an unwritten row, a written tail row, or a read tail row fails."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shufflemoe.ops import FP8_DTYPE, grouped_gemm, quantize_fp8_rowwise
+from shufflemoe.ops.grouped_gemm import configs
+from shufflemoe.testing import assert_close, poisoned
+
+CUDA = torch.cuda.is_available()
+DEV = "cuda" if CUDA else "cpu"
+needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+# Small tiles on the CPU so the interpreter walks several tiles, groups and programs quickly.
+SMALL = configs.TileConfig(16, 32, 32, num_warps=4, num_stages=2)
+
+
+def gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def make_case(m_sizes, N, K, *, dtype=torch.bfloat16, tail=0, W=None, weight_ids=None,
+              row_weights=False, seed=0, device=DEV):
+    """Inputs of one grouped GEMM (rows of x past sum(m_sizes) are NaN) and their float64 values."""
+    g = gen(seed)
+    G = len(m_sizes)
+    M = sum(m_sizes) + tail
+    W = W or G
+    x = torch.randn(M, K, generator=g)
+    w = torch.randn(W, N, K, generator=g) / K**0.5
+    args: dict = {}
+    if dtype == FP8_DTYPE:
+        xq, xs = quantize_fp8_rowwise(x)
+        wq, ws = quantize_fp8_rowwise(w)
+        x64 = xq.double() * xs.double()[:, None]
+        w64 = wq.double() * ws.double()[..., None]
+        args.update(x_scale=xs.to(device), w_scale=ws.to(device))
+        x, w = xq, wq
+    else:
+        x, w = x.to(dtype), w.to(dtype)
+        x64, w64 = x.double(), w.double()
+    if tail:  # padded rows: NaN, so any use of them shows
+        x = x.clone()
+        if dtype == FP8_DTYPE:
+            x.view(torch.uint8)[M - tail:] = 0x7F  # e4m3 NaN
+        else:
+            x[M - tail:] = float("nan")
+    if weight_ids is not None:
+        args["weight_ids"] = torch.tensor(weight_ids, dtype=torch.int32, device=device)
+    rw = None
+    if row_weights:
+        rw = torch.rand(M, generator=g) + 0.5
+        args["row_weights"] = rw.to(device)
+    ms = torch.tensor(m_sizes, dtype=torch.int32, device=device)
+    return x.to(device), w.to(device), ms, args, x64.to(device), w64.to(device), rw
+
+
+def loop64(x64, w64, m_sizes, weight_ids=None, rw=None):
+    """float64 [sum(m_sizes), N] on the CPU: one slice per group (a host loop over groups,
+    independent of both impls; the products run where x64 lives)."""
+    ys, start = [], 0
+    for g, n in enumerate(m_sizes):
+        e = g if weight_ids is None else weight_ids[g]
+        ys.append(x64[start:start + n] @ w64[e].T)
+        start += n
+    y = (torch.cat(ys) if ys else torch.zeros(0, w64.shape[1], dtype=torch.float64)).cpu()
+    if rw is not None:
+        y = y * rw.double().cpu()[: y.shape[0], None]
+    return y
+
+
+def tol(out_dtype):
+    return str(out_dtype).replace("torch.", "")
+
+
+def run_case(impl, m_sizes, N, K, *, dtype=torch.bfloat16, out_dtype=None, tail=3, W=None,
+             weight_ids=None, row_weights=False, seed=0, tolerance=None):
+    x, w, ms, args, x64, w64, rw = make_case(m_sizes, N, K, dtype=dtype, tail=tail, W=W,
+                                             weight_ids=weight_ids, row_weights=row_weights,
+                                             seed=seed)
+    out_dtype = out_dtype or (torch.bfloat16 if dtype == FP8_DTYPE else dtype)
+    out = poisoned(x.shape[0], N, dtype=out_dtype, device=DEV)
+    y = grouped_gemm(x, w, ms, out=out, out_dtype=out_dtype, impl=impl, **args)
+    assert y.data_ptr() == out.data_ptr()
+    n = sum(m_sizes)
+    assert_close(y[:n], loop64(x64, w64, m_sizes, weight_ids, rw), tolerance or tol(out_dtype))
+    assert torch.isnan(y[n:].float()).all(), "rows past sum(m_sizes) were written"
+
+
+# ---------------------------------------------------------------- shared cases, both impls
+
+CASES = {
+    "three groups, one empty": dict(m_sizes=[5, 0, 21], N=40, K=48),
+    "odd N and K": dict(m_sizes=[7, 3, 12], N=37, K=45),
+    "G=1": dict(m_sizes=[33], N=24, K=64),
+    "all rows in the last group": dict(m_sizes=[0, 0, 0, 19], N=32, K=32),
+    "weight_ids (repeated, out of order)": dict(m_sizes=[4, 9, 2, 6], N=32, K=48, W=3,
+                                                weight_ids=[2, 0, 2, 1]),
+    "row_weights": dict(m_sizes=[6, 11], N=48, K=32, row_weights=True),
+    "no tail": dict(m_sizes=[8, 8], N=16, K=16, tail=0),
+}
+
+
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, FP8_DTYPE], ids=["bf16", "fp8"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_matches_float64(impl, dtype, case):
+    with configs.override(SMALL):
+        run_case(impl, dtype=dtype, **CASES[case])
+
+
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+@pytest.mark.parametrize("dtype,out_dtype", [(torch.float16, torch.float16),
+                                             (torch.float32, torch.float32),
+                                             (torch.bfloat16, torch.float32)],
+                         ids=["fp16", "fp32", "bf16->fp32"])
+def test_other_dtypes(impl, dtype, out_dtype):
+    # The reference's bf16 torch._grouped_mm rounds to bf16 before widening; the kernel does not.
+    tolerance = tol(dtype) if impl == "torch" else tol(out_dtype)
+    with configs.override(SMALL):
+        run_case(impl, [9, 0, 14], 40, 48, dtype=dtype, out_dtype=out_dtype, row_weights=True,
+                 tolerance=tolerance)
+
+
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+def test_128_groups(impl):
+    g = gen(5)
+    m_sizes = torch.randint(0, 3, (128,), generator=g)
+    m_sizes[torch.randperm(128, generator=g)[:60]] = 0  # many empty experts
+    with configs.override(SMALL):
+        run_case(impl, m_sizes.tolist(), 16, 32, tail=2)
+
+
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+def test_zero_rows(impl):
+    x = torch.randn(0, 32).to(DEV, torch.bfloat16)
+    w = torch.randn(3, 16, 32).to(DEV, torch.bfloat16)
+    y = grouped_gemm(x, w, torch.zeros(3, dtype=torch.int32, device=DEV), impl=impl)
+    assert y.shape == (0, 16) and y.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+def test_all_rows_padding(impl):
+    """sum(m_sizes) == 0 < M: nothing is written."""
+    with configs.override(SMALL):
+        run_case(impl, [0, 0], 16, 32, tail=9)
+
+
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, FP8_DTYPE],
+                         ids=["bf16", "fp32", "fp8"])
+def test_scatter_add(impl, dtype):
+    """Rows scatter-add into out [T, N] with repeated targets; out starts random, not zero."""
+    m_sizes, N, K, T = [6, 0, 9, 5], 40, 32, 7
+    x, w, ms, args, x64, w64, _ = make_case(m_sizes, N, K, dtype=dtype, tail=4, seed=3)
+    n = sum(m_sizes)
+    ids = torch.randint(0, T, (x.shape[0],), generator=gen(4))
+    ids[:3] = 2  # the same target from several rows and groups
+    ids[-2] = 0
+    rw = torch.rand(x.shape[0], generator=gen(5)) + 0.5
+    out_dtype = torch.float32 if dtype == torch.float32 else torch.bfloat16
+    base = torch.randn(T, N, generator=gen(6)).to(out_dtype)
+    out = base.clone().to(DEV)
+    with configs.override(SMALL):
+        y = grouped_gemm(x, w, ms, row_weights=rw.to(DEV), scatter_ids=ids.to(DEV), out=out,
+                         out_dtype=out_dtype, impl=impl, **args)
+    assert y.data_ptr() == out.data_ptr()
+    rows = loop64(x64, w64, m_sizes, rw=rw)
+    ref = base.double().index_add_(0, ids[:n], rows)
+    assert_close(y, ref, tol(out_dtype))
+
+
+def test_scatter_ignores_tail_ids():
+    """Tail rows' scatter_ids are never read: out-of-range ids there are harmless (the kernel)."""
+    x, w, ms, _, x64, w64, _ = make_case([3, 4], 16, 32, tail=5, seed=8)
+    ids = torch.tensor([0, 1, 2, 0, 1, 2, 0] + [10**6] * 5)
+    out = torch.randn(3, 16, generator=gen(9)).to(torch.bfloat16)
+    ref = out.double().index_add_(0, ids[:7], loop64(x64, w64, [3, 4]))
+    out = out.to(DEV)
+    with configs.override(SMALL):
+        grouped_gemm(x, w, ms, scatter_ids=ids.to(DEV), out=out, impl="triton")
+    assert_close(out, ref, "bfloat16")
+
+
+# ---------------------------------------------------------------- kernel variants
+
+VARIANTS = {
+    "pointers": SMALL.with_(tma="none"),
+    "tma device": SMALL.with_(tma="device"),
+    "tma host": SMALL.with_(tma="host"),
+    "swap_ab pointers": SMALL.with_(swap_ab=True, tma="none"),
+    "swap_ab tma": SMALL.with_(swap_ab=True),
+    "block 32x16x16": configs.TileConfig(32, 16, 16, num_stages=2),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, FP8_DTYPE], ids=["bf16", "fp8"])
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_kernel_variants(variant, dtype):
+    """Every load path and tile orientation on one shape with an empty group, a partial tile,
+    weight_ids, row_weights and NaN tail rows."""
+    with configs.override(VARIANTS[variant]):
+        run_case("triton", [19, 0, 3, 40], 48, 64, dtype=dtype, W=3, weight_ids=[1, 2, 0, 1],
+                 row_weights=True, tail=6, seed=11)
+
+
+def test_odd_k_falls_back_to_pointers():
+    x = torch.empty(4, 45, dtype=torch.bfloat16)
+    w = torch.empty(2, 8, 45, dtype=torch.bfloat16)
+    assert kernel_module().tma_mode(SMALL, x, w) == "none"
+    assert kernel_module().tma_mode(SMALL, x[:, :40].contiguous(), w[..., :40].contiguous()) \
+        == SMALL.tma
+
+
+def kernel_module():
+    from shufflemoe.ops.grouped_gemm import kernel
+
+    return kernel
+
+
+@settings(max_examples=8 if not CUDA else 30, deadline=None)
+@given(data=st.data())
+def test_random_shapes(data):
+    """Hypothesis-drawn groups, widths and epilogues (bf16 and fp8) against float64."""
+    G = data.draw(st.integers(1, 12 if not CUDA else 40), label="G")
+    m_sizes = data.draw(st.lists(st.integers(0, 40 if not CUDA else 200), min_size=G, max_size=G))
+    fp8 = data.draw(st.booleans(), label="fp8")
+    # K * itemsize a multiple of 16 takes the TMA path, anything else the pointer path.
+    K = data.draw(st.sampled_from([16, 48, 40, 29] if not CUDA else [64, 256, 1000, 777, 2048]))
+    N = data.draw(st.sampled_from([8, 33, 64] if not CUDA else [128, 200, 1280, 2048, 511]))
+    W = data.draw(st.integers(1, G + 2))
+    wids = data.draw(st.lists(st.integers(0, W - 1), min_size=G, max_size=G))
+    kw = dict(dtype=FP8_DTYPE if fp8 else torch.bfloat16, tail=data.draw(st.integers(0, 7)),
+              W=W, weight_ids=wids, row_weights=data.draw(st.booleans()),
+              seed=data.draw(st.integers(0, 2**16)))
+    if CUDA:  # the heuristic's own choice
+        run_case("triton", m_sizes, N, K, **kw)
+    else:
+        with configs.override(SMALL):
+            run_case("triton", m_sizes, N, K, **kw)
+
+
+# ---------------------------------------------------------------- bad inputs
+
+
+def _ok():
+    x = torch.randn(6, 32, dtype=torch.bfloat16)
+    return x, torch.randn(2, 16, 32, dtype=torch.bfloat16), torch.tensor([2, 3], dtype=torch.int32)
+
+
+@pytest.mark.parametrize("bad,match", [
+    (lambda x, w, m: grouped_gemm(x, w[:, :, :31], m), "w must be"),
+    (lambda x, w, m: grouped_gemm(x, w, m[:1]), "m_sizes must have one entry"),
+    (lambda x, w, m: grouped_gemm(x, w, m.float()), "m_sizes must have dtype"),
+    (lambda x, w, m: grouped_gemm(x, w.half(), m), "w must have x's dtype"),
+    (lambda x, w, m: grouped_gemm(x.to(FP8_DTYPE), w, m), "both be float8"),
+    (lambda x, w, m: grouped_gemm(x.to(FP8_DTYPE), w.to(FP8_DTYPE), m), "x_scale must be"),
+    (lambda x, w, m: grouped_gemm(x, w, m, x_scale=torch.ones(6)), "only for float8"),
+    (lambda x, w, m: grouped_gemm(x, w, m, scatter_ids=torch.zeros(6, dtype=torch.int64)),
+     "out .* is required"),
+    (lambda x, w, m: grouped_gemm(x, w, m, out=torch.empty(6, 15, dtype=torch.bfloat16)),
+     "out must have shape"),
+    (lambda x, w, m: grouped_gemm(x, w, m, row_weights=torch.ones(5)), "row_weights must have"),
+    (lambda x, w, m: grouped_gemm(x, w, m, weight_ids=torch.zeros(3, dtype=torch.int32)),
+     "weight_ids must have shape"),
+    (lambda x, w, m: grouped_gemm(x, w, m, out_dtype=torch.int32), "out_dtype must be"),
+    (lambda x, w, m: grouped_gemm(x.t(), w, m), "x must be"),
+])
+def test_bad_inputs_raise(bad, match):
+    with pytest.raises((TypeError, ValueError), match=match):
+        bad(*_ok())
+
+
+# ---------------------------------------------------------------- tile heuristic
+
+
+def test_heuristic_is_deterministic_and_overridable():
+    a = configs.select(128, 2048, 5120, 16, torch.bfloat16)
+    assert a == configs.select(128, 2048, 5120, 16, torch.bfloat16)
+    with pytest.raises(AttributeError):
+        a.block_m = 7  # frozen
+    decode = configs.select(16, 2048, 5120, 16, torch.bfloat16)
+    prefill = configs.select(16384, 2048, 5120, 16, torch.bfloat16)
+    assert decode.block_m < prefill.block_m
+    seen = []
+    with configs.override(lambda key: seen.append(key) or SMALL):
+        assert configs.select(100, 64, 32, 3, FP8_DTYPE) == SMALL
+    assert seen == [(128, 64, 32, 3, FP8_DTYPE)]
+    assert configs.select(100, 64, 32, 3, FP8_DTYPE) != SMALL
+
+
+@pytest.mark.parametrize("M,bucket", [(0, 1), (1, 1), (2, 2), (128, 128), (129, 256),
+                                      (16383, 16384)])
+def test_m_bucket(M, bucket):
+    assert configs.m_bucket(M) == bucket
+
+
+def test_decode_tiles_narrow_when_few_groups_are_active():
+    """One token on one of 16 experts: narrower tiles spread that expert over more SMs."""
+    one = configs.select(1, 2048, 5120, 16, torch.bfloat16)
+    eight = configs.select(8, 2048, 5120, 16, torch.bfloat16)
+    full = configs.select(128, 2048, 5120, 16, torch.bfloat16)
+    assert one.block_n < eight.block_n < full.block_n
+    assert not one.swap_ab and eight.swap_ab and full.swap_ab
+
+
+@pytest.mark.parametrize("M", [1, 16, 128, 1024, 16384])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, FP8_DTYPE])
+def test_heuristic_tiles_are_valid(M, dtype):
+    """Powers of two, dot-sized (>= 16), TMA boxes <= 256, within shared memory estimates."""
+    c = configs.select(M, 2048, 5120, 16, dtype)
+    for b in (c.block_m, c.block_n, c.block_k):
+        assert b >= 16 and b & (b - 1) == 0 and b <= 256
+    item = 4 if dtype == torch.float32 else dtype.itemsize
+    stage = (c.block_m + c.block_n) * c.block_k * item
+    assert stage * c.num_stages * c.ctas_per_sm <= 227 * 1024
+
+
+# ---------------------------------------------------------------- GPU only
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, FP8_DTYPE], ids=["bf16", "fp8"])
+def test_cuda_graph_replay_with_new_sizes(dtype):
+    """Captured once; m_sizes rewritten on the device between replays (empty, all in one group)."""
+    G, N, K, M = 8, 256, 512, 400
+    x, w, _, args, x64, w64, _ = make_case([M], N, K, dtype=dtype, W=G, seed=2)
+    ms = torch.zeros(G, dtype=torch.int32, device=DEV)
+    out = torch.empty(M, N, dtype=torch.bfloat16, device=DEV)
+    grouped_gemm(x, w, ms, out=out, **args)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        grouped_gemm(x, w, ms, out=out, **args)
+    for sizes in ([50, 0, 70, 1, 0, 200, 9, 3], [0] * 7 + [M], [0] * G, [M // G] * G):
+        ms.copy_(torch.tensor(sizes, dtype=torch.int32))
+        out.fill_(float("nan"))
+        graph.replay()
+        n = sum(sizes)
+        assert_close(out[:n], loop64(x64, w64, sizes), "bfloat16")
+        assert torch.isnan(out[n:].float()).all()
+
+
+@needs_cuda
+@pytest.mark.parametrize("variant", [
+    configs.TileConfig(128, 256, 64, 8, 3, flatten=True),
+    configs.TileConfig(128, 256, 64, 8, 3, tma="device"),
+    configs.TileConfig(128, 128, 64, 4, 4, ctas_per_sm=2, flatten=True, tma="device"),
+    configs.TileConfig(128, 128, 64, 8, 3, tma="none"),
+    configs.TileConfig(16, 128, 128, 4, 4, swap_ab=True, ctas_per_sm=2),
+    configs.TileConfig(16, 64, 256, 4, 3, swap_ab=True, flatten=True),
+    configs.TileConfig(16, 128, 128, 4, 3, tma="none", swap_ab=True),
+    configs.TileConfig(16, 32, 128, 4, 5, ctas_per_sm=2),
+    configs.TileConfig(32, 128, 64, 4, 4, swap_ab=True, ctas_per_sm=2),
+    configs.TileConfig(64, 128, 64, 4, 4, ctas_per_sm=2),
+], ids=str)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, FP8_DTYPE], ids=["bf16", "fp8"])
+def test_gpu_variants(variant, dtype):
+    """TMA (device and host descriptors) and pointer loads, flattened loops, swapped operands."""
+    with configs.override(variant.with_(block_k=2 * variant.block_k) if dtype == FP8_DTYPE
+                          and variant.block_k < 128 else variant):
+        run_case("triton", [300, 0, 17, 129, 1, 64], 640, 1024, dtype=dtype, W=4,
+                 weight_ids=[3, 0, 1, 2, 3, 0], row_weights=True, tail=11, seed=4)
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, FP8_DTYPE], ids=["bf16", "fp8"])
+def test_gpu_scatter_many_pairs(dtype):
+    """Top-8 style: 8 rows per output token, bf16 atomics."""
+    T, k, E, N, K = 300, 8, 16, 512, 256
+    ids = torch.stack([torch.randperm(E, generator=gen(t))[:k] for t in range(T)]).flatten()
+    order = torch.argsort(ids, stable=True)
+    m_sizes = torch.bincount(ids, minlength=E).tolist()
+    x, w, ms, args, x64, w64, _ = make_case(m_sizes, N, K, dtype=dtype, tail=0, seed=9)
+    tokens = (order // k)
+    rw = torch.rand(T * k, generator=gen(3))
+    base = torch.randn(T, N, generator=gen(2)).to(torch.bfloat16)
+    out = base.to(DEV)
+    grouped_gemm(x, w, ms, row_weights=rw.to(DEV), scatter_ids=tokens.to(DEV), out=out, **args)
+    ref = base.double().index_add_(0, tokens, loop64(x64, w64, m_sizes, rw=rw))
+    assert_close(out, ref, "bfloat16")

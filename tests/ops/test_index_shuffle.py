@@ -1,0 +1,267 @@
+"""IndexShuffling: the torch reference against a plain Python loop (float64 weights), and the
+Triton kernel (interpreter on the CPU, the GPU when there is one) against the reference: every
+index output equal over all A pairs (tail order included), weights within float32."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from shufflemoe.ops import index_shuffle, sort_by_expert
+from shufflemoe.testing import assert_close
+
+pytest.importorskip("triton")
+from shufflemoe.ops.index_shuffle.kernel import RouteConfig, route_config  # noqa: E402
+from shufflemoe.ops.index_shuffle import kernel as route_kernel  # noqa: E402
+
+CUDA = torch.cuda.is_available()
+DEV = "cuda" if CUDA else "cpu"
+needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+INDEX_FIELDS = ("counts", "token_ids", "expert_ids", "num_valid")
+
+
+def _int32(v: int) -> int:
+    return (v + 2**31) % 2**32 - 2**31
+
+
+def loop_sort(ids: list[list[int]], weights: list[list[float]], E: int, capacity: int | None):
+    """Expected Routing fields as lists: kept pairs expert-major, then pairs over capacity
+    expert-major, then pairs routed nowhere, pair order inside each."""
+    per_expert: list[list] = [[] for _ in range(E)]
+    nowhere = []
+    for t, (row, wrow) in enumerate(zip(ids, weights)):
+        for e, w in zip(row, wrow):
+            (per_expert[e] if 0 <= e < E else nowhere).append((t, _int32(e), w))
+    kept = [p if capacity is None else p[:capacity] for p in per_expert]
+    over = [[] if capacity is None else p[capacity:] for p in per_expert]
+    order = [q for p in kept for q in p] + [q for p in over for q in p] + nowhere
+    counts = [len(p) for p in kept]
+    return dict(counts=counts, token_ids=[q[0] for q in order], expert_ids=[q[1] for q in order],
+                weights=[q[2] for q in order], num_valid=[sum(counts)])
+
+
+def loop_topk(scores: torch.Tensor, k: int, scoring: str, renormalize: bool, scaling: float):
+    """Per token: the k best experts (ties to the lower id) and their float64 weights."""
+    ids, weights = [], []
+    for row in scores.double().tolist():
+        best = sorted(range(len(row)), key=lambda e: (-row[e], e))[:k]
+        if scoring == "softmax":
+            m = max(row)
+            z = sum(math.exp(v - m) for v in row)
+            w = [math.exp(row[e] - m) / z for e in best]
+        elif scoring == "sigmoid":
+            w = [1.0 / (1.0 + math.exp(-row[e])) for e in best]
+        else:
+            w = [row[e] for e in best]
+        if renormalize:
+            s = sum(w)
+            w = [v / s for v in w]
+        ids.append(best)
+        weights.append([v * scaling for v in w])
+    return ids, weights
+
+
+def check_against_loop(r, want: dict) -> None:
+    for f in INDEX_FIELDS:
+        assert getattr(r, f).tolist() == want[f], f
+    assert_close(r.weights, torch.tensor(want["weights"], dtype=torch.float64), "float32",
+                 name="weights")
+
+
+def check_same(got, ref) -> None:
+    """Kernel Routing == reference Routing: indices exactly, weights within float32."""
+    for f in INDEX_FIELDS:
+        a, b = getattr(got, f).cpu(), getattr(ref, f).cpu()
+        assert a.dtype == b.dtype and torch.equal(a, b), f"{f}: {a.tolist()[:16]} vs {b.tolist()[:16]}"
+    assert_close(got.weights, ref.weights.double(), "float32", name="weights")
+
+
+def scores_for(T: int, E: int, dtype=torch.bfloat16, seed: int = 0, device: str = DEV):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(T, E, generator=g).to(device=device, dtype=dtype)
+
+
+# ---- the reference against the loop -------------------------------------------------------------
+
+@given(T=st.integers(0, 40), E=st.integers(1, 20), k=st.integers(1, 8),
+       scoring=st.sampled_from(["none", "softmax", "sigmoid"]), renormalize=st.booleans(),
+       capacity=st.one_of(st.none(), st.integers(0, 6)), seed=st.integers(0, 2**16))
+def test_reference_matches_loop(T, E, k, scoring, renormalize, capacity, seed):
+    k = min(k, E)
+    scores = scores_for(T, E, torch.bfloat16, seed, "cpu")  # bf16: many exact ties
+    r = index_shuffle(scores, k, scoring=scoring, renormalize=renormalize, scaling=1.5,
+                      capacity=capacity, impl="torch")
+    ids, weights = loop_topk(scores, k, scoring, renormalize, 1.5)
+    check_against_loop(r, loop_sort(ids, weights, E, capacity))
+
+
+@given(T=st.integers(0, 30), E=st.integers(1, 20), k=st.integers(1, 8),
+       capacity=st.one_of(st.none(), st.integers(0, 5)), seed=st.integers(0, 2**16))
+def test_sort_reference_matches_loop(T, E, k, capacity, seed):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(-2, E + 2, (T, k), generator=g)
+    w = torch.rand(T, k, generator=g)
+    r = sort_by_expert(ids, E, w, capacity=capacity, impl="torch")
+    check_against_loop(r, loop_sort(ids.tolist(), w.double().tolist(), E, capacity))
+
+
+# ---- the kernel against the reference ------------------------------------------------------------
+
+KERNEL_CASES = [
+    # T, E, k, dtype, scoring, renormalize, scaling, capacity
+    (37, 16, 1, torch.bfloat16, "softmax", False, 1.0, None),
+    (128, 128, 1, torch.bfloat16, "none", False, 1.0, None),  # a blog decode shape
+    (50, 256, 8, torch.float32, "softmax", True, 2.5, None),  # k = 8 of 256
+    (45, 9, 3, torch.float16, "sigmoid", False, 1.0, 4),  # capacity drops, odd sizes
+    (1, 1, 1, torch.float32, "softmax", False, 1.0, None),
+    (0, 16, 2, torch.bfloat16, "none", False, 1.0, None),
+    (600, 16, 1, torch.bfloat16, "sigmoid", False, 1.0, 30),  # the two-launch path, 19 blocks
+]
+
+
+@pytest.mark.parametrize("T,E,k,dtype,scoring,renormalize,scaling,capacity", KERNEL_CASES,
+                         ids=lambda v: str(v).replace("torch.", ""))
+def test_kernel_matches_reference(T, E, k, dtype, scoring, renormalize, scaling, capacity):
+    scores = scores_for(T, E, dtype, seed=T + E)
+    kw = dict(scoring=scoring, renormalize=renormalize, scaling=scaling, capacity=capacity)
+    check_same(index_shuffle(scores, k, impl="triton", **kw), index_shuffle(scores, k, impl="torch", **kw))
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # the all -inf row, on purpose
+@pytest.mark.parametrize("config", [RouteConfig(16, 16, False, 4), RouteConfig(8, 32, False, 4, 3),
+                                    RouteConfig(128, 16, True, 4)],
+                         ids=["blocks_of_16", "three_blocks_per_place_program", "one_program"])
+def test_kernel_tilings(config):
+    """Several blocks with a partial last one, and top-k over experts in chunks (E = 40 > 16)."""
+    scores = scores_for(70, 40, torch.float32, seed=3)
+    scores[5, :] = float("-inf")  # a row with no finite score still routes to experts 0..k-1
+    scores[6, 10:20] = 0.25  # ties across chunks
+    kw = dict(scoring="softmax", renormalize=True, scaling=1.0, capacity=5)
+    got = route_kernel.index_shuffle(scores, 3, config=config, **kw)
+    ref = index_shuffle(scores, 3, impl="torch", **kw)
+    for f in INDEX_FIELDS:
+        assert torch.equal(getattr(got, f), getattr(ref, f)), f
+    finite = torch.isfinite(ref.weights)
+    assert_close(got.weights[finite], ref.weights[finite].double(), "float32")
+
+
+def test_kernel_special_values():
+    """Ties go to the lower id; -0.0 ties +0.0; NaN sorts first (torch.sort); +inf beats all."""
+    s = torch.zeros(6, 20, device=DEV)
+    s[1] = -0.0
+    s[1, 9] = 0.0
+    s[2, 3] = float("nan")
+    s[3, 11:14] = float("inf")
+    s[4] = torch.arange(20.0, device=DEV).flip(0)
+    s[5] = -1.0
+    got = index_shuffle(s, 4, impl="triton")
+    ref = index_shuffle(s, 4, impl="torch")
+    for f in INDEX_FIELDS:
+        assert torch.equal(getattr(got, f), getattr(ref, f)), f
+    assert got.token_ids[got.expert_ids == 0].tolist() == list(range(6))
+
+
+def test_kernel_one_hot_expert_and_empty_experts():
+    """Every token on expert 5 (capacity drops the rest in token order); experts 0-4 empty."""
+    s = scores_for(33, 16, torch.float32, seed=1)
+    s[:, 5] += 100.0
+    for cap in (None, 7):
+        got = index_shuffle(s, 1, capacity=cap, impl="triton")
+        check_same(got, index_shuffle(s, 1, capacity=cap, impl="torch"))
+        assert got.counts.tolist() == [0] * 5 + [33 if cap is None else 7] + [0] * 10
+        assert got.token_ids.tolist() == list(range(33))
+
+
+@pytest.mark.parametrize("id_dtype", [torch.int64, torch.int32])
+def test_sort_kernel_matches_reference(id_dtype):
+    """Ids outside [0, E) (negative, E, beyond int32 for int64) go last; bf16 weights."""
+    g = torch.Generator().manual_seed(7)
+    T, k, E = 30, 4, 16
+    ids = torch.randint(-1, E + 2, (T, k), generator=g)
+    if id_dtype == torch.int64:
+        ids[3, 1] = 2**40 + 3  # routed nowhere; expert_ids keeps its low 32 bits, as .int() does
+    ids = ids.to(device=DEV, dtype=id_dtype)
+    w = torch.rand(T, k, generator=g).to(DEV, torch.bfloat16)
+    for cap, w_ in ((2, w), (None, None)):
+        got = sort_by_expert(ids, E, w_, capacity=cap, impl="triton")
+        check_same(got, sort_by_expert(ids, E, w_, capacity=cap, impl="torch"))
+    blocks = route_kernel.sort_by_expert(ids, E, w, 2, config=RouteConfig(8, 16, False, 4))
+    check_same(blocks, sort_by_expert(ids, E, w, capacity=2, impl="torch"))
+
+
+def test_sort_kernel_256_experts_k8():
+    """E + 1 = 257 buckets (512 after rounding up), eight pairs per token, some ids repeated."""
+    g = torch.Generator().manual_seed(11)
+    ids = torch.randint(-3, 259, (21, 8), generator=g)
+    ids[4, 1] = ids[4, 5]  # the same expert twice for one token: pair order decides
+    ids = ids.to(DEV)
+    got = sort_by_expert(ids, 256, capacity=1, impl="triton")
+    check_same(got, sort_by_expert(ids, 256, capacity=1, impl="torch"))
+
+
+def test_sort_kernel_one_expert():
+    ids = torch.tensor([[0], [1], [0], [-1], [0]], device=DEV, dtype=torch.int32)
+    got = sort_by_expert(ids, 1, impl="triton")
+    check_same(got, sort_by_expert(ids, 1, impl="torch"))
+    assert got.token_ids.tolist() == [0, 2, 4, 1, 3] and got.num_valid.item() == 3
+
+
+def test_route_config_heuristic():
+    assert route_config(128, 16, 1).single and route_config(128, 128, 1).single
+    big = route_config(8192, 128, 1)
+    assert not big.single and triton_cdiv(8192, big.block_tokens) <= 128
+    huge = route_config(65536, 256, 8)
+    assert huge.block_tokens * 8 <= 1024 and huge.block_tokens * huge.expert_chunk <= 4096
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+# ---- bad input -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("call,match", [
+    (lambda s: index_shuffle(s, 0), "top_k"),
+    (lambda s: index_shuffle(s, 17), "top_k"),
+    (lambda s: index_shuffle(s, 1, scoring="relu"), "scoring"),
+    (lambda s: index_shuffle(s, 1, capacity=-1), "capacity"),
+    (lambda s: index_shuffle(s[0], 1), "scores"),
+    (lambda s: index_shuffle(s.int(), 1), "scores"),
+    (lambda s: sort_by_expert(s, 4), "topk_ids"),
+    (lambda s: sort_by_expert(s.long(), 0), "num_experts"),
+    (lambda s: sort_by_expert(s.long(), 4, s[:, :3]), "topk_weights"),
+])
+def test_bad_input_raises(call, match):
+    with pytest.raises((TypeError, ValueError), match=match):
+        call(scores_for(5, 16, torch.float32, device="cpu"))
+
+
+# ---- GPU: large batches and CUDA graphs -----------------------------------------------------------
+
+@needs_cuda
+@pytest.mark.parametrize("E,k,scoring,capacity", [(128, 1, "none", None), (16, 1, "sigmoid", None),
+                                                 (256, 8, "softmax", 2100)])
+def test_gpu_large_batch(E, k, scoring, capacity):
+    scores = scores_for(65536, E, torch.bfloat16, seed=E)
+    kw = dict(scoring=scoring, renormalize=k > 1, capacity=capacity)
+    check_same(index_shuffle(scores, k, impl="triton", **kw), index_shuffle(scores, k, impl="torch", **kw))
+
+
+@needs_cuda
+def test_gpu_cuda_graph_replays_follow_new_scores():
+    T, E, k = 1000, 128, 2
+    static = scores_for(T, E, seed=0)
+    r = index_shuffle(static, k, scoring="softmax", impl="triton")  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        r = index_shuffle(static, k, scoring="softmax", impl="triton")
+    for seed in (1, 2, 3):
+        static.copy_(scores_for(T, E, seed=seed))
+        if seed == 3:
+            static[:, 7] += 50.0  # a routing nothing like the captured one
+        graph.replay()
+        check_same(r, index_shuffle(static, k, scoring="softmax", impl="torch"))

@@ -1,0 +1,108 @@
+"""SwiGLU's non-linearity: the torch reference against float64, and the Triton kernel
+(interpreter on the CPU, the GPU when there is one) against the reference within the dtype
+tolerance; its fp8 output is bit for bit the reference quantization of its own float32 result.
+Outputs start poisoned and the input rows past num_valid are NaN, so a row written or read past
+num_valid fails."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from shufflemoe.ops import FP8_DTYPE, dequantize_fp8_rowwise, quantize_fp8_rowwise, silu_mul
+from shufflemoe.testing import assert_close, poisoned
+
+CUDA = torch.cuda.is_available()
+DEV = "cuda" if CUDA else "cpu"
+needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+
+
+def make(A, I, dtype, n_valid=None, seed=0, device=DEV):
+    """h [A, 2I] with rows past n_valid NaN, and num_valid."""
+    g = torch.Generator().manual_seed(seed)
+    h = (torch.randn(A, 2 * I, generator=g) * 3).to(dtype)
+    nv = None
+    if n_valid is not None:
+        h[n_valid:] = float("nan")
+        nv = torch.tensor([n_valid], dtype=torch.int64, device=device)
+    return h.to(device), nv
+
+
+def silu_mul64(h):
+    g, u = h.double().chunk(2, dim=1)
+    return g / (1 + torch.exp(-g)) * u
+
+
+@given(A=st.integers(0, 12), I=st.integers(1, 40), dtype=st.sampled_from(DTYPES),
+       seed=st.integers(0, 2**16))
+def test_reference_matches_float64(A, I, dtype, seed):
+    h, _ = make(A, I, dtype, seed=seed, device="cpu")
+    want = silu_mul64(h)
+    assert_close(silu_mul(h, impl="torch"), want, dtype)
+    assert_close(dequantize_fp8_rowwise(*silu_mul(h, quantize=True, impl="torch")), want, "fp8_rowwise")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("n_valid", [None, 21], ids=["all", "partial"])
+def test_kernel_matches_reference(dtype, n_valid):
+    A, I = 29, 150  # I not a power of two
+    h, nv = make(A, I, dtype, n_valid)
+    n = A if n_valid is None else n_valid
+    out = silu_mul(h, num_valid=nv, out=poisoned(A, I, dtype=dtype, device=DEV), impl="triton")
+    assert_close(out[:n], silu_mul(h[:n], impl="torch").double(), dtype)
+    assert_close(out[:n], silu_mul64(h[:n]), dtype)
+    assert out[n:].isnan().all()
+
+
+@pytest.mark.parametrize("I", [150, 16500], ids=["one_pass", "two_pass"])
+def test_kernel_quantized_is_the_quantization_of_its_float32_result(I):
+    """q, scale == quantize_fp8_rowwise(the kernel's own float32 silu_mul), bit for bit."""
+    A, n = 11, 8
+    h, nv = make(A, I, torch.float32, n_valid=n, seed=I)
+    h[2, :I] = 0.0  # an all-zero row
+    q = torch.full((A, I), 0xFF, dtype=torch.uint8, device=DEV).view(FP8_DTYPE)
+    q, s = silu_mul(h, num_valid=nv, quantize=True, out=(q, poisoned(A, dtype=torch.float32, device=DEV)),
+                    impl="triton")
+    rq, rs = quantize_fp8_rowwise(silu_mul(h[:n], impl="triton"))
+    assert torch.equal(q[:n].view(torch.uint8), rq.view(torch.uint8))
+    assert torch.equal(s[:n], rs)
+    assert (q[n:].view(torch.uint8) == 0xFF).all() and s[n:].isnan().all()
+    assert_close(dequantize_fp8_rowwise(q[:n], s[:n]), silu_mul64(h[:n]), "fp8_rowwise")
+
+
+def test_kernel_quantized_bf16_within_tolerance():
+    h, _ = make(9, 70, torch.bfloat16, seed=5)
+    q, s = silu_mul(h, quantize=True, impl="triton")
+    assert q.dtype == FP8_DTYPE and s.shape == (9,)
+    assert_close(dequantize_fp8_rowwise(q, s), silu_mul64(h), "fp8_rowwise")
+    empty = silu_mul(h[:0], impl="triton")
+    assert empty.shape == (0, 70)
+
+
+@pytest.mark.parametrize("h,kwargs,match", [
+    (torch.randn(4, 7), {}, "even"),
+    (torch.randn(4, 8), dict(out=torch.empty(4, 8)), "out"),
+    (torch.randn(4, 8), dict(quantize=True, out=torch.empty(4, 4)), "out"),
+    (torch.randn(4, 8), dict(num_valid=torch.tensor([1.0])), "num_valid"),
+    (torch.randn(4, 8).int(), {}, "h"),
+])
+def test_bad_input_raises(h, kwargs, match):
+    with pytest.raises((TypeError, ValueError), match=match):
+        silu_mul(h, **kwargs)
+
+
+@needs_cuda
+@pytest.mark.parametrize("quantize", [False, True])
+def test_gpu_i5120(quantize):
+    A, I, n = 8192, 5120, 8000
+    h, nv = make(A, I, torch.bfloat16, n_valid=n)
+    got = silu_mul(h, num_valid=nv, quantize=quantize, impl="triton")
+    ref = silu_mul(h[:n], quantize=quantize, impl="torch")
+    if quantize:
+        assert_close(dequantize_fp8_rowwise(got[0][:n], got[1][:n]),
+                     dequantize_fp8_rowwise(*ref).double(), "fp8_rowwise")
+    else:
+        assert_close(got[:n], ref.double(), torch.bfloat16)

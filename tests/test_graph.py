@@ -1,0 +1,78 @@
+"""CUDA-graph decode (shufflemoe.graphed) and the no-host-sync promise of the shuffled path."""
+
+import pytest
+import torch
+
+from factories import make_input, make_layer
+from shufflemoe.testing import tolerance_key
+from shufflemoe import MoEConfig, graphed, naive_moe
+from shufflemoe.testing import assert_close
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+CONFIGS = {
+    "llama4-like": MoEConfig(hidden_size=256, intermediate_size=128, num_experts=16, router="llama4",
+                             scoring="sigmoid", apply_router_weight_on_input=True,
+                             shared_intermediate_size=128),
+    "qwen3-like": MoEConfig(hidden_size=256, intermediate_size=96, num_experts=128, top_k=8,
+                            renormalize=True),
+    "mixtral-fp8": MoEConfig(hidden_size=256, intermediate_size=192, num_experts=8, top_k=2,
+                             renormalize=True, quantization="fp8_rowwise"),
+}
+
+
+@gpu
+@pytest.mark.parametrize("name", CONFIGS)
+def test_graph_replays_follow_the_routing(name):
+    cfg = CONFIGS[name]
+    layer = make_layer(cfg, device="cuda")
+    decode = graphed(layer, token_buckets=(1, 4, 16, 64))
+    for step, T in enumerate((1, 3, 16, 64, 50, 1, 9)):  # new tokens, so new routing, each replay
+        x = make_input(cfg, T, seed=100 + step, device="cuda")
+        routing = layer.route(x)
+        ref, mag = naive_moe(layer, x, routing, with_magnitude=True)
+        assert_close(decode(x), ref, tolerance_key(cfg), name=f"replay {step} (T={T})", magnitude=mag)
+    big = make_input(cfg, 100, device="cuda")  # above the largest bucket: runs eagerly
+    ref, mag = naive_moe(layer, big, layer.route(big), with_magnitude=True)
+    assert_close(decode(big), ref, tolerance_key(cfg), magnitude=mag)
+
+
+@gpu
+@pytest.mark.parametrize("name", CONFIGS)
+def test_shuffled_forward_never_syncs(name):
+    cfg = CONFIGS[name]
+    layer = make_layer(cfg, device="cuda")
+    x = make_input(cfg, 37, device="cuda")
+    layer(x)  # compile the kernels first (compilation may sync)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        layer(x)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+@gpu
+def test_sync_detection_works():  # the check above can fail: a syncing strategy trips it
+    layer = make_layer(CONFIGS["qwen3-like"], experts="sliced", device="cuda")
+    x = make_input(layer.config, 8, device="cuda")
+    layer(x)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with pytest.raises(RuntimeError):
+            layer(x)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+def test_graphed_rejects_what_it_cannot_capture():
+    cfg = CONFIGS["qwen3-like"]
+    with pytest.raises(ValueError, match="CUDA"):
+        graphed(make_layer(cfg))
+    if torch.cuda.is_available():
+        with pytest.raises(ValueError, match="sliced syncs"):
+            graphed(make_layer(cfg, experts="sliced", device="cuda"))
+        with pytest.raises(ValueError, match="capacity"):
+            graphed(make_layer(cfg.replace(capacity_factor=1.0), device="cuda"))
+        with pytest.raises(ValueError, match="token_buckets"):
+            graphed(make_layer(cfg, device="cuda"), token_buckets=(0, 4))
