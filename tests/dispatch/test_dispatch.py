@@ -278,6 +278,9 @@ def _run_error_checks() -> dict[str, list]:
 
 
 def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    # gloo ranks hold CPU tensors, so their Triton checks run in the interpreter, GPU or not; set
+    # before any kernel module is imported in this fresh process.
+    os.environ["TRITON_INTERPRET"] = "1"
     torch.set_num_threads(1)  # ranks x default threads oversubscribe 2 cores: measured 4x slower
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, timeout=timedelta(seconds=60))

