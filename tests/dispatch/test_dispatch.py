@@ -278,9 +278,6 @@ def _run_error_checks() -> dict[str, list]:
 
 
 def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
-    # gloo ranks hold CPU tensors, so their Triton checks run in the interpreter, GPU or not; set
-    # before any kernel module is imported in this fresh process.
-    os.environ["TRITON_INTERPRET"] = "1"
     torch.set_num_threads(1)  # ranks x default threads oversubscribe 2 cores: measured 4x slower
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, timeout=timedelta(seconds=60))
@@ -306,7 +303,17 @@ def _free_port() -> int:
 
 
 def _run_world(world: int, out_dir) -> list[dict[str, list]]:
-    mp.spawn(_worker, args=(world, _free_port(), str(out_dir)), nprocs=world, join=True)
+    # gloo ranks hold CPU tensors, so their Triton checks run in the interpreter, GPU or not: the
+    # ranks must start with TRITON_INTERPRET=1 (triton.jit reads it when a kernel is decorated).
+    old = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        mp.spawn(_worker, args=(world, _free_port(), str(out_dir)), nprocs=world, join=True)
+    finally:
+        if old is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = old
     ranks = []
     for rank in range(world):
         with open(out_dir / f"rank{rank}.json") as f:
