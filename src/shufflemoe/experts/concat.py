@@ -30,4 +30,5 @@ class Concat(Experts):
         a = silu_mul(h, quantize=w.quantized)
         before_combine()
         expert_gemm(a, w.w2, w.w2_scale, sizes, cfg.dtype,
-                    row_weights=None if w_out is None else w_out[:n], scatter_ids=tokens, out=out)
+                    row_weights=None if w_out is None else w_out[:n], scatter_ids=tokens, out=out,
+                    scatter_unique=cfg.top_k == 1)

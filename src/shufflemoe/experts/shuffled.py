@@ -20,5 +20,6 @@ class Shuffled(Experts):
         h = expert_gemm(xs, w.w13, w.w13_scale, r.counts, cfg.dtype)  # [A, 2I]
         a = silu_mul(h, num_valid=r.num_valid, quantize=w.quantized)  # [A, I]
         before_combine()
+        # top-1: each token has one pair, so the scatter needs no atomics
         expert_gemm(a, w.w2, w.w2_scale, r.counts, cfg.dtype, row_weights=w_out,
-                    scatter_ids=r.token_ids, out=out)
+                    scatter_ids=r.token_ids, out=out, scatter_unique=cfg.top_k == 1)

@@ -33,6 +33,7 @@ class Sliced(Experts):
             if not joined:
                 before_combine()
                 joined = True
+            # one expert's rows reach distinct tokens, and launches run in order: no atomics
             expert_gemm(a, w.w2[e : e + 1], s2, size, cfg.dtype,
                         row_weights=None if w_out is None else w_out[rows],
-                        scatter_ids=r.token_ids[rows], out=out)
+                        scatter_ids=r.token_ids[rows], out=out, scatter_unique=True)

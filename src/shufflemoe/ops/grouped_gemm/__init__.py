@@ -32,6 +32,7 @@ def grouped_gemm(
     scatter_ids: Tensor | None = None,
     out: Tensor | None = None,
     out_dtype: torch.dtype | None = None,
+    scatter_unique: bool = False,
     impl: str | None = None,
 ) -> Tensor:
     """x [M, K], w [W, N, K], m_sizes [G] int32 -> [M, N].
@@ -40,7 +41,9 @@ def grouped_gemm(
     out_dtype says otherwise). weight_ids [G]: group g uses w[weight_ids[g]] (default: w[g], then
     G must equal W). row_weights [M] float32: multiply row r. scatter_ids [M]: add row r into
     out[scatter_ids[r]] (out [T, N] required, accumulated in place and returned); otherwise the
-    result goes to out [M, N] (allocated when None).
+    result goes to out [M, N] (allocated when None). scatter_unique: the caller guarantees that
+    the valid rows' scatter_ids are distinct (top-1 routing, or one expert's rows), so the kernel
+    may add without atomics (in float32, one rounding); a duplicate would race.
     """
     check_tensor("x", x, dim=2, dtypes=DTYPES, contiguous=True)
     check_tensor("w", w, dim=3, dtypes=DTYPES, contiguous=True)
@@ -77,6 +80,8 @@ def grouped_gemm(
         check_tensor("out", out, shape=[None, N], dtypes=(out_dtype,), contiguous=True)
     elif out is not None:
         check_tensor("out", out, shape=[M, N], dtypes=(out_dtype,), contiguous=True)
+    if scatter_unique and scatter_ids is None:
+        raise ValueError("scatter_unique needs scatter_ids")
     check_same_device(x=x, w=w, m_sizes=m_sizes, x_scale=x_scale, w_scale=w_scale,
                       weight_ids=weight_ids, row_weights=row_weights, scatter_ids=scatter_ids,
                       out=out)
@@ -84,8 +89,8 @@ def grouped_gemm(
     if resolve(impl, x) == "triton":
         from .kernel import grouped_gemm as kernel
 
-        return kernel(*args)
-    return reference.grouped_gemm(*args)
+        return kernel(*args, scatter_unique=scatter_unique)
+    return reference.grouped_gemm(*args)  # sums in float32 either way
 
 
 __all__ = ["grouped_gemm"]

@@ -22,10 +22,12 @@ next expert's rows (or TMA's zero fill) into columns that are not stored. fp8 do
 accumulation (Triton's sm_90 default, as the spec's and torch._scaled_grouped_mm's).
 
 Epilogue, in fp32: fp8 rowwise scales (x_scale[r] * w_scale[e, n]), row_weights[r], then either a
-masked store into out [M, N] or an atomic add into out[scatter_ids[r]] ([T, N]). Atomic adds run
-in out's dtype (Triton 3.6 emits 8-wide bf16 atomics on sm_90, ``atom.add.noftz.v8.bf16``), so a
+masked store into out [M, N] or an add into out[scatter_ids[r]] ([T, N]). The add is atomic in
+out's dtype (Triton 3.6 emits 8-wide bf16 atomics on sm_90, ``atom.add.noftz.v8.bf16``), so a
 row reached by k pairs is rounded k times and the sum order is not deterministic; the reference
-adds in fp32. Measured cost on an H100, 16384 rows x N=5120, K=1024: 270 -> 335 us (bf16).
+adds in fp32. Measured cost on an H100, 16384 rows x N=5120, K=1024: 270 -> 335 us (bf16). When
+the caller guarantees that no two rows share a destination (top-1 routing; one expert's rows),
+``scatter_unique`` makes it a plain read, float32 add, one rounding and store instead.
 fp32 inputs multiply as IEEE fp32 (input_precision="ieee", FMA-based, slow but exact to fp32):
 tf32 would silently round them to 10 mantissa bits.
 """
@@ -138,9 +140,14 @@ def _tile(
         acc = acc * tl.load(row_weights_ptr + rows, mask=row_ok, other=0.0)[:, None]
     val = acc.to(out_ptr.dtype.element_ty)
     mask = row_ok[:, None] & col_ok[None, :]
-    if SCATTER:
+    if SCATTER == "atomic":
         dst = tl.load(scatter_ids_ptr + rows, mask=row_ok, other=0).to(tl.int64)
         tl.atomic_add(out_ptr + dst[:, None] * N + cols[None, :], val, mask=mask, sem="relaxed")
+    elif SCATTER == "unique":  # this program is the only writer of these rows of out
+        dst = tl.load(scatter_ids_ptr + rows, mask=row_ok, other=0).to(tl.int64)
+        ptrs = out_ptr + dst[:, None] * N + cols[None, :]
+        old = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+        tl.store(ptrs, (old + acc).to(out_ptr.dtype.element_ty), mask=mask)
     else:
         tl.store(out_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :], val, mask=mask)
 
@@ -154,8 +161,8 @@ def _grouped_gemm_kernel(
     x_scale_ptr,  # [M] fp32 per-row scales (FP8)
     w_scale_ptr,  # [W, N] fp32 per-output-channel scales (FP8)
     row_weights_ptr,  # [M] fp32 (HAS_ROW_WEIGHTS)
-    scatter_ids_ptr,  # [M] destination row in out (SCATTER)
-    out_ptr,  # [M, N], or [T, N] accumulated into (SCATTER)
+    scatter_ids_ptr,  # [M] destination row in out (SCATTER != "none")
+    out_ptr,  # [M, N], or [T, N] accumulated into (SCATTER != "none")
     x_host_desc,  # TensorDescriptor over x [M, K] (TMA == "host"), else None
     w_host_desc,  # TensorDescriptor over w [W*N, K] (TMA == "host"), else None
     M, N, K, G, W,
@@ -164,7 +171,8 @@ def _grouped_gemm_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     TMA: tl.constexpr,  # "device" | "host" | "none"
     SWAP_AB: tl.constexpr, FLATTEN: tl.constexpr, FP8: tl.constexpr,
-    HAS_WEIGHT_IDS: tl.constexpr, HAS_ROW_WEIGHTS: tl.constexpr, SCATTER: tl.constexpr,
+    HAS_WEIGHT_IDS: tl.constexpr, HAS_ROW_WEIGHTS: tl.constexpr,
+    SCATTER: tl.constexpr,  # "none" (store), "atomic" (add), "unique" (read-add-store)
     UPCAST: tl.constexpr,  # cast tiles to fp32 before tl.dot (interpreter)
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs (tf32 would drop 13 mantissa bits)
     INTERPRET: tl.constexpr,  # the interpreter needs a while loop (range() of a tensor fails)
@@ -242,6 +250,7 @@ def grouped_gemm(
     scatter_ids: Tensor | None,
     out: Tensor | None,
     out_dtype: torch.dtype,
+    scatter_unique: bool = False,
 ) -> Tensor:
     """Arguments already validated by ``ops.grouped_gemm``: x [M, K], w [W, N, K], m_sizes [G]
     -> out [M, N] (or out [T, N] += scattered rows)."""
@@ -280,7 +289,8 @@ def grouped_gemm(
             BLOCK_G=triton.next_power_of_2(G), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
             BLOCK_K=cfg.block_k, TMA=tma, SWAP_AB=cfg.swap_ab,
             FLATTEN=cfg.flatten, FP8=x.dtype == FP8_DTYPE, HAS_WEIGHT_IDS=weight_ids is not None,
-            HAS_ROW_WEIGHTS=row_weights is not None, SCATTER=scatter_ids is not None,
+            HAS_ROW_WEIGHTS=row_weights is not None,
+            SCATTER="none" if scatter_ids is None else "unique" if scatter_unique else "atomic",
             UPCAST=upcast, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
             INTERPRET=interpret, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )

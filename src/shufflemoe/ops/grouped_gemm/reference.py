@@ -68,5 +68,6 @@ def grouped_gemm(
         return store_rows(out, y.to(out_dtype), total)
     valid = torch.arange(M, device=x.device) < total
     y = torch.where(valid[:, None], y, 0.0)
-    acc = out.float().index_add_(0, scatter_ids.long(), y)
+    ids = torch.where(valid, scatter_ids.long(), 0)  # tail ids are never read (may be anything)
+    acc = out.float().index_add_(0, ids, y)
     return out.copy_(acc)

@@ -1,0 +1,96 @@
+"""Diagnostics for one GPU call (numbers feed benchmarks/notes/layer.md):
+
+1. silu_mul + fp8 quantization variants at I = 5120 (one pass over a padded row vs two passes
+   whose second read hits L2), against the copy bandwidth;
+2. the layer's CPU cost: eager time, CUDA-graph time and host time to issue one call, plus the
+   profiler's top host ops, for a prefill (Qwen3, T=2048) and a decode (Scout TP8, T=64) call;
+3. the prefill target rows: Scout TP8 T=16384 bf16 / fp8 against a dense cuBLAS GEMM.
+
+    PYTHONPATH=src python benchmarks/probe_layer.py
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import triton
+
+from shufflemoe import MoE, preset
+from shufflemoe.bench.suites.layer import _dense_tflops
+from shufflemoe.bench.timing import measure_ceilings, time_fn
+from shufflemoe.ops.quantize.reference import FP8_DTYPE
+from shufflemoe.ops.silu_mul.kernel import _silu_mul_fp8_kernel
+
+
+def silu_fp8_variants(copy_gbps: float) -> None:
+    I = 5120
+    for A in (2048, 16384):
+        hs = [torch.randn(A, 2 * I, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
+        q = torch.empty(A, I, device="cuda", dtype=FP8_DTYPE)
+        s = torch.empty(A, device="cuda")
+        nbytes = A * (2 * I * 2 + I + 4)
+        for block, one_pass, warps in ((8192, True, 8), (8192, True, 16), (1024, False, 4),
+                                       (1024, False, 8), (2048, False, 4), (2048, False, 8),
+                                       (512, False, 4)):
+            def run(i, block=block, one_pass=one_pass, warps=warps):
+                _silu_mul_fp8_kernel[(A,)](hs[i], None, q, s, I, HAS_NV=False, INTERPRET=False,
+                                           BLOCK=block, ONE_PASS=one_pass, num_warps=warps)
+            t = time_fn(run, len(hs), reps=30)
+            gbps = nbytes / t.median_us / 1e3
+            print(f"silu_mul_fp8 A={A} block={block} one_pass={one_pass} warps={warps}: "
+                  f"{t.median_us:.1f} us {gbps:.0f} GB/s ({100 * gbps / copy_gbps:.0f}% of copy)",
+                  flush=True)
+
+
+def cpu_cost(name: str, cfg, T: int) -> None:
+    torch.manual_seed(0)
+    layer = MoE(cfg, device="cuda")
+    x = torch.randn(T, cfg.hidden_size, device="cuda", dtype=cfg.dtype)
+    for _ in range(3):
+        layer(x)
+    torch.cuda.synchronize()
+    n = 20
+    t0 = time.perf_counter()
+    for _ in range(n):
+        layer(x)
+    issue = (time.perf_counter() - t0) / n * 1e6
+    torch.cuda.synchronize()
+    eager = (time.perf_counter() - t0) / n * 1e6
+    graph = time_fn(lambda i: layer(x), 1, reps=20).median_us
+    print(f"{name} T={T}: host issue {issue:.0f} us/call, eager {eager:.0f} us/call, "
+          f"graph {graph:.0f} us/call", flush=True)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        layer(x)
+        torch.cuda.synchronize()
+    print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=18), flush=True)
+
+
+def prefill_targets(ceil) -> None:
+    for quant in ("none", "fp8_rowwise"):
+        cfg = preset("llama4-scout", tp=8, quantization=quant)
+        torch.manual_seed(0)
+        layer = MoE(cfg, device="cuda")
+        T = 16384
+        xs = [torch.randn(T, cfg.hidden_size, device="cuda", dtype=cfg.dtype) for _ in range(3)]
+        t = time_fn(lambda i: layer(xs[i]), len(xs), reps=10).median_us
+        flops = (6 * T * cfg.hidden_size * cfg.intermediate_size
+                 + 6 * T * cfg.hidden_size * cfg.shared_intermediate_size
+                 + 2 * T * cfg.hidden_size * cfg.num_experts)
+        ours = flops / t / 1e6
+        dense = _dense_tflops(T, cfg.hidden_size, flops, quant != "none")
+        print(f"scout TP8 T={T} {quant}: {t:.0f} us, {ours:.0f} TFLOP/s, dense cuBLAS {dense:.0f} "
+              f"({100 * ours / dense:.0f}%)", flush=True)
+
+
+def main() -> None:
+    ceil = measure_ceilings()
+    print(ceil.as_dict(), triton.__version__, flush=True)
+    silu_fp8_variants(ceil.copy_gbps)
+    cpu_cost("qwen3-30b-a3b", preset("qwen3-30b-a3b"), 2048)
+    cpu_cost("llama4-scout-tp8", preset("llama4-scout", tp=8), 64)
+    prefill_targets(ceil)
+
+
+if __name__ == "__main__":
+    main()
