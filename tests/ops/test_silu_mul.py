@@ -57,7 +57,7 @@ def test_kernel_matches_reference(dtype, n_valid):
     assert out[n:].isnan().all()
 
 
-@pytest.mark.parametrize("I", [150, 16500], ids=["one_pass", "two_pass"])
+@pytest.mark.parametrize("I", [150, 1500], ids=["one_pass", "two_pass"])
 def test_kernel_quantized_is_the_quantization_of_its_float32_result(I):
     """q, scale == quantize_fp8_rowwise(the kernel's own float32 silu_mul), bit for bit."""
     A, n = 11, 8

@@ -54,15 +54,17 @@ def _time(fn, xs, graph: bool, reps: int) -> Timing:
     return time_fn(lambda i: fn(xs[i]), len(xs), graph=False, reps=reps)
 
 
-def _flops(layer: MoE, routings, T: int) -> float:
+def _flops(layer: MoE, routings, T: int) -> tuple[float, float]:
+    """(routed experts' FLOPs, shared expert's and router's FLOPs) of one call."""
     c = layer.config
     pairs = sum(int(r.num_valid) for r in routings) / len(routings)
-    return (6 * pairs * c.hidden_size * c.intermediate_size
-            + 6 * T * c.hidden_size * c.shared_intermediate_size + 2 * T * c.hidden_size * c.num_experts)
+    return (6 * pairs * c.hidden_size * c.intermediate_size,
+            6 * T * c.hidden_size * c.shared_intermediate_size + 2 * T * c.hidden_size * c.num_experts)
 
 
-def _dense_tflops(T: int, D: int, flops: float, fp8: bool) -> float:
-    """TFLOP/s of one dense GEMM [T, D] x [D, N] with N chosen for the same FLOPs (cuBLAS)."""
+def _dense_us(T: int, D: int, flops: float, fp8: bool) -> float:
+    """Time of one dense cuBLAS GEMM [T, D] x [D, N], N chosen for ``flops`` (bf16, or fp8
+    rowwise through torch._scaled_mm)."""
     N = max(128, round(flops / (2 * T * D) / 128) * 128)
     a = torch.randn(T, D, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(N, D, device="cuda", dtype=torch.bfloat16)
@@ -73,7 +75,15 @@ def _dense_tflops(T: int, D: int, flops: float, fp8: bool) -> float:
                                                out_dtype=torch.bfloat16), 1, graph=False, reps=10)
     else:
         t = time_fn(lambda i: a @ b.t(), 1, graph=False, reps=10)
-    return 2 * T * D * N / (t.median_us * 1e-6) / 1e12
+    return t.median_us * 2 * T * D * N / flops  # scaled to exactly ``flops``
+
+
+def _dense_tflops(T: int, D: int, routed_flops: float, other_flops: float, fp8: bool) -> float:
+    """TFLOP/s of dense cuBLAS GEMMs doing the layer's FLOPs in the layer's precisions: the
+    routed experts' in fp8 when quantized, the shared expert's and router's in bf16 (the spec
+    keeps those in bf16)."""
+    us = _dense_us(T, D, routed_flops, fp8) + (_dense_us(T, D, other_flops, False) if other_flops else 0.0)
+    return (routed_flops + other_flops) / us / 1e6
 
 
 def _check(layer: MoE, x) -> str:
@@ -105,7 +115,8 @@ def _preset_rows(p: Preset, dtype_name: str, ctx: Context, bf16_us: dict) -> lis
         routings = [layer.route(x) for x in xs]
         active = sum(int((r.counts > 0).sum()) for r in routings) / len(routings)
         must_read = must_read_bytes(cfg, active)
-        flops = _flops(layer, routings, T)
+        routed_flops, other_flops = _flops(layer, routings, T)
+        flops = routed_flops + other_flops
         reps = 10 if T >= 8192 else 30
         ours = _time(layer, xs, graph=True, reps=reps)
         row = dict(preset=p.name, dtype=dtype_name, T=T, phase=phase, us=ours.median_us,
@@ -127,7 +138,7 @@ def _preset_rows(p: Preset, dtype_name: str, ctx: Context, bf16_us: dict) -> lis
         elif (p.name, T) in bf16_us:
             row["vs_bf16"] = ours.median_us / bf16_us[(p.name, T)]
         if phase == "prefill" and T >= 8192:
-            dense = _dense_tflops(T, cfg.hidden_size, flops, dtype_name == "fp8")
+            dense = _dense_tflops(T, cfg.hidden_size, routed_flops, other_flops, dtype_name == "fp8")
             row.update(dense_tflops=dense, pct_dense=100 * row["tflops"] / dense)
         row["check"] = checked
         rows.append(row)

@@ -17,7 +17,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .._impl import interpreting
-from ..quantize.kernel import cast_to, fp8_target, quant_block, row_scales, store_fp8
+from ..quantize.kernel import cast_to, fp8_target, row_scales, store_fp8
 from ..quantize.reference import FP8_DTYPE
 
 
@@ -125,10 +125,14 @@ def _silu_mul_fp8_op(h: Tensor, num_valid: Optional[Tensor], q: Tensor, scale: T
     if A == 0 or I == 0:
         return
     target, interpret = fp8_target(q)
-    block, one_pass = quant_block(I)
+    # Rows up to 1024 wide fit one pass. Wider ones go in two passes of 1024 columns, the second
+    # re-reading the row from L2: on an H100 at I = 5120 that ran at 58% / 76% of the copy
+    # bandwidth for 2048 / 16384 rows, against 38% / 43% for one pass over the row padded to 8192
+    # lanes (47% / 52% with 16 warps) (benchmarks/notes/layer.md).
+    block, one_pass = (triton.next_power_of_2(max(I, 16)), True) if I <= 1024 else (1024, False)
     _silu_mul_fp8_kernel[(A,)](
         h, num_valid, target, scale, I, HAS_NV=num_valid is not None, INTERPRET=interpret,
-        BLOCK=block, ONE_PASS=one_pass, num_warps=8 if block >= 4096 else 4)
+        BLOCK=block, ONE_PASS=one_pass, num_warps=4)
 
 
 @_silu_mul_fp8_op.register_fake
