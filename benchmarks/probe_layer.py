@@ -6,20 +6,20 @@
    profiler's top host ops, for a prefill (Qwen3, T=2048) and a decode (Scout TP8, T=64) call;
 3. the prefill target rows: Scout TP8 T=16384 bf16 / fp8 against a dense cuBLAS GEMM.
 
-    PYTHONPATH=src python benchmarks/probe_layer.py
+    PYTHONPATH=src python benchmarks/probe_layer.py [silu] [cpu] [prefill]   (default: all three)
 """
 
 from __future__ import annotations
 
+import cProfile
+import pstats
+import sys
 import time
 
 import torch
 import triton
 
 from shufflemoe import MoE, preset
-import cProfile
-import pstats
-
 from shufflemoe.bench.suites.layer import _dense_tflops
 from shufflemoe.bench.timing import measure_ceilings, time_fn
 from shufflemoe.ops.quantize.reference import FP8_DTYPE
@@ -90,14 +90,18 @@ def prefill_targets(ceil) -> None:
               f"({100 * ours / dense:.0f}%)", flush=True)
 
 
-def main() -> None:
+def main(parts: list[str]) -> None:
+    parts = parts or ["silu", "cpu", "prefill"]
     ceil = measure_ceilings()
     print(ceil.as_dict(), triton.__version__, flush=True)
-    silu_fp8_variants(ceil.copy_gbps)  # the shipped choice is block=1024 two-pass, 4 warps
-    cpu_cost("qwen3-30b-a3b", preset("qwen3-30b-a3b"), 2048)
-    cpu_cost("llama4-scout-tp8", preset("llama4-scout", tp=8), 64)
-    prefill_targets(ceil)
+    if "silu" in parts:
+        silu_fp8_variants(ceil.copy_gbps)  # the shipped choice is block=1024 two-pass, 4 warps
+    if "cpu" in parts:
+        cpu_cost("qwen3-30b-a3b", preset("qwen3-30b-a3b"), 2048)
+        cpu_cost("llama4-scout-tp8", preset("llama4-scout", tp=8), 64)
+    if "prefill" in parts:
+        prefill_targets(ceil)
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

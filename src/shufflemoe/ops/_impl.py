@@ -64,3 +64,32 @@ def resolve(impl: str | None, x: Tensor) -> str:
                 f"impl='triton' needs CUDA tensors (got {x.device}) or TRITON_INTERPRET=1"
             )
     return impl
+
+
+def kernel_op(name: str, mutates_args: tuple[str, ...]):
+    """Register a kernel launcher (it writes its outputs in place and returns None) as the op
+    ``torch.ops.shufflemoe.<name>``, so torch.compile traces around the Triton launch, and return a
+    callable that skips the op dispatcher outside compilation: on an H100 host the eager custom-op
+    path cost about 200 us of CPU a call (cProfile, benchmarks/probe_layer.py), more than the
+    kernels themselves, which made eager prefill host-bound."""
+
+    def wrap(fn):
+        op = torch.library.custom_op(f"shufflemoe::{name}", fn, mutates_args=mutates_args)
+        op.register_fake(_no_output)
+
+        def call(*args) -> None:
+            if torch.compiler.is_compiling():
+                op(*args)
+            else:
+                fn(*args)
+
+        call.__name__ = call.__qualname__ = fn.__name__
+        call.__doc__ = fn.__doc__
+        return call
+
+    return wrap
+
+
+def _no_output(*args, **kwargs) -> None:
+    """Fake (meta) implementation of an in-place kernel op: nothing to allocate."""
+    return None

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .._impl import interpreting
+from .._impl import interpreting, kernel_op
 from ..quantize.kernel import cast_to, fp8_target, quant_block, row_scales, store_fp8
 from ..quantize.reference import FP8_DTYPE
 
@@ -112,7 +112,7 @@ def _copy_block(D: int) -> int:
     return min(block, triton.next_power_of_2(D))
 
 
-@torch.library.custom_op("shufflemoe::gather_scale", mutates_args=("out",))
+@kernel_op("gather_scale", mutates_args=("out",))
 def _gather_scale_op(x: Tensor, token_ids: Tensor, weights: Optional[Tensor],
                      num_valid: Optional[Tensor], out: Tensor) -> None:
     A, D = out.shape
@@ -125,12 +125,7 @@ def _gather_scale_op(x: Tensor, token_ids: Tensor, weights: Optional[Tensor],
         BLOCK_D=block, num_warps=4 if block <= 1024 else 8)
 
 
-@_gather_scale_op.register_fake
-def _(x, token_ids, weights, num_valid, out) -> None:
-    return None
-
-
-@torch.library.custom_op("shufflemoe::gather_scale_fp8", mutates_args=("q", "scale"))
+@kernel_op("gather_scale_fp8", mutates_args=("q", "scale"))
 def _gather_scale_fp8_op(x: Tensor, token_ids: Tensor, weights: Optional[Tensor],
                          num_valid: Optional[Tensor], q: Tensor, scale: Tensor) -> None:
     A, D = q.shape
@@ -142,11 +137,6 @@ def _gather_scale_fp8_op(x: Tensor, token_ids: Tensor, weights: Optional[Tensor]
         x, token_ids, weights, num_valid, target, scale, D,
         HAS_W=weights is not None, HAS_NV=num_valid is not None, INTERPRET=interpret,
         BLOCK_D=block, ONE_PASS=one_pass, num_warps=8 if block >= 4096 else 4)
-
-
-@_gather_scale_fp8_op.register_fake
-def _(x, token_ids, weights, num_valid, q, scale) -> None:
-    return None
 
 
 def gather_scale(
@@ -164,9 +154,9 @@ def gather_scale(
         if out is None:
             out = (torch.empty(A, D, dtype=FP8_DTYPE, device=x.device),
                    torch.empty(A, dtype=torch.float32, device=x.device))
-        torch.ops.shufflemoe.gather_scale_fp8(x, token_ids, weights, num_valid, out[0], out[1])
+        _gather_scale_fp8_op(x, token_ids, weights, num_valid, out[0], out[1])
         return out
     if out is None:
         out = torch.empty(A, D, dtype=x.dtype, device=x.device)
-    torch.ops.shufflemoe.gather_scale(x, token_ids, weights, num_valid, out)
+    _gather_scale_op(x, token_ids, weights, num_valid, out)
     return out

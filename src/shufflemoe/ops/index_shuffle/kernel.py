@@ -28,6 +28,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ...types import Routing
+from .._impl import kernel_op
 
 SCORING_IDS = {"none": 0, "softmax": 1, "sigmoid": 2}
 # Below the key of every float (canonical NaN aside): marks taken experts and padding columns.
@@ -314,8 +315,8 @@ def route_config(T: int, E: int, k: int, from_scores: bool = True, single_pairs:
     return RouteConfig(bt, bec, single, 8 if bt * kp >= 128 else 4)
 
 
-@torch.library.custom_op(
-    "shufflemoe::route",
+@kernel_op(
+    "route",
     mutates_args=("counts", "token_ids", "expert_ids", "weights", "num_valid", "scratch_i",
                   "scratch_w", "hist"))
 def _route_op(src: Tensor, topk_weights: Optional[Tensor], counts: Tensor, token_ids: Tensor,
@@ -351,13 +352,6 @@ def _route_op(src: Tensor, topk_weights: Optional[Tensor], counts: Tensor, token
             **meta)
 
 
-@_route_op.register_fake
-def _(src, topk_weights, counts, token_ids, expert_ids, weights, num_valid, scratch_i, scratch_w,
-      hist, num_experts, top_k, from_scores, scoring, renormalize, scaling, capacity,
-      block_tokens, expert_chunk, single, num_warps, place_programs) -> None:
-    return None
-
-
 def _route(src: Tensor, topk_weights: Tensor | None, E: int, k: int, from_scores: bool,
            scoring: str, renormalize: bool, scaling: float, capacity: int | None,
            config: RouteConfig | None) -> Routing:
@@ -377,7 +371,7 @@ def _route(src: Tensor, topk_weights: Tensor | None, E: int, k: int, from_scores
     scratch_i = torch.empty(2, nb * cfg.block_tokens * kp, dtype=torch.int32, device=dev)
     scratch_w = torch.empty(nb * cfg.block_tokens * kp, dtype=torch.float32, device=dev)
     hist = torch.empty(nb, nbins, dtype=torch.int32, device=dev)
-    torch.ops.shufflemoe.route(
+    _route_op(
         src, topk_weights, counts, token_ids, expert_ids, weights, num_valid, scratch_i,
         scratch_w, hist, E, k, from_scores, SCORING_IDS[scoring], renormalize, float(scaling),
         capacity, cfg.block_tokens, cfg.expert_chunk, cfg.single, cfg.num_warps,

@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .._impl import interpreting
+from .._impl import interpreting, kernel_op
 from ..quantize.kernel import cast_to
 
 
@@ -73,7 +73,7 @@ def _block(D: int) -> int:
     return min(block, triton.next_power_of_2(D))
 
 
-@torch.library.custom_op("shufflemoe::scatter_add", mutates_args=("out",))
+@kernel_op("scatter_add", mutates_args=("out",))
 def _scatter_add_op(out: Tensor, y: Tensor, token_ids: Tensor, weights: Optional[Tensor],
                     num_valid: Optional[Tensor], rows: Optional[Tensor]) -> None:
     A, D = token_ids.shape[0], out.shape[1]
@@ -86,11 +86,6 @@ def _scatter_add_op(out: Tensor, y: Tensor, token_ids: Tensor, weights: Optional
         INTERPRET=interpreting(), BLOCK_D=block, num_warps=4 if block <= 1024 else 8)
 
 
-@_scatter_add_op.register_fake
-def _(out, y, token_ids, weights, num_valid, rows) -> None:
-    return None
-
-
 def scatter_add(
     out: Tensor,
     y: Tensor,
@@ -101,5 +96,5 @@ def scatter_add(
 ) -> Tensor:
     """out [T, D] += y [R, D] rows of valid pairs; returns out. Arguments were checked by the
     public function."""
-    torch.ops.shufflemoe.scatter_add(out, y, token_ids, weights, num_valid, rows)
+    _scatter_add_op(out, y, token_ids, weights, num_valid, rows)
     return out

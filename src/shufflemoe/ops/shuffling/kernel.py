@@ -17,6 +17,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from .._impl import kernel_op
+
 
 @triton.jit
 def _shuffle_kernel(
@@ -83,7 +85,7 @@ def _launch(src: Tensor, dst: Tensor, counts: Tensor, starts: Tensor, totals: Te
         ELP=max(2, triton.next_power_of_2(El)), ROWS=rows, BLOCK_D=block_d, num_warps=4)
 
 
-@torch.library.custom_op("shufflemoe::combine_shuffling", mutates_args=("out", "totals"))
+@kernel_op("combine_shuffling", mutates_args=("out", "totals"))
 def _combine_op(x: Tensor, counts: Tensor, starts: Tensor, out: Tensor, totals: Tensor) -> None:
     if counts.numel() == 0:
         totals.zero_()
@@ -91,32 +93,22 @@ def _combine_op(x: Tensor, counts: Tensor, starts: Tensor, out: Tensor, totals: 
     _launch(x, out, counts, starts, totals, combine=True)
 
 
-@_combine_op.register_fake
-def _(x, counts, starts, out, totals) -> None:
-    return None
-
-
-@torch.library.custom_op("shufflemoe::split_shuffling", mutates_args=("out",))
+@kernel_op("split_shuffling", mutates_args=("out",))
 def _split_op(y: Tensor, counts: Tensor, starts: Tensor, out: Tensor) -> None:
     if counts.numel() == 0 or out.shape[0] == 0:
         return
     _launch(y, out, counts, starts, None, combine=False)
 
 
-@_split_op.register_fake
-def _(y, counts, starts, out) -> None:
-    return None
-
-
 def combine_shuffling(x: Tensor, counts: Tensor, starts: Tensor, out: Tensor) -> tuple[Tensor, Tensor]:
     """x [N, D] rank-major -> (out [M, D] expert-major, counts per local expert [El] int32).
     Arguments were checked (and out allocated) by the public function."""
     totals = torch.empty(counts.shape[1], dtype=torch.int32, device=x.device)
-    torch.ops.shufflemoe.combine_shuffling(x, counts, starts, out, totals)
+    _combine_op(x, counts, starts, out, totals)
     return out, totals
 
 
 def split_shuffling(y: Tensor, counts: Tensor, starts: Tensor, out: Tensor) -> Tensor:
     """y [M, D] expert-major -> out [N, D] rank-major (rows outside every segment untouched)."""
-    torch.ops.shufflemoe.split_shuffling(y, counts, starts, out)
+    _split_op(y, counts, starts, out)
     return out

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .._impl import interpreting
+from .._impl import interpreting, kernel_op
 from ..quantize.kernel import cast_to, fp8_target, row_scales, store_fp8
 from ..quantize.reference import FP8_DTYPE
 
@@ -103,7 +103,7 @@ def _block(I: int) -> int:
     return min(block, triton.next_power_of_2(I))
 
 
-@torch.library.custom_op("shufflemoe::silu_mul", mutates_args=("out",))
+@kernel_op("silu_mul", mutates_args=("out",))
 def _silu_mul_op(h: Tensor, num_valid: Optional[Tensor], out: Tensor) -> None:
     A, I = out.shape
     if A == 0 or I == 0:
@@ -114,12 +114,7 @@ def _silu_mul_op(h: Tensor, num_valid: Optional[Tensor], out: Tensor) -> None:
         num_warps=4 if block <= 1024 else 8)
 
 
-@_silu_mul_op.register_fake
-def _(h, num_valid, out) -> None:
-    return None
-
-
-@torch.library.custom_op("shufflemoe::silu_mul_fp8", mutates_args=("q", "scale"))
+@kernel_op("silu_mul_fp8", mutates_args=("q", "scale"))
 def _silu_mul_fp8_op(h: Tensor, num_valid: Optional[Tensor], q: Tensor, scale: Tensor) -> None:
     A, I = q.shape
     if A == 0 or I == 0:
@@ -135,11 +130,6 @@ def _silu_mul_fp8_op(h: Tensor, num_valid: Optional[Tensor], q: Tensor, scale: T
         BLOCK=block, ONE_PASS=one_pass, num_warps=4)
 
 
-@_silu_mul_fp8_op.register_fake
-def _(h, num_valid, q, scale) -> None:
-    return None
-
-
 def silu_mul(
     h: Tensor,
     num_valid: Tensor | None,
@@ -153,9 +143,9 @@ def silu_mul(
         if out is None:
             out = (torch.empty(A, I, dtype=FP8_DTYPE, device=h.device),
                    torch.empty(A, dtype=torch.float32, device=h.device))
-        torch.ops.shufflemoe.silu_mul_fp8(h, num_valid, out[0], out[1])
+        _silu_mul_fp8_op(h, num_valid, out[0], out[1])
         return out
     if out is None:
         out = torch.empty(A, I, dtype=h.dtype, device=h.device)
-    torch.ops.shufflemoe.silu_mul(h, num_valid, out)
+    _silu_mul_op(h, num_valid, out)
     return out
