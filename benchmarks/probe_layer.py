@@ -4,9 +4,11 @@
    whose second read hits L2), against the copy bandwidth;
 2. the layer's CPU cost: eager time, CUDA-graph time and host time to issue one call, plus the
    profiler's top host ops, for a prefill (Qwen3, T=2048) and a decode (Scout TP8, T=64) call;
-3. the prefill target rows: Scout TP8 T=16384 bf16 / fp8 against a dense cuBLAS GEMM.
+3. the prefill target rows: Scout TP8 T=16384 bf16 / fp8 against a dense cuBLAS GEMM;
+4. where a whole-model prefill spends its GPU time: the e2e_hf suite's Qwen3 model (4 layers),
+   transformers' grouped_mm experts against shufflemoe, top kernels by CUDA time.
 
-    PYTHONPATH=src python benchmarks/probe_layer.py [silu] [cpu] [prefill]   (default: all three)
+    PYTHONPATH=src python benchmarks/probe_layer.py [silu] [cpu] [prefill] [e2e]  (default: all)
 """
 
 from __future__ import annotations
@@ -90,8 +92,45 @@ def prefill_targets(ceil) -> None:
               f"({100 * ours / dense:.0f}%)", flush=True)
 
 
+def e2e_prefill_profile() -> None:
+    from shufflemoe.bench.suites import e2e_hf
+    from shufflemoe.integrations.transformers import patch, register_experts_implementation, unpatch
+    from shufflemoe.integrations.transformers.models import build_model
+
+    register_experts_implementation()
+    shape = next(s for s in e2e_hf.SHAPES if s.model_type == "qwen3_moe")
+    for quick in (True, False):
+        model = build_model(shape.config(quick), torch.bfloat16, "cuda")
+        ids = e2e_hf._tokens(model.config.vocab_size, 1, e2e_hf.PREFILL_TOKENS, seed=0)
+        for name in ("grouped_mm", "shufflemoe", "grouped_mm", "shufflemoe"):
+            if name == "shufflemoe":
+                patch(model)
+            else:
+                unpatch(model)
+                model.set_experts_implementation(name)
+            with torch.no_grad():
+                ms, _ = e2e_hf._prefill(model, 5)
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                model(ids, use_cache=False, logits_to_keep=1)
+                issue = (time.perf_counter() - t0) * 1e3
+                torch.cuda.synchronize()
+                acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+                with torch.profiler.profile(activities=acts) as prof:
+                    model(ids, use_cache=False, logits_to_keep=1)
+            gpu = sum(e.self_device_time_total for e in prof.key_averages()) / 1e3
+            print(f"qwen3 {model.config.num_hidden_layers} layers prefill, {name}: {ms:.2f} ms, "
+                  f"host issue {issue:.2f} ms, GPU busy {gpu:.2f} ms", flush=True)
+            if not quick:
+                print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=12,
+                                                max_name_column_width=50), flush=True)
+        unpatch(model)
+        del model
+        torch.cuda.empty_cache()
+
+
 def main(parts: list[str]) -> None:
-    parts = parts or ["silu", "cpu", "prefill"]
+    parts = parts or ["silu", "cpu", "prefill", "e2e"]
     ceil = measure_ceilings()
     print(ceil.as_dict(), triton.__version__, flush=True)
     if "silu" in parts:
@@ -101,6 +140,8 @@ def main(parts: list[str]) -> None:
         cpu_cost("llama4-scout-tp8", preset("llama4-scout", tp=8), 64)
     if "prefill" in parts:
         prefill_targets(ceil)
+    if "e2e" in parts:
+        e2e_prefill_profile()
 
 
 if __name__ == "__main__":
