@@ -40,6 +40,15 @@ TINY = [  # few active groups (M < G): narrower tiles spread one expert's weight
     T(16, 32, 128, 4, 5, ctas_per_sm=2, **H),
     T(16, 16, 128, 4, 5, ctas_per_sm=2, **H),
     T(16, 16, 128, 4, 8, **H),
+    # deeper K steps: a program with one narrow weight tile is latency bound (bytes in flight =
+    # stages x block_n x block_k), so these put 2-4x more of its weights in flight
+    T(16, 16, 256, 4, 8, **H),
+    T(16, 32, 256, 4, 6, **H),
+    T(16, 16, 256, 4, 4, ctas_per_sm=2, **H),
+    T(16, 32, 256, 4, 4, ctas_per_sm=2, **H),
+    T(16, 64, 256, 4, 4, swap_ab=True, **H),
+    T(16, 16, 512, 4, 4, tma="none"),
+    T(16, 32, 512, 4, 3, tma="none"),
 ]
 MID = [  # run 2 had the 32-row ones; the sweep's uneven groups favour the 64-row tiles (notes)
     T(64, 128, 64, 4, 4, ctas_per_sm=2, **H),
@@ -71,15 +80,23 @@ def shapes() -> list[tuple[str, list[int], int, int, list]]:
     eight = [0] * 64
     for e in (3, 9, 17, 22, 38, 41, 50, 63):
         eight[e] = 1
+    qwen3 = [0] * 128
+    for e in (2, 19, 33, 47, 64, 90, 101, 127):
+        qwen3[e] = 1
     out += [("scout T=1 gemm13", one, 2048, 5120, TINY), ("scout T=1 gemm2", one, 5120, 1024, TINY),
             ("scout T=4 gemm13", four, 2048, 5120, TINY),
             ("qwen2 T=1 gemm13", eight, 1280, 3584, TINY),
-            ("qwen2 T=1 gemm2", eight, 3584, 640, TINY)]
+            ("qwen2 T=1 gemm2", eight, 3584, 640, TINY),
+            ("qwen3 T=1 gemm13", qwen3, 1536, 2048, TINY),
+            ("qwen3 T=1 gemm2", qwen3, 2048, 768, TINY)]
     return out
 
 
 def for_dtype(cfg: configs.TileConfig, dtype: str) -> configs.TileConfig:
-    return cfg.with_(block_k=2 * cfg.block_k) if dtype == "fp8" else cfg
+    """fp8 doubles block_k (same bytes per row); a TMA box holds at most 256 elements a side."""
+    if dtype != "fp8":
+        return cfg
+    return cfg.with_(block_k=2 * cfg.block_k, tma=cfg.tma if 2 * cfg.block_k <= 256 else "none")
 
 
 def _ours_reference(d: dict) -> torch.Tensor:
@@ -158,6 +175,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--budget", type=float, default=170.0, help="seconds; later shapes are skipped")
     ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--only", default="", help="tune only shapes whose label contains this")
     args = ap.parse_args()
     t0 = time.time()
     ceil = measure_ceilings()
@@ -166,6 +184,8 @@ def main() -> None:
     summary = []
     for dtype in ("bf16", "fp8"):
         for label, m_sizes, N, K, cands in shapes():
+            if args.only not in label:
+                continue
             if time.time() - t0 > args.budget:
                 summary.append(f"{dtype} {label}: skipped (budget)")
                 continue
@@ -176,7 +196,7 @@ def main() -> None:
             torch.cuda.empty_cache()
     for dtype in ("bf16", "fp8"):
         for shape in ((16, 8, 5120, 1024), (16, 1024, 5120, 1024)):
-            if time.time() - t0 < args.budget + 20:
+            if not args.only and time.time() - t0 < args.budget + 20:
                 results["scatter"].append(scatter_cost(dtype, *shape, reps=args.reps))
     with open(args.out, "w") as f:
         json.dump(results, f, indent=1)

@@ -174,7 +174,9 @@ def _targets(rows: list[dict]) -> list[dict]:
         if r["preset"] == "llama4-scout-tp8" and r["dtype"] == "bf16" and r["T"] == 64:
             add(f"{key}: time <= 1.10 x floor", r["x_floor"], r["x_floor"] <= 1.10)
             add(f"{key}: time (us) < spec's 197", r["us"], r["us"] < SPEC_SCOUT_T64_US)
-            add(f"{key}: >= 2.5x stock-torch pipeline", r["vs_torch"], r["vs_torch"] >= 2.5)
+            # nothing beats the bytes floor, so torch_us / floor_us bounds any kernel's speedup
+            add(f"{key}: >= 2.5x stock-torch pipeline (attainable: "
+                f"{r['torch_us'] / r['floor_us']:.2f}x at the floor)", r["vs_torch"], r["vs_torch"] >= 2.5)
             add(f"{key}: >= 10x per-expert loop", r["vs_loop"], r["vs_loop"] >= 10)
         if r["phase"] == "decode":
             add(f"{key}: >= 85% of copy bandwidth", r["pct_copy_bw"], r["pct_copy_bw"] >= 85)
