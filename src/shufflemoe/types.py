@@ -16,6 +16,8 @@ class Routing:
     expert in ascending token order, so results do not depend on batch composition. Pairs past
     ``num_valid`` (dropped by the capacity factor, or not routed to this rank's experts) hold
     in-range token ids and must not contribute. Nothing here was copied to the host.
+    ``positions`` is the inverse permutation: it lets a token-major kernel find a token's k pairs
+    (scatter_add(positions=...): one store per output row, no atomics).
     """
 
     counts: Tensor  # [E] int32: routed pairs per expert (after capacity dropping)
@@ -23,6 +25,10 @@ class Routing:
     expert_ids: Tensor  # [A] int32: expert of each pair (meaningful for the first num_valid)
     weights: Tensor  # [A] float32: routing weight of each pair (after renormalize and scaling)
     num_valid: Tensor  # [1] int32: sum(counts), the number of routed pairs
+    # [A] int32: where pair (t, j) (token t's j-th choice) sits in the sorted order, so
+    # token_ids[positions[t * k + j]] == t; a permutation of 0..A-1. Pairs not routed (dropped
+    # by capacity, or not on this rank's experts) point at positions >= num_valid.
+    positions: Tensor
 
     @property
     def num_experts(self) -> int:

@@ -33,7 +33,7 @@ def inputs(seed: int = 0, device: str = DEV, T: int = T, E: int = E, D: int = D,
 
 def pipeline(x, scores, w13, w2, impl="triton"):
     """index_shuffle -> gather_scale (bf16 and fp8) -> per-pair expert matmuls (torch) ->
-    silu_mul -> scatter_add; then an EP-style combine/split round trip of the gathered rows."""
+    silu_mul -> scatter_add (atomic and token-major); then an EP-style combine/split round trip of the gathered rows."""
     r = index_shuffle(scores, K, scoring="softmax", renormalize=True, impl=impl)
     xs = gather_scale(x, r.token_ids, None, num_valid=r.num_valid, impl=impl)
     q, s = gather_scale(x, r.token_ids, r.weights, num_valid=r.num_valid, quantize=True, impl=impl)
@@ -43,19 +43,22 @@ def pipeline(x, scores, w13, w2, impl="triton"):
     y = torch.bmm(w2[e], a[:, :, None])[:, :, 0]  # [A, D]
     out = torch.zeros_like(x)
     scatter_add(out, y, r.token_ids, r.weights, num_valid=r.num_valid, impl=impl)
+    out_tm = scatter_add(torch.zeros_like(x), y, r.token_ids, r.weights, num_valid=r.num_valid,
+                         positions=r.positions, impl=impl)
     counts = r.counts.view(2, -1)  # two "ranks" of E / 2 local experts
     starts = torch.cat([torch.zeros_like(r.num_valid), counts[0].sum().view(1).int()])
     em, totals = combine_shuffling(xs, counts, starts, out_rows=xs.shape[0], impl=impl)
     back = split_shuffling(em, counts, starts, out=torch.zeros_like(xs), impl=impl)
     return dict(counts=r.counts, token_ids=r.token_ids, q=q.view(torch.uint8), s=s, out=out,
-                totals=totals, back=back, xs=xs, nv=r.num_valid)
+                out_tm=out_tm, totals=totals, back=back, xs=xs, nv=r.num_valid,
+                positions=r.positions)
 
 
 def check_same(got: dict, want: dict, same_weights: bool = True) -> None:
     """Indices and moved rows exactly; the fp8 rows exactly when both runs had the same routing
     weights (the torch softmax differs from the kernel's in the last bits), else within fp8."""
     n = int(want["nv"])
-    for key in ("counts", "token_ids", "totals", "nv"):
+    for key in ("counts", "token_ids", "totals", "nv", "positions"):
         assert torch.equal(got[key], want[key]), key
     for key in ("xs", "back") + (("q", "s") if same_weights else ()):
         assert torch.equal(got[key][:n], want[key][:n]), key
@@ -63,6 +66,9 @@ def check_same(got: dict, want: dict, same_weights: bool = True) -> None:
         deq = [d["q"][:n].view(torch.float8_e4m3fn).double() * d["s"][:n, None] for d in (got, want)]
         assert_close(deq[0], deq[1], "fp8_rowwise")
     assert_close(got["out"], want["out"].double(), torch.bfloat16)  # atomics: order may differ
+    assert_close(got["out_tm"], want["out_tm"].double(), torch.bfloat16)
+    if same_weights:  # token-major: a fixed order, so the same bits
+        assert torch.equal(got["out_tm"], want["out_tm"])
 
 
 def test_opcheck_schemas_and_fake_impls():
@@ -75,7 +81,8 @@ def test_opcheck_schemas_and_fake_impls():
         return torch.empty(*shape, dtype=dtype, device=DEV)
 
     i32, fp8 = torch.int32, torch.float8_e4m3fn
-    routing = (empty(E, dtype=i32), empty(A, dtype=i32), empty(A, dtype=i32), empty(A), empty(1, dtype=i32))
+    routing = (empty(E, dtype=i32), empty(A, dtype=i32), empty(A, dtype=i32), empty(A), empty(1, dtype=i32),
+               empty(A, dtype=i32))
     scratch = (empty(2, 0, dtype=i32), empty(0), empty(0, 32, dtype=i32))  # one program: unused
     h = torch.randn(A, 2 * I, device=DEV)
     counts = r.counts.view(2, -1)
@@ -89,6 +96,8 @@ def test_opcheck_schemas_and_fake_impls():
         (ops.silu_mul_fp8, (h, None, empty(A, I, dtype=fp8), empty(A))),
         (ops.scatter_add, (torch.zeros(T, I, device=DEV), h[:, :I].contiguous(), r.token_ids,
                            r.weights, r.num_valid, None)),
+        (ops.scatter_add_token_major, (torch.zeros(T, I, device=DEV), h[:, :I].contiguous(),
+                                       r.positions, r.weights, r.num_valid)),
         (ops.combine_shuffling, (h, counts, starts, empty(A, 2 * I), empty(E // 2, dtype=i32))),
         (ops.split_shuffling, (h, counts, starts, empty(A, 2 * I))),
     ]

@@ -1,6 +1,7 @@
 """IndexShuffling: the torch reference against a plain Python loop (float64 weights), and the
 Triton kernel (interpreter on the CPU, the GPU when there is one) against the reference: every
-index output equal over all A pairs (tail order included), weights within float32."""
+index output equal over all A pairs (tail order included; positions too), weights within
+float32; positions is the inverse permutation of the pair order."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from shufflemoe.ops.index_shuffle import kernel as route_kernel  # noqa: E402
 CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
-INDEX_FIELDS = ("counts", "token_ids", "expert_ids", "num_valid")
+INDEX_FIELDS = ("counts", "token_ids", "expert_ids", "num_valid", "positions")
 
 
 def _int32(v: int) -> int:
@@ -30,18 +31,22 @@ def _int32(v: int) -> int:
 
 def loop_sort(ids: list[list[int]], weights: list[list[float]], E: int, capacity: int | None):
     """Expected Routing fields as lists: kept pairs expert-major, then pairs over capacity
-    expert-major, then pairs routed nowhere, pair order inside each."""
+    expert-major, then pairs routed nowhere, pair order inside each; positions: where each pair
+    (in t * k + j order) ended up."""
     per_expert: list[list] = [[] for _ in range(E)]
     nowhere = []
     for t, (row, wrow) in enumerate(zip(ids, weights)):
-        for e, w in zip(row, wrow):
-            (per_expert[e] if 0 <= e < E else nowhere).append((t, _int32(e), w))
+        for j, (e, w) in enumerate(zip(row, wrow)):
+            (per_expert[e] if 0 <= e < E else nowhere).append((t, _int32(e), w, t * len(row) + j))
     kept = [p if capacity is None else p[:capacity] for p in per_expert]
     over = [[] if capacity is None else p[capacity:] for p in per_expert]
     order = [q for p in kept for q in p] + [q for p in over for q in p] + nowhere
+    positions = [0] * len(order)
+    for i, q in enumerate(order):
+        positions[q[3]] = i
     counts = [len(p) for p in kept]
     return dict(counts=counts, token_ids=[q[0] for q in order], expert_ids=[q[1] for q in order],
-                weights=[q[2] for q in order], num_valid=[sum(counts)])
+                weights=[q[2] for q in order], num_valid=[sum(counts)], positions=positions)
 
 
 def loop_topk(scores: torch.Tensor, k: int, scoring: str, renormalize: bool, scaling: float):
@@ -220,6 +225,31 @@ def test_route_config_heuristic():
 
 def triton_cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def check_inverse(r, k: int) -> None:
+    """positions is a permutation of 0..A-1 and token_ids[positions] == pair index // k."""
+    A = r.num_pairs
+    pairs = torch.arange(A, device=r.positions.device)
+    assert r.positions.dtype == torch.int32
+    assert torch.equal(r.positions.sort().values, pairs.int())
+    assert torch.equal(r.token_ids[r.positions.long()].long(), pairs // k)
+
+
+@pytest.mark.parametrize("T,E,k,capacity", [(0, 16, 2, None), (1, 4, 3, None), (1, 256, 8, 0),
+                                            (37, 16, 8, 3), (90, 256, 8, 4), (600, 16, 1, 30)],
+                         ids=["T0", "T1", "T1_all_dropped", "k8_capacity", "E256_k8",
+                              "two_launches"])
+def test_positions_are_the_inverse_permutation(T, E, k, capacity):
+    """From scores and from ids (with ids outside [0, E)): kernel positions == reference, the
+    inverse of the pair order, with capacity drops."""
+    scores = scores_for(T, E, torch.float32, seed=T + k)
+    for make in (lambda impl: index_shuffle(scores, k, capacity=capacity, impl=impl),
+                 lambda impl: sort_by_expert(scores.topk(k, 1).indices - 1, E, capacity=capacity,
+                                             impl=impl)):
+        ref, got = make("torch"), make("triton")
+        check_inverse(ref, k)
+        check_same(got, ref)
 
 
 # ---- bad input -----------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """ScatterAdd: the torch reference against a float64 loop, and the Triton kernel (interpreter on
 the CPU, the GPU when there is one) against both, with the running-error bound (|out| + the
 sum of |terms| per element). Rows of y for pairs past num_valid are NaN and their ``rows``
-entries point out of range, so reading one fails."""
+entries point out of range, so reading one fails. The token-major form (``positions``) runs on
+pairs in a routed order and must equal its reference bit for bit."""
 
 from __future__ import annotations
 
@@ -38,6 +39,24 @@ def make(T, D, A, dtype, *, weighted=True, n_valid=None, padded=False, seed=0, d
             rows[n_valid:] = R + 1000  # out of range: must not be read
     to = lambda t: None if t is None else t.to(device)  # noqa: E731
     return to(out), to(y), to(ids), to(w), to(nv), to(rows)
+
+
+def make_routed(T, k, D, dtype, *, weighted=True, n_valid=None, seed=0, device=DEV):
+    """(out [T, D], y [A, D], token_ids [A], weights, num_valid, positions [A]) as a Routing
+    orders pairs: row i holds pair perm[i] = (token t, choice j) = divmod(perm[i], k), so every
+    token has k rows and positions (the inverse of perm) finds them."""
+    g = torch.Generator().manual_seed(seed)
+    A = T * k
+    out = torch.randn(T, D, generator=g).to(dtype)
+    y = torch.randn(A, D, generator=g).to(dtype)
+    w = torch.rand(A, generator=g) + 0.25 if weighted else None
+    perm = torch.randperm(A, generator=g)
+    nv = None
+    if n_valid is not None:
+        nv = torch.tensor([n_valid], dtype=torch.int32)
+        y[n_valid:] = float("nan")
+    to = lambda t: None if t is None else t.to(device)  # noqa: E731
+    return to(out), to(y), to((perm // k).int()), to(w), to(nv), to(perm.argsort().int())
 
 
 def loop_scatter(out, y, ids, w, nv, rows):
@@ -99,6 +118,53 @@ def test_kernel_extra_rows_of_y_and_empty():
     assert torch.equal(scatter_add(out, y, ids, w, num_valid=zero, impl="triton"), before)
 
 
+@given(T=st.integers(0, 8), k=st.integers(1, 8), D=st.integers(1, 24),
+       dtype=st.sampled_from(DTYPES), weighted=st.booleans(), seed=st.integers(0, 2**16),
+       cut=st.one_of(st.none(), st.integers(0, 64)))
+def test_positions_reference_matches_loop(T, k, D, dtype, weighted, seed, cut):
+    """And on the CPU equals the pair-major reference bit for bit: its index_add_ adds a token's
+    pairs in ascending position order after out, as the token-major sum does."""
+    n_valid = None if cut is None else min(cut, T * k)
+    out, y, ids, w, nv, pos = make_routed(T, k, D, dtype, weighted=weighted, n_valid=n_valid,
+                                          seed=seed, device="cpu")
+    want, mag = loop_scatter(out, y, ids, w, nv, None)
+    got = scatter_add(out.clone(), y, ids, w, num_valid=nv, positions=pos, impl="torch")
+    assert_close(got, want, dtype, magnitude=mag)
+    assert torch.equal(got, scatter_add(out.clone(), y, ids, w, num_valid=nv, impl="torch"))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("T,k,weighted,n_valid", [(13, 1, True, None), (13, 2, True, 17),
+                                                  (13, 3, False, 30), (13, 8, True, 61),
+                                                  (1, 8, True, 5), (1, 3, False, None)],
+                         ids=["k1", "k2-partial", "k3-plain-partial", "k8-partial", "T1-k8-partial",
+                              "T1-k3-plain"])
+def test_positions_kernel_matches_reference(dtype, T, k, weighted, n_valid):
+    """D = 301: two column blocks, the second partial; NaN rows past num_valid."""
+    out, y, ids, w, nv, pos = make_routed(T, k, 301, dtype, weighted=weighted, n_valid=n_valid,
+                                          seed=T * k)
+    want, mag = loop_scatter(out, y, ids, w, nv, None)
+    got = scatter_add(out.clone(), y, ids, w, num_valid=nv, positions=pos, impl="triton")
+    assert_close(got, want, dtype, magnitude=mag)
+    ref = scatter_add(out.clone(), y, ids, w, num_valid=nv, positions=pos, impl="torch")
+    assert torch.equal(got, ref)
+
+
+def test_positions_kernel_int64_empty_and_no_valid_pairs():
+    """int64 positions; T = 0; num_valid = 0 with every row of y NaN leaves out as it was."""
+    out, y, ids, w, _, pos = make_routed(6, 4, 40, torch.float32)
+    want, mag = loop_scatter(out, y, ids, w, None, None)
+    got = scatter_add(out.clone(), y, ids, w, positions=pos.long(), impl="triton")
+    assert_close(got, want, "float32", magnitude=mag)
+    empty = out[:0]
+    assert scatter_add(empty, y[:0], ids[:0], positions=pos[:0], impl="triton").shape == (0, 40)
+    zero = torch.zeros(1, dtype=torch.int32, device=DEV)
+    y.fill_(float("nan"))
+    before = out.clone()
+    assert torch.equal(scatter_add(out, y, ids, w, num_valid=zero, positions=pos, impl="triton"),
+                       before)
+
+
 @pytest.mark.parametrize("kwargs,match", [
     (dict(y=torch.randn(4, 7)), "columns"),
     (dict(y=torch.randn(3, 8)), "rows"),
@@ -106,6 +172,10 @@ def test_kernel_extra_rows_of_y_and_empty():
     (dict(rows=torch.zeros(3, dtype=torch.int32)), "rows"),
     (dict(num_valid=torch.tensor(2)), "num_valid"),
     (dict(out=torch.randn(5, 8).t()), "out"),
+    (dict(positions=torch.arange(4, dtype=torch.int32)), "positions"),  # A = 4 is not T * k, T = 5
+    (dict(positions=torch.arange(3, dtype=torch.int32)), "positions"),
+    (dict(positions=torch.arange(4.0)), "positions"),
+    (dict(out=torch.randn(2, 8), positions=torch.arange(4), rows=torch.arange(4)), "rows"),
 ])
 def test_bad_input_raises(kwargs, match):
     args = dict(out=torch.randn(5, 8), y=torch.randn(4, 8), token_ids=torch.zeros(4, dtype=torch.int32))
@@ -126,3 +196,12 @@ def test_gpu_d5120():
     ref = out.double().index_add_(0, ids[:n].long(), terms)
     mag = out.double().abs().index_add_(0, ids[:n].long(), terms.abs())
     assert_close(got, ref, torch.bfloat16, magnitude=mag)
+
+
+@needs_cuda
+def test_gpu_d5120_positions():
+    """Token-major on the GPU: no FMA contraction, so the reference's bits."""
+    out, y, ids, w, nv, pos = make_routed(2048, 4, 5120, torch.bfloat16, n_valid=2048 * 4 - 77)
+    got = scatter_add(out.clone(), y, ids, w, num_valid=nv, positions=pos, impl="triton")
+    ref = scatter_add(out.clone(), y, ids, w, num_valid=nv, positions=pos, impl="torch")
+    assert torch.equal(got, ref)

@@ -67,13 +67,13 @@ def _noop() -> None:
 
 def local_routing(counts: Tensor, num_rows: int) -> Routing:
     """Routing of num_rows expert-major rows, counts [El] of them per local expert (the first
-    sum(counts) rows are valid): row i is its own token, weight 1."""
+    sum(counts) rows are valid): row i is its own token, weight 1, so positions is the identity."""
     dev = counts.device
     rows = torch.arange(num_rows, device=dev, dtype=torch.int32)
     ends = counts.long().cumsum(0)  # [El]
     expert_ids = torch.searchsorted(ends, rows.long(), right=True).int()  # El past the valid rows
     weights = torch.ones(num_rows, dtype=torch.float32, device=dev)
-    return Routing(counts.int(), rows, expert_ids, weights, ends[-1:].int())
+    return Routing(counts.int(), rows, expert_ids, weights, ends[-1:].int(), positions=rows)
 
 
 class _ExpertParallel(Dispatch):

@@ -15,6 +15,8 @@ two). For each block, program ``_route_kernel``:
      bucket's totals and the number of pairs of earlier blocks, then places the pairs.
 Pair order (reference.py): kept pairs expert-major, then pairs over capacity expert-major, then
 pairs routed nowhere; pair index order inside each. Ties in top-k go to the lower expert id.
+Placing a pair also stores its position at its pair index t * k + j (Routing.positions, the
+inverse permutation): one more store, no extra pass.
 """
 
 from __future__ import annotations
@@ -126,11 +128,12 @@ def _lower_bound(skey, target, P: tl.constexpr):
 
 
 @triton.jit
-def _emit(sb, r, raw, w, tok, valid, tot, cap, n_pairs, write_counts, counts_ptr, tok_ptr,
-          exp_ptr, w_ptr, nv_ptr, E: tl.constexpr, NB: tl.constexpr, HAS_CAP: tl.constexpr,
-          FROM_SCORES: tl.constexpr):
-    """Store pairs (bucket sb, rank r inside the bucket over the whole batch) at their final
-    positions, given the per-bucket totals ``tot`` [NB]; with write_counts, counts and num_valid."""
+def _emit(sb, r, raw, w, tok, pair, valid, tot, cap, n_pairs, write_counts, counts_ptr, tok_ptr,
+          exp_ptr, w_ptr, nv_ptr, pos_ptr, E: tl.constexpr, NB: tl.constexpr,
+          HAS_CAP: tl.constexpr, FROM_SCORES: tl.constexpr):
+    """Store pairs (bucket sb, rank r inside the bucket over the whole batch, index ``pair`` =
+    t * K + j) at their final positions, and each position at its pair index, given the
+    per-bucket totals ``tot`` [NB]; with write_counts, counts and num_valid."""
     nbr = tl.arange(0, NB)
     is_expert = nbr < E
     routed = tl.where(is_expert, tot, 0)
@@ -151,6 +154,7 @@ def _emit(sb, r, raw, w, tok, valid, tot, cap, n_pairs, write_counts, counts_ptr
     tl.store(tok_ptr + pos, tok, mask=valid)
     tl.store(exp_ptr + pos, raw, mask=valid)
     tl.store(w_ptr + pos, w, mask=valid)
+    tl.store(pos_ptr + pair, pos, mask=valid)
     tl.store(counts_ptr + nbr, kept, mask=is_expert & write_counts)
     tl.store(nv_ptr, n_kept, mask=write_counts)
 
@@ -161,7 +165,7 @@ def _route_kernel(
     src_stride,  # row stride of src
     win_ptr,  # topk_weights [T, K] (HAS_W only)
     win_stride,
-    counts_ptr, tok_ptr, exp_ptr, w_ptr, nv_ptr,  # outputs: [E], [A], [A], [A], [1]
+    counts_ptr, tok_ptr, exp_ptr, w_ptr, nv_ptr, pos_ptr,  # outputs: [E], [A] x3, [1], [A]
     skey_ptr, sid_ptr, sw_ptr, hist_ptr,  # scratch when not SINGLE: [nb*P] x3, [nb, NB]
     T,  # tokens
     cap,  # capacity per expert (HAS_CAP only)
@@ -214,9 +218,10 @@ def _route_kernel(
         sb = skey // P
         sp = skey % P
         rank = lane - tl.gather(starts, tl.minimum(sb, NB - 1), 0)
-        _emit(sb, rank, tl.gather(raw, sp, 0), tl.gather(w, sp, 0), (sp // KP).to(tl.int32),
-              sb < NB, hist, cap, T * K, blk == 0, counts_ptr, tok_ptr, exp_ptr, w_ptr, nv_ptr, E,
-              NB, HAS_CAP, FROM_SCORES)
+        tok = (sp // KP).to(tl.int32)
+        _emit(sb, rank, tl.gather(raw, sp, 0), tl.gather(w, sp, 0), tok, tok * K + sp % KP,
+              sb < NB, hist, cap, T * K, blk == 0, counts_ptr, tok_ptr, exp_ptr, w_ptr, nv_ptr,
+              pos_ptr, E, NB, HAS_CAP, FROM_SCORES)
     else:
         base = blk.to(tl.int64) * P
         tl.store(skey_ptr + base + lane, skey)
@@ -227,13 +232,14 @@ def _route_kernel(
 
 @triton.jit
 def _place_kernel(
-    counts_ptr, tok_ptr, exp_ptr, w_ptr, nv_ptr,  # outputs: [E], [A], [A], [A], [1]
+    counts_ptr, tok_ptr, exp_ptr, w_ptr, nv_ptr, pos_ptr,  # outputs: [E], [A] x3, [1], [A]
     skey_ptr, sid_ptr, sw_ptr, hist_ptr,  # scratch written by _route_kernel
     nb,  # blocks
     per_prog,  # consecutive blocks placed by one program
     A,  # pairs
     cap,  # capacity per expert (HAS_CAP only)
     E: tl.constexpr,
+    K: tl.constexpr,
     KP: tl.constexpr,
     BT: tl.constexpr,
     NB: tl.constexpr,
@@ -270,8 +276,8 @@ def _place_kernel(
         raw = tl.load(sid_ptr + base + sp, mask=valid, other=0)
         w = tl.load(sw_ptr + base + sp, mask=valid, other=0.0)
         tok = (blk * BT + sp // KP).to(tl.int32)
-        _emit(sb, rank, raw, w, tok, valid, tot, cap, A, blk == 0, counts_ptr, tok_ptr, exp_ptr,
-              w_ptr, nv_ptr, E, NB, HAS_CAP, FROM_SCORES)
+        _emit(sb, rank, raw, w, tok, tok * K + sp % KP, valid, tot, cap, A, blk == 0, counts_ptr,
+              tok_ptr, exp_ptr, w_ptr, nv_ptr, pos_ptr, E, NB, HAS_CAP, FROM_SCORES)
         before += own
         blk += 1
 
@@ -317,14 +323,14 @@ def route_config(T: int, E: int, k: int, from_scores: bool = True, single_pairs:
 
 @kernel_op(
     "route",
-    mutates_args=("counts", "token_ids", "expert_ids", "weights", "num_valid", "scratch_i",
-                  "scratch_w", "hist"))
+    mutates_args=("counts", "token_ids", "expert_ids", "weights", "num_valid", "positions",
+                  "scratch_i", "scratch_w", "hist"))
 def _route_op(src: Tensor, topk_weights: Optional[Tensor], counts: Tensor, token_ids: Tensor,
-              expert_ids: Tensor, weights: Tensor, num_valid: Tensor, scratch_i: Tensor,
-              scratch_w: Tensor, hist: Tensor, num_experts: int, top_k: int, from_scores: bool,
-              scoring: int, renormalize: bool, scaling: float, capacity: Optional[int],
-              block_tokens: int, expert_chunk: int, single: bool, num_warps: int,
-              place_programs: int) -> None:
+              expert_ids: Tensor, weights: Tensor, num_valid: Tensor, positions: Tensor,
+              scratch_i: Tensor, scratch_w: Tensor, hist: Tensor, num_experts: int, top_k: int,
+              from_scores: bool, scoring: int, renormalize: bool, scaling: float,
+              capacity: Optional[int], block_tokens: int, expert_chunk: int, single: bool,
+              num_warps: int, place_programs: int) -> None:
     T = src.shape[0]
     if T == 0:
         counts.zero_()
@@ -339,15 +345,15 @@ def _route_op(src: Tensor, topk_weights: Optional[Tensor], counts: Tensor, token
     win = topk_weights if topk_weights is not None else src
     _route_kernel[(nb,)](
         src, src.stride(0), win, win.stride(0), counts, token_ids, expert_ids, weights, num_valid,
-        scratch_i[0], scratch_i[1], scratch_w, hist, T, cap, scaling,
+        positions, scratch_i[0], scratch_i[1], scratch_w, hist, T, cap, scaling,
         K=k, KP=kp, BT=block_tokens, BEC=expert_chunk, SCORING=scoring, RENORM=renormalize,
         HAS_W=topk_weights is not None, SINGLE=single, num_warps=num_warps, **meta)
     if not single:
         # At most one wave of place programs; each reads the histogram table once.
         per_prog = triton.cdiv(nb, min(nb, place_programs))
         _place_kernel[(triton.cdiv(nb, per_prog),)](
-            counts, token_ids, expert_ids, weights, num_valid, scratch_i[0], scratch_i[1],
-            scratch_w, hist, nb, per_prog, T * k, cap, KP=kp, BT=block_tokens,
+            counts, token_ids, expert_ids, weights, num_valid, positions, scratch_i[0],
+            scratch_i[1], scratch_w, hist, nb, per_prog, T * k, cap, K=k, KP=kp, BT=block_tokens,
             RB=max(1, min(64, 8192 // nbins)), num_warps=4 if block_tokens * kp <= 256 else 8,
             **meta)
 
@@ -368,15 +374,16 @@ def _route(src: Tensor, topk_weights: Tensor | None, E: int, k: int, from_scores
     expert_ids = torch.empty(A, dtype=torch.int32, device=dev)
     weights = torch.empty(A, dtype=torch.float32, device=dev)
     num_valid = torch.empty(1, dtype=torch.int32, device=dev)
+    positions = torch.empty(A, dtype=torch.int32, device=dev)
     scratch_i = torch.empty(2, nb * cfg.block_tokens * kp, dtype=torch.int32, device=dev)
     scratch_w = torch.empty(nb * cfg.block_tokens * kp, dtype=torch.float32, device=dev)
     hist = torch.empty(nb, nbins, dtype=torch.int32, device=dev)
     _route_op(
-        src, topk_weights, counts, token_ids, expert_ids, weights, num_valid, scratch_i,
+        src, topk_weights, counts, token_ids, expert_ids, weights, num_valid, positions, scratch_i,
         scratch_w, hist, E, k, from_scores, SCORING_IDS[scoring], renormalize, float(scaling),
         capacity, cfg.block_tokens, cfg.expert_chunk, cfg.single, cfg.num_warps,
         cfg.place_programs)
-    return Routing(counts, token_ids, expert_ids, weights, num_valid)
+    return Routing(counts, token_ids, expert_ids, weights, num_valid, positions)
 
 
 def index_shuffle(scores: Tensor, top_k: int, scoring: str, renormalize: bool, scaling: float,

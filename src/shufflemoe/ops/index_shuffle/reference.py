@@ -43,7 +43,7 @@ def sort_by_expert(
     n_kept, n_dropped = counts.sum(), dropped.sum()
     e = bucket.clamp(max=E - 1)
     cap = A if capacity is None else capacity
-    pos = torch.where(
+    pos = torch.where(  # [A]: each pair's place in the sorted order (Routing.positions)
         ~routed,
         n_kept + n_dropped + rank,
         torch.where(
@@ -58,7 +58,8 @@ def sort_by_expert(
     expert_ids[pos] = ids.int()
     weights = torch.empty(A, dtype=torch.float32, device=dev)
     weights[pos] = 1.0 if topk_weights is None else topk_weights.reshape(A).float()
-    return Routing(counts.int(), token_ids, expert_ids, weights, n_kept.int().reshape(1))
+    return Routing(counts.int(), token_ids, expert_ids, weights, n_kept.int().reshape(1),
+                   pos.int())
 
 
 def select_topk(scores: Tensor, top_k: int) -> Tensor:

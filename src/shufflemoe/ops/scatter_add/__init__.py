@@ -2,6 +2,9 @@
 
 out[token_ids[i]] += y[rows[i]] * weights[i] for every pair i < num_valid. ``rows`` (default:
 i) is the padded form used by expert parallelism, where pair i's output sits at another row.
+With ``positions`` (Routing.positions, the inverse of the pair order) the sum is token-major:
+out[t] += sum over j of y[p] * weights[p], p = positions[t * k + j] < num_valid, in ascending p,
+in float32 with one rounding: no atomics, deterministic, the reference's result bit for bit.
 """
 
 from __future__ import annotations
@@ -24,11 +27,16 @@ def scatter_add(
     *,
     num_valid: Tensor | None = None,
     rows: Tensor | None = None,
+    positions: Tensor | None = None,
     impl: str | None = None,
 ) -> Tensor:
     """out [T, D] (added to in place and returned), y [R, D], token_ids [A], weights [A] float32
-    or None, rows [A] or None (then R >= A and pair i reads row i). Only rows of valid pairs are
-    read."""
+    or None, rows [A] or None (then R >= A and pair i reads row i), positions [A = T * k]
+    int32/int64 or None. Only rows of valid pairs are read.
+
+    With positions (rows must be None), token t's pairs are found through positions: token_ids
+    must be their inverse (token_ids[positions[t * k + j]] == t, as in a Routing), is checked for
+    shape only and its values are not read."""
     check_tensor("out", out, dim=2, dtypes=DTYPES, contiguous=True)
     check_tensor("y", y, dim=2, dtypes=DTYPES, contiguous=True)
     check_tensor("token_ids", token_ids, dim=1, dtypes=INDEX_DTYPES)
@@ -41,14 +49,28 @@ def scatter_add(
         check_tensor("rows", rows, shape=[A], dtypes=INDEX_DTYPES)
     elif y.shape[0] < A:
         raise ValueError(f"y must have at least A={A} rows when rows is None, got {y.shape[0]}")
+    if positions is not None:
+        _check_positions(positions, A, out.shape[0], rows)
     dev = check_same_device(out=out, y=y, token_ids=token_ids, weights=weights, rows=rows,
-                            num_valid=num_valid)
+                            num_valid=num_valid, positions=positions)
     check_num_valid(num_valid, dev)
     if resolve(impl, out) == "triton":
-        from .kernel import scatter_add as kernel
+        from . import kernel
 
-        return kernel(out, y, token_ids, weights, num_valid, rows)
+        if positions is not None:
+            return kernel.token_sum(out, y, positions, weights, num_valid)
+        return kernel.scatter_add(out, y, token_ids, weights, num_valid, rows)
+    if positions is not None:
+        return reference.token_sum(out, y, positions, weights, num_valid)
     return reference.scatter_add(out, y, token_ids, weights, num_valid, rows)
+
+
+def _check_positions(positions: Tensor, A: int, T: int, rows: Tensor | None) -> None:
+    check_tensor("positions", positions, shape=[A], dtypes=INDEX_DTYPES, contiguous=True)
+    if A % max(T, 1) or (T == 0 and A):
+        raise ValueError(f"positions must have T * k entries for out's T={T} rows, got {A}")
+    if rows is not None:
+        raise ValueError("rows must be None when positions is given: positions index y's rows")
 
 
 __all__ = ["scatter_add"]
