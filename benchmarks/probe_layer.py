@@ -1,7 +1,8 @@
 """Diagnostics for one GPU call (numbers feed benchmarks/notes/layer.md):
 
-1. silu_mul + fp8 quantization variants at I = 5120 (one pass over a padded row vs two passes
-   whose second read hits L2), against the copy bandwidth;
+1. every silu_mul + fp8 quantization launch (ops/silu_mul/kernel.py: fp8_variants) at I = 5120
+   (A = 2048, 16384), 768 (Qwen3) and 1024 (A = 16384), each checked against the quantization of
+   the kernel's float32 product first, against the copy bandwidth;
 2. the layer's CPU cost: eager time, CUDA-graph time and host time to issue one call, plus the
    profiler's top host ops, for a prefill (Qwen3, T=2048) and a decode (Scout TP8, T=64) call;
 3. the prefill target rows: Scout TP8 T=16384 bf16 / fp8 against a dense cuBLAS GEMM;
@@ -24,28 +25,68 @@ import triton
 from shufflemoe import MoE, preset
 from shufflemoe.bench.suites.layer import _dense_tflops
 from shufflemoe.bench.timing import measure_ceilings, time_fn
+from shufflemoe.ops import dequantize_fp8_rowwise, quantize_fp8_rowwise, silu_mul
 from shufflemoe.ops.quantize.reference import FP8_DTYPE
-from shufflemoe.ops.silu_mul.kernel import _silu_mul_fp8_kernel
+from shufflemoe.ops.silu_mul.kernel import Fp8Launch, fp8_launch, fp8_variants, launch_silu_mul_fp8
+from shufflemoe.testing import compare
+
+
+SILU_CASES = ((5120, 2048), (5120, 16384), (768, 16384), (1024, 16384))  # (I, A)
+
+
+def _describe(c: Fp8Launch) -> str:
+    tile = f"one pass {c.block}+{c.block_b}" if c.one_pass else f"two passes {c.block} x{c.chunks}"
+    return f"{tile} warps={c.num_warps}"
+
+
+def _check_fp8(h, q, s, ref_q, ref_s) -> str | None:
+    """'bit-exact' when (q, s) is quantize_fp8_rowwise of the kernel's float32 product, else
+    'within fp8 tolerance' against the float64 silu_mul, else None."""
+    if torch.equal(q.view(torch.uint8), ref_q.view(torch.uint8)) and torch.equal(s, ref_s):
+        return "bit-exact"
+    g, u = h.double().chunk(2, dim=1)
+    c = compare(dequantize_fp8_rowwise(q, s), g / (1 + torch.exp(-g)) * u, "fp8_rowwise")
+    return "within fp8 tolerance" if c.ok else None
 
 
 def silu_fp8_variants(copy_gbps: float) -> None:
-    I = 5120
-    for A in (2048, 16384):
+    """Every silu_mul + fp8 launch of fp8_variants(I), each
+    checked against the quantization of the kernel's float32 product before it is timed."""
+    for I, A in SILU_CASES:
         hs = [torch.randn(A, 2 * I, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
         q = torch.empty(A, I, device="cuda", dtype=FP8_DTYPE)
         s = torch.empty(A, device="cuda")
+        ref_q, ref_s = quantize_fp8_rowwise(silu_mul(hs[0].float(), impl="triton"))
         nbytes = A * (2 * I * 2 + I + 4)
-        for block, one_pass, warps in ((8192, True, 8), (8192, True, 16), (1024, False, 4),
-                                       (1024, False, 8), (2048, False, 4), (2048, False, 8),
-                                       (512, False, 4)):
-            def run(i, block=block, one_pass=one_pass, warps=warps):
-                _silu_mul_fp8_kernel[(A,)](hs[i], None, q, s, I, HAS_NV=False, INTERPRET=False,
-                                           BLOCK=block, ONE_PASS=one_pass, num_warps=warps)
-            t = time_fn(run, len(hs), reps=30)
+        default = fp8_launch(I)
+        seen: dict[Fp8Launch, str] = {}
+        for name, launch in fp8_variants(I).items():
+            label = f"silu_mul_fp8 I={I} A={A} {name:<25}"
+            if launch in seen:
+                print(f"{label} same launch as {seen[launch]}", flush=True)
+                continue
+            seen[launch] = name
+            try:
+                q.view(torch.uint8).fill_(0xFF)
+                s.fill_(float("nan"))
+                launch_silu_mul_fp8(hs[0], None, q, s, launch)
+                torch.cuda.synchronize()
+                check = _check_fp8(hs[0], q, s, ref_q, ref_s)
+                if check is None:
+                    print(f"{label} WRONG RESULT, not timed ({_describe(launch)})", flush=True)
+                    continue
+                t = time_fn(lambda i, c=launch: launch_silu_mul_fp8(hs[i], None, q, s, c), len(hs),
+                            reps=30)
+            except Exception as e:  # a variant that fails to compile or launch: report, go on
+                print(f"{label} FAILED ({_describe(launch)}): {type(e).__name__}: {str(e)[:1500]}",
+                      flush=True)
+                continue
             gbps = nbytes / t.median_us / 1e3
-            print(f"silu_mul_fp8 A={A} block={block} one_pass={one_pass} warps={warps}: "
-                  f"{t.median_us:.1f} us {gbps:.0f} GB/s ({100 * gbps / copy_gbps:.0f}% of copy)",
-                  flush=True)
+            mark = " (default)" if launch == default else ""
+            print(f"{label} {t.median_us:8.1f} us {gbps:5.0f} GB/s ({100 * gbps / copy_gbps:3.0f}% "
+                  f"of copy) {check}; {_describe(launch)}{mark}", flush=True)
+        del hs, q, s, ref_q, ref_s
+        torch.cuda.empty_cache()
 
 
 def cpu_cost(name: str, cfg, T: int) -> None:
@@ -134,7 +175,7 @@ def main(parts: list[str]) -> None:
     ceil = measure_ceilings()
     print(ceil.as_dict(), triton.__version__, flush=True)
     if "silu" in parts:
-        silu_fp8_variants(ceil.copy_gbps)  # the shipped choice is block=1024 two-pass, 4 warps
+        silu_fp8_variants(ceil.copy_gbps)
     if "cpu" in parts:
         cpu_cost("qwen3-30b-a3b", preset("qwen3-30b-a3b"), 2048)
         cpu_cost("llama4-scout-tp8", preset("llama4-scout", tp=8), 64)

@@ -321,13 +321,20 @@ def test_m_bucket(M, bucket):
     assert configs.m_bucket(M) == bucket
 
 
-def test_decode_tiles_narrow_when_few_groups_are_active():
-    """One token on one of 16 experts: narrower tiles spread that expert over more SMs."""
-    one = configs.select(1, 2048, 5120, 16, torch.bfloat16)
-    eight = configs.select(8, 2048, 5120, 16, torch.bfloat16)
-    full = configs.select(128, 2048, 5120, 16, torch.bfloat16)
-    assert one.block_n < eight.block_n < full.block_n
-    assert not one.swap_ab and eight.swap_ab and full.swap_ab
+@pytest.mark.parametrize("dtype", [torch.bfloat16, FP8_DTYPE])
+def test_decode_tiles_go_deep_when_few_groups_are_active(dtype):
+    """One token on one of 16 experts: fewer weight tiles than SMs, so each program keeps more of
+    its tile in flight (deeper K steps) than when many groups share the SMs."""
+    one = configs.select(1, 2048, 5120, 16, dtype)
+    eight = configs.select(8, 2048, 5120, 16, dtype)
+    full = configs.select(128, 2048, 5120, 16, dtype)
+
+    def in_flight(c):
+        return c.block_n * c.block_k * c.num_stages
+
+    assert in_flight(one) > in_flight(eight)
+    assert one.swap_ab and eight.swap_ab and full.swap_ab
+    assert one.block_n <= eight.block_n < full.block_n
 
 
 @pytest.mark.parametrize("M", [1, 16, 128, 1024, 16384])
@@ -336,7 +343,8 @@ def test_heuristic_tiles_are_valid(M, dtype):
     """Powers of two, dot-sized (>= 16), TMA boxes <= 256, within shared memory estimates."""
     c = configs.select(M, 2048, 5120, 16, dtype)
     for b in (c.block_m, c.block_n, c.block_k):
-        assert b >= 16 and b & (b - 1) == 0 and b <= 256
+        assert b >= 16 and b & (b - 1) == 0
+    assert max(c.block_m, c.block_n) <= 256 and (c.block_k <= 256 or c.tma == "none")
     item = 4 if dtype == torch.float32 else dtype.itemsize
     stage = (c.block_m + c.block_n) * c.block_k * item
     assert stage * c.num_stages * c.ctas_per_sm <= 227 * 1024

@@ -1,8 +1,8 @@
 """SwiGLU's non-linearity: the torch reference against float64, and the Triton kernel
 (interpreter on the CPU, the GPU when there is one) against the reference within the dtype
-tolerance; its fp8 output is bit for bit the reference quantization of its own float32 result.
-Outputs start poisoned and the input rows past num_valid are NaN, so a row written or read past
-num_valid fails."""
+tolerance; its fp8 output, under every launch variant, is bit for bit the reference quantization
+of its own float32 result. Outputs start poisoned and the input rows past num_valid are NaN, so a
+row written or read past num_valid fails."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shufflemoe.ops import FP8_DTYPE, dequantize_fp8_rowwise, quantize_fp8_rowwise, silu_mul
+from shufflemoe.ops.silu_mul import kernel
 from shufflemoe.testing import assert_close, poisoned
 
 CUDA = torch.cuda.is_available()
@@ -82,6 +83,63 @@ def test_kernel_quantized_bf16_within_tolerance():
     assert empty.shape == (0, 70)
 
 
+FP8_VARIANTS = list(kernel.fp8_variants(5120))
+
+
+def quantize_variant(h, nv, variant):
+    """(q, scale) of one fp8 launch variant, into a poisoned q (0xFF) and scale (NaN)."""
+    A, I = h.shape[0], h.shape[1] // 2
+    q = torch.full((A, I), 0xFF, dtype=torch.uint8, device=h.device).view(FP8_DTYPE)
+    return kernel.silu_mul(h, nv, True, (q, poisoned(A, dtype=torch.float32, device=h.device)),
+                           fp8_variant=variant)
+
+
+def check_variant(A, I, n_valid, variant, dtype=torch.bfloat16, seed=0):
+    """The variant's (q, scale) == quantize_fp8_rowwise(the kernel's float32 product) bit for bit
+    on the valid rows (one of them all zero), rows past num_valid untouched."""
+    h, nv = make(A, I, dtype, n_valid, seed=seed)
+    n = A if n_valid is None else n_valid
+    if n > 1:
+        h[1, :I] = 0.0
+    q, s = quantize_variant(h, nv, variant)
+    rq, rs = quantize_fp8_rowwise(silu_mul(h[:n].float(), impl="triton"))
+    assert torch.equal(q[:n].view(torch.uint8), rq.view(torch.uint8))
+    assert torch.equal(s[:n], rs)
+    assert (q[n:].view(torch.uint8) == 0xFF).all() and s[n:].isnan().all()
+    assert_close(dequantize_fp8_rowwise(q[:n], s[:n]), silu_mul64(h[:n]), "fp8_rowwise")
+
+
+@pytest.mark.parametrize("variant", FP8_VARIANTS)
+@pytest.mark.parametrize("A,I,n_valid", [(7, 5, None), (9, 100, 6), (6, 1100, 5), (5, 2500, 4)],
+                         ids=lambda v: str(v))
+def test_fp8_variant_is_the_quantization_of_its_float32_result(variant, A, I, n_valid):
+    check_variant(A, I, n_valid, variant, seed=I)
+
+
+@pytest.mark.parametrize("variant", FP8_VARIANTS)
+def test_fp8_variant_i5120(variant):
+    check_variant(3, 5120, 2, variant, dtype=torch.float32)
+
+
+@pytest.mark.parametrize("variant", FP8_VARIANTS)
+def test_fp8_variant_no_rows(variant):
+    h, nv = make(4, 64, torch.bfloat16, n_valid=0)
+    q, s = quantize_variant(h[:0], None, variant)
+    assert q.shape == (0, 64) and s.shape == (0,)
+    q, s = quantize_variant(h, nv, variant)  # num_valid = 0: nothing read or written
+    assert (q.view(torch.uint8) == 0xFF).all() and s.isnan().all()
+
+
+@pytest.mark.parametrize("I,pieces", [(5120, (4096, 1024)), (768, (512, 256)), (1536, (1024, 512)),
+                                      (1024, (1024, 0)), (1100, (1024, 128)), (5, (16, 0))])
+def test_fp8_launch(I, pieces):
+    """The one-pass row is two power-of-two pieces covering I, at most 32 values a thread."""
+    launch = kernel.fp8_launch(I)
+    assert launch.one_pass and (launch.block, launch.block_b) == pieces
+    assert launch.block + launch.block_b <= 32 * 32 * launch.num_warps
+    assert not kernel.fp8_launch(16384).one_pass
+
+
 @pytest.mark.parametrize("h,kwargs,match", [
     (torch.randn(4, 7), {}, "even"),
     (torch.randn(4, 8), dict(out=torch.empty(4, 8)), "out"),
@@ -106,3 +164,9 @@ def test_gpu_i5120(quantize):
                      dequantize_fp8_rowwise(*ref).double(), "fp8_rowwise")
     else:
         assert_close(got[:n], ref.double(), torch.bfloat16)
+
+
+@needs_cuda
+@pytest.mark.parametrize("variant", FP8_VARIANTS)
+def test_gpu_fp8_variant_i5120(variant):
+    check_variant(1024, 5120, 1000, variant)

@@ -10,9 +10,11 @@ Top-8 rows for E = 128 (Qwen3) and a few alternative tilings (``tune`` rows) are
 
 ``token_movement``: gather_scale (+ fp8), silu_mul (+ fp8), scatter_add at D = 5120 (silu_mul:
 h [A, 2 * 5120]), T in {1, 64, 2048, 16384}, k in {1, 4}, A = T * k, bf16, against the torch
-reference of each op under graphs. Bytes are counted as the op moves them: every gathered or
-scattered row once (a token's row read k times counts k times), every written row once, plus
-indices, weights and scales; scatter_add reads and writes each output row once.
+reference of each op under graphs. Bytes are the fewest the op must move: each input row once
+(gather_scale reads a token's row once, although k pairs use it), each output row once (scatter_add
+reads and writes each output row once), plus indices, weights and scales. Pairs are laid out as a
+routing leaves them: each token in exactly k pairs, in a random (expert-major) order. scatter_add's
+ours runs token-major through Routing.positions; its peer is the pair-major torch reference.
 """
 
 from __future__ import annotations
@@ -171,13 +173,13 @@ def _movement_case(op: str, T: int, k: int):
     if op.startswith("gather_scale"):
         def make():
             return dict(x=torch.randn(T, D, device=DEVICE, generator=g).to(torch.bfloat16),
-                        ids=torch.randint(0, T, (A,), device=DEVICE, dtype=torch.int32, generator=g),
+                        ids=(torch.randperm(A, device=DEVICE, generator=g) // k).int(),
                         w=torch.rand(A, device=DEVICE, generator=g))
 
         def run(s, impl):
             return gather_scale(s["x"], s["ids"], s["w"], quantize=quant, impl=impl)
 
-        nbytes = A * D * 2 + A * D * (1 if quant else 2) + A * (8 + (4 if quant else 0))
+        nbytes = T * D * 2 + A * D * (1 if quant else 2) + A * (8 + (4 if quant else 0))
     elif op.startswith("silu_mul"):
         def make():
             return dict(h=torch.randn(A, 2 * D, device=DEVICE, generator=g).to(torch.bfloat16))
@@ -188,13 +190,18 @@ def _movement_case(op: str, T: int, k: int):
         nbytes = A * 2 * D * 2 + A * D * (1 if quant else 2) + (A * 4 if quant else 0)
     else:
         def make():
+            # Row i holds pair perm[i] = token t's j-th choice (t = perm[i] // k), as a Routing
+            # orders pairs; positions (argsort of perm) is where each token's pairs are.
+            perm = torch.randperm(A, device=DEVICE, generator=g)
             return dict(out=torch.randn(T, D, device=DEVICE, generator=g).to(torch.bfloat16),
                         y=torch.randn(A, D, device=DEVICE, generator=g).to(torch.bfloat16),
-                        ids=torch.randperm(A, device=DEVICE, generator=g).int() % T,
+                        ids=(perm // k).int(), pos=perm.argsort().int(),
                         w=torch.rand(A, device=DEVICE, generator=g))
 
         def run(s, impl):
-            return scatter_add(s["out"], s["y"], s["ids"], s["w"], impl=impl)
+            # ours: token-major (no atomics); the peer: index_add_, what a user would write
+            pos = s["pos"] if impl == "triton" else None
+            return scatter_add(s["out"], s["y"], s["ids"], s["w"], positions=pos, impl=impl)
 
         nbytes = A * D * 2 + 2 * T * D * 2 + A * 8
 

@@ -5,10 +5,16 @@ Computed in float32 as x / (1 + exp(-x)) * up, like torch's CPU and CUDA kernels
 from torch's by an ulp or two, so the result matches the reference within the dtype tolerance
 (not bit for bit). The quantized path rounds exactly as quantize_fp8_rowwise would round this
 kernel's float32 product. Rows at or past num_valid are neither read nor written.
+
+The quantized kernel needs a row's amax before it can scale any value. It either holds the row in
+registers (one pass) or reads it twice (the second read an L2 hit); the launch (Fp8Launch) is a
+deterministic function of I, fp8_launch(I), and fp8_variants(I) names the launches that
+benchmarks/probe_layer.py times and the tests run.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -22,11 +28,24 @@ from ..quantize.reference import FP8_DTYPE
 
 
 @triton.jit
+def _load_pair(src, offs, I, mask):
+    """(gate, up) at columns offs of the rows starting at src ([gate | up]), in h's dtype."""
+    g = tl.load(src + offs, mask=mask, other=0.0)
+    u = tl.load(src + I + offs, mask=mask, other=0.0)
+    return g, u
+
+
+@triton.jit
+def _silu_mul_f32(g, u):
+    g = g.to(tl.float32)
+    return tl.math.div_rn(g, 1.0 + tl.exp(-g)) * u.to(tl.float32)
+
+
+@triton.jit
 def _silu_mul_chunk(src, offs, I, mask):
-    """float32 silu(gate) * up for columns offs of the row starting at src ([gate | up])."""
-    g = tl.load(src + offs, mask=mask, other=0.0).to(tl.float32)
-    u = tl.load(src + I + offs, mask=mask, other=0.0).to(tl.float32)
-    return tl.math.div_rn(g, 1.0 + tl.exp(-g)) * u
+    """float32 silu(gate) * up for columns offs of the rows starting at src ([gate | up])."""
+    g, u = _load_pair(src, offs, I, mask)
+    return _silu_mul_f32(g, u)
 
 
 @triton.jit
@@ -58,6 +77,50 @@ def _silu_mul_kernel(
 
 
 @triton.jit
+def _one_pass(src, dst, valid, I, INTERPRET: tl.constexpr, BLOCK: tl.constexpr,
+              BLOCK_B: tl.constexpr):
+    """Quantize a [1, I] row held in registers as two power-of-two pieces, columns [0, BLOCK)
+    and [BLOCK, BLOCK + BLOCK_B) (BLOCK_B = 0: none), every load issued before the amax; returns
+    the row scale [1]."""
+    offs_a = tl.arange(0, BLOCK)[None, :]
+    mask_a = valid[:, None] & (offs_a < I)
+    g_a, u_a = _load_pair(src, offs_a, I, mask_a)
+    if BLOCK_B > 0:
+        offs_b = BLOCK + tl.arange(0, BLOCK_B)[None, :]
+        mask_b = valid[:, None] & (offs_b < I)
+        g_b, u_b = _load_pair(src, offs_b, I, mask_b)
+    a_a = _silu_mul_f32(g_a, u_a)
+    amax = tl.max(tl.abs(a_a), 1)
+    if BLOCK_B > 0:
+        a_b = _silu_mul_f32(g_b, u_b)
+        amax = tl.maximum(amax, tl.max(tl.abs(a_b), 1))
+    inv, scale = row_scales(amax)
+    store_fp8(dst + offs_a, a_a, inv[:, None], mask_a, INTERPRET)
+    if BLOCK_B > 0:
+        store_fp8(dst + offs_b, a_b, inv[:, None], mask_b, INTERPRET)
+    return scale
+
+
+@triton.jit
+def _two_pass(src, dst, valid, I, INTERPRET: tl.constexpr, BLOCK: tl.constexpr,
+              CHUNKS: tl.constexpr):
+    """Quantize a row in CHUNKS = cdiv(I, BLOCK) chunks: pass 1 takes the amax, pass 2 recomputes
+    the same float32 values from h (an L2 hit) and stores them; returns the row scale."""
+    offs = tl.arange(0, BLOCK)[None, :]
+    amax = tl.zeros([1, BLOCK], tl.float32)
+    for k in range(0, CHUNKS):  # a constexpr bound: the interpreter runs it too
+        cols = k * BLOCK + offs
+        mask = valid[:, None] & (cols < I)
+        amax = tl.maximum(amax, tl.abs(_silu_mul_chunk(src, cols, I, mask)))
+    inv, scale = row_scales(tl.max(amax, 1))
+    for k in range(0, CHUNKS):
+        cols = k * BLOCK + offs
+        mask = valid[:, None] & (cols < I)
+        store_fp8(dst + cols, _silu_mul_chunk(src, cols, I, mask), inv[:, None], mask, INTERPRET)
+    return scale
+
+
+@triton.jit
 def _silu_mul_fp8_kernel(
     h_ptr,  # [A, 2I] gate columns then up columns
     nv_ptr,  # [1] number of valid rows (unused when not HAS_NV)
@@ -66,33 +129,20 @@ def _silu_mul_fp8_kernel(
     I,  # intermediate size
     HAS_NV: tl.constexpr,
     INTERPRET: tl.constexpr,  # round with integer arithmetic (interpreter casts are wrong)
-    BLOCK: tl.constexpr,  # the whole row when ONE_PASS, else a chunk
-    ONE_PASS: tl.constexpr,  # the row fits in registers: read it once
+    ONE_PASS: tl.constexpr,  # the row is held in registers and read once
+    BLOCK: tl.constexpr,  # ONE_PASS: first piece of the row; else the chunk width
+    BLOCK_B: tl.constexpr,  # ONE_PASS: second piece of the row, 0 when BLOCK covers I
+    CHUNKS: tl.constexpr,  # two passes: cdiv(I, BLOCK)
 ):
-    row = tl.program_id(0)
-    valid = _row_valid(nv_ptr, row, HAS_NV)
-    src = h_ptr + row.to(tl.int64) * (2 * I)
-    dst = q_ptr + row.to(tl.int64) * I
-    offs = tl.arange(0, BLOCK)
+    rows = tl.program_id(0) + tl.arange(0, 1)  # [1]: one row a program, as a 1-row tile
+    valid = _row_valid(nv_ptr, rows, HAS_NV)
+    src = h_ptr + rows[:, None].to(tl.int64) * (2 * I)
+    dst = q_ptr + rows[:, None].to(tl.int64) * I
     if ONE_PASS:
-        mask = (offs < I) & valid
-        a = _silu_mul_chunk(src, offs, I, mask)
-        inv, scale = row_scales(tl.max(tl.abs(a), 0))
-        store_fp8(dst + offs, a, inv, mask, INTERPRET)
-    else:  # the second pass recomputes the same float32 values from h
-        amax = tl.zeros([BLOCK], tl.float32)
-        c = 0
-        while c < I:  # (a range() over a runtime bound fails in the interpreter)
-            mask = (c + offs < I) & valid
-            amax = tl.maximum(amax, tl.abs(_silu_mul_chunk(src, c + offs, I, mask)))
-            c += BLOCK
-        inv, scale = row_scales(tl.max(amax, 0))
-        c = 0
-        while c < I:
-            mask = (c + offs < I) & valid
-            store_fp8(dst + c + offs, _silu_mul_chunk(src, c + offs, I, mask), inv, mask, INTERPRET)
-            c += BLOCK
-    tl.store(scale_ptr + row, scale, mask=valid)
+        scale = _one_pass(src, dst, valid, I, INTERPRET, BLOCK, BLOCK_B)
+    else:
+        scale = _two_pass(src, dst, valid, I, INTERPRET, BLOCK, CHUNKS)
+    tl.store(scale_ptr + rows, scale, mask=valid)
 
 
 def _block(I: int) -> int:
@@ -114,20 +164,82 @@ def _silu_mul_op(h: Tensor, num_valid: Optional[Tensor], out: Tensor) -> None:
         num_warps=4 if block <= 1024 else 8)
 
 
-@kernel_op("silu_mul_fp8", mutates_args=("q", "scale"))
-def _silu_mul_fp8_op(h: Tensor, num_valid: Optional[Tensor], q: Tensor, scale: Tensor) -> None:
+@dataclass(frozen=True)
+class Fp8Launch:
+    """How _silu_mul_fp8_kernel covers a row (one program a row): its tiling and warps."""
+
+    one_pass: bool  # hold the row in registers and read h once, else two passes
+    block: int  # one pass: first piece of the row; two passes: chunk width
+    block_b: int = 0  # one pass: second piece, 0 when block covers I
+    chunks: int = 0  # two passes: cdiv(I, block)
+    num_warps: int = 4
+
+
+def _pieces(I: int) -> tuple[int, int]:
+    """The row as two power-of-two pieces with few wasted lanes: the largest power of two <= I,
+    then the next power of two of the rest (5120 -> 4096 + 1024, 768 -> 512 + 256,
+    1100 -> 1024 + 128, 1024 -> 1024 + 0); at least 16 lanes each."""
+    if I <= 16:
+        return 16, 0
+    a = 1 << (I.bit_length() - 1)
+    return a, (max(16, triton.next_power_of_2(I - a)) if I > a else 0)
+
+
+def _one_pass_launch(I: int, num_warps: int | None = None) -> Fp8Launch:
+    """One pass over two pieces; by default 4 warps up to 4096 lanes, 8 above."""
+    a, b = _pieces(I)
+    if num_warps is None:
+        num_warps = min(8, max(4, triton.next_power_of_2(a + b) // 1024))
+    return Fp8Launch(one_pass=True, block=a, block_b=b, num_warps=num_warps)
+
+
+def _two_pass_launch(I: int, block: int = 1024) -> Fp8Launch:
+    """Two passes over chunks of at most ``block`` columns (at least two chunks when I >= 32)."""
+    block = max(16, min(block, 1 << (max(I // 2, 1).bit_length() - 1)))
+    return Fp8Launch(one_pass=False, block=block, chunks=triton.cdiv(I, block))
+
+
+def fp8_variants(I: int) -> dict[str, Fp8Launch]:
+    """The launches benchmarks/probe_layer.py times and the tests run, by name."""
+    return {"one_pass": _one_pass_launch(I), "one_pass_w4": _one_pass_launch(I, 4),
+            "one_pass_w8": _one_pass_launch(I, 8), "one_pass_w16": _one_pass_launch(I, 16),
+            "two_pass": _two_pass_launch(I)}
+
+
+def fp8_launch(I: int) -> Fp8Launch:
+    """The launch for rows of I values. Measured on an H100 (benchmarks/notes/layer.md), % of the
+    copy bandwidth at A = 2048 / 16384 rows: I = 5120 one pass over 4096 + 1024 lanes, 8 warps
+    81 / 97 (16 warps 72 / 86, 32 warps 70 / 82); two passes of 1024 columns 57 / 76 (each row a
+    serial chain of dependent loads, silu computed twice; pipelined or prefetched loops 53-55 /
+    68-75). I = 768 (512 + 256, 4 warps) 80 at 16384 rows, 8 warps 61. Wider rows than 8192
+    would spill: two passes."""
+    if I <= 8192:
+        return _one_pass_launch(I)
+    return _two_pass_launch(I)
+
+
+def launch_silu_mul_fp8(h: Tensor, num_valid: Optional[Tensor], q: Tensor, scale: Tensor,
+                        launch: Fp8Launch | str | None = None) -> None:
+    """q [A, I] e4m3, scale [A] float32 <- silu_mul(h [A, 2I]) with a given launch (an Fp8Launch,
+    a name from fp8_variants(I), or None: fp8_launch(I))."""
     A, I = q.shape
     if A == 0 or I == 0:
         return
+    if launch is None:
+        launch = fp8_launch(I)
+    elif isinstance(launch, str):
+        launch = fp8_variants(I)[launch]
     target, interpret = fp8_target(q)
-    # Rows up to 1024 wide fit one pass. Wider ones go in two passes of 1024 columns, the second
-    # re-reading the row from L2: on an H100 at I = 5120 that ran at 58% / 76% of the copy
-    # bandwidth for 2048 / 16384 rows, against 38% / 43% for one pass over the row padded to 8192
-    # lanes (47% / 52% with 16 warps) (benchmarks/notes/layer.md).
-    block, one_pass = (triton.next_power_of_2(max(I, 16)), True) if I <= 1024 else (1024, False)
+    c = launch
     _silu_mul_fp8_kernel[(A,)](
         h, num_valid, target, scale, I, HAS_NV=num_valid is not None, INTERPRET=interpret,
-        BLOCK=block, ONE_PASS=one_pass, num_warps=4)
+        ONE_PASS=c.one_pass, BLOCK=c.block, BLOCK_B=c.block_b, CHUNKS=c.chunks,
+        num_warps=c.num_warps)
+
+
+@kernel_op("silu_mul_fp8", mutates_args=("q", "scale"))
+def _silu_mul_fp8_op(h: Tensor, num_valid: Optional[Tensor], q: Tensor, scale: Tensor) -> None:
+    launch_silu_mul_fp8(h, num_valid, q, scale)
 
 
 def silu_mul(
@@ -135,15 +247,20 @@ def silu_mul(
     num_valid: Tensor | None,
     quantize: bool,
     out: Tensor | tuple[Tensor, Tensor] | None,
+    fp8_variant: Fp8Launch | str | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """h [A, 2I] -> a [A, I] in h's dtype, or (q [A, I] e4m3, scale [A] float32). Arguments were
-    checked by the public function."""
+    checked by the public function. fp8_variant (tests and probes) picks the quantized launch,
+    bypassing the custom op."""
     A, I = h.shape[0], h.shape[1] // 2
     if quantize:
         if out is None:
             out = (torch.empty(A, I, dtype=FP8_DTYPE, device=h.device),
                    torch.empty(A, dtype=torch.float32, device=h.device))
-        _silu_mul_fp8_op(h, num_valid, out[0], out[1])
+        if fp8_variant is None:
+            _silu_mul_fp8_op(h, num_valid, out[0], out[1])
+        else:
+            launch_silu_mul_fp8(h, num_valid, out[0], out[1], fp8_variant)
         return out
     if out is None:
         out = torch.empty(A, I, dtype=h.dtype, device=h.device)
