@@ -38,6 +38,8 @@ def configs(draw, *, dtypes=(torch.float32, torch.bfloat16), allow_fp8=True, all
                       renormalize=draw(st.booleans()))
     if allow_capacity and draw(st.booleans()):
         fields["capacity_factor"] = draw(st.sampled_from([0.5, 1.0, 1.25]))
+        if fields.get("renormalize"):
+            fields["renormalize_over"] = draw(st.sampled_from(["kept", "chosen"]))
     if allow_shared and draw(st.booleans()):
         fields["shared_intermediate_size"] = draw(st.sampled_from([3, 16]))
         fields["shared_expert_gate"] = draw(st.booleans())

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from . import batch_invariant
 from ._checks import check_tensor
 from .config import MoEConfig
 from .dispatch import Dispatch, LocalDispatch
@@ -28,6 +29,9 @@ from .types import ExpertWeights, Routing
 
 _WEIGHT_NAMES = ("router_weight", "router_bias", "w13", "w2", "w13_scale", "w2_scale",
                  "shared_w13", "shared_w2", "shared_gate")
+# Read by the kernels, which need them contiguous (batch_invariant: every weight). Wrapped, never
+# copied: a caller holding a view (transposed or sliced) passes .contiguous(), knowing it copies.
+_KERNEL_WEIGHTS = ("w13", "w2", "w13_scale", "w2_scale")
 
 
 def _frozen(t: Tensor | None) -> nn.Parameter | None:
@@ -120,6 +124,12 @@ class MoE(nn.Module):
             if num_local_experts is not None and name in ("w13", "w2", "w13_scale", "w2_scale"):
                 shape[0] = num_local_experts
             check_tensor(name, t, shape=shape, dtypes=(dtype,), device=w13.device)
+            wrapped = fp8_given or not config.quantized or name not in ("w13", "w2")
+            if wrapped and not t.is_contiguous() and (name in _KERNEL_WEIGHTS
+                                                      or config.batch_invariant):
+                raise ValueError(f"{name} must be contiguous (got strides {t.stride()} for shape "
+                                 f"{list(t.shape)}): MoE.from_weights wraps it without copying, "
+                                 f"pass {name}.contiguous() to copy it once")
             setattr(layer, name, _frozen(t))
         if config.quantized and not fp8_given:
             layer._quantize_experts()
@@ -140,6 +150,9 @@ class MoE(nn.Module):
                                 ("dispatch", self.dispatch.supports(self.config, strategy, device))):
             if not ok:
                 raise ValueError(f"{part} {name!r} does not support this layer: {why}")
+        ok, why = batch_invariant.supports(self.config, strategy, self.dispatch)
+        if not ok:
+            raise ValueError(why)
         self.experts = strategy
 
     @property
@@ -148,11 +161,15 @@ class MoE(nn.Module):
 
     def route(self, x: Tensor) -> Routing:
         """x [T, D] -> Routing over all E experts."""
-        logits = router_logits(x, self.router_weight, self.config.router_logits_dtype)
-        return route(logits, self.config, self.router_bias)
+        cfg = self.config
+        logits = router_logits(x, self.router_weight, cfg.router_logits_dtype, cfg.batch_invariant)
+        return route(logits, cfg, self.router_bias)
 
     def shared_expert(self, x: Tensor, out: Tensor) -> Tensor:
         """out [T, D] = shared SwiGLU(x) (times sigmoid(x @ gate) for Qwen2-MoE)."""
+        if self.config.batch_invariant:
+            return batch_invariant.shared_expert(x, self.shared_w13, self.shared_w2,
+                                                 self.shared_gate, out)
         h = F.linear(x, self.shared_w13)  # [T, 2Is]
         torch.mm(silu_mul(h), self.shared_w2.t(), out=out)
         if self.shared_gate is not None:
@@ -169,7 +186,7 @@ class MoE(nn.Module):
         if x.dim() not in (2, 3) or x.shape[-1] != cfg.hidden_size:
             raise ValueError(f"x must be [T, {cfg.hidden_size}] or [B, S, {cfg.hidden_size}], "
                              f"got {list(x.shape)}")
-        with torch.no_grad():
+        with torch.no_grad(), batch_invariant.scope(cfg, x):
             return self._forward(x.reshape(-1, cfg.hidden_size).contiguous()).view(x.shape)
 
     def _forward(self, x: Tensor) -> Tensor:  # x [T, D]

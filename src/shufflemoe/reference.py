@@ -35,6 +35,7 @@ def naive_route(layer: MoE, x: Tensor) -> list[tuple[int, int, float]]:
     cfg = layer.config
     logits = x.double() @ layer.router_weight.double().t()  # [T, E]
     E, k = cfg.num_experts, cfg.top_k
+    capacity = cfg.capacity(x.shape[0])
     triples = []
     for t in range(x.shape[0]):
         row = logits[t]
@@ -55,10 +56,9 @@ def naive_route(layer: MoE, x: Tensor) -> list[tuple[int, int, float]]:
                 weights = [probs[e].item() for e in experts]
             else:
                 weights = [torch.sigmoid(row[e]).item() for e in experts]
-        if cfg.renormalize:
+        if cfg.renormalize and not (capacity is not None and cfg.renormalize_over == "kept"):
             weights = [w / sum(weights) for w in weights]
-        triples += [(t, e, w * cfg.routed_scaling_factor) for e, w in zip(experts, weights)]
-    capacity = cfg.capacity(x.shape[0])
+        triples += [(t, e, w) for e, w in zip(experts, weights)]
     if capacity is not None:  # keep the first `capacity` tokens of each expert, in token order
         seen = [0] * E
         kept = []
@@ -67,6 +67,12 @@ def naive_route(layer: MoE, x: Tensor) -> list[tuple[int, int, float]]:
                 kept.append((t, e, w))
             seen[e] += 1
         triples = kept
+        if cfg.renormalize and cfg.renormalize_over == "kept":  # over the experts left (NxD)
+            total = [0.0] * x.shape[0]
+            for t, _, w in triples:
+                total[t] += w
+            triples = [(t, e, w / total[t]) for t, e, w in triples]
+    triples = [(t, e, w * cfg.routed_scaling_factor) for t, e, w in triples]
     return triples
 
 

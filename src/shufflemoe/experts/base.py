@@ -27,6 +27,7 @@ Activation = Tensor | tuple[Tensor, Tensor]  # bf16 rows, or fp8 (q, scale) rows
 class Experts:
     name: ClassVar[str]
     graph_safe: ClassVar[bool] = True  # no host sync: works inside a captured CUDA graph
+    batch_invariant: ClassVar[bool] = False  # honours MoEConfig.batch_invariant
     summary: ClassVar[str] = ""
 
     def supports(self, cfg: MoEConfig, device: torch.device) -> tuple[bool, str]:

@@ -4,7 +4,7 @@ output. No padding, no host sync, static shapes."""
 
 from __future__ import annotations
 
-from ..ops import gather_scale, silu_mul
+from ..ops import gather_scale, scatter_add, silu_mul
 from .base import Experts, expert_gemm, pair_weights, register
 
 
@@ -12,6 +12,7 @@ from .base import Experts, expert_gemm, pair_weights, register
 class Shuffled(Experts):
     name = "shuffled"
     summary = "sorted pairs, grouped GEMM with on-device sizes, fused scatter-add (no sync)"
+    batch_invariant = True
 
     def forward(self, x, routing, weights, out, cfg, before_combine=lambda: None):
         r, w = routing, weights
@@ -20,6 +21,11 @@ class Shuffled(Experts):
         h = expert_gemm(xs, w.w13, w.w13_scale, r.counts, cfg.dtype)  # [A, 2I]
         a = silu_mul(h, num_valid=r.num_valid, quantize=w.quantized)  # [A, I]
         before_combine()
+        if cfg.batch_invariant and cfg.top_k > 1:
+            # a fixed order: each token's pairs summed in ascending position (= expert id)
+            y = expert_gemm(a, w.w2, w.w2_scale, r.counts, cfg.dtype, row_weights=w_out)
+            scatter_add(out, y, r.token_ids, num_valid=r.num_valid, positions=r.positions)
+            return
         # top-1: each token has one pair, so the scatter needs no atomics
         expert_gemm(a, w.w2, w.w2_scale, r.counts, cfg.dtype, row_weights=w_out,
                     scatter_ids=r.token_ids, out=out, scatter_unique=cfg.top_k == 1)

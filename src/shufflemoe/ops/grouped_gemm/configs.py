@@ -6,6 +6,10 @@ rows per group M / G and the groups that can be active, min(G, M). Decode (a few
 expert) streams weights and is memory bound; prefill (hundreds of rows per expert) is compute
 bound. The choices come from sweeps on an H100 (benchmarks/tune_grouped_gemm.py, numbers in
 benchmarks/notes/grouped_gemm.md). Tests and benchmarks replace the choice with ``override``.
+
+Inside ``batch_invariant()`` the choice ignores M and G (batch_invariant_config): a row's dot
+products then run the same K steps in the same MMA shape whatever the batch, so the row's result
+does not depend on what else is in it (the kernel has no split-K).
 """
 
 from __future__ import annotations
@@ -43,6 +47,8 @@ class TileConfig:
 Key = tuple[int, int, int, int, torch.dtype]  # (M bucket, N, K, G, dtype)
 _override: contextvars.ContextVar[TileConfig | Callable[[Key], TileConfig] | None] = (
     contextvars.ContextVar("shufflemoe_grouped_gemm_config", default=None))
+_invariant: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "shufflemoe_grouped_gemm_batch_invariant", default=False)
 
 
 @contextlib.contextmanager
@@ -53,6 +59,28 @@ def override(config: TileConfig | Callable[[Key], TileConfig]) -> Iterator[None]
         yield
     finally:
         _override.reset(token)
+
+
+@contextlib.contextmanager
+def batch_invariant() -> Iterator[None]:
+    """Inside the block, select() returns batch_invariant_config(N, K, dtype) whatever M and G
+    (an ``override`` still wins)."""
+    token = _invariant.set(True)
+    try:
+        yield
+    finally:
+        _invariant.reset(token)
+
+
+def batch_invariant_config(N: int, K: int, dtype: torch.dtype) -> TileConfig:
+    """One tile configuration per (N, K, dtype): 64 x 128 tiles (the heuristic's choice for 17
+    to 64 rows per group, a middle between its decode and prefill tiles), no swap_ab (which
+    changes the MMA's operand roles), the same K step as the heuristic. fp32's configuration is
+    already independent of M."""
+    if dtype == torch.float32:
+        return _heuristic(1, N, K, 1, dtype)
+    bk = 128 if dtype == torch.float8_e4m3fn else 64
+    return TileConfig(64, 128, bk, num_stages=4, ctas_per_sm=2)
 
 
 def m_bucket(M: int) -> int:
@@ -66,6 +94,8 @@ def select(M: int, N: int, K: int, G: int, dtype: torch.dtype) -> TileConfig:
     chosen = _override.get()
     if chosen is not None:
         return chosen if isinstance(chosen, TileConfig) else chosen(key)
+    if _invariant.get():
+        return batch_invariant_config(N, K, dtype)
     return _heuristic(*key)
 
 

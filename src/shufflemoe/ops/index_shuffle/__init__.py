@@ -27,14 +27,18 @@ def index_shuffle(
     renormalize: bool = False,
     scaling: float = 1.0,
     capacity: int | None = None,
+    batch_invariant: bool = False,
     impl: str | None = None,
 ) -> Routing:
     """Fused top-k + histogram + sort. scores [T, E] (logits or scores) -> Routing, A = T * k.
 
     scoring: how a chosen expert's weight is computed from the row ("none": the score itself,
-    "softmax": softmax over all E, "sigmoid"); renormalize: divide by the sum of the k weights;
-    scaling: multiply the weights; capacity: keep at most this many pairs per expert (in token
-    order), the rest move past ``num_valid``.
+    "softmax": softmax over all E, "sigmoid"); renormalize: divide by the sum of the k weights
+    (before capacity dropping: routing.py renormalizes over the kept pairs itself); scaling:
+    multiply the weights; capacity: keep at most this many pairs per expert (in token order),
+    the rest move past ``num_valid``. batch_invariant: the kernel tiles a row's reductions the
+    same way whatever T, so a row's weights are the same bits in any batch (the reference
+    computes row by row already).
     """
     check_tensor("scores", scores, dim=2, dtypes=SCORE_DTYPES)
     T, E = scores.shape
@@ -46,9 +50,10 @@ def index_shuffle(
         raise ValueError(f"scoring must be one of {SCORINGS}, got {scoring!r}")
     _check_capacity(capacity)
     if resolve(impl, scores) == "triton":
-        from .kernel import index_shuffle as kernel
+        from . import kernel
 
-        return kernel(scores, top_k, scoring, renormalize, float(scaling), capacity)
+        config = kernel.invariant_route_config(T, E, top_k) if batch_invariant else None
+        return kernel.index_shuffle(scores, top_k, scoring, renormalize, float(scaling), capacity, config)
     return reference.index_shuffle(scores, top_k, scoring, renormalize, scaling, capacity)
 
 

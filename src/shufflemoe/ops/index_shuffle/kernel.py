@@ -321,6 +321,16 @@ def route_config(T: int, E: int, k: int, from_scores: bool = True, single_pairs:
     return RouteConfig(bt, bec, single, 8 if bt * kp >= 128 else 4)
 
 
+def invariant_route_config(T: int, E: int, k: int, block_pairs: int = 256) -> RouteConfig:
+    """batch_invariant: the tiling that computes a row's weights (block_tokens, expert_chunk,
+    num_warps; they set the order of the softmax and renormalization sums) fixed whatever T, at
+    ``block_pairs`` pairs a block; only ``single`` follows T, and it changes no value."""
+    kp = triton.next_power_of_2(k)
+    bt = max(1, block_pairs // kp)
+    bec = min(max(16, triton.next_power_of_2(E)), max(16, 2048 // bt))
+    return RouteConfig(bt, bec, T <= bt, 8)
+
+
 @kernel_op(
     "route",
     mutates_args=("counts", "token_ids", "expert_ids", "weights", "num_valid", "positions",
@@ -363,6 +373,13 @@ def _route(src: Tensor, topk_weights: Tensor | None, E: int, k: int, from_scores
            config: RouteConfig | None) -> Routing:
     T = src.shape[0]
     A, dev = T * k, src.device
+    if A >= 2**31:
+        raise ValueError(f"T * k = {A} pairs: Routing indexes pairs with int32 (< 2**31)")
+    # The kernel reads rows with a stride (any, int64-safe) and columns at unit stride.
+    if src.shape[1] > 1 and src.stride(1) != 1:
+        src = src.contiguous()
+    if topk_weights is not None and topk_weights.shape[1] > 1 and topk_weights.stride(1) != 1:
+        topk_weights = topk_weights.contiguous()
     cfg = config or route_config(T, E, k, from_scores)
     if cfg.single and cfg.block_tokens < T:
         raise ValueError(f"a single-program config needs block_tokens >= T={T}")
