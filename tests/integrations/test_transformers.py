@@ -309,3 +309,24 @@ def test_other_expert_strategies(experts):
     patch(model, experts=experts)
     assert_close(_logits(model, ids), ref, torch.float32, f"logits with experts={experts}")
     assert all(block_layer(b).experts.name == experts for b in _blocks(model).values())
+
+
+@pytest.mark.parametrize("how", ["patch", "experts_implementation"])
+def test_train_mode_with_gradients_is_refused(how):
+    """shufflemoe computes no gradients: a forward that would train raises instead of silently
+    leaving the experts' gradients empty. Train mode under no_grad, and eval mode with
+    gradients on (an ordinary HF forward), still run."""
+    model = build_model(tiny_config("qwen3_moe"), torch.float32)
+    ids = _prompt()
+    if how == "patch":
+        patch(model)
+    else:
+        register_experts_implementation()
+        model.set_experts_implementation("shufflemoe")
+    model.train()
+    with pytest.raises(RuntimeError, match="inference only.*model.eval"):
+        model(ids)
+    with torch.no_grad():
+        model(ids)
+    model.eval()
+    model(ids)

@@ -173,6 +173,11 @@ def _recording_router_logits() -> bool:
     return collected is not None and "router_logits" in collected
 
 
+TRAINING_ERROR = ("shufflemoe runs MoE blocks for inference only: in train mode with gradients on, its "
+             "experts and router would get no gradients. Call model.eval() or run under "
+             "torch.no_grad() / torch.inference_mode(); to train, unpatch(model) first.")
+
+
 class ShuffleMoEBlock(nn.Module):
     """Mixin placed before the HF block class: ``forward`` runs shufflemoe.MoE."""
 
@@ -187,6 +192,8 @@ class ShuffleMoEBlock(nn.Module):
     # Inference only: the layer runs under no_grad; torch.compile sees an opaque call.
     @torch.compiler.disable
     def forward(self, hidden_states: Tensor):  # [B, S, D] (or [T, D]) -> what the HF block returns
+        if self.training and torch.is_grad_enabled():
+            raise RuntimeError(TRAINING_ERROR)
         spec: BlockSpec = self._shufflemoe_spec
         state = _built(self)
         out = state.run(hidden_states)  # same shape as hidden_states
