@@ -227,7 +227,7 @@ def _route_kernel(
         tl.store(skey_ptr + base + lane, skey)
         tl.store(sid_ptr + base + lane, raw)
         tl.store(sw_ptr + base + lane, w)
-        tl.store(hist_ptr + blk * NB + tl.arange(0, NB), hist)
+        tl.store(hist_ptr + blk.to(tl.int64) * NB + tl.arange(0, NB), hist)
 
 
 @triton.jit
@@ -258,8 +258,8 @@ def _place_kernel(
     r0 = 0
     while r0 < nb:  # (a range() over a runtime bound fails in the interpreter)
         rows = r0 + tl.arange(0, RB)
-        tile = tl.load(hist_ptr + rows[:, None] * NB + nbr[None, :], mask=(rows < nb)[:, None],
-                       other=0)
+        tile = tl.load(hist_ptr + rows.to(tl.int64)[:, None] * NB + nbr[None, :],
+                       mask=(rows < nb)[:, None], other=0)
         tot += tl.sum(tile, 0)
         before += tl.sum(tl.where((rows < first)[:, None], tile, 0), 0)
         r0 += RB
@@ -270,7 +270,7 @@ def _place_kernel(
         sb = skey // P
         sp = skey % P
         valid = sb < NB
-        own = tl.load(hist_ptr + blk * NB + nbr)
+        own = tl.load(hist_ptr + blk.to(tl.int64) * NB + nbr)
         shift = before - (tl.cumsum(own, 0) - own)  # rank = shift[bucket] + sorted position
         rank = tl.gather(shift, tl.minimum(sb, NB - 1), 0) + lane
         raw = tl.load(sid_ptr + base + sp, mask=valid, other=0)
