@@ -8,6 +8,7 @@ without running (but never once a failure has been seen, so shrinking still work
 hypothesis prints the falsifying case, whose ``seed`` draws the weights and tokens, and the
 blob that replays it (@reproduce_failure). The distributed dispatchers run on a one-rank gloo
 group in this process (their code paths; tests/dispatch runs 2 and 4 ranks on fixed cases).
+On a GPU everything runs there (the group is NCCL).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from shufflemoe.parallel import parallelize
 from shufflemoe.reference import naive_moe
 from shufflemoe.testing import compare, tolerance_key
 
+CUDA = torch.cuda.is_available()
+DEV = "cuda" if CUDA else "cpu"
 BUDGET_S = 20.0
 # running: an example started and has not passed (when the next one starts, it failed);
 # failed: some example failed, so the budget no longer applies (hypothesis shrinks and replays).
@@ -42,10 +45,14 @@ def _within_budget() -> bool:
 
 @pytest.fixture(scope="module", autouse=True)
 def one_rank_group():
-    """A gloo group of one rank for tp / ep_alltoall / ep_allgather, torn down after."""
+    """A group of one rank (gloo on the CPU, NCCL on a GPU) for tp / ep_alltoall /
+    ep_allgather, torn down after."""
     if dist.is_initialized():
         pytest.skip("a process group is already initialized in this process")
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    if CUDA:
+        torch.cuda.set_device(0)
+    dist.init_process_group("nccl" if CUDA else "gloo", store=dist.HashStore(), rank=0,
+                            world_size=1)
     yield
     dist.destroy_process_group()
 
@@ -55,7 +62,7 @@ def cases(draw) -> dict:
     # The interpreter runs every Triton program on the CPU, one example in 4 (the kernels' own
     # tests cover them widely), on smaller layers and blocks; the references take a few ms.
     impl = draw(st.sampled_from(["torch", "torch", "torch", "triton"]))
-    kernels = impl == "triton"
+    kernels = impl == "triton" and not CUDA
     cfg = draw(configs(dtypes=(torch.float32, torch.bfloat16, torch.float16),
                        max_experts=16 if kernels else 256))
     cfg = cfg.replace(block_size=draw(st.sampled_from([16, 32] if kernels else [16, 128])))
@@ -79,7 +86,7 @@ def test_any_layer_strategy_dispatcher_and_dtype_matches_float64(case):
     cfg, T, seed = case["cfg"], case["T"], case["seed"]
     note(f"{case['experts']} x {case['dispatch']} ({case['impl']}), T={T}, seed={seed}: {cfg}")
     _clock["running"] = True
-    full = make_layer(cfg, seed)
+    full = make_layer(cfg, seed, device=DEV)
     options = {"max_tokens": T} if case["dispatch"] == "ep_allgather" else {}
     try:
         layer = parallelize(full, case["dispatch"], **options)
@@ -88,12 +95,12 @@ def test_any_layer_strategy_dispatcher_and_dtype_matches_float64(case):
         note(f"refused: {e}")
         _clock["running"] = False
         return
-    x = make_input(cfg, T, seed + 1)
+    x = make_input(cfg, T, seed + 1, device=DEV)
     with use_impl(case["impl"]):
         routing = full.route(x)
         out = layer(x)
         alone = layer(x[:1]) if cfg.batch_invariant and T else None
-    if cfg.dtype == torch.float32:  # 16-bit logits round far from naive_route's float64 ones
+    if cfg.dtype == torch.float32 and not CUDA:  # 16-bit logits round far from float64 ones
         check_routing(full, x, routing)
     ref, mag = naive_moe(full, x, routing, with_magnitude=True)
     c = compare(out, ref, tolerance_key(cfg), magnitude=mag)
