@@ -9,6 +9,7 @@ import torch
 
 from factories import make_input, make_layer
 from shufflemoe import MoE, MoEConfig
+from shufflemoe.dispatch import LocalDispatch
 from shufflemoe.ops import use_impl
 from shufflemoe.reference import naive_moe
 from shufflemoe.testing import assert_close, tolerance_key
@@ -74,13 +75,27 @@ def test_the_default_mode_is_not_batch_invariant():
     assert any(not torch.equal(y, got["alone"]) for y in got.values())
 
 
+class _OtherDispatch(LocalDispatch):
+    name = "all_reduce_somewhere"  # any dispatcher but local: its sums follow message sizes
+
+
 @pytest.mark.parametrize("change, match", [
-    (dict(experts="padded"), "experts='shuffled'"),
+    (dict(experts="padded"), "needs experts='shuffled'"),
+    (dict(dispatch=_OtherDispatch()), "needs local dispatch"),
 ])
 def test_unsupported_combinations_are_refused(change, match):
     cfg = CONFIGS["qwen3-like-bf16"].replace(batch_invariant=True)
     with pytest.raises(ValueError, match=match):
         MoE(cfg, **change)
+
+
+def test_from_weights_needs_every_weight_contiguous():
+    cfg = CONFIGS["llama4-like-shared-bf16"].replace(batch_invariant=True)
+    src = make_layer(cfg)
+    weights = dict(router_weight=src.router_weight.data, w13=src.w13.data, w2=src.w2.data,
+                   shared_w13=src.shared_w13.data, shared_w2=src.shared_w2.data.t().contiguous().t())
+    with pytest.raises(ValueError, match="shared_w2 must be contiguous"):
+        MoE.from_weights(cfg, **weights)
 
 
 @pytest.mark.skipif(CUDA, reason="on a GPU the kernels run without the interpreter")
