@@ -14,6 +14,8 @@ Gather, SwiGLU and fp8 quantization work row by row already; top-k selection is 
 mode needs the Triton kernels (the torch references multiply through BLAS), the ``shuffled``
 strategy and local dispatch (an all-reduce's or all-to-all's order follows the message size),
 and no capacity factor (MoEConfig refuses it: dropping depends on the batch by definition).
+It runs eagerly and in CUDA graphs (graph.graphed); under torch.compile the mode's scope (a
+context variable the grouped GEMM's launcher reads) breaks the graph.
 """
 
 from __future__ import annotations

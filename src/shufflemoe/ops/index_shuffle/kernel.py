@@ -404,9 +404,13 @@ def _route(src: Tensor, topk_weights: Tensor | None, E: int, k: int, from_scores
 
 
 def index_shuffle(scores: Tensor, top_k: int, scoring: str, renormalize: bool, scaling: float,
-                  capacity: int | None, config: RouteConfig | None = None) -> Routing:
+                  capacity: int | None, config: RouteConfig | None = None,
+                  batch_invariant: bool = False) -> Routing:
     """scores [T, E] -> Routing (A = T * top_k pairs). Arguments were checked by the public
-    function; ``config`` overrides route_config (tests, tuning)."""
+    function; ``config`` overrides route_config (tests, tuning); batch_invariant: the tiling
+    of invariant_route_config."""
+    if config is None and batch_invariant:
+        config = invariant_route_config(scores.shape[0], scores.shape[1], top_k)
     return _route(scores, None, scores.shape[1], top_k, True, scoring, renormalize, scaling,
                   capacity, config)
 
