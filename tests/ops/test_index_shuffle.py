@@ -243,7 +243,7 @@ def test_batch_invariant_weights(invariant):
     scores = scores_for(70, 64, torch.float32)
     kw = dict(scoring="softmax", renormalize=True, impl="triton", batch_invariant=invariant)
     full = index_shuffle(scores, 4, **kw).dense_weights(70)
-    rows = list(range(0, 70, 7))
+    rows = [1, 4, 12, 69]  # the default tiling gives 1, 4 and 12 other bits alone
     alone = torch.cat([index_shuffle(scores[t:t + 1], 4, **kw).dense_weights(1) for t in rows])
     same = torch.equal(alone, full[rows])
     if invariant:
