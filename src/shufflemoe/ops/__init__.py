@@ -6,6 +6,7 @@ from ._impl import interpreting, triton_available, use_impl
 from .gather_scale import gather_scale
 from .grouped_gemm import grouped_gemm
 from .index_shuffle import index_shuffle, sort_by_expert
+from .moe_decode import decode_down, decode_gate_up
 from .quantize import FP8_DTYPE, FP8_MAX, dequantize_fp8_rowwise, quantize_fp8_rowwise
 from .scatter_add import scatter_add
 from .shuffling import combine_shuffling, split_shuffling
@@ -15,6 +16,8 @@ __all__ = [
     "FP8_DTYPE",
     "FP8_MAX",
     "combine_shuffling",
+    "decode_down",
+    "decode_gate_up",
     "dequantize_fp8_rowwise",
     "gather_scale",
     "grouped_gemm",
