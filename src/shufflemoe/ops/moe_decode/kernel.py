@@ -116,7 +116,7 @@ def _partials_sum(part_ptr, at, mask, SPLIT: tl.constexpr, stride_split):
     depend on which program arrived last); .cg: they were written by other programs."""
     acc = tl.zeros(at.shape, tl.float32)
     for j in tl.static_range(SPLIT):
-        acc += tl.load(part_ptr + j * stride_split + at, mask=mask, other=0.0,
+        acc += tl.load(part_ptr + at + j * stride_split, mask=mask, other=0.0,
                        cache_modifier=".cg")
     return acc
 
@@ -131,23 +131,27 @@ def _gdc(PDL: tl.constexpr):
 
 
 @triton.jit
-def _row_amax(x_ptr, tok, rw, row_ok, D, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-              INTERPRET: tl.constexpr):
-    """max |x[tok] * rw| over each row (float32, as gather_scale's fp8 path)."""
+def _row_amax(x_ptr, ids_ptr, rw_ptr, row0, n_rows, D, HAS_RW: tl.constexpr,
+              BLOCK_M: tl.constexpr, ROW_BLOCK: tl.constexpr, ROW_CHUNKS: tl.constexpr):
+    """max |x[token] * w| of each of the m-tile's n_rows rows (float32, as gather_scale's fp8
+    path); [BLOCK_M], 0 past n_rows. Row by row (decode tiles hold a few), each row in
+    ROW_CHUNKS independent loads of ROW_BLOCK lanes: one round trip a row, not one per K step."""
+    lanes = tl.arange(0, BLOCK_M)
+    offs = tl.arange(0, ROW_BLOCK)
     amax = tl.zeros([BLOCK_M], tl.float32)
-    ks = tl.arange(0, BLOCK_K)
-    if INTERPRET:
-        k0 = 0
-        while k0 < D:
-            v = tl.load(x_ptr + tok[:, None] * D + (k0 + ks)[None, :],
-                        mask=row_ok[:, None] & (k0 + ks < D)[None, :], other=0.0)
-            amax = tl.maximum(amax, tl.max(tl.abs(v.to(tl.float32) * rw[:, None]), 1))
-            k0 += BLOCK_K
-    else:
-        for k0 in range(0, D, BLOCK_K):
-            v = tl.load(x_ptr + tok[:, None] * D + (k0 + ks)[None, :],
-                        mask=row_ok[:, None] & (k0 + ks < D)[None, :], other=0.0)
-            amax = tl.maximum(amax, tl.max(tl.abs(v.to(tl.float32) * rw[:, None]), 1))
+    r = 0
+    while r < n_rows:
+        src = x_ptr + tl.load(ids_ptr + row0 + r).to(tl.int64) * D
+        w = 1.0
+        if HAS_RW:
+            w = tl.load(rw_ptr + row0 + r)
+        m = 0.0
+        for c in tl.static_range(ROW_CHUNKS):
+            cols = c * ROW_BLOCK + offs
+            v = tl.load(src + cols, mask=cols < D, other=0.0)
+            m = tl.maximum(m, tl.max(tl.abs(v.to(tl.float32) * w), 0))
+        amax = tl.where(lanes == r, m, amax)
+        r += 1
     return amax
 
 
@@ -187,6 +191,7 @@ def _gate_up_kernel(
     SPLIT: tl.constexpr, FP8: tl.constexpr, HAS_RW: tl.constexpr, UPCAST: tl.constexpr,
     DOT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr, PDL: tl.constexpr,
     QUANT_BLOCK: tl.constexpr,  # columns per step when the last m-tile quantizes rows of a
+    ROW_BLOCK: tl.constexpr, ROW_CHUNKS: tl.constexpr,  # FP8: lanes and loads per row of x
 ):
     _gdc(PDL)
     pid = tl.program_id(0)
@@ -204,8 +209,9 @@ def _gate_up_kernel(
             rw = tl.load(rw_ptr + rows, mask=row_ok, other=0.0)
         inv = rw
         if FP8:
-            inv, x_scale = row_scales(_row_amax(x_ptr, tok, rw, row_ok, D, BLOCK_M, BLOCK_K,
-                                                INTERPRET))
+            n_rows = tl.minimum(row_stop - row0, BLOCK_M)
+            inv, x_scale = row_scales(_row_amax(x_ptr, ids_ptr, rw_ptr, row0, n_rows, D, HAS_RW,
+                                                BLOCK_M, ROW_BLOCK, ROW_CHUNKS))
         cols = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
         col_ok = cols < I
         gate_rows = g.to(tl.int64) * (2 * I) + cols  # [BN] rows of w viewed as [E*2I, D]
@@ -240,9 +246,10 @@ def _gate_up_kernel(
         mask = col_ok[:, None] & row_ok[None, :]  # [BN, BM]
         if SPLIT > 1:  # store both partials, arrive once; the last split sums them all
             at = rows.to(tl.int64)[None, :] * (2 * I) + cols[:, None]
-            stride = A * 2 * I
-            tl.store(part_ptr + s * stride + at, acc_g, mask=mask)
-            tl.store(part_ptr + s * stride + at + I, acc_u, mask=mask)
+            stride = tl.cast(A, tl.int64) * (2 * I)  # one split's partials: may pass 2^31
+            mine = part_ptr + s * stride
+            tl.store(mine + at, acc_g, mask=mask)
+            tl.store(mine + at + I, acc_u, mask=mask)
             last = _arrive(words_ptr + tile, SPLIT)
             if last:
                 acc_g = _partials_sum(part_ptr, at, mask, SPLIT, stride)
@@ -354,10 +361,11 @@ def _down_kernel(
         mask = col_ok[:, None] & row_ok[None, :]  # [BN, BM]
         at_y = rows.to(tl.int64)[None, :] * D + cols[:, None]
         if SPLIT > 1:
-            tl.store(part_ptr + s * (A * D) + at_y, acc, mask=mask)
+            stride = tl.cast(A, tl.int64) * D
+            tl.store(part_ptr + s * stride + at_y, acc, mask=mask)
             last = _arrive(words_ptr + tile, SPLIT)
             if last:
-                acc = _partials_sum(part_ptr, at_y, mask, SPLIT, A * D)
+                acc = _partials_sum(part_ptr, at_y, mask, SPLIT, stride)
         else:
             last = True
         if last:
@@ -469,6 +477,7 @@ def _gate_up_op(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Ten
     part = torch.empty(split, A, 2 * I, dtype=torch.float32, device=x.device) if split > 1 else None
     interpret = interpreting()
     q_target = fp8_target(q)[0] if fp8 else None
+    row_block = min(4096, triton.next_power_of_2(D))
     with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
         _gate_up_kernel[(m_tiles * n_tiles * split,)](
             x, w13, w13_scale, counts, token_ids, row_weights, a, q_target, scale, part, words,
@@ -478,6 +487,7 @@ def _gate_up_op(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Ten
             UPCAST=interpret and w13.dtype in (torch.bfloat16, FP8_DTYPE),
             DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", INTERPRET=interpret,
             PDL=pdl and not interpret, QUANT_BLOCK=min(1024, triton.next_power_of_2(I)),
+            ROW_BLOCK=row_block, ROW_CHUNKS=triton.cdiv(D, row_block),
             **_launch_options(cfg, pdl and not interpret))
 
 
