@@ -14,9 +14,9 @@ import torch
 from torch import Tensor
 
 from ..._checks import INDEX_DTYPES, check_same_device, check_tensor
-from .._impl import resolve
+from .._impl import ops_for, resolve
 from ..quantize import FP8_DTYPE
-from . import configs, reference
+from . import configs
 
 X_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -88,12 +88,8 @@ def decode_gate_up(
     dev = check_same_device(x=x, w13=w13, counts=counts, token_ids=token_ids,
                             row_weights=row_weights, w13_scale=w13_scale)
     out = _outputs(out, A, two_i // 2, x.dtype, w13.dtype == FP8_DTYPE, dev)
-    args = (x, w13, w13_scale, counts, token_ids, row_weights, out)
-    if resolve(impl, x) == "triton":
-        from . import kernel
-
-        return kernel.gate_up(*args)
-    return reference.gate_up(*args)
+    return ops_for(resolve(impl, x)).decode_gate_up(x, w13, w13_scale, counts, token_ids,
+                                                     row_weights, out)
 
 
 def decode_down(
@@ -137,12 +133,8 @@ def decode_down(
                      contiguous=True)
     check_same_device(a=q, w2=w2, counts=counts, token_ids=token_ids, positions=positions,
                       out=out, row_weights=row_weights, a_scale=a_scale, w2_scale=w2_scale)
-    args = (q, a_scale, w2, w2_scale, counts, token_ids, positions, row_weights, out)
-    if resolve(impl, q) == "triton":
-        from . import kernel
-
-        return kernel.down(*args)
-    return reference.down(*args)
+    return ops_for(resolve(impl, q)).decode_down(q, a_scale, w2, w2_scale, counts, token_ids,
+                                                  positions, row_weights, out)
 
 
 __all__ = ["configs", "decode_down", "decode_gate_up"]

@@ -76,10 +76,16 @@ def override(config: DecodeConfig | Switch | Callable[[Key], DecodeConfig]) -> I
         var.reset(token)
 
 
+@torch._dynamo.assume_constant_result
+def _max_pairs() -> int:
+    """The switch in force; a constant to torch.compile, which cannot trace a ContextVar."""
+    return _switch.get().max_pairs
+
+
 def use_fused(num_pairs: int, batch_invariant: bool = False) -> bool:
     """Whether ``shuffled`` runs A = num_pairs pairs through the fused decode kernels. Never in
     batch-invariant mode: the split-K factor follows A, and with it the sum order."""
-    return not batch_invariant and num_pairs <= _switch.get().max_pairs
+    return not batch_invariant and num_pairs <= _max_pairs()
 
 
 def select(A: int, E: int, D: int, I: int, dtype: torch.dtype, sms: int) -> DecodeConfig:

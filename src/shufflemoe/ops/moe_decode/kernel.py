@@ -51,7 +51,7 @@ from ..quantize.kernel import cast_to, e4m3_bits, fp8_target, row_scales, store_
 from ..quantize.reference import FP8_DTYPE
 from . import configs
 
-_INTERPRETER_SMS = 8  # enough for the heuristic to split K on the tests' small shapes
+_INTERPRETER_SMS = 8  # the SM count the heuristic plans for under the interpreter
 _COMBINE_TOKENS = 16  # tokens per step of down's token-major combine
 
 
@@ -172,6 +172,20 @@ def _x_tile(x_ptr, tok, rw, inv, row_ok, ks, D, HAS_RW: tl.constexpr, FP8: tl.co
 
 
 @triton.jit
+def _gate_up_step(acc_g, acc_u, k0, k_hi, x_ptr, w_ptr, tok, rw, inv, row_ok, gate_rows, col_ok,
+                  D, I, BLOCK_K: tl.constexpr, HAS_RW: tl.constexpr, FP8: tl.constexpr,
+                  UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    """One K step of gate_up: both accumulators += weights [BN, BK] @ gathered x^T [BK, BM]."""
+    kk = k0 + tl.arange(0, BLOCK_K)
+    xt = tl.trans(_x_tile(x_ptr, tok, rw, inv, row_ok, kk, D, HAS_RW, FP8, INTERPRET))
+    w_mask = col_ok[:, None] & (kk < k_hi)[None, :]
+    wg = tl.load(w_ptr + gate_rows[:, None] * D + kk[None, :], mask=w_mask, other=0.0)
+    wu = tl.load(w_ptr + (gate_rows + I)[:, None] * D + kk[None, :], mask=w_mask, other=0.0)
+    return (_dot(acc_g, wg, xt, UPCAST, DOT_PRECISION),
+            _dot(acc_u, wu, xt, UPCAST, DOT_PRECISION))
+
+
+@triton.jit
 def _gate_up_kernel(
     x_ptr,  # [T, D] tokens
     w_ptr,  # [E, 2I, D] gate rows then up rows
@@ -215,33 +229,22 @@ def _gate_up_kernel(
         cols = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
         col_ok = cols < I
         gate_rows = g.to(tl.int64) * (2 * I) + cols  # [BN] rows of w viewed as [E*2I, D]
-        ks = tl.arange(0, BLOCK_K)
         acc_g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         acc_u = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         k_lo = s * k_split
         k_hi = tl.minimum(k_lo + k_split, D)
-        if INTERPRET:
+        if INTERPRET:  # range() over a tensor bound fails in the interpreter
             k0 = k_lo
             while k0 < k_hi:
-                kk = k0 + ks
-                xt = tl.trans(_x_tile(x_ptr, tok, rw, inv, row_ok, kk, D, HAS_RW, FP8, INTERPRET))
-                w_mask = col_ok[:, None] & (kk < k_hi)[None, :]
-                wg = tl.load(w_ptr + gate_rows[:, None] * D + kk[None, :], mask=w_mask, other=0.0)
-                wu = tl.load(w_ptr + (gate_rows + I)[:, None] * D + kk[None, :], mask=w_mask,
-                             other=0.0)
-                acc_g = _dot(acc_g, wg, xt, UPCAST, DOT_PRECISION)
-                acc_u = _dot(acc_u, wu, xt, UPCAST, DOT_PRECISION)
+                acc_g, acc_u = _gate_up_step(acc_g, acc_u, k0, k_hi, x_ptr, w_ptr, tok, rw, inv,
+                                             row_ok, gate_rows, col_ok, D, I, BLOCK_K, HAS_RW,
+                                             FP8, UPCAST, DOT_PRECISION, INTERPRET)
                 k0 += BLOCK_K
         else:
             for k0 in range(k_lo, k_hi, BLOCK_K):
-                kk = k0 + ks
-                xt = tl.trans(_x_tile(x_ptr, tok, rw, inv, row_ok, kk, D, HAS_RW, FP8, INTERPRET))
-                w_mask = col_ok[:, None] & (kk < k_hi)[None, :]
-                wg = tl.load(w_ptr + gate_rows[:, None] * D + kk[None, :], mask=w_mask, other=0.0)
-                wu = tl.load(w_ptr + (gate_rows + I)[:, None] * D + kk[None, :], mask=w_mask,
-                             other=0.0)
-                acc_g = _dot(acc_g, wg, xt, UPCAST, DOT_PRECISION)
-                acc_u = _dot(acc_u, wu, xt, UPCAST, DOT_PRECISION)
+                acc_g, acc_u = _gate_up_step(acc_g, acc_u, k0, k_hi, x_ptr, w_ptr, tok, rw, inv,
+                                             row_ok, gate_rows, col_ok, D, I, BLOCK_K, HAS_RW,
+                                             FP8, UPCAST, DOT_PRECISION, INTERPRET)
 
         mask = col_ok[:, None] & row_ok[None, :]  # [BN, BM]
         if SPLIT > 1:  # store both partials, arrive once; the last split sums them all
@@ -298,6 +301,19 @@ def _quantize_rows(a_ptr, q_ptr, scale_ptr, rows, row_ok, I, BLOCK_M: tl.constex
 
 
 @triton.jit
+def _down_step(acc, k0, k_hi, a_ptr, w_ptr, rows, row_ok, w_rows, col_ok, I,
+               BLOCK_K: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """One K step of down: acc += w2 rows [BN, BK] @ a^T [BK, BM]."""
+    kk = k0 + tl.arange(0, BLOCK_K)
+    k_ok = kk < k_hi
+    at = tl.load(a_ptr + rows.to(tl.int64)[:, None] * I + kk[None, :],
+                 mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+    w = tl.load(w_ptr + w_rows[:, None] * I + kk[None, :], mask=col_ok[:, None] & k_ok[None, :],
+                other=0.0)
+    return _dot(acc, w, tl.trans(at), UPCAST, DOT_PRECISION)
+
+
+@triton.jit
 def _down_kernel(
     a_ptr,  # [A, I] activations (x's dtype, or e4m3 with a_scale)
     a_scale_ptr,  # [A] fp32 (FP8)
@@ -334,29 +350,19 @@ def _down_kernel(
         cols = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
         col_ok = cols < D
         w_rows = g.to(tl.int64) * D + cols  # [BN] rows of w viewed as [E*D, I]
-        ks = tl.arange(0, BLOCK_K)
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         k_lo = s * k_split
         k_hi = tl.minimum(k_lo + k_split, I)
-        a_rows = rows.to(tl.int64)[:, None] * I
-        if INTERPRET:
+        if INTERPRET:  # range() over a tensor bound fails in the interpreter
             k0 = k_lo
             while k0 < k_hi:
-                kk = k0 + ks
-                at = tl.load(a_ptr + a_rows + kk[None, :], mask=row_ok[:, None] & (kk < k_hi)[None, :],
-                             other=0.0)
-                w = tl.load(w_ptr + w_rows[:, None] * I + kk[None, :],
-                            mask=col_ok[:, None] & (kk < k_hi)[None, :], other=0.0)
-                acc = _dot(acc, w, tl.trans(at), UPCAST, DOT_PRECISION)
+                acc = _down_step(acc, k0, k_hi, a_ptr, w_ptr, rows, row_ok, w_rows, col_ok, I,
+                                 BLOCK_K, UPCAST, DOT_PRECISION)
                 k0 += BLOCK_K
         else:
             for k0 in range(k_lo, k_hi, BLOCK_K):
-                kk = k0 + ks
-                at = tl.load(a_ptr + a_rows + kk[None, :], mask=row_ok[:, None] & (kk < k_hi)[None, :],
-                             other=0.0)
-                w = tl.load(w_ptr + w_rows[:, None] * I + kk[None, :],
-                            mask=col_ok[:, None] & (kk < k_hi)[None, :], other=0.0)
-                acc = _dot(acc, w, tl.trans(at), UPCAST, DOT_PRECISION)
+                acc = _down_step(acc, k0, k_hi, a_ptr, w_ptr, rows, row_ok, w_rows, col_ok, I,
+                                 BLOCK_K, UPCAST, DOT_PRECISION)
 
         mask = col_ok[:, None] & row_ok[None, :]  # [BN, BM]
         at_y = rows.to(tl.int64)[None, :] * D + cols[:, None]
@@ -461,75 +467,72 @@ def _k_split(K: int, cfg: configs.GemmConfig) -> tuple[int, int]:
 
 @kernel_op("decode_gate_up", mutates_args=("a", "q", "scale"))
 def _gate_up_op(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Tensor,
-                token_ids: Tensor, row_weights: Optional[Tensor], a: Tensor, q: Optional[Tensor],
-                scale: Optional[Tensor], block_m: int, block_n: int, block_k: int, split_k: int,
-                num_warps: int, num_stages: int, pdl: bool) -> None:
+                token_ids: Tensor, row_weights: Optional[Tensor], a: Optional[Tensor],
+                q: Optional[Tensor], scale: Optional[Tensor]) -> None:
+    """a [A, I] (x's dtype), or for fp8 w13 (q [A, I], scale [A]) <- SwiGLU of the gathered rows.
+    The tiles are planned here, inside the op, so torch.compile never traces the host logic."""
     (T, D), (E, two_i, _), A = x.shape, w13.shape, token_ids.shape[0]
     I = two_i // 2
     if A == 0 or I == 0:
         return
-    cfg = configs.GemmConfig(block_n, block_k, split_k, num_warps, num_stages)
+    plan = configs.select(A, E, D, I, w13.dtype, sm_count(x.device))
+    cfg = plan.gate_up
     k_split, split = _k_split(D, cfg)
-    n_tiles = triton.cdiv(I, block_n)
-    m_tiles = max_m_tiles(A, E, block_m)
+    n_tiles = triton.cdiv(I, cfg.block_n)
+    m_tiles = max_m_tiles(A, E, plan.block_m)
     fp8 = w13.dtype == FP8_DTYPE
     words = arrival_words(x.device, m_tiles * n_tiles + m_tiles)
     part = torch.empty(split, A, 2 * I, dtype=torch.float32, device=x.device) if split > 1 else None
+    if fp8:  # a in fp32 first; each m-tile's last program quantizes its rows into (q, scale)
+        a = torch.empty(A, I, dtype=torch.float32, device=x.device)
     interpret = interpreting()
-    q_target = fp8_target(q)[0] if fp8 else None
+    pdl = plan.pdl and not interpret
     row_block = min(4096, triton.next_power_of_2(D))
     with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
         _gate_up_kernel[(m_tiles * n_tiles * split,)](
-            x, w13, w13_scale, counts, token_ids, row_weights, a, q_target, scale, part, words,
+            x, w13, w13_scale, counts, token_ids, row_weights, a,
+            fp8_target(q)[0] if fp8 else None, scale, part, words,
             E, D, I, n_tiles, k_split, A, m_tiles * n_tiles,
-            BLOCK_E=triton.next_power_of_2(E), BLOCK_M=block_m, BLOCK_N=block_n,
-            BLOCK_K=block_k, SPLIT=split, FP8=fp8, HAS_RW=row_weights is not None,
+            BLOCK_E=triton.next_power_of_2(E), BLOCK_M=plan.block_m, BLOCK_N=cfg.block_n,
+            BLOCK_K=cfg.block_k, SPLIT=split, FP8=fp8, HAS_RW=row_weights is not None,
             UPCAST=interpret and w13.dtype in (torch.bfloat16, FP8_DTYPE),
             DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", INTERPRET=interpret,
-            PDL=pdl and not interpret, QUANT_BLOCK=min(1024, triton.next_power_of_2(I)),
+            PDL=pdl, QUANT_BLOCK=min(1024, triton.next_power_of_2(I)),
             ROW_BLOCK=row_block, ROW_CHUNKS=triton.cdiv(D, row_block),
-            **_launch_options(cfg, pdl and not interpret))
+            **_launch_options(cfg, pdl))
 
 
 @kernel_op("decode_down", mutates_args=("out",))
 def _down_op(a: Tensor, a_scale: Optional[Tensor], w2: Tensor, w2_scale: Optional[Tensor],
              counts: Tensor, token_ids: Tensor, positions: Tensor, row_weights: Optional[Tensor],
-             out: Tensor, block_m: int, block_n: int, block_k: int, split_k: int, num_warps: int,
-             num_stages: int, pdl: bool) -> None:
+             out: Tensor) -> None:
+    """out [T, D] += the routed rows of a [A, I] through w2 [E, D, I], token-major."""
     (A, I), (E, D, _), T = a.shape, w2.shape, out.shape[0]
     if A == 0 or D == 0:
         return
     k = A // T
-    cfg = configs.GemmConfig(block_n, block_k, split_k, num_warps, num_stages)
+    plan = configs.select(A, E, D, I, w2.dtype, sm_count(a.device))
+    cfg = plan.down
     k_split, split = _k_split(I, cfg)
-    n_tiles = triton.cdiv(D, block_n)
-    m_tiles = max_m_tiles(A, E, block_m)
+    n_tiles = triton.cdiv(D, cfg.block_n)
+    m_tiles = max_m_tiles(A, E, plan.block_m)
     words = arrival_words(a.device, m_tiles * n_tiles + n_tiles)
     part = torch.empty(split, A, D, dtype=torch.float32, device=a.device) if split > 1 else None
     y = torch.empty(A, D, dtype=torch.float32, device=a.device) if k > 1 else None
     interpret = interpreting()
+    pdl = plan.pdl and not interpret
     # The interpreter runs programs in order, so out can be read-modify-written in its dtype;
     # its bf16 rounding is done by cast_to (the interpreter's own cast truncates).
     with torch.cuda.device(a.device) if a.is_cuda else contextlib.nullcontext():
         _down_kernel[(m_tiles * n_tiles * split,)](
             a, a_scale, w2, w2_scale, counts, token_ids, positions, row_weights, out, y, part,
             words, E, D, I, n_tiles, k_split, A, T, m_tiles * n_tiles,
-            K=k, TOP1=k == 1, BLOCK_E=triton.next_power_of_2(E), BLOCK_M=block_m,
-            BLOCK_N=block_n, BLOCK_K=block_k, BLOCK_T=_COMBINE_TOKENS, SPLIT=split,
+            K=k, TOP1=k == 1, BLOCK_E=triton.next_power_of_2(E), BLOCK_M=plan.block_m,
+            BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_T=_COMBINE_TOKENS, SPLIT=split,
             FP8=a.dtype == FP8_DTYPE, HAS_RW=row_weights is not None,
             UPCAST=interpret and w2.dtype in (torch.bfloat16, FP8_DTYPE),
             DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32", INTERPRET=interpret,
-            PDL=pdl and not interpret, **_launch_options(cfg, pdl and not interpret))
-
-
-def _plan(x: Tensor, w13: Tensor, A: int) -> configs.DecodeConfig:
-    E, two_i, D = w13.shape
-    return configs.select(A, E, D, two_i // 2, w13.dtype, sm_count(x.device))
-
-
-def _gemm_args(cfg: configs.DecodeConfig, gemm: configs.GemmConfig) -> tuple:
-    return (cfg.block_m, gemm.block_n, gemm.block_k, gemm.split_k, gemm.num_warps,
-            gemm.num_stages, cfg.pdl)
+            PDL=pdl, **_launch_options(cfg, pdl))
 
 
 def gate_up(x: Tensor, w13: Tensor, w13_scale: Tensor | None, counts: Tensor, token_ids: Tensor,
@@ -537,14 +540,8 @@ def gate_up(x: Tensor, w13: Tensor, w13_scale: Tensor | None, counts: Tensor, to
             out: Tensor | tuple[Tensor, Tensor]) -> Tensor | tuple[Tensor, Tensor]:
     """x [T, D], w13 [E, 2I, D] -> out: a [A, I] in x's dtype, or (q [A, I] e4m3, scale [A])
     for fp8 w13. Arguments were checked by the public function."""
-    cfg = _plan(x, w13, token_ids.shape[0])
-    if isinstance(out, tuple):  # fp8: a in fp32 first, quantized by each m-tile's last program
-        a = torch.empty(out[0].shape, dtype=torch.float32, device=x.device)
-        _gate_up_op(x, w13, w13_scale, counts, token_ids, row_weights, a, out[0], out[1],
-                    *_gemm_args(cfg, cfg.gate_up))
-    else:
-        _gate_up_op(x, w13, None, counts, token_ids, row_weights, out, None, None,
-                    *_gemm_args(cfg, cfg.gate_up))
+    a, q, scale = (None, *out) if isinstance(out, tuple) else (out, None, None)
+    _gate_up_op(x, w13, w13_scale, counts, token_ids, row_weights, a, q, scale)
     return out
 
 
@@ -552,8 +549,5 @@ def down(a: Tensor, a_scale: Tensor | None, w2: Tensor, w2_scale: Tensor | None,
          token_ids: Tensor, positions: Tensor, row_weights: Tensor | None, out: Tensor) -> Tensor:
     """out [T, D] += the routed rows of a [A, I] through w2 [E, D, I]; returns out. Arguments
     were checked by the public function."""
-    E, D, I = w2.shape
-    cfg = configs.select(a.shape[0], E, D, I, w2.dtype, sm_count(a.device))
-    _down_op(a, a_scale, w2, w2_scale, counts, token_ids, positions, row_weights, out,
-             *_gemm_args(cfg, cfg.down))
+    _down_op(a, a_scale, w2, w2_scale, counts, token_ids, positions, row_weights, out)
     return out
