@@ -122,12 +122,22 @@ def _partials_sum(part_ptr, at, mask, SPLIT: tl.constexpr, stride_split):
 
 
 @triton.jit
-def _gdc(PDL: tl.constexpr):
-    """Programmatic dependent launch: wait for the previous kernel's memory, then let the next
-    kernel launch (its programs wait in turn before touching memory)."""
+def _program(counts_ptr, E, n_tiles, SPLIT: tl.constexpr, BLOCK_E: tl.constexpr,
+             BLOCK_M: tl.constexpr, PDL: tl.constexpr):
+    """This program's work: (split s, tile, m-tile u, n-tile) from its id, then _locate's
+    (exists, expert, first row, row stop, m-tiles, rows). With programmatic dependent launch it
+    first waits for the previous kernel's memory, then lets the next kernel launch (whose
+    programs wait in turn before they touch memory)."""
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
+    pid = tl.program_id(0)
+    tile = pid // SPLIT
+    u = tile // n_tiles
+    exists, g, row0, row_stop, total_tiles, num_valid = _locate(counts_ptr, u, E, BLOCK_E,
+                                                                BLOCK_M)
+    return (pid % SPLIT, tile, u, tile % n_tiles, exists, g, row0, row_stop, total_tiles,
+            num_valid)
 
 
 @triton.jit
@@ -207,13 +217,8 @@ def _gate_up_kernel(
     QUANT_BLOCK: tl.constexpr,  # columns per step when the last m-tile quantizes rows of a
     ROW_BLOCK: tl.constexpr, ROW_CHUNKS: tl.constexpr,  # FP8: lanes and loads per row of x
 ):
-    _gdc(PDL)
-    pid = tl.program_id(0)
-    s = pid % SPLIT
-    tile = pid // SPLIT
-    u = tile // n_tiles
-    n_tile = tile % n_tiles
-    exists, g, row0, row_stop, _, _ = _locate(counts_ptr, u, E, BLOCK_E, BLOCK_M)
+    s, tile, u, n_tile, exists, g, row0, row_stop, _, _ = _program(
+        counts_ptr, E, n_tiles, SPLIT, BLOCK_E, BLOCK_M, PDL)
     if exists:
         rows = row0 + tl.arange(0, BLOCK_M)
         row_ok = rows < row_stop
@@ -336,14 +341,8 @@ def _down_kernel(
     SPLIT: tl.constexpr, FP8: tl.constexpr, HAS_RW: tl.constexpr, UPCAST: tl.constexpr,
     DOT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr, PDL: tl.constexpr,
 ):
-    _gdc(PDL)
-    pid = tl.program_id(0)
-    s = pid % SPLIT
-    tile = pid // SPLIT
-    u = tile // n_tiles
-    n_tile = tile % n_tiles
-    exists, g, row0, row_stop, total_tiles, num_valid = _locate(counts_ptr, u, E, BLOCK_E,
-                                                                BLOCK_M)
+    s, tile, u, n_tile, exists, g, row0, row_stop, total_tiles, num_valid = _program(
+        counts_ptr, E, n_tiles, SPLIT, BLOCK_E, BLOCK_M, PDL)
     if exists:
         rows = row0 + tl.arange(0, BLOCK_M)
         row_ok = rows < row_stop
