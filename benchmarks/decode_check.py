@@ -40,7 +40,8 @@ if "--dry-run" in sys.argv and not os.environ.get("TRITON_INTERPRET"):
 import torch  # noqa: E402
 
 from shufflemoe import MoE, naive_moe, preset  # noqa: E402
-from shufflemoe.ops import decode_down, decode_gate_up, use_impl  # noqa: E402
+from shufflemoe.ops import (decode_down, decode_gate_up, dequantize_fp8_rowwise,  # noqa: E402
+                            use_impl)
 from shufflemoe.ops.grouped_gemm import configs as gg_configs  # noqa: E402
 from shufflemoe.ops.moe_decode import configs, kernel  # noqa: E402
 from shufflemoe.planner import must_read_bytes  # noqa: E402
@@ -225,39 +226,60 @@ def sweep_candidates(base: configs.DecodeConfig, which: str, k_steps: int) -> di
     return out
 
 
+def dequant(a) -> torch.Tensor:
+    """fp8 (q, scale) rows as float32; other tensors as they are."""
+    return dequantize_fp8_rowwise(*a) if isinstance(a, tuple) else a
+
+
 def sweep_rows(run: Run, name: str, layers: list[MoE], dtype: str, T: int) -> None:
-    """Each fused GEMM alone under each candidate; the routing of each input is fixed."""
+    """Each fused GEMM alone under each candidate (the routing of each input fixed), every
+    candidate first checked against the torch reference on input 0."""
     cfg = layers[0].config
     xs = inputs(cfg, T, run.device, run.n_inputs())
     n = len(xs)
     on_input = cfg.apply_router_weight_on_input
     routes = [layers[i % len(layers)].route(x) for i, x in enumerate(xs)]
     ws = [layers[i % len(layers)].expert_weights for i in range(n)]
+
+    def gate_up(i, impl=None):
+        r = routes[i]
+        return decode_gate_up(xs[i], ws[i].w13, r.counts, r.token_ids,
+                              r.weights if on_input else None, w13_scale=ws[i].w13_scale,
+                              impl=impl)
+
+    def down(i, a, out, impl=None):
+        r = routes[i]
+        decode_down(a, ws[i].w2, r.counts, r.token_ids, r.positions, out,
+                    None if on_input else r.weights, w2_scale=ws[i].w2_scale, impl=impl)
+        return out
+
+    want_a = gate_up(0, "torch")
+    want = down(0, want_a, torch.zeros_like(xs[0]), "torch")
+
+    def check(cand: configs.DecodeConfig) -> None:
+        with configs.override(cand):
+            got_a = gate_up(0)
+            got = down(0, want_a, torch.zeros_like(xs[0]))
+        for part, a, b, tol in (("gate_up", got_a, want_a, tolerance_key(cfg)),
+                                ("down", got, want, str(cfg.dtype).replace("torch.", ""))):
+            c = compare(dequant(a), dequant(b).double(), tol)
+            if not c.ok:
+                raise AssertionError(f"{part} wrong under {cand}: {c.why}")
+
+    acts = [gate_up(i) for i in range(n)]
     outs = [torch.zeros_like(x) for x in xs]
-    acts = [decode_gate_up(xs[i], ws[i].w13, routes[i].counts, routes[i].token_ids,
-                           routes[i].weights if on_input else None, w13_scale=ws[i].w13_scale)
-            for i in range(n)]
-
-    def gate_up(i):
-        r = routes[i]
-        decode_gate_up(xs[i], ws[i].w13, r.counts, r.token_ids, r.weights if on_input else None,
-                       w13_scale=ws[i].w13_scale)
-
-    def down(i):
-        r = routes[i]
-        decode_down(acts[i], ws[i].w2, r.counts, r.token_ids, r.positions, outs[i],
-                    None if on_input else r.weights, w2_scale=ws[i].w2_scale)
-
     E, D, I = cfg.num_experts, cfg.hidden_size, cfg.intermediate_size
     w_dtype = ws[0].w13.dtype
     base = configs.select(T * cfg.top_k, E, D, I, w_dtype, kernel.sm_count(xs[0].device))
     active = sum(int((r.counts > 0).sum()) for r in routes) / n
     esize = 1 if w_dtype == torch.float8_e4m3fn else 2
-    for which, fn, K, nbytes in (("gate_up", gate_up, D, active * 2 * I * D * esize),
-                                 ("down", down, I, active * D * I * esize)):
+    for which, fn, K, nbytes in (
+            ("gate_up", gate_up, D, active * 2 * I * D * esize),
+            ("down", lambda i: down(i, acts[i], outs[i]), I, active * D * I * esize)):
         cands = sweep_candidates(base, which, -(-K // getattr(base, which).block_k))
         for label, cand in section(run, "sweep", run.limit(list(cands.items()), 2)):
             def one():
+                check(cand)
                 with configs.override(cand):
                     return timed(run, fn, n)
             us = guarded(run, f"sweep {name} {dtype} T={T} {which} {label}", one)
@@ -456,8 +478,8 @@ def main(argv: list[str] | None = None) -> dict:
                 guarded(run, f"pdl {name} {dtype}", lambda: pdl_rows(run, name, layers, dtype, 1))
             del layers
             free()
-        cases = [(n, d) for n in ("qwen3-30b-a3b", "scout-tp8") for d in quant]
-        for name, dtype in section(run, "sweep", run.limit(cases, 1)):
+        cases = [(n, d) for n in ("scout-tp8", "qwen3-30b-a3b") for d in quant]
+        for name, dtype in section(run, "sweep", cases[-1:] if dry else cases):
             cfg = presets[name].replace(quantization=quant[dtype])
             layers = guarded(run, f"layers {name} {dtype}", lambda: layers_for(
                 cfg, 1 if dry else weight_sets(cfg, 1), run.device))
