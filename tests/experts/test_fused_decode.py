@@ -42,7 +42,8 @@ def fused_calls(monkeypatch):
     """Counts the strategy's calls into the fused kernels' entry point."""
     calls = []
     real = shuffled.decode_gate_up
-    monkeypatch.setattr(shuffled, "decode_gate_up", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(shuffled, "decode_gate_up",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
     return calls
 
 

@@ -29,7 +29,8 @@ def gen(seed: int) -> torch.Generator:
 def small(split: int, fp8: bool = False) -> configs.DecodeConfig:
     """16-wide tiles (fp8 dots need K steps of 32 on the GPU), ``split`` for both GEMMs."""
     bk = 32 if fp8 and CUDA else 16
-    return configs.DecodeConfig(configs.GemmConfig(16, bk, split), configs.GemmConfig(16, bk, split))
+    gemm = configs.GemmConfig(16, bk, split)
+    return configs.DecodeConfig(gemm, gemm)
 
 
 # (expert ids [T, k] (ids outside [0, E) are routed nowhere), E, capacity)
@@ -210,7 +211,8 @@ def test_split_heuristic():
 
 
 @pytest.mark.parametrize("call, error, match", [
-    (lambda x, w, r: decode_gate_up(x.float(), w, r.counts, r.token_ids), TypeError, "w13 must have"),
+    (lambda x, w, r: decode_gate_up(x.float(), w, r.counts, r.token_ids), TypeError,
+     "w13 must have"),
     (lambda x, w, r: decode_gate_up(x[:, :5], w, r.counts, r.token_ids), ValueError, "contiguous"),
     (lambda x, w, r: decode_gate_up(x, w[:, :, :8].contiguous(), r.counts, r.token_ids),
      ValueError, "w13 must be"),
@@ -268,6 +270,8 @@ def test_graph_replays_with_changing_routing(dtype):
             if dt == FP8_DTYPE:  # the kernel's a is quantized; so is its float64 stand-in
                 q, s = quantize_fp8_rowwise(a64.float())
                 a64 = q.double() * s.double()[:, None]
-            y = torch.einsum("pi,pdi->pd", a64, w2_64[experts]) * r.weights[:n].double().cpu()[:, None]
-            ref = torch.zeros(T, D, dtype=torch.float64).index_add_(0, r.token_ids[:n].long().cpu(), y)
+            y = torch.einsum("pi,pdi->pd", a64, w2_64[experts])
+            y = y * r.weights[:n].double().cpu()[:, None]
+            ref = torch.zeros(T, D, dtype=torch.float64).index_add_(
+                0, r.token_ids[:n].long().cpu(), y)
             assert_close(out, ref, tol(dt), name=f"replay {rep}")

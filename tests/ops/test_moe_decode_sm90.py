@@ -47,7 +47,8 @@ def gate_up(fp8: bool, split: int, rw: bool, pdl: bool):
     consts = dict(BLOCK_E=16, BLOCK_M=16, BLOCK_N=64, BLOCK_K=256 if fp8 else 128, SPLIT=split,
                   FP8=fp8, HAS_RW=rw, UPCAST=False, DOT_PRECISION="tf32", INTERPRET=False,
                   PDL=pdl, QUANT_BLOCK=1024, ROW_BLOCK=4096, ROW_CHUNKS=2)
-    return compile_sm90(kernel._gate_up_kernel, sig, consts, **({"launch_pdl": True} if pdl else {}))
+    return compile_sm90(kernel._gate_up_kernel, sig, consts,
+                        **({"launch_pdl": True} if pdl else {}))
 
 
 def down(fp8: bool, split: int, k: int, pdl: bool):

@@ -406,8 +406,8 @@ def _combine(out_ptr, y_ptr, pos_ptr, cols, col_ok, num_valid, T, D, K: tl.const
         for j in tl.static_range(K):
             p = tl.load(pos_ptr + ts.to(tl.int64) * K + j, mask=t_ok, other=0).to(tl.int64)
             ok = t_ok & (p >= 0) & (p < num_valid)
-            acc += tl.load(y_ptr + p[:, None] * D + cols[None, :], mask=ok[:, None] & col_ok[None, :],
-                           other=0.0, cache_modifier=".cg")
+            acc += tl.load(y_ptr + p[:, None] * D + cols[None, :],
+                           mask=ok[:, None] & col_ok[None, :], other=0.0, cache_modifier=".cg")
         tl.store(dst, cast_to(acc, out_ptr.dtype.element_ty, INTERPRET), mask=m)
         t0 += BLOCK_T
 
