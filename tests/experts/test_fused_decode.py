@@ -47,8 +47,11 @@ def fused_calls(monkeypatch):
     return calls
 
 
-@pytest.mark.parametrize("name", CONFIGS)
-@pytest.mark.parametrize("T", [1, 5])
+CASES = [(name, 5) for name in CONFIGS] + [
+    ("llama4 (weights on input)", 1), ("qwen3 (k=8 of 128)", 1), ("llama4 fp8", 1)]
+
+
+@pytest.mark.parametrize("name,T", CASES, ids=[f"{n}-T={t}" for n, t in CASES])
 def test_layer_through_fused_kernels(name, T, fused_calls):
     cfg = CONFIGS[name]
     layer = make_layer(cfg, seed=T)
