@@ -127,6 +127,10 @@ class Ops:
     token_sum: Callable  # (out, y, positions, weights, num_valid) -> out
     combine_shuffling: Callable  # (x, counts, starts, out) -> (out, counts per local expert)
     split_shuffling: Callable  # (y, counts, starts, out) -> out
+    # (x, w13, w13_scale, counts, token_ids, row_weights, out) -> a | (q, scale)
+    decode_gate_up: Callable
+    # (a, a_scale, w2, w2_scale, counts, token_ids, positions, row_weights, out) -> out
+    decode_down: Callable
 
 
 _OPS: dict[str, Ops] = {}
@@ -148,10 +152,11 @@ def load_ops() -> None:
     impls = ("torch", "triton") if _TRITON else ("torch",)
     for impl in impls:
         kind = "kernel" if impl == "triton" else "reference"
-        route, gather, gemm, silu, scatter, shuffle = (
+        route, gather, gemm, silu, scatter, shuffle, decode = (
             importlib.import_module(f"shufflemoe.ops.{op}.{kind}")
             for op in ("index_shuffle", "gather_scale", "grouped_gemm", "silu_mul", "scatter_add",
-                       "shuffling"))
+                       "shuffling", "moe_decode"))
         _OPS[impl] = Ops(impl, route.index_shuffle, route.sort_by_expert, gather.gather_scale,
                          gemm.grouped_gemm, silu.silu_mul, scatter.scatter_add,
-                         scatter.token_sum, shuffle.combine_shuffling, shuffle.split_shuffling)
+                         scatter.token_sum, shuffle.combine_shuffling, shuffle.split_shuffling,
+                         decode.gate_up, decode.down)

@@ -139,3 +139,24 @@ def _heuristic(M: int, N: int, K: int, G: int, dtype: torch.dtype) -> TileConfig
     # Compute bound: 128x256 tiles, two consumer warp groups; the flattened loop overlaps a tile's
     # epilogue with the next tile's first loads (K=1024 bf16: 268 us instead of 281).
     return TileConfig(128, 256, bk, num_warps=8, num_stages=3, flatten=True)
+
+
+# Prefill tile schedules to measure before any becomes a rule: benchmarks/decode_check.py times
+# each (as configs.override(...) on the whole layer) at T = 16384 against dense cuBLAS; the
+# heuristic above does not use them. Maverick's 128 rows per expert make its GEMMs memory bound
+# at 128-row tiles (128 FLOP per weight byte, under an H100's ~260), Scout's 1024 compute bound.
+# block_k is for 2-byte types; prefill_candidate() doubles it for fp8 (the same bytes per row).
+PREFILL_CANDIDATES: dict[str, TileConfig] = {
+    "128x256x64 w8 s3 flat": TileConfig(128, 256, 64, num_warps=8, num_stages=3, flatten=True),
+    "128x256x64 w8 s4 flat": TileConfig(128, 256, 64, num_warps=8, num_stages=4, flatten=True),
+    "256x128x64 w8 s3 flat": TileConfig(256, 128, 64, num_warps=8, num_stages=3, flatten=True),
+    "128x128x64 w8 s4 flat": TileConfig(128, 128, 64, num_warps=8, num_stages=4, flatten=True),
+    "128x128x64 w4 s4 cta2": TileConfig(128, 128, 64, num_warps=4, num_stages=4, ctas_per_sm=2),
+    "128x128x128 w8 s3": TileConfig(128, 128, 128, num_warps=8, num_stages=3),
+}
+
+
+def prefill_candidate(name: str, dtype: torch.dtype) -> TileConfig:
+    """PREFILL_CANDIDATES[name] for ``dtype`` (fp8: twice the block_k)."""
+    cfg = PREFILL_CANDIDATES[name]
+    return cfg.with_(block_k=2 * cfg.block_k) if dtype == torch.float8_e4m3fn else cfg
