@@ -30,11 +30,14 @@ RouterFn = Callable[[Tensor, MoEConfig, Tensor | None], Routing]
 ROUTERS: Registry[RouterFn] = Registry("router")
 
 
-def router_logits(x: Tensor, router_weight: Tensor, dtype: torch.dtype | None = None) -> Tensor:
-    """x [T, D], router_weight [E, D] -> logits [T, E] in ``dtype`` (default: x's dtype)."""
+def router_logits(x: Tensor, router_weight: Tensor, dtype: torch.dtype | None = None,
+                  bias: Tensor | None = None) -> Tensor:
+    """x [T, D], router_weight [E, D], bias [E] (gpt-oss) -> logits [T, E] in ``dtype`` (default:
+    x's dtype)."""
     if dtype is not None and dtype != x.dtype:
         x, router_weight = x.to(dtype), router_weight.to(dtype)
-    return F.linear(x, router_weight)
+        bias = None if bias is None else bias.to(dtype)
+    return F.linear(x, router_weight, bias)
 
 
 @ROUTERS.register("topk")

@@ -41,12 +41,15 @@ TOLERANCES: dict[str, Tolerance] = {
     "float16": Tolerance(atol=1e-2, rtol=4e-3, rel_l2=2e-3, mag=2e-3),
     "bfloat16": Tolerance(atol=6e-2, rtol=2e-2, rel_l2=1.2e-2, mag=1.6e-2),
     "fp8_rowwise": Tolerance(atol=2.5e-1, rtol=5e-2, rel_l2=5e-2, mag=5e-2),
+    "fp8_w8a16": Tolerance(atol=6e-2, rtol=2e-2, rel_l2=1.2e-2, mag=1.6e-2),
+    "fp8_block": Tolerance(atol=2.5e-1, rtol=5e-2, rel_l2=5e-2, mag=5e-2),
+    "mxfp4": Tolerance(atol=6e-2, rtol=2e-2, rel_l2=1.2e-2, mag=1.6e-2),
 }
 
 
 def tolerance_key(cfg) -> str:
-    """The TOLERANCES row of an MoEConfig's arithmetic: its dtype, or fp8_rowwise."""
-    return "fp8_rowwise" if cfg.quantized else str(cfg.dtype).replace("torch.", "")
+    """The TOLERANCES row of an MoEConfig's arithmetic: its dtype, or its quantization."""
+    return cfg.quantization if cfg.quantized else str(cfg.dtype).replace("torch.", "")
 
 
 def tolerance_for(dtype: torch.dtype | str) -> Tolerance:

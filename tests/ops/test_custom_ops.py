@@ -14,7 +14,7 @@ from shufflemoe.ops import (_impl, combine_shuffling, gather_scale, index_shuffl
 from shufflemoe.testing import assert_close
 
 pytest.importorskip("triton")
-for _op in ("index_shuffle", "gather_scale", "silu_mul", "scatter_add", "shuffling"):
+for _op in ("index_shuffle", "gather_scale", "silu_mul", "scatter_add", "shuffling", "quantize"):
     importlib.import_module(f"shufflemoe.ops.{_op}.kernel")  # registers torch.ops.shufflemoe.*
 
 CUDA = torch.cuda.is_available()
@@ -92,8 +92,12 @@ def test_opcheck_schemas_and_fake_impls():
                      True, 4, 128)),
         (ops.gather_scale, (d["x"], r.token_ids, r.weights, r.num_valid, empty(A, D, dtype=d["x"].dtype))),
         (ops.gather_scale_fp8, (d["x"], r.token_ids, None, r.num_valid, empty(A, D, dtype=fp8), empty(A))),
-        (ops.silu_mul, (h, r.num_valid, empty(A, I))),
-        (ops.silu_mul_fp8, (h, None, empty(A, I, dtype=fp8), empty(A))),
+        (ops.silu_mul, (h, r.num_valid, empty(A, I), "silu", 1.0, None)),
+        (ops.silu_mul, (h, r.num_valid, empty(A, I), "swiglu_oai", 1.702, 7.0)),
+        (ops.silu_mul_fp8, (h, None, empty(A, I, dtype=fp8), empty(A), "silu", 1.0, None)),
+        (ops.silu_mul_fp8_groups, (h, r.num_valid, empty(A, I, dtype=fp8), empty(A, 1),
+                                   "swiglu_oai", 1.702, 7.0)),
+        (ops.quantize_fp8_groups, (h, r.num_valid, empty(A, 2 * I, dtype=fp8), empty(A, 1), 128)),
         (ops.scatter_add, (torch.zeros(T, I, device=DEV), h[:, :I].contiguous(), r.token_ids,
                            r.weights, r.num_valid, None)),
         (ops.scatter_add_token_major, (torch.zeros(T, I, device=DEV), h[:, :I].contiguous(),

@@ -4,8 +4,7 @@ output. No padding, no host sync, static shapes."""
 
 from __future__ import annotations
 
-from ..ops import gather_scale, silu_mul
-from .base import Experts, expert_gemm, pair_weights, register
+from .base import Experts, expert_gemm, gather_input, glu, pair_weights, register
 
 
 @register
@@ -16,10 +15,10 @@ class Shuffled(Experts):
     def forward(self, x, routing, weights, out, cfg, before_combine=lambda: None):
         r, w = routing, weights
         w_in, w_out = pair_weights(r, cfg)
-        xs = gather_scale(x, r.token_ids, w_in, num_valid=r.num_valid, quantize=w.quantized)
-        h = expert_gemm(xs, w.w13, w.w13_scale, r.counts, cfg.dtype)  # [A, 2I]
-        a = silu_mul(h, num_valid=r.num_valid, quantize=w.quantized)  # [A, I]
+        xs = gather_input(x, r.token_ids, w_in, w, num_valid=r.num_valid)
+        h = expert_gemm(xs, w, "w13", r.counts, cfg.dtype)  # [A, 2I]
+        a = glu(h, w, cfg, num_valid=r.num_valid)  # [A, I]
         before_combine()
         # top-1: each token has one pair, so the scatter needs no atomics
-        expert_gemm(a, w.w2, w.w2_scale, r.counts, cfg.dtype, row_weights=w_out,
+        expert_gemm(a, w, "w2", r.counts, cfg.dtype, row_weights=w_out,
                     scatter_ids=r.token_ids, out=out, scatter_unique=cfg.top_k == 1)

@@ -1,7 +1,8 @@
 """Grouped GEMM in torch ops: rows of x are split into consecutive groups by m_sizes (on the
 device); group g is multiplied by its weight matrix. Sync-free on CUDA: torch._grouped_mm where it
 takes the shapes, else one masked matmul per group (G times the FLOPs; odd shapes in tests). On
-the CPU the sizes already live on the host, so odd shapes are sliced per group."""
+the CPU the sizes already live on the host, so odd shapes are sliced per group. Quantized inputs
+are dequantized to float32 first (ops/quantize/reference.py), which is exact."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import torch
 from torch import Tensor
 
 from .._common import store_rows
+from ..quantize import reference as q
+from ..quantize.formats import FORMATS
 
 
 def _grouped_mm_supported(x: Tensor, w: Tensor) -> bool:
@@ -51,17 +54,22 @@ def grouped_gemm(
     scatter_ids: Tensor | None,
     out: Tensor | None,
     out_dtype: torch.dtype,
+    *,
+    quantization: str = "none",
+    bias: Tensor | None = None,
+    scale_split: int | None = None,
 ) -> Tensor:
     M = x.shape[0]
     if weight_ids is not None:
-        w = w.index_select(0, weight_ids.long())
-        w_scale = None if w_scale is None else w_scale.index_select(0, weight_ids.long())
-    if x_scale is not None:  # fp8 rowwise: dequantize, multiply in float32
-        x = x.float() * x_scale[:, None]
-        w = w.float() * w_scale[..., None]
+        w, w_scale, bias = (None if t is None else t.index_select(0, weight_ids.long())
+                            for t in (w, w_scale, bias))
+    x, w = _dequantized(x, w, x_scale, w_scale, quantization, scale_split)
     ends = m_sizes.long().cumsum(0)
     total = ends[-1:] if ends.numel() else torch.zeros(1, dtype=torch.long, device=x.device)
     y = _grouped_mm(x, w, ends)  # [M, N] float32
+    if bias is not None:  # bias of each row's group (rows past the groups: the last one's)
+        group = torch.searchsorted(ends, torch.arange(M, device=x.device), right=True)
+        y = y + bias.float()[group.clamp(max=w.shape[0] - 1)]
     if row_weights is not None:
         y = y * row_weights.float()[:, None]
     if scatter_ids is None:
@@ -71,3 +79,17 @@ def grouped_gemm(
     ids = torch.where(valid, scatter_ids.long(), 0)  # tail ids are never read (may be anything)
     acc = out.float().index_add_(0, ids, y)
     return out.copy_(acc)
+
+
+def _dequantized(x: Tensor, w: Tensor, x_scale: Tensor | None, w_scale: Tensor | None,
+                 quantization: str, split: int | None) -> tuple[Tensor, Tensor]:
+    """(x, w) as float32 values (or unchanged when not quantized)."""
+    fmt = FORMATS[quantization]
+    if not fmt.quantized:
+        return x, w
+    x = _ACTIVATIONS[fmt.activation](x, x_scale)
+    return x, fmt.dequantize(w, w_scale, split)
+
+
+_ACTIVATIONS = {"none": lambda x, s: x.float(), "rowwise": q.dequantize_fp8_rowwise,
+                "groups": q.dequantize_fp8_groups}
