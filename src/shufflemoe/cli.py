@@ -10,6 +10,7 @@ import time
 import torch
 
 from . import EXPERTS, MoE, MoEConfig, naive_moe, preset
+from .config import QUANTIZATIONS
 from .planner import HARDWARE, expert_bytes, fixed_bytes, plan
 from .testing import compare, tolerance_for, tolerance_key
 
@@ -76,11 +77,13 @@ def demo(device: torch.device) -> int:
 
 
 def plan_cmd(args: argparse.Namespace) -> int:
-    cfg = preset(args.model, quantization="fp8_rowwise" if args.fp8 else "none")
+    quantization = "fp8_rowwise" if args.fp8 else args.quantization
+    cfg = preset(args.model, quantization=quantization)
     hw = HARDWARE[args.hw]
     print(f"{args.model}: E={cfg.num_experts} k={cfg.top_k} D={cfg.hidden_size} I={cfg.intermediate_size} "
           f"shared={cfg.shared_intermediate_size}, {args.tokens} tokens per rank, tp={args.tp} ep={args.ep} "
-          f"({args.ep_mode}), {'fp8' if args.fp8 else 'bf16'} on {hw.name}\n")
+          f"({args.ep_mode}), experts {quantization} ({expert_bytes(cfg) / 1e6:.1f} MB each) on "
+          f"{hw.name}\n")
     print(f"{'strategy':12} {'rows':>9} {'weights MB':>11} {'act. MB':>9} {'GFLOP':>9} {'comm MB':>9} "
           f"{'floor us':>9} {'bound':>8} {'syncs':>6}")
     for c in plan(cfg, args.tokens, hw, tp=args.tp, ep=args.ep, ep_mode=args.ep_mode):
@@ -126,7 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ep", type=int, default=1)
     p.add_argument("--ep-mode", choices=("alltoall", "allgather"), default="alltoall")
     p.add_argument("--hw", choices=sorted(HARDWARE), default="h100")
-    p.add_argument("--fp8", action="store_true")
+    p.add_argument("--quantization", choices=QUANTIZATIONS, default="none",
+                   help="routed experts' weight format (bytes per weight from its scales)")
+    p.add_argument("--fp8", action="store_true", help="same as --quantization fp8_rowwise")
     sub.add_parser("info", help="versions and device")
     args = parser.parse_args(argv)
     if args.command == "demo":

@@ -130,12 +130,13 @@ class MoE(nn.Module):
                 raise ValueError(f"{name} is {'required' if t is None else 'not used'} by this MoEConfig")
             if t is None:
                 continue
-            dtypes = (want.dtype,)
-            if name in ("w13", "w2") and not stored:
-                dtypes = (config.dtype,)
+            dtypes, shape = (want.dtype,), list(want.shape)
+            if name in ("w13", "w2") and not stored:  # to be quantized here
+                D, I = config.hidden_size, config.intermediate_size
+                dtypes, shape = (config.dtype,), [config.num_experts] + (
+                    [2 * I, D] if name == "w13" else [D, I])
             elif name in ("w13_bias", "w2_bias"):
                 dtypes = (config.dtype, torch.float32)
-            shape = list(want.shape)
             if num_local_experts is not None and name in _EXPERT_TENSORS:
                 shape[0] = num_local_experts
             check_tensor(name, t, shape=shape, dtypes=dtypes, device=w13.device)
