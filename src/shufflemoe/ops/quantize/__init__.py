@@ -8,9 +8,7 @@ import torch
 from torch import Tensor
 
 from ..._checks import check_num_valid, check_same_device, check_tensor
-from .._common import store_rows
-from .._impl import resolve
-from . import reference
+from .._impl import ops_for, resolve
 from .reference import (
     FP8_BLOCK,
     FP8_DTYPE,
@@ -63,13 +61,8 @@ def quantize_fp8_groups(
     check_tensor("out[0]", out[0], shape=[M, K], dtypes=(FP8_DTYPE,), device=dev, contiguous=True)
     check_tensor("out[1]", out[1], shape=[M, G], dtypes=(torch.float32,), device=dev,
                  contiguous=True)
-    if resolve(impl, x) == "triton":
-        from .kernel import quantize_fp8_groups as kernel
-
-        kernel(x, num_valid, out[0], out[1], FP8_BLOCK)
-        return out
-    q, s = reference.quantize_fp8_groups(x)
-    return store_rows(out[0], q, num_valid), store_rows(out[1], s, num_valid)
+    ops_for(resolve(impl, x)).quantize_fp8_groups(x, num_valid, out[0], out[1], FP8_BLOCK)
+    return out
 
 
 __all__ = [

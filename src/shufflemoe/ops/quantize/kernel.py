@@ -132,8 +132,8 @@ def _quantize_fp8_groups_kernel(
 
 
 @kernel_op("quantize_fp8_groups", mutates_args=("q", "scale"))
-def quantize_fp8_groups(x: Tensor, num_valid: Optional[Tensor], q: Tensor, scale: Tensor,
-                        group: int) -> None:
+def quantize_fp8_groups_into(x: Tensor, num_valid: Optional[Tensor], q: Tensor, scale: Tensor,
+                             group: int) -> None:
     """q [M, K] e4m3, scale [M, G] float32 <- x [M, K] (arguments checked by the public op)."""
     M, K = x.shape
     if M == 0 or K == 0:

@@ -17,9 +17,14 @@ low nibble of byte j and 2j + 1 in the high nibble.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from .._common import store_rows
+from .._impl import inplace_op
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite e4m3 value
@@ -64,6 +69,15 @@ def quantize_fp8_groups(x: Tensor, group: int = FP8_BLOCK) -> tuple[Tensor, Tens
     padded = _pad_to(x.float(), 1, group).view(M * G, group)
     q, s = quantize_fp8_rowwise(padded)
     return q.view(M, G * group)[:, :K].contiguous(), s.view(M, G)
+
+
+@inplace_op("quantize_fp8_groups_ref", mutates_args=("q", "scale"))
+def quantize_fp8_groups_into(x: Tensor, num_valid: Optional[Tensor], q: Tensor, scale: Tensor,
+                             group: int) -> None:
+    """q, scale <- quantize_fp8_groups(x) for rows below num_valid (the op's torch reference)."""
+    new_q, new_scale = quantize_fp8_groups(x, group)
+    store_rows(q, new_q, num_valid)
+    store_rows(scale, new_scale, num_valid)
 
 
 def block_rows(n_rows: int, split: int | None, block: int = FP8_BLOCK) -> Tensor:

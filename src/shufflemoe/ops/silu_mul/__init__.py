@@ -7,14 +7,12 @@ import torch
 from torch import Tensor
 
 from ..._checks import check_num_valid, check_same_device, check_tensor
-from .._impl import resolve
+from .._impl import ops_for, resolve
 from ..quantize import FP8_BLOCK, FP8_DTYPE
-from . import reference
-from .reference import ACTIVATIONS
+from .reference import ACTIVATIONS, QUANTIZE_MODES
 
 H_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-QUANTIZE_MODES = {False: "none", True: "rowwise", "none": "none", "rowwise": "rowwise",
-                  "groups": "groups"}
+
 
 
 def silu_mul(
@@ -59,11 +57,7 @@ def silu_mul(
         else:
             check_tensor("out", out, shape=[A, I], dtypes=(h.dtype,), device=dev, contiguous=True)
     act = (activation, float(alpha), None if limit is None else float(limit))
-    if resolve(impl, h) == "triton":
-        from .kernel import silu_mul as kernel
-
-        return kernel(h, num_valid, mode, out, act)
-    return reference.silu_mul(h, num_valid, mode, out, act)
+    return ops_for(resolve(impl, h)).silu_mul(h, num_valid, mode, out, act)
 
 
 __all__ = ["silu_mul"]

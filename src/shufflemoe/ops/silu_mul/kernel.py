@@ -28,6 +28,7 @@ from torch import Tensor
 from .._impl import interpreting, kernel_op
 from ..quantize.kernel import cast_to, fp8_target, row_scales, store_fp8, store_fp8_group
 from ..quantize.reference import FP8_BLOCK, FP8_DTYPE
+from .reference import QUANTIZE_MODES
 
 
 @triton.jit
@@ -294,7 +295,7 @@ def _silu_mul_fp8_op(h: Tensor, num_valid: Optional[Tensor], q: Tensor, scale: T
 def silu_mul(
     h: Tensor,
     num_valid: Tensor | None,
-    quantize: str,
+    quantize: bool | str,
     out: Tensor | tuple[Tensor, Tensor] | None,
     act: tuple[str, float, float | None] = ("silu", 1.0, None),
     fp8_variant: Fp8Launch | str | None = None,
@@ -304,6 +305,7 @@ def silu_mul(
     Arguments were checked by the public function. fp8_variant (tests and probes) picks the
     rowwise launch, bypassing the custom op."""
     A, I = h.shape[0], h.shape[1] // 2
+    quantize = QUANTIZE_MODES[quantize]
     if quantize != "none":
         if out is None:
             scale_shape = (A,) if quantize == "rowwise" else (A, triton.cdiv(I, FP8_BLOCK))

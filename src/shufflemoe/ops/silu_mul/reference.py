@@ -10,18 +10,25 @@ With a limit, gate = min(gate, limit) and up = clamp(up, -limit, limit) first (g
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from .._common import store_rows
-from ..quantize.reference import quantize_fp8_groups, quantize_fp8_rowwise
+from .._impl import inplace_op
+from ..quantize.reference import FP8_BLOCK, FP8_DTYPE, quantize_fp8_groups, quantize_fp8_rowwise
 
 ACTIVATIONS = {
     "silu": lambda g, u, alpha: F.silu(g) * u,
     "swiglu_oai": lambda g, u, alpha: (u + 1.0) * (g * torch.sigmoid(g * alpha)),
 }
 QUANTIZERS = {"rowwise": quantize_fp8_rowwise, "groups": quantize_fp8_groups}
+# quantize= as the public op takes it -> the fp8 scale layout ("none": not quantized)
+QUANTIZE_MODES = {False: "none", True: "rowwise", "none": "none", "rowwise": "rowwise",
+                  "groups": "groups"}
+Act = tuple  # (activation, alpha, limit): (str, float, float | None)
 
 
 def glu(gate: Tensor, up: Tensor, activation: str = "silu", alpha: float = 1.0,
@@ -32,17 +39,58 @@ def glu(gate: Tensor, up: Tensor, activation: str = "silu", alpha: float = 1.0,
     return ACTIVATIONS[activation](gate, up, alpha)
 
 
+def _glu_f32(h: Tensor, act: str, alpha: float, limit: Optional[float]) -> Tensor:
+    """h [A, 2I] -> act(h[:, :I], h[:, I:]) [A, I] in float32."""
+    inter = h.shape[1] // 2
+    return glu(h[:, :inter].float(), h[:, inter:].float(), act, alpha, limit)
+
+
+@inplace_op("silu_mul_ref", mutates_args=("out",))
+def _silu_mul(h: Tensor, num_valid: Optional[Tensor], out: Tensor, act: str, alpha: float,
+              limit: Optional[float]) -> None:
+    store_rows(out, _glu_f32(h, act, alpha, limit), num_valid)
+
+
+def _quantized(mode: str, h: Tensor, num_valid: Optional[Tensor], q: Tensor, scale: Tensor,
+               act: str, alpha: float, limit: Optional[float]) -> None:
+    new_q, new_scale = QUANTIZERS[mode](_glu_f32(h, act, alpha, limit))
+    store_rows(q, new_q, num_valid)
+    store_rows(scale, new_scale, num_valid)
+
+
+@inplace_op("silu_mul_fp8_ref", mutates_args=("q", "scale"))
+def _silu_mul_fp8(h: Tensor, num_valid: Optional[Tensor], q: Tensor, scale: Tensor, act: str,
+                  alpha: float, limit: Optional[float]) -> None:
+    _quantized("rowwise", h, num_valid, q, scale, act, alpha, limit)
+
+
+@inplace_op("silu_mul_fp8_groups_ref", mutates_args=("q", "scale"))
+def _silu_mul_fp8_groups(h: Tensor, num_valid: Optional[Tensor], q: Tensor, scale: Tensor,
+                         act: str, alpha: float, limit: Optional[float]) -> None:
+    _quantized("groups", h, num_valid, q, scale, act, alpha, limit)
+
+
 def silu_mul(
     h: Tensor,
     num_valid: Tensor | None,
-    quantize: str,
+    quantize: bool | str,
     out: Tensor | tuple[Tensor, Tensor] | None,
-    act: tuple[str, float, float | None] = ("silu", 1.0, None),
+    act: Act = ("silu", 1.0, None),
 ) -> Tensor | tuple[Tensor, Tensor]:
-    inter = h.shape[1] // 2
-    a = glu(h[:, :inter].float(), h[:, inter:].float(), *act)  # [A, I]
-    if quantize != "none":
-        q, scale = QUANTIZERS[quantize](a)
-        q_out, s_out = out if out is not None else (None, None)
-        return store_rows(q_out, q, num_valid), store_rows(s_out, scale, num_valid)
-    return store_rows(out, a.to(h.dtype), num_valid)
+    """As ops.silu_mul. Rows of a new output past num_valid may hold anything: computed, not
+    masked."""
+    mode = QUANTIZE_MODES[quantize]
+    A, inter = h.shape[0], h.shape[1] // 2
+    if out is None:
+        num_valid = None
+        scale_shape = (A,) if mode == "rowwise" else (A, -(-inter // FP8_BLOCK))
+        out = ((torch.empty(A, inter, dtype=FP8_DTYPE, device=h.device),
+                torch.empty(scale_shape, dtype=torch.float32, device=h.device)) if mode != "none"
+               else torch.empty(A, inter, dtype=h.dtype, device=h.device))
+    if mode == "groups":
+        _silu_mul_fp8_groups(h, num_valid, *out, *act)
+    elif mode == "rowwise":
+        _silu_mul_fp8(h, num_valid, *out, *act)
+    else:
+        _silu_mul(h, num_valid, out, *act)
+    return out
