@@ -22,7 +22,7 @@ from ...dispatch import LocalDispatch
 from ...experts import EXPERTS
 from ...ops import sort_by_expert
 from ...types import ExpertWeights
-from .patch import canonical_experts
+from .sources import canonical_experts
 
 NAME = "shufflemoe"
 STRATEGY = "shuffled"  # the sync-free expert strategy (graph-safe, like transformers' grouped_mm)
