@@ -73,3 +73,26 @@ def test_bias_with_weights_on_input_is_refused():
     with pytest.raises(ValueError, match="expert_bias cannot be combined"):
         gpt_oss_config(router="llama4", scoring="sigmoid", apply_router_weight_on_input=True,
                        top_k=1, renormalize=False)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("quantization", list(FORMATS))
+def test_gpu_formats_eager_and_graphed(quantization):
+    """gpt-oss-shaped layers (K multiples of 32, biases, clamped GLU) on the GPU: eager prefill
+    with every graph-safe strategy, and CUDA-graph replays that follow a changing routing."""
+    from shufflemoe import graphed
+
+    cfg = gpt_oss_config(hidden_size=1024, intermediate_size=512, num_experts=32, top_k=4,
+                         swiglu_limit=7.0, quantization=quantization)
+    layer = make_layer(cfg, device="cuda")
+    x = make_input(cfg, 300, device="cuda")
+    ref, mag = naive_moe(layer, x, layer.route(x), with_magnitude=True)
+    for name in ("shuffled", "blockwise", "all_experts", "selective"):
+        layer.set_experts(name)
+        assert_close(layer(x), ref, tolerance_key(cfg), name=name, magnitude=mag)
+    layer.set_experts("shuffled")
+    decode = graphed(layer, token_buckets=(1, 8, 64))
+    for step, T in enumerate((1, 8, 5, 64)):
+        x = make_input(cfg, T, seed=50 + step, device="cuda")
+        ref, mag = naive_moe(layer, x, layer.route(x), with_magnitude=True)
+        assert_close(decode(x), ref, tolerance_key(cfg), name=f"replay T={T}", magnitude=mag)
