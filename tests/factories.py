@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
-from shufflemoe import MoE, MoEConfig
+from shufflemoe import EXPERTS, MoE, MoEConfig, naive_moe
+from shufflemoe.testing import assert_close, tolerance_key
 
 QUANTIZED = ("fp8_rowwise", "fp8_w8a16", "fp8_block", "mxfp4")
 DIVISORS_UP_TO_8 = {E: [g for g in (1, 2, 4, 8) if E % g == 0] for E in (1, 2, 3, 8, 16, 64, 128, 256)}
@@ -75,3 +76,15 @@ def gpt_oss_config(**overrides) -> MoEConfig:
 def make_input(cfg: MoEConfig, T: int, seed: int = 1, device: str = "cpu") -> torch.Tensor:
     g = torch.Generator(device="cpu").manual_seed(seed)
     return torch.randn(T, cfg.hidden_size, generator=g).to(device=device, dtype=cfg.dtype)
+
+
+def check_strategy(name, layer, x, routing):
+    """Expert strategy ``name`` adds the layer's routed output into a random ``out`` (never zeros,
+    so a pair written twice or not at all shows), against the float64 naive_moe."""
+    cfg = layer.config
+    base = torch.randn(x.shape, generator=torch.Generator().manual_seed(7)).to(cfg.dtype)
+    out = base.clone()
+    EXPERTS.get(name).forward(x, routing, layer.expert_weights, out, cfg)
+    ref, mag = naive_moe(layer, x, routing, with_magnitude=True)
+    return assert_close(out, base.double() + ref, tolerance_key(cfg), name=f"{name} {cfg}",
+                        magnitude=base.double().abs() + mag)

@@ -6,7 +6,7 @@ Strategies add into a random ``out``, so a pair written twice or not at all show
 import pytest
 import torch
 
-from factories import gpt_oss_config, make_input, make_layer
+from factories import check_strategy, gpt_oss_config, make_input, make_layer
 from shufflemoe import EXPERTS, MoE, naive_moe
 from shufflemoe.ops import use_impl
 from shufflemoe.ops.quantize.formats import FORMATS
@@ -16,15 +16,8 @@ STRATEGIES = EXPERTS.names()
 
 
 def check(name, layer, x, impl):
-    cfg = layer.config
-    routing = layer.route(x)
-    base = torch.randn(x.shape, generator=torch.Generator().manual_seed(7)).to(cfg.dtype)
-    out = base.clone()
     with use_impl(impl):
-        EXPERTS.get(name).forward(x, routing, layer.expert_weights, out, cfg)
-    ref, mag = naive_moe(layer, x, routing, with_magnitude=True)
-    return assert_close(out, base.double() + ref, tolerance_key(cfg), name=f"{name} {cfg}",
-                        magnitude=base.double().abs() + mag)
+        check_strategy(name, layer, x, layer.route(x))
 
 
 @pytest.mark.parametrize("name", STRATEGIES)
