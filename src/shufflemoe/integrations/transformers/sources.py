@@ -2,12 +2,12 @@
 each read into MoE.from_weights arguments in the canonical layout without a copy of the weights
 where the layout allows (the gate/up permutation of gpt-oss's bf16 experts does not).
 
-| source    | experts module                                  | MoEConfig.quantization | weights read                        |
-| --------- | ----------------------------------------------- | ---------------------- | ----------------------------------- |
-| fp8_block | transformers' FP8Experts (FineGrainedFP8Config,  | fp8_block              | gate_up_proj / down_proj e4m3 [E, N, |
-|           | weight_block_size 128 x 128)                     |                        | K] + *_scale_inv [E, N/128, K/128]   |
-| mxfp4     | quantized.Mxfp4Experts (gpt-oss checkpoints)     | mxfp4                  | *_blocks [E, N, K/32, 16] + *_scales |
-| hf        | the model's own experts (model dtype)            | none                   | BlockSpec.w13 / w2 (+ biases)       |
+| source    | experts module                                | quantization | tensors read                        |
+| --------- | --------------------------------------------- | ------------ | ----------------------------------- |
+| fp8_block | transformers' FP8Experts (FineGrainedFP8,     | fp8_block    | gate_up_proj, down_proj e4m3 and    |
+|           | weight_block_size 128 x 128)                  |              | *_scale_inv [E, N/128, K/128] fp32  |
+| mxfp4     | quantized.Mxfp4Experts (gpt-oss checkpoints)  | mxfp4        | *_blocks, *_scales, *_bias          |
+| hf        | the model's own experts (model dtype)         | none         | BlockSpec.w13 / w2 (+ biases)       |
 
 The first entry whose ``matches`` accepts the block's experts module is used.
 """
