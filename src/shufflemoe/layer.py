@@ -123,8 +123,8 @@ class MoE(nn.Module):
             want, t = getattr(layer, name), given[name]
             if name.endswith("_scale") and not stored:
                 if t is not None:
-                    raise ValueError(f"{name} is only used with w13/w2 stored as "
-                                     f"quantization={config.quantization!r} stores them")
+                    raise ValueError(f"{name} is only used with w13/w2 already stored in "
+                                     f"quantization={config.quantization!r}'s format")
                 continue
             if (want is None) != (t is None):
                 raise ValueError(f"{name} is {'required' if t is None else 'not used'} by this MoEConfig")
