@@ -88,3 +88,14 @@ def test_from_weights_refuses_mismatched_tensors():
 def test_config_refuses(fields, match):
     with pytest.raises(ValueError, match=match):
         MoEConfig(**{**dict(hidden_size=64, intermediate_size=32, num_experts=4), **fields})
+
+
+def test_plan_command_knows_the_format(capsys):
+    """``shufflemoe plan --quantization``: an mxfp4 gpt-oss-120b expert is 13.2 MB (0.53 bytes a
+    weight with its e8m0 scales, plus bf16 biases), a bf16 one 49.8 MB."""
+    from shufflemoe.cli import main
+
+    assert main(["plan", "--model", "gpt-oss-120b", "--quantization", "mxfp4", "--tokens", "8"]) == 0
+    assert "experts mxfp4 (13.2 MB each)" in capsys.readouterr().out
+    assert main(["plan", "--model", "gpt-oss-120b", "--tokens", "8"]) == 0
+    assert "experts none (49.8 MB each)" in capsys.readouterr().out

@@ -171,6 +171,10 @@ def test_fp8_checkpoint_runs_as_stored(fp8_checkpoint):
         assert layer.config.quantization == "fp8_block"
         assert layer.w13.data_ptr() == mlp.experts.gate_up_proj.data_ptr()  # no copy
         assert layer.w13_scale.data_ptr() == mlp.experts.gate_up_proj_scale_inv.data_ptr()
+        wide = [n for n, t in model.named_parameters() if ".experts." in n
+                and t.dtype in (torch.bfloat16, torch.float16, torch.float32)
+                and t.numel() >= layer.w2.numel()]
+        assert not wide, wide  # no model-dtype copy of the experts
         x, y = seen[i]
         x = x.reshape(-1, x.shape[-1])
         ref, mag = naive_moe(layer, x, layer.route(x), with_magnitude=True)
