@@ -196,9 +196,11 @@ def _tile(
     row_ok = (rows < row_stop) & (rows < M)
     col_ok = cols < N
     w_rows = wid.to(tl.int64) * N + cols  # [BLOCK_N] rows of w viewed as [W*N, K]
-    # fp8_block: the scale-block row of each column; blocks restart at SPLIT (w13's up half)
-    blk = tl.where(cols < SPLIT, cols // 128, tl.cdiv(SPLIT, 128) + (cols - SPLIT) // 128)
-    ws_rows = wid.to(tl.int64) * NB + blk
+    if QUANT == "fp8_block":  # each column's scale-block row; blocks restart at SPLIT (up half)
+        blk = tl.where(cols < SPLIT, cols // 128, tl.cdiv(SPLIT, 128) + (cols - SPLIT) // 128)
+        ws_rows = wid.to(tl.int64) * NB + blk
+    else:
+        ws_rows = w_rows
 
     if SWAP_AB:
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
