@@ -13,6 +13,7 @@ import time
 import torch
 
 from . import EXPERTS, MoE, MoEConfig, __version__, naive_moe, preset
+from .config import QUANTIZATIONS
 from .planner import HARDWARE, expert_bytes, fixed_bytes, plan
 from .presets import MODELS
 from .testing import compare, tolerance_for, tolerance_key
@@ -94,12 +95,14 @@ def _demo(device: torch.device) -> int:
 
 
 def plan_cmd(args: argparse.Namespace) -> int:
-    cfg = preset(args.model, quantization="fp8_rowwise" if args.fp8 else "none")
+    quantization = "fp8_rowwise" if args.fp8 else args.quantization
+    cfg = preset(args.model, quantization=quantization)
     hw = HARDWARE[args.hw]
     costs = plan(cfg, args.tokens, hw, tp=args.tp, ep=args.ep, ep_mode=args.ep_mode)
     print(f"{args.model}: E={cfg.num_experts} k={cfg.top_k} D={cfg.hidden_size} I={cfg.intermediate_size} "
           f"shared={cfg.shared_intermediate_size}, {args.tokens} tokens per rank, tp={args.tp} ep={args.ep} "
-          f"({args.ep_mode}), {'fp8' if args.fp8 else 'bf16'} on {hw.name}\n")
+          f"({args.ep_mode}), experts {quantization} ({expert_bytes(cfg) / 1e6:.1f} MB each) on "
+          f"{hw.name}\n")
     print(f"{'strategy':12} {'rows':>9} {'weights MB':>11} {'act. MB':>9} {'GFLOP':>9} {'comm MB':>9} "
           f"{'floor us':>9} {'bound':>8} {'syncs':>6}")
     for c in costs:
@@ -193,7 +196,10 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
                    "(default: %(default)s)")
     p.add_argument("--hw", choices=sorted(HARDWARE), default="h100",
                    help="device whose bandwidth and FLOP/s set the floor (default: %(default)s)")
-    p.add_argument("--fp8", action="store_true", help="experts in fp8 rowwise (default: bf16)")
+    p.add_argument("--quantization", choices=QUANTIZATIONS, default="none",
+                   help="routed experts' weight format, bytes per weight with its scales "
+                   "(default: %(default)s)")
+    p.add_argument("--fp8", action="store_true", help="experts in fp8 rowwise (same as --quantization fp8_rowwise)")
     i = sub.add_parser("info", help="versions and device", description="Print versions and the device.")
     return parser, dict(demo=d, bench=b, plan=p, info=i)
 

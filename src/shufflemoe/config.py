@@ -13,9 +13,12 @@ from fractions import Fraction
 
 import torch
 
+from .ops.quantize.formats import FORMATS
+
 ROUTERS = ("topk", "llama4", "group_limited")
 SCORINGS = ("softmax", "sigmoid")
-QUANTIZATIONS = ("none", "fp8_rowwise")
+QUANTIZATIONS = tuple(FORMATS)  # none | fp8_rowwise | fp8_w8a16 | fp8_block | mxfp4
+ACTIVATIONS = ("silu", "swiglu_oai")
 RENORMALIZE_OVER = ("kept", "chosen")
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -48,7 +51,10 @@ class MoEConfig:
     shared_expert_gate: bool = False  # Qwen2-MoE: shared output times sigmoid(x @ gate)
     apply_router_weight_on_input: bool = False  # Llama 4: scale the expert input, not its output
     dtype: torch.dtype = torch.bfloat16  # activations and unquantized weights
-    quantization: str = "none"  # none | fp8_rowwise (routed experts only, as the spec's Maverick)
+    # Routed experts' weight format (ops/quantize/formats.py): none | fp8_rowwise (w8a8, the
+    # spec's Maverick) | fp8_w8a16 (weight-only) | fp8_block (DeepSeek-V3 / Qwen3 FP8) | mxfp4
+    # (gpt-oss). Router and shared expert stay in dtype.
+    quantization: str = "none"
     # Strategy knobs (one config object, so every strategy reads its settings from here).
     block_size: int = 128  # blockwise: tokens per block (Neuron BWMM)
     decode_switch_alpha: float = 0.9  # selective while T * k <= alpha * E, else all_experts
@@ -58,6 +64,14 @@ class MoEConfig:
     # the same fixed-config GEMM. Needs the Triton kernels, the shuffled strategy and local
     # dispatch, and no capacity factor (dropping depends on the batch by definition).
     batch_invariant: bool = False
+    # Routed experts' GLU (ops/silu_mul): "silu" (silu(gate) * up) or "swiglu_oai" (gpt-oss:
+    # (up + 1) * gate * sigmoid(swiglu_alpha * gate)); swiglu_limit clamps gate above and up on
+    # both sides first (gpt-oss: 7.0). The shared expert is plain SwiGLU.
+    activation: str = "silu"
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float | None = None
+    expert_bias: bool = False  # routed experts add biases [E, 2I], [E, D] after both GEMMs (gpt-oss)
+    router_logits_bias: bool = False  # the router adds a bias [E] to its logits (gpt-oss)
 
     def __post_init__(self) -> None:
         for name in ("hidden_size", "intermediate_size", "num_experts", "top_k", "block_size"):
@@ -143,6 +157,20 @@ class MoEConfig:
             raise ValueError(
                 f"MoEConfig.quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}"
             )
+        fmt = FORMATS[self.quantization]
+        for what, (n, k) in (("w13", (2 * self.intermediate_size, self.hidden_size)),
+                             ("w2", (self.hidden_size, self.intermediate_size))):
+            if fmt.why_not(n, k):
+                raise ValueError(f"MoEConfig.quantization: {what}: {fmt.why_not(n, k)}")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"MoEConfig.activation must be one of {ACTIVATIONS}, "
+                             f"got {self.activation!r}")
+        if self.swiglu_limit is not None and not self.swiglu_limit > 0:
+            raise ValueError(f"MoEConfig.swiglu_limit must be None or positive, got {self.swiglu_limit}")
+        if self.expert_bias and self.apply_router_weight_on_input:
+            # strategies pad with zero rows weighted 0 at the input; a bias makes them non-zero
+            raise ValueError("MoEConfig.expert_bias cannot be combined with "
+                             "apply_router_weight_on_input")
         if not 0 < self.decode_switch_alpha:
             raise ValueError("MoEConfig.decode_switch_alpha must be positive")
         if self.shared_stream_max_tokens < 0:

@@ -43,15 +43,17 @@ ROUTERS: Registry[RouterFn] = Registry("router")
 
 
 def router_logits(x: Tensor, router_weight: Tensor, dtype: torch.dtype | None = None,
-                  batch_invariant: bool = False) -> Tensor:
-    """x [T, D], router_weight [E, D] -> logits [T, E] in ``dtype`` (default: x's dtype).
-    batch_invariant: through the fixed-config grouped GEMM, each row computed the same way
-    whatever T (BLAS and cuBLAS pick their blocking by shape)."""
+                  bias: Tensor | None = None, batch_invariant: bool = False) -> Tensor:
+    """x [T, D], router_weight [E, D], bias [E] (gpt-oss) -> logits [T, E] in ``dtype`` (default:
+    x's dtype). batch_invariant: through the fixed-config grouped GEMM, each row computed the
+    same way whatever T (BLAS and cuBLAS pick their blocking by shape)."""
     if dtype is not None and dtype != x.dtype:
         x, router_weight = x.to(dtype), router_weight.to(dtype)
+        bias = None if bias is None else bias.to(dtype)
     if batch_invariant:
-        return invariant_linear(x, router_weight)
-    return F.linear(x, router_weight)
+        logits = invariant_linear(x, router_weight)
+        return logits if bias is None else logits + bias
+    return F.linear(x, router_weight, bias)
 
 
 def _renormalize_kept(r: Routing, top_k: int, scaling: float, eps: float = 0.0) -> Routing:

@@ -18,10 +18,12 @@ from torch import Tensor
 
 from .._registry import Registry
 from ..config import MoEConfig
-from ..ops import grouped_gemm
+from ..ops import gather_scale, grouped_gemm, silu_mul
+from ..ops.quantize import quantize_fp8_groups
+from ..ops.quantize.formats import FORMATS
 from ..types import ExpertWeights, Routing
 
-Activation = Tensor | tuple[Tensor, Tensor]  # bf16 rows, or fp8 (q, scale) rows
+Activation = Tensor | tuple[Tensor, Tensor]  # rows in the model dtype, or fp8 (q, scale) rows
 
 
 class Experts:
@@ -53,20 +55,40 @@ def register(cls: type[Experts]) -> type[Experts]:
     return cls
 
 
+def gather_input(x: Tensor, token_ids: Tensor, row_weights: Tensor | None, w: ExpertWeights,
+                 num_valid: Tensor | None = None) -> Activation:
+    """xs = x[token_ids] (* row_weights) [A, D], quantized as the weight format's first GEMM
+    takes it: fp8 rowwise fused into gather_scale, fp8 groups of 128 (fp8_block) right after."""
+    act = FORMATS[w.quantization].activation
+    xs = gather_scale(x, token_ids, row_weights, num_valid=num_valid, quantize=act == "rowwise")
+    if act == "groups":
+        xs = quantize_fp8_groups(xs, num_valid=num_valid)
+    return xs
+
+
+def glu(h: Tensor, w: ExpertWeights, cfg: MoEConfig, num_valid: Tensor | None = None) -> Activation:
+    """a = act(gate, up) [A, I] of the first GEMM's output h [A, 2I], quantized as the second
+    GEMM takes it (fused): cfg.activation, swiglu_alpha, swiglu_limit."""
+    return silu_mul(h, num_valid=num_valid, quantize=FORMATS[w.quantization].activation,
+                    activation=cfg.activation, alpha=cfg.swiglu_alpha, limit=cfg.swiglu_limit)
+
+
 def expert_gemm(
     inp: Activation,
-    w: Tensor,
-    w_scale: Tensor | None,
+    w: ExpertWeights,
+    proj: str,
     m_sizes: Tensor,
     out_dtype: torch.dtype,
     **epilogue,
 ) -> Tensor:
-    """grouped_gemm on bf16 rows or on fp8 (q, scale) rows against (w, w_scale)."""
-    if isinstance(inp, tuple):
-        q, scale = inp
-        return grouped_gemm(q, w, m_sizes, x_scale=scale, w_scale=w_scale, out_dtype=out_dtype,
-                            **epilogue)
-    return grouped_gemm(inp, w, m_sizes, **epilogue)
+    """grouped_gemm of rows (bf16, or fp8 (q, scale)) against w.w13 (proj "w13", with its bias;
+    fp8_block scale blocks restart at its up half) or w.w2 (proj "w2")."""
+    weight, scale, bias = (getattr(w, name) for name in (proj, f"{proj}_scale", f"{proj}_bias"))
+    split = w.intermediate_size if proj == "w13" and w.quantization == "fp8_block" else None
+    x, x_scale = inp if isinstance(inp, tuple) else (inp, None)
+    return grouped_gemm(x, weight, m_sizes, x_scale=x_scale, w_scale=scale, bias=bias,
+                        quantization=w.quantization, scale_split=split, out_dtype=out_dtype,
+                        **epilogue)
 
 
 def pair_weights(routing: Routing, cfg: MoEConfig) -> tuple[Tensor | None, Tensor | None]:

@@ -22,7 +22,8 @@ from ...dispatch import LocalDispatch
 from ...experts import EXPERTS
 from ...ops import sort_by_expert
 from ...types import ExpertWeights
-from .patch import TRAINING_ERROR, canonical_experts
+from .patch import TRAINING_ERROR
+from .sources import canonical_experts
 
 NAME = "shufflemoe"
 STRATEGY = "shuffled"  # the sync-free expert strategy (graph-safe, like transformers' grouped_mm)

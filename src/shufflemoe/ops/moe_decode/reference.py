@@ -21,6 +21,10 @@ def _num_valid(counts: Tensor) -> Tensor:
     return counts.sum().reshape(1).to(torch.int32)
 
 
+def _format(fp8: bool) -> str:
+    return "fp8_rowwise" if fp8 else "none"  # the fused kernels' two formats
+
+
 @inplace_op("decode_gate_up_ref", mutates_args=("a", "q", "scale"))
 def _gate_up(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Tensor,
              token_ids: Tensor, row_weights: Optional[Tensor], a: Optional[Tensor],
@@ -30,7 +34,7 @@ def _gate_up(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Tensor
     xs = gather_scale(x, token_ids, row_weights, nv, fp8, None)
     xq, x_scale = xs if fp8 else (xs, None)
     h = grouped_gemm(xq, w13, counts, x_scale, w13_scale, None, None, None, None,
-                     torch.float32)  # [A, 2I]
+                     torch.float32, quantization=_format(fp8))  # [A, 2I]
     silu_mul(h, nv, fp8, (q, scale) if fp8 else a)  # rows past num_valid keep their values
 
 
@@ -39,7 +43,7 @@ def _down(a: Tensor, a_scale: Optional[Tensor], w2: Tensor, w2_scale: Optional[T
           counts: Tensor, token_ids: Tensor, positions: Tensor, row_weights: Optional[Tensor],
           out: Tensor) -> None:
     y = grouped_gemm(a, w2, counts, a_scale, w2_scale, None, None, None, None,
-                     torch.float32)  # [A, D]
+                     torch.float32, quantization=_format(w2.dtype == FP8_DTYPE))  # [A, D]
     token_sum(out, y, positions, row_weights, _num_valid(counts))
 
 
