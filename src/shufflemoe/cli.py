@@ -117,8 +117,11 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--hf", action="store_true", help="patch tiny HF transformers models and check parity")
     b = sub.add_parser("bench", help="run benchmark suites on the GPU")
     b.add_argument("--suite", action="append", help="suite name (repeatable); default: all")
-    b.add_argument("--out", default="benchmarks/results")
+    b.add_argument("--part", type=int, help="only the suites of this GPU call (see --list)")
+    b.add_argument("--out", help="results folder (default: a new folder per run, printed)")
     b.add_argument("--quick", action="store_true", help="fewer shapes and repetitions")
+    b.add_argument("--budget-s", type=float, help="seconds the run may take: late cases are skipped")
+    b.add_argument("--list", action="store_true", help="name the suites with their estimated times")
     p = sub.add_parser("plan", help="bytes, FLOPs, communication and roofline floor per strategy")
     p.add_argument("--model", default="llama4-scout")
     p.add_argument("--tokens", type=int, default=64)
@@ -136,9 +139,12 @@ def main(argv: list[str] | None = None) -> int:
             return run_demo()
         return demo(torch.device(args.device))
     if args.command == "bench":
-        from .bench.run import run
+        from .bench.run import describe, run
 
-        return 1 if run(args.suite, args.out, args.quick) else 0
+        if args.list:
+            print(describe())
+            return 0
+        return 1 if run(args.suite, args.out, args.quick, args.part, args.budget_s) else 0
     if args.command == "plan":
         return plan_cmd(args)
     return info()
