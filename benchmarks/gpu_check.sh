@@ -8,12 +8,15 @@
 #   bash benchmarks/gpu_check.sh quick | tests | bench [suite ...]
 #
 # Estimated H100 time per suite (`shufflemoe bench --list`), from the suite times of the last two
-# full runs (8c6cb20, 8aca447: index_shuffle ~40 s, token_movement 38-44 s, grouped_gemm 5-23 s,
-# grouped_gemm_sweep 14-31 s, layer ~240 s, e2e_hf 64-89 s) plus what this version adds (ceilings
-# before and after each suite ~5 s each; eager and compiled rows; more decode sizes; the e2e
-# compile paths, ~15-25 s per compile): part 1 ~300 s + tests (~150-240 s); part 2 ~405 s. Each
-# part runs under a deadline (BENCH_BUDGET_S) that skips late cases rather than lose the call, and
-# the results of finished suites are packed even when a suite fails.
+# full runs (8c6cb20, 8aca447: index_shuffle ~40 s with tiling variants, now dropped;
+# token_movement 38-44 s; grouped_gemm 5-23 s; grouped_gemm_sweep 14-31 s; layer ~240 s; e2e_hf
+# 64-89 s at twice the depth) plus what this version adds (ceilings after each suite ~5 s; eager
+# and compiled rows; decode at T = 2 and 4; weight copies; the e2e compile paths, ~15-25 s per
+# compile of the reduced-depth models): part 1 = tests (~150-240 s) + layer ~280 s; part 2 ~385 s
+# (index_shuffle 30, token_movement 50, grouped_gemm 30, grouped_gemm_sweep 35, e2e_hf 240). These
+# are estimates, not measurements: each part runs under a deadline (BENCH_BUDGET_S) that skips late
+# cases (rows say "skipped: time budget") rather than lose the call, and the results of finished
+# suites are packed even when a suite fails.
 #
 # $OUT receives 4 files: gpu.txt, tests.log, bench.log, results.tgz. results.tgz holds
 # <suite>.json/.md/.png and history/<suite>.jsonl (the committed history plus this run's line).

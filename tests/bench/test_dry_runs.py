@@ -33,7 +33,7 @@ def dry(name: str, monkeypatch, module, quick=True, **patches):
 
 def test_index_shuffle(monkeypatch):
     res, a = dry("index_shuffle", monkeypatch, token_ops, SPEC_US={(16, 8): 5.0}, SPEC_UNFUSED_US={(16, 8): 40.0},
-                 TOP8_T=(), TUNE_SHAPES=(), rotations=lambda *a, **k: 2)
+                 TOP8_T=(), rotations=lambda *a, **k: 2)
     ours = [r for r in res.rows if r["side"] == "ours"]
     assert {r["mode"] for r in ours} == {"graph", "eager"} and all(r["check"] == "ok" for r in ours)
     assert {r["modes"] for r in a.ratios} == {"graph vs graph", "eager vs eager"} and len(a.targets) == 2

@@ -16,6 +16,8 @@ import uuid
 
 import torch
 
+from .ceilings import read_clocks
+
 SRC = pathlib.Path(__file__).resolve().parents[1]  # src/shufflemoe
 REPO_RESULTS = SRC.parents[1] / "benchmarks" / "results"  # in a source checkout
 _RUN_ID = None
@@ -71,7 +73,7 @@ def metadata() -> dict:
     if torch.cuda.is_available():
         p = torch.cuda.get_device_properties(0)
         meta.update(gpu=p.name, sm_count=p.multi_processor_count, cuda=torch.version.cuda,
-                    l2_mb=round(getattr(p, "L2_cache_size", 0) / 2**20, 1))
+                    l2_mb=round(getattr(p, "L2_cache_size", 0) / 2**20, 1), clocks=read_clocks())
     else:
         meta.update(gpu=None, cpu=platform.processor() or platform.machine())
     return meta

@@ -221,7 +221,7 @@ def analyse_sweep(rows: list[dict]) -> Analysis:
 
 
 @suite("grouped_gemm_sweep", "spec 002's batch sweep (Scout TP8, Qwen2-57B TP4), vs torch (graph)",
-       est_s=40, part=2)
+       est_s=35, part=2)
 def batch_sweep(ctx: Context) -> SuiteResult:
     batches = [1, 8, 64, 512, 4096] if ctx.quick else [2**i for i in range(13)]
     cases = [(model, E, k, gemm, N, K, dtype) for model, (E, k, gemms) in SWEEP_MODELS.items()
@@ -231,7 +231,7 @@ def batch_sweep(ctx: Context) -> SuiteResult:
         ctx.progress(n, len(cases), f"{model} {gemm} {dtype}")
         for T in batches:
             rows += measure(Case(dtype, topk_m_sizes(T, E, k, seed=T), N, K), ctx,
-                            reps=10 if ctx.quick else 30, label=f"{model} {gemm} T={T}",
+                            reps=10 if ctx.quick else 20, label=f"{model} {gemm} T={T}",
                             model=model, gemm=gemm, batch=T)
     return SuiteResult(rows, analyse_sweep, COLUMNS, plot=_plot,
                        notes="Spec 002's sweep: random top-k routing, A = batch * k rows.")

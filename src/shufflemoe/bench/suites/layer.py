@@ -41,10 +41,10 @@ DECODE_T = (1, 2, 4, 8, 64, 128)
 PEER_T = (1, 8, 64)  # decode token counts timed with peers too (and every prefill)
 OTHER_FORMAT_T = (1, 8, 64, 2048)  # formats beyond bf16 and fp8 rowwise: fewer shapes
 DENSE_FP8 = {"none": False, "fp8_rowwise": True}  # formats with a dense cuBLAS reference
-COMPILE_CASES = {("llama4-scout-tp8", 1), ("llama4-scout-tp8", 64), ("qwen3-30b-a3b", 1), ("qwen3-30b-a3b", 64)}
+COMPILE_CASES = {("llama4-scout-tp8", 1), ("qwen3-30b-a3b", 64)}
 BATCH_INVARIANT_CASES = {("llama4-scout-tp8", T) for T in (1, 64, 2048)} | {("qwen3-30b-a3b", T) for T in (1, 64, 2048)}
 COMPILE_OPTIONS: dict = {}  # torch.compile's defaults (a CPU dry run uses backend="eager")
-SHOOTOUT_T = {"llama4-scout-tp8": (64, 2048), "qwen3-30b-a3b": (64, 2048)}  # others: (64,)
+SHOOTOUT_T = {"llama4-scout-tp8": (64, 2048)}  # others: (64,)
 QUICK_PRESETS = ("llama4-scout-tp8", "qwen3-30b-a3b")
 SPEC_SCOUT_T64_US = 197.456  # the spec's Llama 4 Scout BF16 decode trace, T=64, H100, 16 experts
 
@@ -321,7 +321,7 @@ def _shootout(p: Preset, T: int) -> list[dict]:
 
 
 @suite("layer", "MoE layer presets x formats: % of the read ceiling, vs dense cuBLAS, vs torch / "
-       "transformers / per-expert loop (eager, graph, compile), shoot-out", est_s=300, part=1)
+       "transformers / per-expert loop (eager, graph, compile), shoot-out", est_s=280, part=1)
 def run(ctx: Context) -> SuiteResult:
     presets = [p for p in PRESETS if not ctx.quick or p.name in QUICK_PRESETS]
     jobs = [(p, fmt) for p in presets for fmt in formats()]

@@ -7,7 +7,6 @@ top-1, bf16 scores) and top-8 rows for E = 128 (Qwen3), over rotating score sets
     stable argsort), both as CUDA-graph replays;
   - eager: ours launched from Python against the same sync-free ops and against the ops a user
     writes first (argmax/topk + bincount + stable sort; bincount synchronizes with the host).
-A few alternative tilings (``tune`` rows) are for information.
 
 ``token_movement``: gather_scale (+ fp8), silu_mul (+ fp8), scatter_add at D = 5120 (silu_mul:
 h [A, 2 * 5120]), T in {1, 64, 2048, 16384}, k in {1, 4}, A = T * k, bf16, against the torch
@@ -25,7 +24,6 @@ samples, each input set's output compared with the torch reference.
 
 from __future__ import annotations
 
-import dataclasses
 import traceback
 from typing import Callable
 
@@ -49,7 +47,6 @@ TARGET_MIN_T = 2048
 KEYS = ["case", "shape"]
 COLUMNS = ["case", "shape", "impl", "side", "mode", "us", "gbps", "pct_copy", "spec_us", "check", "note"]
 TOP8_T = (128, 2048, 8192)
-TUNE_SHAPES = ((128, 128), (512, 128), (2048, 128), (8192, 128))
 MOVEMENT_OPS = ("gather_scale", "gather_scale+fp8", "silu_mul", "silu_mul+fp8", "scatter_add")
 MOVEMENT_T = (1, 64, 2048, 16384)
 MOVEMENT_K = (1, 4)
@@ -91,17 +88,16 @@ def _unfused_sync_free(scores: torch.Tensor, k: int):
 _ROUTING_FIELDS = ("counts", "token_ids", "expert_ids", "num_valid")
 
 
-def _route_rows(T: int, E: int, k: int, ctx: Context, *, config=None, peers: bool = True) -> list[dict]:
+def _route_rows(T: int, E: int, k: int, ctx: Context) -> list[dict]:
     from ...ops.index_shuffle import kernel
 
     n_sets = rotations(T * E * 2)
     g = torch.Generator(device=DEVICE).manual_seed(T + E)
     sets = [torch.randn(T, E, device=DEVICE, generator=g).to(torch.bfloat16) for _ in range(n_sets)]
-    reps = 20 if ctx.quick else 60
+    reps = 20 if ctx.quick else 40
 
     def ours(i: int):
-        r = (index_shuffle(sets[i], k, impl="triton") if config is None else
-             kernel.index_shuffle(sets[i], k, "none", False, 1.0, None, config=config))
+        r = index_shuffle(sets[i], k, impl="triton")
         return tuple(getattr(r, f) for f in _ROUTING_FIELDS)
 
     def check(outputs: list) -> str:
@@ -111,19 +107,15 @@ def _route_rows(T: int, E: int, k: int, ctx: Context, *, config=None, peers: boo
                 return f"MISMATCH (set {i})"
         return "ok"
 
-    cfg = config or kernel.route_config(T, E, k)
+    cfg = kernel.route_config(T, E, k)
     case = dict(case=f"index_shuffle top{k}", shape=f"T={T} E={E}")
     note = f"bt={cfg.block_tokens} bec={cfg.expert_chunk} single={cfg.single} w={cfg.num_warps}"
-    spec = SPEC_US.get((T, E)) if k == 1 else None
-    if not peers:  # a tiling variant: for tuning, not compared
-        t = time_fn(ours, n_sets, reps=reps, keep_outputs=True)
-        return [dict(case, impl="tune", side="variant", mode="graph", **t.fields(), spec_us=spec,
-                     check=check(t.outputs), note=note)]
     rows = []
     for mode in ("graph", "eager"):
         t = time_fn(ours, n_sets, graph=mode == "graph", reps=reps, keep_outputs=True)
         rows.append(dict(case, impl="shufflemoe", side="ours", mode=mode, **t.fields(),
-                         spec_us=spec if mode == "graph" else None, check=check(t.outputs), note=note))
+                         spec_us=SPEC_US.get((T, E)) if k == 1 and mode == "graph" else None,
+                         check=check(t.outputs), note=note))
     unfused_spec = SPEC_UNFUSED_US.get((T, E)) if k == 1 else None
     for mode in ("graph", "eager"):
         t = time_fn(lambda i: _unfused_sync_free(sets[i], k), n_sets, graph=mode == "graph", reps=reps)
@@ -133,20 +125,6 @@ def _route_rows(T: int, E: int, k: int, ctx: Context, *, config=None, peers: boo
     rows.append(dict(case, impl="torch ops with bincount (syncs)", side="peer", mode="eager",
                      **t.fields(), spec_us=unfused_spec))
     return rows
-
-
-def _tuning_configs(T: int, E: int) -> list:
-    """Alternative tilings around the heuristic's choice (the other warp count; blocks of 32 to
-    128 pairs; one program vs blocks at T = 512), to tune it from one run."""
-    from ...ops.index_shuffle import kernel
-
-    base = kernel.route_config(T, E, 1)
-    alts = [dataclasses.replace(base, num_warps=4 if base.num_warps == 8 else 8)]
-    for pairs in (32, 64, 128):
-        c = kernel.route_config(T, E, 1, single_pairs=0, min_block_pairs=pairs)
-        if c.block_tokens < T:
-            alts.append(c)
-    return [c for c in dict.fromkeys(alts) if c != base]
 
 
 def analyse_index_shuffle(rows: list[dict]) -> Analysis:
@@ -181,19 +159,17 @@ def analyse_index_shuffle(rows: list[dict]) -> Analysis:
 
 
 @suite("index_shuffle", "fused routing vs the spec's FBGEMM times and the torch ops (graph and eager)",
-       est_s=45, part=2)
+       est_s=30, part=2)
 def index_shuffle_suite(ctx: Context) -> SuiteResult:
     rows: list[dict] = []
-    cases = [(T, E, 1, None) for (T, E) in SPEC_US] + [(T, 128, 8, None) for T in TOP8_T]
-    cases += [(T, E, 1, cfg) for T, E in TUNE_SHAPES for cfg in _tuning_configs(T, E)]
-    for n, (T, E, k, cfg) in enumerate(cases):
-        ctx.progress(n, len(cases), f"top{k} T={T} E={E}" + (" (tiling variant)" if cfg else ""))
-        _safe(rows, f"index_shuffle top{k}", f"T={T} E={E}",
-              lambda: _route_rows(T, E, k, ctx, config=cfg, peers=cfg is None))
+    cases = [(T, E, 1) for (T, E) in SPEC_US] + [(T, 128, 8) for T in TOP8_T]
+    for n, (T, E, k) in enumerate(cases):
+        ctx.progress(n, len(cases), f"top{k} T={T} E={E}")
+        _safe(rows, f"index_shuffle top{k}", f"T={T} E={E}", lambda: _route_rows(T, E, k, ctx))
     return SuiteResult(rows, analyse_index_shuffle, COLUMNS, notes=(
         "Rotating bf16 score sets. ratio = peer us / ours in the same mode. spec_us: the spec's "
-        "fused IndexShuffling (ours) or unfused torch ops (peers). 'tune' rows time other tilings "
-        "(bt = tokens per block, bec = experts per score tile)."))
+        "fused IndexShuffling (ours) or unfused torch ops (peers). note: the tiling (bt = tokens "
+        "per block, bec = experts per score tile)."))
 
 
 # ---- token movement --------------------------------------------------------------------------------
