@@ -178,8 +178,11 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
                        description="Run the GPU benchmark suites; results are stamped JSON and "
                        "markdown.")
     b.add_argument("--suite", action="append", help="suite name (repeatable); default: all")
-    b.add_argument("--out", default="benchmarks/results", help="results directory (default: %(default)s)")
+    b.add_argument("--part", type=int, help="only the suites of this GPU call (see --list)")
+    b.add_argument("--out", help="results folder (default: a new folder per run, printed)")
     b.add_argument("--quick", action="store_true", help="fewer shapes and repetitions")
+    b.add_argument("--budget-s", type=float, help="seconds the run may take: late cases are skipped")
+    b.add_argument("--list", action="store_true", help="name the suites with their estimated times")
     p = sub.add_parser("plan", help="bytes, FLOPs, communication and roofline floor per strategy",
                        description="Bytes, FLOPs, communication and roofline floor of one MoE "
                        "layer per expert strategy, for a model's layer shape.")
@@ -199,7 +202,8 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     p.add_argument("--quantization", choices=QUANTIZATIONS, default="none",
                    help="routed experts' weight format, bytes per weight with its scales "
                    "(default: %(default)s)")
-    p.add_argument("--fp8", action="store_true", help="experts in fp8 rowwise (same as --quantization fp8_rowwise)")
+    p.add_argument("--fp8", action="store_true",
+                   help="experts in fp8 rowwise (same as --quantization fp8_rowwise)")
     i = sub.add_parser("info", help="versions and device", description="Print versions and the device.")
     return parser, dict(demo=d, bench=b, plan=p, info=i)
 
@@ -218,9 +222,12 @@ def main(argv: list[str] | None = None) -> int:
             return run_demo()
         return demo(args.device)
     if args.command == "bench":
-        from .bench.run import run
+        from .bench.run import describe, run
 
-        return 1 if run(args.suite, args.out, args.quick) else 0
+        if args.list:
+            print(describe())
+            return 0
+        return 1 if run(args.suite, args.out, args.quick, args.part, args.budget_s) else 0
     if args.command == "plan":
         try:
             return plan_cmd(args)
