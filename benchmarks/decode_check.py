@@ -3,12 +3,12 @@
     PYTHONPATH=src python benchmarks/decode_check.py --out $OUT [--budget 300]
     PYTHONPATH=src python benchmarks/decode_check.py --dry-run --out /tmp/x   (CPU, interpreter)
 
-1. ceilings measured now: read bandwidth (a 1 GiB reduction: bytes read only), device copy
-   (read + write), dense cuBLAS bf16 / fp8 (bench.timing.measure_ceilings);
-2. checks: the layer with the fused path forced on (Switch(max_pairs=huge)) against the float64
+1. ceilings measured now: read bandwidth (the faster of a sum and a max over 2 GiB: bytes read only), device copy
+   (read + write), dense cuBLAS bf16 / fp8 (bench.ceilings.measure_ceilings);
+2. checks: the layer with the fused path forced on (configs.ALWAYS) against the float64
    naive_moe, for Llama 4 Scout TP8, Maverick TP8, Qwen3-30B-A3B, Mixtral TP2, bf16 and fp8,
    T = 1, 2, 4, 8, 64 (T = 64 checks the kernels above the default switch too);
-3. decode: the layer per T, fused path vs the current seven-launch path (Switch(max_pairs=0)),
+3. decode: the layer per T, fused path vs the current seven-launch path (configs.NEVER),
    CUDA-graph replays rotating through weight sets and inputs (each call routes differently,
    nothing stays in L2), as % of the read ceiling for the bytes the routing activates (active
    experts + shared expert + router: planner.must_read_bytes);
@@ -56,8 +56,8 @@ PRESETS = {
 DECODE_T = (1, 2, 4, 8, 64)
 SWEEP_T = (1, 8)
 PREFILL_T = 16384
-FUSED = configs.Switch(max_pairs=1 << 30)
-UNFUSED = configs.Switch(max_pairs=0)
+FUSED = configs.ALWAYS
+UNFUSED = configs.NEVER
 N_INPUTS = 8  # input batches rotated through per timing (each routes differently)
 
 
@@ -164,15 +164,11 @@ def pct_read(run: Run, nbytes: float, us: float) -> float:
 # --------------------------------------------------------------------------------- sections
 
 def measure_read_gbps(run: Run) -> dict:
-    from shufflemoe.bench.timing import measure_ceilings, time_fn
+    from shufflemoe.bench.ceilings import measure_ceilings
 
     ceil = measure_ceilings()
-    src = torch.randn(1 << 29, device="cuda", dtype=torch.bfloat16)  # 1 GiB
-    best = min(time_fn(lambda i: src.sum(dtype=torch.float32), 1, graph=False, reps=20).median_us
-               for _ in range(3))
-    run.read_gbps = src.numel() * src.element_size() / best / 1e3
-    del src
-    return dict(read_gbps=round(run.read_gbps, 1), **ceil.as_dict())
+    run.read_gbps = ceil.read_gbps
+    return ceil.as_dict()
 
 
 def check_layer(run: Run, name: str, layer: MoE, dtype: str, T: int) -> None:
@@ -195,9 +191,9 @@ def decode_rows(run: Run, name: str, layers: list[MoE], dtype: str, T: int) -> N
     active = sum(int((layers[i % len(layers)].route(x).counts > 0).sum())
                  for i, x in enumerate(xs)) / len(xs)
     nbytes = must_read_bytes(cfg, active)
+    fused = configs.use_fused(T * cfg.top_k, cfg.top_k, cfg.quantized)
     row = dict(preset=name, dtype=dtype, T=T, A=T * cfg.top_k, active_experts=active,
-               must_read_mb=nbytes / 1e6, default="fused" if configs.use_fused(T * cfg.top_k)
-               else "unfused")
+               must_read_mb=nbytes / 1e6, default="fused" if fused else "unfused")
     for label, switch in (("fused", FUSED), ("unfused", UNFUSED)):
         with configs.override(switch):
             us = timed(run, lambda i: layers[i % len(layers)](xs[i]), len(xs))

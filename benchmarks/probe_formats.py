@@ -20,7 +20,8 @@ import argparse
 import torch
 
 from shufflemoe import MoE, preset
-from shufflemoe.bench.timing import measure_ceilings, rotations, time_fn
+from shufflemoe.bench.ceilings import measure_ceilings
+from shufflemoe.bench.timing import rotations, time_fn
 from shufflemoe.ops import grouped_gemm, use_impl
 from shufflemoe.ops.quantize import reference as qref
 from shufflemoe.ops.quantize.formats import FORMATS

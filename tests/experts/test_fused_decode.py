@@ -13,7 +13,14 @@ from shufflemoe.ops import use_impl
 from shufflemoe.ops.moe_decode import configs
 from shufflemoe.testing import assert_close, tolerance_key
 
-SPLIT = configs.DecodeConfig(configs.GemmConfig(16, 16, 2), configs.GemmConfig(16, 16, 3))
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def split_config(cfg: MoEConfig) -> configs.DecodeConfig:
+    """16-wide tiles with K split 2 and 3 ways (fp8 dots need K steps of 32 on the GPU)."""
+    bk = 32 if cfg.quantized and DEV == "cuda" else 16
+    return configs.DecodeConfig(configs.GemmConfig(16, bk, 2), configs.GemmConfig(16, bk, 3))
+
 
 CONFIGS = {
     "llama4 (weights on input)": MoEConfig(hidden_size=40, intermediate_size=24, num_experts=16,
@@ -39,7 +46,8 @@ CONFIGS = {
 
 @pytest.fixture
 def fused_calls(monkeypatch):
-    """Counts the strategy's calls into the fused kernels' entry point."""
+    """Counts the strategy's calls into the fused kernels' entry point (the default switch fuses
+    bf16 top-1 layers only: tests that need the others force it with configs.ALWAYS)."""
     calls = []
     real = shuffled.decode_gate_up
     monkeypatch.setattr(shuffled, "decode_gate_up",
@@ -54,28 +62,38 @@ CASES = [(name, 5) for name in CONFIGS] + [
 @pytest.mark.parametrize("name,T", CASES, ids=[f"{n}-T={t}" for n, t in CASES])
 def test_layer_through_fused_kernels(name, T, fused_calls):
     cfg = CONFIGS[name]
-    layer = make_layer(cfg, seed=T)
-    x = make_input(cfg, T, seed=T + 1)
+    layer = make_layer(cfg, seed=T, device=DEV)
+    x = make_input(cfg, T, seed=T + 1, device=DEV)
     r = layer.route(x)
     ref, mag = naive_moe(layer, x, r, with_magnitude=True)
-    with use_impl("triton"), configs.override(SPLIT):
+    with use_impl("triton"), configs.override(split_config(cfg)), configs.override(configs.ALWAYS):
         y = layer(x)
     assert fused_calls, "the fused path was not taken"
     assert_close(y, ref, tolerance_key(cfg), name=f"{name} T={T}", magnitude=mag)
 
 
 def test_switch_picks_the_path(fused_calls):
-    cfg = CONFIGS["qwen3 (k=8 of 128)"]
-    layer = make_layer(cfg)
+    """By default: bf16 top-1 layers while T * k <= 64; top-8 and fp8 layers never (measured
+    slower, configs.Switch); a Switch in force decides otherwise."""
+    cases = [("llama4 (weights on input)", 64, True), ("llama4 (weights on input)", 65, False),
+             ("qwen3 (k=8 of 128)", 1, False), ("llama4 fp8", 1, False)]
+    for name, T, fused in cases:
+        cfg = CONFIGS[name]
+        fused_calls.clear()
+        make_layer(cfg)(make_input(cfg, T))
+        assert bool(fused_calls) == fused, (name, T)
+    qwen = CONFIGS["qwen3 (k=8 of 128)"]
+    layer = make_layer(qwen)
     for T, fused in ((8, True), (9, False)):  # A = 64 fuses, A = 72 does not
         fused_calls.clear()
-        layer(make_input(cfg, T))
+        with configs.override(configs.Switch(max_top_k=8)):
+            layer(make_input(qwen, T))
         assert bool(fused_calls) == fused, T
     fused_calls.clear()
-    with configs.override(configs.Switch(max_pairs=0)):
-        layer(make_input(cfg, 1))
-    assert not fused_calls
-    layer(make_input(cfg, 0))  # T = 0 never launches anything
+    llama4 = CONFIGS["llama4 (weights on input)"]
+    with configs.override(configs.NEVER):
+        make_layer(llama4)(make_input(llama4, 1))
+    make_layer(llama4)(make_input(llama4, 0))  # T = 0 never launches anything
     assert not fused_calls
 
 
@@ -83,12 +101,13 @@ def test_switch_picks_the_path(fused_calls):
 def test_fused_and_unfused_paths_agree(name):
     """The two paths differ only in rounding (the fused one keeps gate/up in float32)."""
     cfg = CONFIGS[name]
-    layer = make_layer(cfg)
-    x = make_input(cfg, 6)
+    layer = make_layer(cfg, device=DEV)
+    x = make_input(cfg, 6, device=DEV)
     r = layer.route(x)
     _, mag = naive_moe(layer, x, r, with_magnitude=True)
-    with use_impl("triton"), configs.override(SPLIT):
-        fused = layer(x)
-        with configs.override(configs.Switch(max_pairs=0)):
+    with use_impl("triton"), configs.override(split_config(cfg)):
+        with configs.override(configs.ALWAYS):
+            fused = layer(x)
+        with configs.override(configs.NEVER):
             unfused = layer(x)
     assert_close(fused, unfused.double(), tolerance_key(cfg), magnitude=mag)

@@ -210,7 +210,7 @@ def test_gpu_model_shapes(case):
     fmt, N, K, split, m_sizes = GPU_SHAPES[case]
     x, w, kw, x64, w64, b = make(fmt, m_sizes, N, K, split, tail=5, seed=1)
     ms = torch.tensor(m_sizes, dtype=torch.int32, device=DEV)
-    y = grouped_gemm(x, w, ms, **kw)
+    y = grouped_gemm(x, w, ms, out=poisoned(x.shape[0], N, dtype=torch.bfloat16, device=DEV), **kw)
     n = sum(m_sizes)
     assert_close(y[:n], loop64(x64.to(DEV), w64.to(DEV), m_sizes, bias=b).cpu(), "bfloat16")
     assert torch.isnan(y[n:].float()).all()

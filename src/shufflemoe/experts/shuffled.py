@@ -24,8 +24,8 @@ class Shuffled(Experts):
     def forward(self, x, routing, weights, out, cfg, before_combine=lambda: None):
         r, w = routing, weights
         w_in, w_out = pair_weights(r, cfg)
-        if x.shape[0] and _fusable(w, cfg) and decode_configs.use_fused(r.num_pairs,
-                                                                     cfg.batch_invariant):
+        if x.shape[0] and _fusable(w, cfg) and decode_configs.use_fused(
+                r.num_pairs, cfg.top_k, w.quantized, cfg.batch_invariant):
             a = decode_gate_up(x, w.w13, r.counts, r.token_ids, w_in, w13_scale=w.w13_scale)
             before_combine()
             decode_down(a, w.w2, r.counts, r.token_ids, r.positions, out, w_out,

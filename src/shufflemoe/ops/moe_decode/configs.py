@@ -2,11 +2,12 @@
 
 Two choices, each a frozen dataclass that tests and benchmarks replace with ``override``:
 
-- ``Switch``: the ``shuffled`` strategy takes the fused path while A = T * k <= max_pairs. Below
-  it the layer is weight-bound and latency-bound (a few rows per expert, about seven dependent
-  launches of 2-17 us on an H100, benchmarks/notes/layer.md); above it the persistent grouped
-  GEMM's prefill schedule (TMA, wide token tiles) wins and the serial token-major combine of the
-  fused down GEMM would grow. The default is a first guess; benchmarks/decode_check.py sweeps it.
+- ``Switch``: the ``shuffled`` strategy takes the fused path while A = T * k <= max_pairs, for
+  layers with k <= max_top_k, and for fp8 layers only if ``fp8``. Measured on an H100
+  (benchmarks/decode_check.py, CUDA-graph replays, fused vs the four-launch path, T = 1..64): bf16
+  top-1 Llama 4 Scout TP8 1.02-1.08x faster, Maverick TP8 1.01-1.03x at T >= 2 (0.94x at T = 1);
+  bf16 top-8 Qwen3-30B-A3B 0.95-0.99x; fp8 0.77-0.95x everywhere (its in-kernel quantization of
+  a's rows costs more than the launch it saves). So the default fuses bf16 top-1 layers only.
 - ``DecodeConfig``: tiles and split-K factors of the two fused GEMMs. The host knows A, E, D, I
   and the dtype, never the group sizes, so it plans for min(E, A) active experts: weight tiles =
   active experts x cdiv(N, block_n). With fewer tiles than SMs, K is split until every SM streams
@@ -29,6 +30,12 @@ from ..quantize.reference import FP8_DTYPE
 @dataclass(frozen=True)
 class Switch:
     max_pairs: int = 64  # fused while A = T * k <= max_pairs
+    max_top_k: int = 1  # ... for layers with k <= max_top_k
+    fp8: bool = False  # ... and fp8 layers only when True
+
+
+ALWAYS = Switch(max_pairs=1 << 30, max_top_k=1 << 30, fp8=True)  # tests and benchmarks
+NEVER = Switch(max_pairs=0)
 
 
 @dataclass(frozen=True)
@@ -76,16 +83,29 @@ def override(config: DecodeConfig | Switch | Callable[[Key], DecodeConfig]) -> I
         var.reset(token)
 
 
+# The switch in force, field by field: constants to torch.compile, which cannot trace a ContextVar.
 @torch._dynamo.assume_constant_result
 def _max_pairs() -> int:
-    """The switch in force; a constant to torch.compile, which cannot trace a ContextVar."""
     return _switch.get().max_pairs
 
 
-def use_fused(num_pairs: int, batch_invariant: bool = False) -> bool:
-    """Whether ``shuffled`` runs A = num_pairs pairs through the fused decode kernels. Never in
-    batch-invariant mode: the split-K factor follows A, and with it the sum order."""
-    return not batch_invariant and num_pairs <= _max_pairs()
+@torch._dynamo.assume_constant_result
+def _max_top_k() -> int:
+    return _switch.get().max_top_k
+
+
+@torch._dynamo.assume_constant_result
+def _fp8() -> bool:
+    return _switch.get().fp8
+
+
+def use_fused(num_pairs: int, top_k: int = 1, fp8: bool = False,
+              batch_invariant: bool = False) -> bool:
+    """Whether ``shuffled`` runs A = num_pairs pairs of a top-``top_k`` layer (fp8 rowwise or
+    not) through the fused decode kernels. Never in batch-invariant mode: the split-K factor
+    follows A, and with it the sum order."""
+    return (not batch_invariant and num_pairs <= _max_pairs() and top_k <= _max_top_k()
+            and (_fp8() or not fp8))
 
 
 def select(A: int, E: int, D: int, I: int, dtype: torch.dtype, sms: int) -> DecodeConfig:
