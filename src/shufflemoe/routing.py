@@ -23,7 +23,7 @@ from torch import Tensor
 
 from ._registry import Registry
 from .config import MoEConfig
-from .ops import index_shuffle, sort_by_expert
+from .ops import backend_for
 from .types import Routing
 
 RouterFn = Callable[[Tensor, MoEConfig, Tensor | None], Routing]
@@ -37,27 +37,19 @@ def router_logits(x: Tensor, router_weight: Tensor, dtype: torch.dtype | None = 
     return F.linear(x, router_weight)
 
 
+# Routers call the ops unchecked: MoEConfig validated every option, the layer made the logits.
 @ROUTERS.register("topk")
 def _topk(logits: Tensor, cfg: MoEConfig, bias: Tensor | None) -> Routing:
-    return index_shuffle(
-        logits,
-        cfg.top_k,
-        scoring=cfg.scoring,
-        renormalize=cfg.renormalize,
-        scaling=cfg.routed_scaling_factor,
-        capacity=cfg.capacity(logits.shape[0]),
-    )
+    return backend_for(logits).index_shuffle(logits, cfg.top_k, cfg.scoring, cfg.renormalize,
+                                             cfg.routed_scaling_factor,
+                                             cfg.capacity(logits.shape[0]))
 
 
 @ROUTERS.register("llama4")
 def _llama4(logits: Tensor, cfg: MoEConfig, bias: Tensor | None) -> Routing:
-    return index_shuffle(
-        logits,
-        cfg.top_k,
-        scoring="sigmoid",
-        scaling=cfg.routed_scaling_factor,
-        capacity=cfg.capacity(logits.shape[0]),
-    )
+    return backend_for(logits).index_shuffle(logits, cfg.top_k, "sigmoid", False,
+                                             cfg.routed_scaling_factor,
+                                             cfg.capacity(logits.shape[0]))
 
 
 def group_limited_topk(
@@ -83,7 +75,8 @@ def group_limited_topk(
 @ROUTERS.register("group_limited")
 def _group_limited(logits: Tensor, cfg: MoEConfig, bias: Tensor | None) -> Routing:
     ids, weights = group_limited_topk(logits, cfg, bias)
-    return sort_by_expert(ids, cfg.num_experts, weights, capacity=cfg.capacity(logits.shape[0]))
+    return backend_for(ids).sort_by_expert(ids, cfg.num_experts, weights,
+                                           cfg.capacity(logits.shape[0]))
 
 
 def route(logits: Tensor, cfg: MoEConfig, bias: Tensor | None = None) -> Routing:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from shufflemoe.ops import (combine_shuffling, gather_scale, index_shuffle, scatter_add,
-                            silu_mul, sort_by_expert, split_shuffling)
+from shufflemoe.ops import (combine_shuffling, gather_scale, grouped_gemm, index_shuffle,
+                            scatter_add, silu_mul, sort_by_expert, split_shuffling)
 from shufflemoe.testing import assert_close
 
 pytest.importorskip("triton")
@@ -97,7 +97,7 @@ def _opcheck_cases() -> dict[str, tuple]:
         "gather_scale": (d["x"], r.token_ids, r.weights, r.num_valid, empty(A, D, dtype=d["x"].dtype)),
         "gather_scale_fp8": (d["x"], r.token_ids, None, r.num_valid, empty(A, D, dtype=fp8), empty(A)),
         "grouped_gemm": (*gemm, False),
-        "grouped_gemm_ref": (*scatter, True),
+        "grouped_gemm_ref": (*scatter, True, False),
         "silu_mul": (h, r.num_valid, empty(A, I)),
         "silu_mul_fp8": (h, None, empty(A, I, dtype=fp8), empty(A)),
         "scatter_add": (torch.zeros(T, I, device=DEV), y, r.token_ids, r.weights, r.num_valid, None),
@@ -126,6 +126,21 @@ def test_opcheck_every_op():
         fp8 = any(isinstance(a, torch.Tensor) and a.dtype == torch.float8_e4m3fn for a in args)
         utils = ("test_faketensor",) if fp8 else ("test_schema", "test_faketensor")
         torch.library.opcheck(getattr(torch.ops.shufflemoe, name), args, test_utils=utils)
+
+
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+def test_all_rows_hint(impl):
+    """index_shuffle without a capacity says every pair is routed; grouped_gemm's all_rows (no
+    tail: nothing to mask) then gives what the masked path gives."""
+    d = inputs(seed=2, device=DEV)
+    r = index_shuffle(d["scores"], K, scoring="softmax", impl="torch")
+    assert r.all_routed and not index_shuffle(d["scores"], K, capacity=2, impl="torch").all_routed
+    assert not sort_by_expert(r.expert_ids.view(T, K).long(), E, impl="torch").all_routed
+    xs = gather_scale(d["x"], r.token_ids, impl=impl)
+    outs = [grouped_gemm(xs, d["w13"][:, :D].contiguous(), r.counts, row_weights=r.weights,
+                         scatter_ids=r.token_ids, out=torch.zeros_like(d["x"]), all_rows=full,
+                         scatter_unique=False, impl=impl) for full in (False, True)]
+    assert_close(outs[1], outs[0].double(), torch.bfloat16)
 
 
 def test_compile_fullgraph_matches_eager():

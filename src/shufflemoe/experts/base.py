@@ -6,7 +6,9 @@ router weight is applied on the input). ``before_combine`` is called before the 
 ``out``, so the layer can join the shared expert's stream as late as possible.
 
 Every strategy multiplies through ``ops.grouped_gemm``; they differ in grouping, padding and host
-syncs, which is what the spec compares (padding / slicing / concatenation / shuffling).
+syncs, which is what the spec compares (padding / slicing / concatenation / shuffling). They call
+the ops unchecked (``ops.backend_for``): the layer checked its weights once, and every other
+tensor here is made by the layer.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from torch import Tensor
 
 from .._registry import Registry
 from ..config import MoEConfig
-from ..ops import grouped_gemm
+from ..ops import Ops
 from ..types import ExpertWeights, Routing
 
 Activation = Tensor | tuple[Tensor, Tensor]  # bf16 rows, or fp8 (q, scale) rows
@@ -53,19 +55,24 @@ def register(cls: type[Experts]) -> type[Experts]:
 
 
 def expert_gemm(
+    ops: Ops,
     inp: Activation,
     w: Tensor,
     w_scale: Tensor | None,
     m_sizes: Tensor,
     out_dtype: torch.dtype,
-    **epilogue,
+    *,
+    weight_ids: Tensor | None = None,
+    row_weights: Tensor | None = None,
+    scatter_ids: Tensor | None = None,
+    out: Tensor | None = None,
+    scatter_unique: bool = False,
+    all_rows: bool = False,
 ) -> Tensor:
-    """grouped_gemm on bf16 rows or on fp8 (q, scale) rows against (w, w_scale)."""
-    if isinstance(inp, tuple):
-        q, scale = inp
-        return grouped_gemm(q, w, m_sizes, x_scale=scale, w_scale=w_scale, out_dtype=out_dtype,
-                            **epilogue)
-    return grouped_gemm(inp, w, m_sizes, **epilogue)
+    """grouped_gemm on rows in out_dtype or on fp8 (q, scale) rows against (w, w_scale)."""
+    x, x_scale = inp if isinstance(inp, tuple) else (inp, None)
+    return ops.grouped_gemm(x, w, m_sizes, x_scale, w_scale, weight_ids, row_weights,
+                            scatter_ids, out, out_dtype, scatter_unique, all_rows)
 
 
 def pair_weights(routing: Routing, cfg: MoEConfig) -> tuple[Tensor | None, Tensor | None]:

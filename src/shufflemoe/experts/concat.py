@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from ..ops import gather_scale, silu_mul
+from ..ops import backend_for
 from .base import Experts, expert_gemm, pair_weights, register
 
 
@@ -24,11 +24,13 @@ class Concat(Experts):
             return
         sizes = torch.tensor(counts, dtype=torch.int32, device=x.device)  # host -> device
         w_in, w_out = pair_weights(r, cfg)
+        ops = backend_for(x)
         tokens = r.token_ids[:n]
-        xs = gather_scale(x, tokens, None if w_in is None else w_in[:n], quantize=w.quantized)
-        h = expert_gemm(xs, w.w13, w.w13_scale, sizes, cfg.dtype)  # [n, 2I]
-        a = silu_mul(h, quantize=w.quantized)
+        xs = ops.gather_scale(x, tokens, None if w_in is None else w_in[:n], None, w.quantized,
+                              None)
+        h = expert_gemm(ops, xs, w.w13, w.w13_scale, sizes, cfg.dtype)  # [n, 2I]
+        a = ops.silu_mul(h, None, w.quantized, None)
         before_combine()
-        expert_gemm(a, w.w2, w.w2_scale, sizes, cfg.dtype,
+        expert_gemm(ops, a, w.w2, w.w2_scale, sizes, cfg.dtype,
                     row_weights=None if w_out is None else w_out[:n], scatter_ids=tokens, out=out,
                     scatter_unique=cfg.top_k == 1)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..ops import gather_scale, silu_mul
+from ..ops import backend_for
 from .base import Experts, expert_gemm, register
 
 
@@ -27,11 +27,12 @@ def _dense_experts(x, r, w, out, cfg, slot_expert: Tensor, slot_sizes: Tensor, b
     rows = torch.arange(T, device=x.device, dtype=torch.int32).repeat(U)  # [U*T] token of row
     on_input = cfg.apply_router_weight_on_input
     valid = slot_sizes.sum().reshape(1)
-    xb = gather_scale(x, rows, slot_w if on_input else None, num_valid=valid, quantize=w.quantized)
-    hb = expert_gemm(xb, w.w13, w.w13_scale, slot_sizes, cfg.dtype, weight_ids=slot_expert)
-    ab = silu_mul(hb, num_valid=valid, quantize=w.quantized)
+    ops = backend_for(x)
+    xb = ops.gather_scale(x, rows, slot_w if on_input else None, valid, w.quantized, None)
+    hb = expert_gemm(ops, xb, w.w13, w.w13_scale, slot_sizes, cfg.dtype, weight_ids=slot_expert)
+    ab = ops.silu_mul(hb, valid, w.quantized, None)
     before_combine()
-    expert_gemm(ab, w.w2, w.w2_scale, slot_sizes, cfg.dtype, weight_ids=slot_expert,
+    expert_gemm(ops, ab, w.w2, w.w2_scale, slot_sizes, cfg.dtype, weight_ids=slot_expert,
                 row_weights=None if on_input else slot_w, scatter_ids=rows, out=out)
 
 

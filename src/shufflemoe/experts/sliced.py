@@ -3,7 +3,7 @@ sorted pairs. No padding, but E launches of small shapes and a host sync per lay
 
 from __future__ import annotations
 
-from ..ops import gather_scale, silu_mul
+from ..ops import backend_for
 from .base import Experts, expert_gemm, pair_weights, register
 
 
@@ -17,7 +17,8 @@ class Sliced(Experts):
         r, w = routing, weights
         counts = r.counts.tolist()  # host sync
         w_in, w_out = pair_weights(r, cfg)
-        xs = gather_scale(x, r.token_ids, w_in, num_valid=r.num_valid, quantize=w.quantized)
+        ops = backend_for(x)
+        xs = ops.gather_scale(x, r.token_ids, w_in, r.num_valid, w.quantized, None)
         joined, start = False, 0
         for e, c in enumerate(counts):
             if c == 0:
@@ -28,12 +29,12 @@ class Sliced(Experts):
             inp = tuple(t[rows] for t in xs) if w.quantized else xs[rows]
             s13 = None if w.w13_scale is None else w.w13_scale[e : e + 1]
             s2 = None if w.w2_scale is None else w.w2_scale[e : e + 1]
-            h = expert_gemm(inp, w.w13[e : e + 1], s13, size, cfg.dtype)
-            a = silu_mul(h, quantize=w.quantized)
+            h = expert_gemm(ops, inp, w.w13[e : e + 1], s13, size, cfg.dtype)
+            a = ops.silu_mul(h, None, w.quantized, None)
             if not joined:
                 before_combine()
                 joined = True
             # one expert's rows reach distinct tokens, and launches run in order: no atomics
-            expert_gemm(a, w.w2[e : e + 1], s2, size, cfg.dtype,
+            expert_gemm(ops, a, w.w2[e : e + 1], s2, size, cfg.dtype,
                         row_weights=None if w_out is None else w_out[rows],
                         scatter_ids=r.token_ids[rows], out=out, scatter_unique=True)

@@ -32,6 +32,7 @@ def grouped_gemm(
     out: Tensor | None = None,
     out_dtype: torch.dtype | None = None,
     scatter_unique: bool = False,
+    all_rows: bool = False,
     impl: str | None = None,
 ) -> Tensor:
     """x [M, K], w [W, N, K], m_sizes [G] int32 -> [M, N].
@@ -42,7 +43,8 @@ def grouped_gemm(
     out[scatter_ids[r]] (out [T, N] required, accumulated in place and returned); otherwise the
     result goes to out [M, N] (allocated when None). scatter_unique: the caller guarantees that
     the valid rows' scatter_ids are distinct (top-1 routing, or one expert's rows), so the kernel
-    may add without atomics (in float32, one rounding); a duplicate would race.
+    may add without atomics (in float32, one rounding); a duplicate would race. all_rows: the
+    caller guarantees sum(m_sizes) == M (no tail), so the torch reference masks nothing.
     """
     check_tensor("x", x, dim=2, dtypes=DTYPES, contiguous=True)
     check_tensor("w", w, dim=3, dtypes=DTYPES, contiguous=True)
@@ -86,7 +88,7 @@ def grouped_gemm(
                       out=out)
     return ops_for(resolve(impl, x)).grouped_gemm(x, w, m_sizes, x_scale, w_scale, weight_ids,
                                                   row_weights, scatter_ids, out, out_dtype,
-                                                  scatter_unique)
+                                                  scatter_unique, all_rows)
 
 
 __all__ = ["grouped_gemm"]
