@@ -14,7 +14,9 @@ batch 1 and 64 with a StaticCache after a 128-token prompt, tokens/s = batch / s
 Implementations: transformers' experts implementations (Llama 4 has only its own dense "eager"
 one; Qwen3: eager, grouped_mm = the 5.17 default, batched_mm, and "shufflemoe" registered as an
 experts implementation), transformers' default with the whole forward (prefill) or step (decode)
-in one CUDA graph, the patched model, and the patched model in one CUDA graph the same way.
+in one CUDA graph, the patched model as patch() leaves it (eager calls replay per-layer CUDA graphs
+for up to 256 tokens on CUDA), the same with graph_buckets=None (plain eager), and the patched
+model in one CUDA graph the same way.
 Without graphs a 2048-token prefill of these models is bound by the host on the H100 machine
 (transformers' Python issues each decoder layer slower than the GPU runs it; see
 benchmarks/notes/e2e_hf.md), so the graph rows are the comparison of GPU work.
@@ -100,6 +102,7 @@ class Impl:
     experts: str | None = None  # transformers experts_implementation to select
     patched: bool = False
     graph: bool = False  # prefill forward / decode step captured in one CUDA graph
+    graph_buckets: object = "auto"  # patch()'s per-layer CUDA graphs (None: plain eager)
     phases: tuple[str, ...] = ("prefill", "decode")
 
 
@@ -116,8 +119,9 @@ def _impls(model_type: str) -> list[Impl]:
               Impl("hf + shufflemoe experts", "shufflemoe", "shufflemoe")]
     return hf + [
         Impl("hf default + CUDA graph", "transformers+graph", default, graph=True),
-        Impl("shufflemoe", "shufflemoe", patched=True),
-        Impl("shufflemoe + CUDA graph", "shufflemoe", patched=True, graph=True),
+        Impl("shufflemoe", "shufflemoe", patched=True),  # the default: per-layer graphs on CUDA
+        Impl("shufflemoe, graph_buckets=None", "shufflemoe", patched=True, graph_buckets=None),
+        Impl("shufflemoe + CUDA graph", "shufflemoe", patched=True, graph=True, graph_buckets=None),
     ]
 
 
@@ -248,7 +252,7 @@ def _measure(run: _Run, model, impl: Impl) -> None:
                 patch(model, graph_buckets=BATCHES)
                 layered = replace(impl, name="shufflemoe + CUDA graphs per MoE layer", graph=False)
                 _guarded(run, layered, "decode", b, b, lambda: (_decode(model, b, steps, False), None))
-                patch(model)
+                patch(model, graph_buckets=impl.graph_buckets)
 
 
 def _guarded(run: _Run, impl: Impl, phase: str, batch: int, tokens: int, measure) -> bool:
@@ -293,7 +297,7 @@ def _bench_shape(shape: Shape, quick: bool, copy_gbps: float) -> list[dict]:
     # transformers' rows first, on its own weight layout (patching converts Llama 4's in place)
     for impl in _impls(shape.model_type):
         if impl.patched:
-            patch(model)
+            patch(model, graph_buckets=impl.graph_buckets)
         elif impl.experts is not None:
             model.set_experts_implementation(impl.experts)
         _measure(run, model, impl)
