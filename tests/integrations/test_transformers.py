@@ -403,6 +403,24 @@ def test_experts_implementation_compiles():
     assert_close(got, ref, torch.float32, "compiled logits")
 
 
+@pytest.mark.parametrize("bad", [(), (0, 4), (2.0,), "all"])
+def test_graph_buckets_are_checked(bad):
+    model = build_model(tiny_config("qwen3_moe"), torch.float32)
+    with pytest.raises(ValueError, match="graph_buckets"):
+        patch(model, graph_buckets=bad)
+    with pytest.raises(ValueError, match="graph_buckets"):
+        patch_model_type("qwen3_moe", graph_buckets=bad)
+    assert not any("_shufflemoe" in b.__dict__ for b in model.modules()), "changed nothing"
+
+
+def test_no_layer_graphs_off_cuda():
+    """graph_buckets="auto" (the default) captures on CUDA only: on the CPU each block calls its
+    layer directly."""
+    model = patch(build_model(tiny_config("qwen3_moe"), torch.float32))
+    states = [b.__dict__["_shufflemoe"] for b in _blocks(model).values()]
+    assert all(s.graph_buckets == "auto" and s.run == s.layer.forward for s in states)
+
+
 # ---- GPU: the lead runs these (PYTHONPATH=src python -m pytest -q tests/integrations) ----
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 _GEN = dict(max_new_tokens=8, min_new_tokens=8, do_sample=False, pad_token_id=0)
