@@ -12,7 +12,7 @@ filling a meta model): a check of data pointers and version counters per eager f
 host. Under torch.compile that check runs when the graph is traced (``_prepare_all``), and the
 block traces into the graph: nothing in it syncs or branches on data.
 
-Three ways a patched model runs (README, "Fast paths"):
+Three ways a patched model runs (README, "Three paths"):
 - eager: on CUDA each block replays per-layer CUDA graphs for decode-sized token counts
   (``graph_buckets="auto"``; all blocks of a model share one memory pool, graph.GraphPool),
   ``graph_buckets=None`` opts out;
