@@ -16,8 +16,8 @@ from ..quantize.reference import FP8_DTYPE, quantize_fp8_rowwise
 def _silu_mul_f32(h: Tensor, out: Optional[Tensor] = None) -> Tensor:
     """h [A, 2I] -> silu(h[:, :I]) * h[:, I:] [A, I] in float32 (rounded once into out when
     given)."""
-    inter = h.shape[1] // 2
-    return torch.mul(F.silu(h[:, :inter].float()), h[:, inter:].float(), out=out)
+    gate, up = h.float().chunk(2, dim=1)  # one call for both views (two slices cost ~1 us more)
+    return torch.mul(F.silu(gate), up, out=out)
 
 
 @inplace_op("silu_mul_ref", mutates_args=("out",))
