@@ -63,9 +63,9 @@ def group_limited_topk(
     # A group scores the sum of its two best experts (its best one when a group has one expert).
     group_score = per_group.topk(min(2, E // cfg.n_group), dim=-1).values.sum(-1)
     groups = group_score.topk(cfg.topk_group, dim=-1, sorted=False).indices  # [T, topk_group]
-    keep = torch.zeros_like(group_score).scatter_(1, groups, 1.0).bool()  # [T, n_group]
-    keep = keep[:, :, None].expand_as(per_group).reshape(T, E)
-    ids = choice.masked_fill(~keep, float("-inf")).topk(cfg.top_k, dim=-1, sorted=False).indices
+    drop = torch.ones_like(group_score, dtype=torch.bool).scatter_(1, groups, False)  # [T, n_group]
+    drop = drop[:, :, None].expand_as(per_group).reshape(T, E)
+    ids = choice.masked_fill(drop, float("-inf")).topk(cfg.top_k, dim=-1, sorted=False).indices
     weights = scores.gather(1, ids)
     if cfg.renormalize:
         weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
@@ -76,7 +76,7 @@ def group_limited_topk(
 def _group_limited(logits: Tensor, cfg: MoEConfig, bias: Tensor | None) -> Routing:
     ids, weights = group_limited_topk(logits, cfg, bias)
     return backend_for(ids).sort_by_expert(ids, cfg.num_experts, weights,
-                                           cfg.capacity(logits.shape[0]))
+                                           cfg.capacity(logits.shape[0]), True)
 
 
 def route(logits: Tensor, cfg: MoEConfig, bias: Tensor | None = None) -> Routing:

@@ -93,7 +93,7 @@ def _opcheck_cases() -> dict[str, tuple]:
         "route": (d["scores"], None, *routing, *scratch, E, K, True, 1, True, 1.0, None, 16, 16,
                   True, 4, 128),
         "index_shuffle_ref": (d["scores"], K, "softmax", True, 1.0, None, *routing),
-        "sort_by_expert_ref": (topk, E, None, 1, *routing),
+        "sort_by_expert_ref": (topk, E, None, 1, False, *routing),
         "gather_scale": (d["x"], r.token_ids, r.weights, r.num_valid, empty(A, D, dtype=d["x"].dtype)),
         "gather_scale_fp8": (d["x"], r.token_ids, None, r.num_valid, empty(A, D, dtype=fp8), empty(A)),
         "grouped_gemm": (*gemm, False),

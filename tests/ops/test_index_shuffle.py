@@ -12,7 +12,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shufflemoe.ops import index_shuffle, sort_by_expert
+from shufflemoe.ops import index_shuffle, ops_for, sort_by_expert
 from shufflemoe.testing import assert_close
 
 pytest.importorskip("triton")
@@ -112,6 +112,11 @@ def test_sort_reference_matches_loop(T, E, k, capacity, seed):
     w = torch.rand(T, k, generator=g)
     r = sort_by_expert(ids, E, w, capacity=capacity, impl="torch")
     check_against_loop(r, loop_sort(ids.tolist(), w.double().tolist(), E, capacity))
+    # ids known valid (a router's own top-k): the same routing, masking skipped
+    valid = ids.clamp(0, E - 1)
+    fast = ops_for("torch").sort_by_expert(valid, E, w, capacity, True)
+    check_against_loop(fast, loop_sort(valid.tolist(), w.double().tolist(), E, capacity))
+    assert fast.all_routed == (capacity is None)
 
 
 # ---- the kernel against the reference ------------------------------------------------------------

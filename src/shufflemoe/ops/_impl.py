@@ -119,7 +119,7 @@ class Ops:
 
     name: str  # "triton" | "torch"
     index_shuffle: Callable  # (scores, top_k, scoring, renormalize, scaling, capacity) -> Routing
-    sort_by_expert: Callable  # (topk_ids, num_experts, topk_weights, capacity) -> Routing
+    sort_by_expert: Callable  # (topk_ids, num_experts, topk_weights, capacity[, ids_valid]) -> Routing
     gather_scale: Callable  # (x, token_ids, weights, num_valid, quantize, out) -> xs | (q, scale)
     # (x, w, m_sizes, x_scale, w_scale, weight_ids, row_weights, scatter_ids, out, out_dtype,
     #  scatter_unique, all_rows) -> out

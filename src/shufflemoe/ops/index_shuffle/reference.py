@@ -115,13 +115,13 @@ def _index_shuffle(scores: Tensor, top_k: int, scoring: str, renormalize: bool, 
 
 @inplace_op("sort_by_expert_ref", mutates_args=_OUTPUTS)
 def _sort_by_expert(topk_ids: Tensor, num_experts: int, topk_weights: Optional[Tensor],
-                    capacity: Optional[int], counts: Tensor, token_ids: Tensor,
+                    capacity: Optional[int], ids_valid: bool, counts: Tensor, token_ids: Tensor,
                     expert_ids: Tensor, weights: Tensor, num_valid: Tensor,
                     positions: Tensor) -> None:
     T, k = topk_ids.shape
     w = None if topk_weights is None else topk_weights.reshape(T * k)
-    _place(topk_ids.reshape(T * k).long(), w, k, num_experts, capacity, False, counts, token_ids,
-           expert_ids, weights, num_valid, positions)
+    _place(topk_ids.reshape(T * k).long(), w, k, num_experts, capacity, ids_valid, counts,
+           token_ids, expert_ids, weights, num_valid, positions)
 
 
 def _empty_routing(A: int, E: int, device: torch.device, all_routed: bool) -> Routing:
@@ -158,10 +158,14 @@ def sort_by_expert(
     num_experts: int,
     topk_weights: Tensor | None = None,
     capacity: int | None = None,
+    ids_valid: bool = False,
 ) -> Routing:
-    """topk_ids [T, k] (ids outside [0, E) are not routed) -> Routing with A = T * k pairs."""
-    r = _empty_routing(topk_ids.numel(), num_experts, topk_ids.device, False)
-    _sort_by_expert(topk_ids, num_experts, topk_weights, capacity, *_fields(r))
+    """topk_ids [T, k] (ids outside [0, E) are not routed) -> Routing with A = T * k pairs.
+    ids_valid: the caller knows every id is in [0, E) (a top-k it computed), so nothing is
+    masked and, without a capacity, every pair is routed."""
+    r = _empty_routing(topk_ids.numel(), num_experts, topk_ids.device,
+                       ids_valid and capacity is None)
+    _sort_by_expert(topk_ids, num_experts, topk_weights, capacity, ids_valid, *_fields(r))
     return r
 
 
