@@ -26,7 +26,7 @@ def tiny_suite(monkeypatch):
                      quick_layers=2, full_layers=48, full_vocab=151936 // 24),
     ]
     for name, value in dict(DEVICE="cpu", SHAPES=shapes, PREFILL_TOKENS=16, PROMPT_TOKENS=8,
-                            BATCHES=(1, 3)).items():
+                            BATCHES=(1, 3), COMPILE=dict(backend="aot_eager", fullgraph=True)).items():
         monkeypatch.setattr(e2e_hf, name, value)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny models: see test_transformers.py
@@ -50,7 +50,8 @@ def test_suite_dry_run_on_cpu(tiny_suite):
     for shape in tiny_suite:
         names = {r["implementation"] for r in rows if r["model"] == shape.name}
         assert {"shufflemoe", "shufflemoe, graph_buckets=None", "shufflemoe + CUDA graph",
-                "hf default + CUDA graph"} <= names
+                "hf default + CUDA graph", "shufflemoe + torch.compile",
+                "hf default + torch.compile"} <= names
     timed = [r for r in rows if "CUDA graph" not in r["implementation"]]
     assert all(r["ms"] and r["ms"] > 0 for r in timed), [r for r in timed if not r["ms"]]
     assert all(r["note"].startswith("skipped") for r in rows if "CUDA graph" in r["implementation"])

@@ -16,7 +16,9 @@ one; Qwen3: eager, grouped_mm = the 5.17 default, batched_mm, and "shufflemoe" r
 experts implementation), transformers' default with the whole forward (prefill) or step (decode)
 in one CUDA graph, the patched model as patch() leaves it (eager calls replay per-layer CUDA graphs
 for up to 256 tokens on CUDA), the same with graph_buckets=None (plain eager), and the patched
-model in one CUDA graph the same way.
+model in one CUDA graph the same way; and decode steps under torch.compile(mode="reduce-overhead",
+fullgraph=True) for transformers' default and the patched model, which is what transformers'
+compiled generate (cache_implementation="static") runs per step.
 Without graphs a 2048-token prefill of these models is bound by the host on the H100 machine
 (transformers' Python issues each decoder layer slower than the GPU runs it; see
 benchmarks/notes/e2e_hf.md), so the graph rows are the comparison of GPU work.
@@ -53,6 +55,7 @@ DEVICE = "cuda"  # a CPU dry run of the logic (tests/integrations) patches this
 PREFILL_TOKENS = 2048
 PROMPT_TOKENS = 128
 BATCHES = (1, 64)
+COMPILE = dict(mode="reduce-overhead", fullgraph=True)  # the compiled rows (CPU dry run: aot_eager)
 NOTES = ("Random bf16 weights at real widths, reduced depth (Scout 8 layers, Qwen3 16; quick: 2 and 4), "
          "vocabulary scaled with depth. Prefill: 2048 tokens, batch 1. Decode: static KV cache "
          "after a 128-token prompt. ratio = fastest transformers experts implementation without "
@@ -103,6 +106,7 @@ class Impl:
     patched: bool = False
     graph: bool = False  # prefill forward / decode step captured in one CUDA graph
     graph_buckets: object = "auto"  # patch()'s per-layer CUDA graphs (None: plain eager)
+    compiled: bool = False  # decode steps under torch.compile(**COMPILE)
     phases: tuple[str, ...] = ("prefill", "decode")
 
 
@@ -119,9 +123,13 @@ def _impls(model_type: str) -> list[Impl]:
               Impl("hf + shufflemoe experts", "shufflemoe", "shufflemoe")]
     return hf + [
         Impl("hf default + CUDA graph", "transformers+graph", default, graph=True),
+        Impl("hf default + torch.compile", "transformers+compile", default, compiled=True,
+             phases=("decode",)),
         Impl("shufflemoe", "shufflemoe", patched=True),  # the default: per-layer graphs on CUDA
         Impl("shufflemoe, graph_buckets=None", "shufflemoe", patched=True, graph_buckets=None),
         Impl("shufflemoe + CUDA graph", "shufflemoe", patched=True, graph=True, graph_buckets=None),
+        Impl("shufflemoe + torch.compile", "shufflemoe", patched=True, compiled=True,
+             phases=("decode",)),
     ]
 
 
@@ -181,10 +189,12 @@ def _captured(fn: Callable[[], torch.Tensor | None]) -> Callable[[], torch.Tenso
     return replay
 
 
-def decoder(model, batch: int, max_steps: int, graph: bool) -> tuple[Callable[[], None], torch.Tensor]:
+def decoder(model, batch: int, max_steps: int, graph: bool,
+            compiled: bool = False) -> tuple[Callable[[], None], torch.Tensor]:
     """Greedy decode at ``batch`` on a StaticCache after a prompt: (advance, token), where
-    advance() runs one step (one CUDA-graph replay when ``graph``) and token [B, 1] holds the
-    last token. Room for max_steps calls of advance()."""
+    advance() runs one step (one CUDA-graph replay when ``graph``; the step compiled with
+    COMPILE when ``compiled``, the prompt eager) and token [B, 1] holds the last token. Room for
+    max_steps calls of advance()."""
     cache = StaticCache(config=model.config, max_cache_len=PROMPT_TOKENS + max_steps + 8)
     prompt = _tokens(model.config.vocab_size, batch, PROMPT_TOKENS, seed=batch)
     token = torch.empty(batch, 1, dtype=torch.long, device=DEVICE)  # [B, 1], stays on the device
@@ -193,8 +203,12 @@ def decoder(model, batch: int, max_steps: int, graph: bool) -> tuple[Callable[[]
         logits = model(prompt, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
         token.copy_(logits[:, -1:].argmax(-1))
 
+    if compiled:
+        torch._dynamo.reset()  # a fresh compile per row: no recompilation limit across rows
+    forward = torch.compile(model, **COMPILE) if compiled else model
+
     def step() -> None:  # one token in, the next one out, the cache advanced by one
-        out = model(token, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
+        out = forward(token, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
         token.copy_(out[:, -1:].argmax(-1))
 
     prefill()
@@ -206,9 +220,9 @@ def decoder(model, batch: int, max_steps: int, graph: bool) -> tuple[Callable[[]
     return replay, token
 
 
-def _decode(model, batch: int, steps: int, graph: bool) -> float:
+def _decode(model, batch: int, steps: int, graph: bool, compiled: bool = False) -> float:
     """ms per decode step at ``batch``, averaged over ``steps`` after 3 warm-up steps."""
-    advance, _ = decoder(model, batch, steps + 6, graph)
+    advance, _ = decoder(model, batch, steps + 6, graph, compiled)
     for _ in range(3):
         advance()
     return _ms(lambda: [advance() for _ in range(steps)], reps=1, warmup=0) / steps
@@ -247,7 +261,8 @@ def _measure(run: _Run, model, impl: Impl) -> None:
             if impl.graph and DEVICE != "cuda":
                 run.add(impl, "decode", b, None, b, note="skipped: CUDA graphs need a GPU")
                 continue
-            ok = _guarded(run, impl, "decode", b, b, lambda: (_decode(model, b, steps, impl.graph), None))
+            ok = _guarded(run, impl, "decode", b, b,
+                          lambda: (_decode(model, b, steps, impl.graph, impl.compiled), None))
             if not ok and impl.graph and impl.patched:  # fall back to graphs per MoE layer
                 patch(model, graph_buckets=BATCHES)
                 layered = replace(impl, name="shufflemoe + CUDA graphs per MoE layer", graph=False)
