@@ -1,29 +1,63 @@
 #!/usr/bin/env bash
-# One GPU session checks and times everything: the test suite on the GPU (kernels compiled for
-# the device, GPU-only tests enabled), then every benchmark suite. Everything lands in $OUT as a
-# few files (the device tool returns at most 8): tests.log, bench.log, results.tgz.
-#   bash benchmarks/gpu_check.sh [full|quick|tests|bench] [suite ...]
+# The one GPU script: the test suite on the GPU (kernels compiled for the device, GPU-only tests
+# enabled) and the benchmark suites, in two device calls of at most 10 minutes each:
+#
+#   bash benchmarks/gpu_check.sh part1   # tests, then the suites of part 1 (layer)
+#   bash benchmarks/gpu_check.sh part2   # the suites of part 2 (index_shuffle, token_movement,
+#                                        # grouped_gemm, grouped_gemm_sweep, e2e_hf)
+#   bash benchmarks/gpu_check.sh quick | tests | bench [suite ...]
+#
+# Estimated H100 time per suite (`shufflemoe bench --list`), from the suite times of the last two
+# full runs (8c6cb20, 8aca447: index_shuffle ~40 s with tiling variants, now dropped;
+# token_movement 38-44 s; grouped_gemm 5-23 s; grouped_gemm_sweep 14-31 s; layer ~240 s; e2e_hf
+# 64-89 s at twice the depth) plus what this version adds (ceilings after each suite ~5 s; eager
+# and compiled rows; decode at T = 2 and 4; weight copies; the e2e compile paths, ~15-25 s per
+# compile of the reduced-depth models): part 1 = tests (~150-240 s) + layer ~280 s; part 2 ~385 s
+# (index_shuffle 30, token_movement 50, grouped_gemm 30, grouped_gemm_sweep 35, e2e_hf 240). These
+# are estimates, not measurements: each part runs under a deadline (BENCH_BUDGET_S) that skips late
+# cases (rows say "skipped: time budget") rather than lose the call, and the results of finished
+# suites are packed even when a suite fails.
+#
+# $OUT receives 4 files: gpu.txt, tests.log, bench.log, results.tgz. results.tgz holds
+# <suite>.json/.md/.png and history/<suite>.jsonl (the committed history plus this run's line).
+# The device's copy of the tree has no .git: pass SHUFFLEMOE_COMMIT=<commit> so results name it.
+# To publish: tar xzf results.tgz -C benchmarks/results (both parts), then
+# `python benchmarks/readme_results.py` rebuilds README.md's measured section.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=src PYTHONUNBUFFERED=1 HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-gpu}
+export SHUFFLEMOE_RUN_ID=${SHUFFLEMOE_RUN_ID:-$(date -u +%Y%m%dT%H%M%SZ)-$RANDOM}  # one per GPU call
 OUT=${OUT:-/tmp/shufflemoe_out}
-MODE=${1:-full}
+MODE=${1:-part1}
 shift || true
 RES=$(mktemp -d)
 mkdir -p "$OUT"
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw \
+START=$(date +%s)
+CALL_LIMIT_S=${CALL_LIMIT_S:-585}  # the device tool ends a call at 600 s: keep time to pack
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw \
   --format=csv | tee "$OUT/gpu.txt"
+echo "run $SHUFFLEMOE_RUN_ID, mode $MODE" | tee -a "$OUT/gpu.txt"
 status=0
-if [ "$MODE" != bench ]; then
+if [ "$MODE" = part1 ] || [ "$MODE" = tests ] || [ "$MODE" = quick ]; then
   timeout ${TEST_TIMEOUT:-240} python -m pytest tests -q -x -p no:cacheprovider --durations=15 \
     2>&1 | tee "$OUT/tests.log" | tail -40
   status=${PIPESTATUS[0]}
 fi
 if [ "$MODE" != tests ]; then
-  args=()
-  for s in "$@"; do args+=(--suite "$s"); done
-  [ "$MODE" = quick ] && args+=(--quick)
-  python -m shufflemoe.cli bench --out "$RES" "${args[@]}" 2>&1 | tee "$OUT/bench.log" | grep -v "^|" | tail -60
+  args=(--out "$RES")
+  case "$MODE" in
+    part1) args+=(--part 1) ;;
+    part2) args+=(--part 2) ;;
+    quick) args+=(--quick) ;;
+    bench) for s in "$@"; do args+=(--suite "$s"); done ;;
+    *) echo "unknown mode $MODE (part1 | part2 | quick | tests | bench [suite ...])"; exit 2 ;;
+  esac
+  left=$(( CALL_LIMIT_S - ($(date +%s) - START) ))
+  budget=${BENCH_BUDGET_S:-$(( left - 30 ))}
+  timeout $(( left - 10 )) python -m shufflemoe.cli bench "${args[@]}" --budget-s "$budget" 2>&1 \
+    | tee "$OUT/bench.log" | grep -v "^|" | tail -80
+  bench_status=${PIPESTATUS[0]}
+  [ "$bench_status" -ne 0 ] && status=$bench_status
   tar czf "$OUT/results.tgz" -C "$RES" .
 fi
 exit $status

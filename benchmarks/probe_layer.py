@@ -23,8 +23,9 @@ import torch
 import triton
 
 from shufflemoe import MoE, preset
-from shufflemoe.bench.suites.layer import _dense_tflops
-from shufflemoe.bench.timing import measure_ceilings, time_fn
+from shufflemoe.bench.ceilings import measure_ceilings
+from shufflemoe.bench.suites.layer import _dense_us
+from shufflemoe.bench.timing import time_fn
 from shufflemoe.ops import dequantize_fp8_rowwise, quantize_fp8_rowwise, silu_mul
 from shufflemoe.ops.quantize.reference import FP8_DTYPE
 from shufflemoe.ops.silu_mul.kernel import Fp8Launch, fp8_launch, fp8_variants, launch_silu_mul_fp8
@@ -128,13 +129,14 @@ def prefill_targets(ceil) -> None:
         other = (6 * T * cfg.hidden_size * cfg.shared_intermediate_size
                  + 2 * T * cfg.hidden_size * cfg.num_experts)
         ours = (routed + other) / t / 1e6
-        dense = _dense_tflops(T, cfg.hidden_size, routed, other, quant != "none")
+        dense_us = _dense_us(T, cfg.hidden_size, routed, quant != "none") + _dense_us(T, cfg.hidden_size, other, False)
+        dense = (routed + other) / dense_us / 1e6
         print(f"scout TP8 T={T} {quant}: {t:.0f} us, {ours:.0f} TFLOP/s, dense cuBLAS {dense:.0f} "
               f"({100 * ours / dense:.0f}%)", flush=True)
 
 
 def e2e_prefill_profile() -> None:
-    from shufflemoe.bench.suites import e2e_hf
+    from shufflemoe.bench.suites import e2e_hf, e2e_paths
     from shufflemoe.integrations.transformers import patch, register_experts_implementation, unpatch
     from shufflemoe.integrations.transformers.models import build_model
 
@@ -142,7 +144,7 @@ def e2e_prefill_profile() -> None:
     shape = next(s for s in e2e_hf.SHAPES if s.model_type == "qwen3_moe")
     for quick in (True, False):
         model = build_model(shape.config(quick), torch.bfloat16, "cuda")
-        ids = e2e_hf._tokens(model.config.vocab_size, 1, e2e_hf.PREFILL_TOKENS, seed=0)
+        ids = e2e_paths.tokens(model.config.vocab_size, 1, e2e_paths.PREFILL_TOKENS, seed=0)
         for name in ("grouped_mm", "shufflemoe", "grouped_mm", "shufflemoe"):
             if name == "shufflemoe":
                 patch(model)
@@ -150,7 +152,7 @@ def e2e_prefill_profile() -> None:
                 unpatch(model)
                 model.set_experts_implementation(name)
             with torch.no_grad():
-                ms, _ = e2e_hf._prefill(model, 5)
+                ms = e2e_paths.time_prefill(model, model, 5, graph=False)[0]["ms"]
                 torch.cuda.synchronize()
                 t0 = time.perf_counter()
                 model(ids, use_cache=False, logits_to_keep=1)

@@ -20,7 +20,8 @@ import torch
 import shufflemoe.bench.suites.grouped_gemm as gg
 from shufflemoe.bench.suites.grouped_gemm import (SPEC_US, Case, _config_name, _inputs, _ours,
                                                   _torch)
-from shufflemoe.bench.timing import measure_ceilings, rotations, time_fn
+from shufflemoe.bench.ceilings import measure_ceilings
+from shufflemoe.bench.timing import rotations, time_fn
 from shufflemoe.ops import FP8_DTYPE, grouped_gemm
 from shufflemoe.ops.grouped_gemm import configs
 
@@ -128,7 +129,8 @@ def tune_shape(dtype: str, label: str, m_sizes: list[int], N: int, K: int, cands
     """Time the peer and each candidate (plus the heuristic's choice) on one shape."""
     G = len(m_sizes)
     case = Case(dtype, m_sizes, N, K)
-    n_sets = rotations(case.nbytes())  # small cases: enough weight sets that L2 cannot hold them
+    nbytes = case.read_bytes() + case.write_bytes()
+    n_sets = rotations(nbytes)  # small cases: enough weight sets that L2 cannot hold them
     sets = [_inputs(case, seed) for seed in range(n_sets)]
     d = sets[0]
     try:
@@ -143,7 +145,7 @@ def tune_shape(dtype: str, label: str, m_sizes: list[int], N: int, K: int, cands
         cands.append(heur)
     entry = dict(dtype=dtype, label=label, m_sizes=m_sizes, N=N, K=K, torch_us=peer,
                  spec_us=SPEC_US[dtype].get((G, case.rows // G, N, K), float("nan")),
-                 gb=case.nbytes() / 1e9, tflop=case.flops() / 1e12, configs=[])
+                 gb=nbytes / 1e9, tflop=case.flops() / 1e12, configs=[])
     for cfg in cands:
         rec = dict(config=_config_name(cfg))
         try:
@@ -152,7 +154,7 @@ def tune_shape(dtype: str, label: str, m_sizes: list[int], N: int, K: int, cands
                 err = rel_err(_ours(d)[:case.rows], ref)
                 t = time_fn(lambda i: _ours(sets[i]), n_sets, reps=reps)
                 rec.update(err=err, us=t.median_us)
-            rec.update(gbps=case.nbytes() / rec["us"] / 1e3, tflops=case.flops() / rec["us"] / 1e6,
+            rec.update(gbps=nbytes / rec["us"] / 1e3, tflops=case.flops() / rec["us"] / 1e6,
                        speedup=peer / rec["us"], ok=err < 2e-2)
         except Exception as e:  # a config that does not compile or fit: record and go on
             rec.update(error=f"{type(e).__name__}: {str(e)[:300]}")

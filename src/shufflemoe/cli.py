@@ -1,4 +1,7 @@
-"""Command line: ``shufflemoe demo | bench | plan | info``."""
+"""Command line: ``shufflemoe demo | bench | plan | info``.
+
+Usage errors (a bad option value, an unknown model, a device this machine lacks) print one line
+and exit with status 2, as argparse does; a missing optional dependency exits with status 1."""
 
 from __future__ import annotations
 
@@ -9,8 +12,10 @@ import time
 
 import torch
 
-from . import EXPERTS, MoE, MoEConfig, naive_moe, preset
+from . import EXPERTS, MoE, MoEConfig, __version__, naive_moe, preset
+from .config import QUANTIZATIONS
 from .planner import HARDWARE, expert_bytes, fixed_bytes, plan
+from .presets import MODELS
 from .testing import compare, tolerance_for, tolerance_key
 
 # The demo's two layers: real shapes on a GPU, the same structure scaled down on a CPU so the
@@ -43,7 +48,21 @@ def _weight_bytes(cfg: MoEConfig, strategy: str, active: int) -> int:
 
 
 def demo(device: torch.device) -> int:
-    """Run every strategy on two model-shaped layers, check each against float64, print a table."""
+    """Run every strategy on two model-shaped layers, check each against float64, print a table.
+    On the CPU with one torch thread (restored after): the demo's ops are small, and with
+    torch's default threads they spin-wait on any busy core (measured on 2 cores with one
+    busy: 47-188 s instead of 6-9 s)."""
+    if device.type == "cuda":
+        return _demo(device)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _demo(device)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _demo(device: torch.device) -> int:
     print(f"shufflemoe demo on {device} ({'real widths' if device.type == 'cuda' else 'CPU: widths scaled down'}), "
           f"T = {DEMO_TOKENS} tokens, dtype bfloat16\n")
     failures = 0
@@ -76,14 +95,17 @@ def demo(device: torch.device) -> int:
 
 
 def plan_cmd(args: argparse.Namespace) -> int:
-    cfg = preset(args.model, quantization="fp8_rowwise" if args.fp8 else "none")
+    quantization = "fp8_rowwise" if args.fp8 else args.quantization
+    cfg = preset(args.model, quantization=quantization)
     hw = HARDWARE[args.hw]
+    costs = plan(cfg, args.tokens, hw, tp=args.tp, ep=args.ep, ep_mode=args.ep_mode)
     print(f"{args.model}: E={cfg.num_experts} k={cfg.top_k} D={cfg.hidden_size} I={cfg.intermediate_size} "
           f"shared={cfg.shared_intermediate_size}, {args.tokens} tokens per rank, tp={args.tp} ep={args.ep} "
-          f"({args.ep_mode}), {'fp8' if args.fp8 else 'bf16'} on {hw.name}\n")
+          f"({args.ep_mode}), experts {quantization} ({expert_bytes(cfg) / 1e6:.1f} MB each) on "
+          f"{hw.name}\n")
     print(f"{'strategy':12} {'rows':>9} {'weights MB':>11} {'act. MB':>9} {'GFLOP':>9} {'comm MB':>9} "
           f"{'floor us':>9} {'bound':>8} {'syncs':>6}")
-    for c in plan(cfg, args.tokens, hw, tp=args.tp, ep=args.ep, ep_mode=args.ep_mode):
+    for c in costs:
         print(f"{c.strategy:12} {c.rows:9.0f} {c.weight_bytes / 1e6:11.1f} {c.activation_bytes / 1e6:9.1f} "
               f"{c.flops / 1e9:9.2f} {c.comm_bytes / 1e6:9.2f} {c.floor * 1e6:9.1f} {c.bound:>8} {c.host_syncs:6}")
     return 0
@@ -109,38 +131,108 @@ def info() -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="shufflemoe", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    d = sub.add_parser("demo", help="run every strategy on two model-shaped layers and check them")
-    d.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    d.add_argument("--hf", action="store_true", help="patch tiny HF transformers models and check parity")
-    b = sub.add_parser("bench", help="run benchmark suites on the GPU")
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def _device(text: str) -> torch.device:
+    """A device the demo can run on here: cpu, or cuda[:N] when this machine has that GPU."""
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a device (cpu, cuda, cuda:N)") from None
+    if device.type not in ("cpu", "cuda"):
+        raise argparse.ArgumentTypeError(f"{text!r}: the demo runs on cpu or cuda")
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise argparse.ArgumentTypeError(f"{text!r}: no CUDA GPU on this machine (use cpu)")
+        if (device.index or 0) >= count:
+            raise argparse.ArgumentTypeError(f"{text!r}: this machine has {count} CUDA GPU(s)")
+    return device
+
+
+def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The parser, and each command's (whose errors read "shufflemoe COMMAND: error: ...")."""
+    parser = argparse.ArgumentParser(
+        prog="shufflemoe", description="Mixture-of-Experts inference the MetaShuffling way: a "
+        "checked demo, GPU benchmarks and a serving planner.")
+    parser.add_argument("--version", action="version", version=f"shufflemoe {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    d = sub.add_parser("demo", help="run every strategy on two model-shaped layers and check them",
+                       description="Run every expert strategy on two model-shaped layers, check "
+                       "each against a float64 reference and time it.")
+    d.add_argument("--device", type=_device, default="cuda" if torch.cuda.is_available() else "cpu",
+                   help="cpu, cuda or cuda:N (default: cuda when there is a GPU, else cpu; on the "
+                   "CPU the widths are scaled down)")
+    d.add_argument("--hf", action="store_true",
+                   help="instead: patch tiny HF transformers models on the CPU and check parity "
+                   "(needs transformers)")
+    b = sub.add_parser("bench", help="run benchmark suites on the GPU",
+                       description="Run the GPU benchmark suites; results are stamped JSON and "
+                       "markdown.")
     b.add_argument("--suite", action="append", help="suite name (repeatable); default: all")
-    b.add_argument("--out", default="benchmarks/results")
+    b.add_argument("--part", type=int, help="only the suites of this GPU call (see --list)")
+    b.add_argument("--out", help="results folder (default: a new folder per run, printed)")
     b.add_argument("--quick", action="store_true", help="fewer shapes and repetitions")
-    p = sub.add_parser("plan", help="bytes, FLOPs, communication and roofline floor per strategy")
-    p.add_argument("--model", default="llama4-scout")
-    p.add_argument("--tokens", type=int, default=64)
-    p.add_argument("--tp", type=int, default=1)
-    p.add_argument("--ep", type=int, default=1)
-    p.add_argument("--ep-mode", choices=("alltoall", "allgather"), default="alltoall")
-    p.add_argument("--hw", choices=sorted(HARDWARE), default="h100")
-    p.add_argument("--fp8", action="store_true")
-    sub.add_parser("info", help="versions and device")
+    b.add_argument("--budget-s", type=float, help="seconds the run may take: late cases are skipped")
+    b.add_argument("--list", action="store_true", help="name the suites with their estimated times")
+    p = sub.add_parser("plan", help="bytes, FLOPs, communication and roofline floor per strategy",
+                       description="Bytes, FLOPs, communication and roofline floor of one MoE "
+                       "layer per expert strategy, for a model's layer shape.")
+    p.add_argument("--model", choices=sorted(MODELS), default="llama4-scout", metavar="MODEL",
+                   help=f"layer shape: one of {', '.join(sorted(MODELS))} (default: %(default)s)")
+    p.add_argument("--tokens", type=_positive_int, default=64,
+                   help="tokens per rank in one step (default: %(default)s)")
+    p.add_argument("--tp", type=_positive_int, default=1,
+                   help="tensor-parallel ranks; must divide the expert widths (default: 1)")
+    p.add_argument("--ep", type=_positive_int, default=1,
+                   help="expert-parallel ranks; must divide the number of experts (default: 1)")
+    p.add_argument("--ep-mode", choices=("alltoall", "allgather"), default="alltoall",
+                   help="expert-parallel dispatch: eager all-to-all or graph-mode all-gather "
+                   "(default: %(default)s)")
+    p.add_argument("--hw", choices=sorted(HARDWARE), default="h100",
+                   help="device whose bandwidth and FLOP/s set the floor (default: %(default)s)")
+    p.add_argument("--quantization", choices=QUANTIZATIONS, default="none",
+                   help="routed experts' weight format, bytes per weight with its scales "
+                   "(default: %(default)s)")
+    p.add_argument("--fp8", action="store_true",
+                   help="experts in fp8 rowwise (same as --quantization fp8_rowwise)")
+    i = sub.add_parser("info", help="versions and device", description="Print versions and the device.")
+    return parser, dict(demo=d, bench=b, plan=p, info=i)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser, commands = _parser()
     args = parser.parse_args(argv)
     if args.command == "demo":
         if args.hf:
-            from .integrations.transformers.demo import run_demo
-
+            try:
+                from .integrations.transformers.demo import run_demo
+            except ImportError as e:
+                print(f"shufflemoe: error: demo --hf needs transformers ({e}); install it with "
+                      f"pip install 'shufflemoe[hf]'", file=sys.stderr)
+                return 1
             return run_demo()
-        return demo(torch.device(args.device))
+        return demo(args.device)
     if args.command == "bench":
-        from .bench.run import run
+        from .bench.run import describe, run
 
-        return 1 if run(args.suite, args.out, args.quick) else 0
+        if args.list:
+            print(describe())
+            return 0
+        return 1 if run(args.suite, args.out, args.quick, args.part, args.budget_s) else 0
     if args.command == "plan":
-        return plan_cmd(args)
+        try:
+            return plan_cmd(args)
+        except ValueError as e:  # a layout the model does not divide into
+            commands["plan"].error(str(e))
     return info()
 
 

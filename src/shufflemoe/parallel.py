@@ -36,9 +36,13 @@ from torch import Tensor
 from .dispatch import AllGatherDispatch, AllToAllDispatch, TensorParallelDispatch
 from .layer import MoE
 
-_WEIGHTS = ("router_weight", "router_bias", "w13", "w2", "w13_scale", "w2_scale", "shared_w13",
-            "shared_w2", "shared_gate")
-_EXPERT_SHARDED = ("w13", "w2", "w13_scale", "w2_scale")
+_WEIGHTS = ("router_weight", "router_bias", "router_logits_bias", "w13", "w2", "w13_scale",
+            "w2_scale", "w13_bias", "w2_bias", "shared_w13", "shared_w2", "shared_gate")
+_EXPERT_SHARDED = ("w13", "w2", "w13_scale", "w2_scale", "w13_bias", "w2_bias")
+# Formats whose scales are one per output row: a shard of rows (w13) or of columns (w2, whose
+# scale is kept whole) holds exactly the full layer's values. Block and MXFP4 scales would have
+# to be cut on their block boundaries.
+_TP_FORMATS = ("none", "fp8_rowwise", "fp8_w8a16")
 EP_MODES = ("alltoall", "allgather")
 
 
@@ -74,6 +78,9 @@ def tensor_parallel(layer: MoE, group: dist.ProcessGroup | None = None) -> MoE:
     if I % tp or Is % tp:
         raise ValueError(f"the group size ({tp}) must divide intermediate_size ({I}) and "
                          f"shared_intermediate_size ({Is})")
+    if cfg.quantization not in _TP_FORMATS:
+        raise ValueError(f"tensor_parallel shards quantization in {_TP_FORMATS}, got "
+                         f"{cfg.quantization!r} (use expert_parallel, which keeps experts whole)")
     Il, Isl = I // tp, Is // tp
 
     def columns(t: Tensor, n: int) -> Tensor:  # [..., I] -> [..., rank's n columns]
@@ -81,7 +88,10 @@ def tensor_parallel(layer: MoE, group: dist.ProcessGroup | None = None) -> MoE:
 
     shard = dict(router_weight=layer.router_weight, router_bias=layer.router_bias,
                  w13=_gate_up_rows(layer.w13, Il, rank, dim=1), w2=columns(layer.w2, Il),
-                 shared_gate=layer.shared_gate)
+                 router_logits_bias=layer.router_logits_bias, shared_gate=layer.shared_gate)
+    if layer.w13_bias is not None:  # w2's bias is added once: by rank 0, after the all-reduce's sum
+        shard.update(w13_bias=_gate_up_rows(layer.w13_bias, Il, rank, dim=1),
+                     w2_bias=_own(layer.w2_bias) if rank == 0 else torch.zeros_like(layer.w2_bias))
     if layer.w13_scale is not None:
         shard.update(w13_scale=_gate_up_rows(layer.w13_scale, Il, rank, dim=1),
                      w2_scale=layer.w2_scale)

@@ -1,5 +1,6 @@
 """A CPU dry run of the e2e_hf benchmark suite with tiny shapes: every row it would time on the
-GPU is produced (CUDA-graph rows are marked skipped), so the GPU run does not fail on a typo."""
+GPU is produced (CUDA-graph rows are marked skipped; torch.compile and compiled generate run with
+the eager backend), so the GPU run does not fail on a typo; and its judgement on synthetic rows."""
 
 from __future__ import annotations
 
@@ -8,13 +9,16 @@ import torch
 
 pytest.importorskip("transformers")
 
+from transformers import CompileConfig  # noqa: E402
+
+from shufflemoe.bench.analysis import apply_ceilings  # noqa: E402
+from shufflemoe.bench.ceilings import Ceilings  # noqa: E402
 from shufflemoe.bench.suites import SUITES, Context  # noqa: E402
-from shufflemoe.bench.suites import e2e_hf  # noqa: E402
-from shufflemoe.bench.timing import Ceilings  # noqa: E402
+from shufflemoe.bench.suites import e2e_hf, e2e_paths  # noqa: E402
 from shufflemoe.integrations.transformers.models import _COMMON, TINY  # noqa: E402
-from shufflemoe.testing import tolerance_for  # noqa: E402
 
 _ATTN = {k: _COMMON[k] for k in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim")}
+CEILINGS = Ceilings(read_gbps=3000.0, copy_gbps=2900.0, bf16_tflops=750.0, fp8_tflops=1300.0)
 
 
 @pytest.fixture
@@ -25,68 +29,113 @@ def tiny_suite(monkeypatch):
         e2e_hf.Shape("tiny-qwen3", "qwen3_moe", dict(_ATTN, **TINY["qwen3_moe"]), layers=2,
                      quick_layers=2, full_layers=48, full_vocab=151936 // 24),
     ]
-    for name, value in dict(DEVICE="cpu", SHAPES=shapes, PREFILL_TOKENS=16, PROMPT_TOKENS=8,
-                            BATCHES=(1, 3), COMPILE=dict(backend="aot_eager", fullgraph=True)).items():
-        monkeypatch.setattr(e2e_hf, name, value)
+    config = CompileConfig(backend="eager")
+    config._compile_all_devices = True  # transformers compiles generate on the CPU only when asked
+    for module, values in ((e2e_hf, dict(SHAPES=shapes, BATCHES=(1, 3), GENERATE_TOKENS=(2, 4),
+                                          COMPILE_OPTIONS=dict(backend="eager"))),
+                           (e2e_paths, dict(DEVICE="cpu", PREFILL_TOKENS=16, PROMPT_TOKENS=8,
+                                            COMPILE_CONFIG=config))):
+        for name, value in values.items():
+            monkeypatch.setattr(module, name, value)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny models: see test_transformers.py
     yield shapes
     torch.set_num_threads(threads)
 
 
-def test_real_shapes_are_the_brief_ones():
+def test_real_shapes():
     scout, qwen = (s.config(quick=False) for s in e2e_hf.SHAPES)
     assert (scout.hidden_size, scout.num_local_experts, scout.intermediate_size,
-            scout.num_experts_per_tok, scout.moe_layers) == (5120, 16, 8192, 1, list(range(8)))
+            scout.num_experts_per_tok, scout.moe_layers) == (5120, 16, 8192, 1, list(range(4)))
     assert (qwen.hidden_size, qwen.num_experts, qwen.moe_intermediate_size,
-            qwen.num_experts_per_tok) == (2048, 128, 768, 8)
-    assert scout.vocab_size == 33664 and qwen.vocab_size == 50624  # scaled with depth
-    assert e2e_hf.SHAPES[0].config(quick=True).num_hidden_layers == 2
+            qwen.num_experts_per_tok, qwen.num_hidden_layers) == (2048, 128, 768, 8, 8)
+    assert scout.vocab_size == 16832 and qwen.vocab_size == 25344  # scaled with depth
+
+
+def test_every_mode_has_both_sides():
+    for shape in e2e_hf.SHAPES:
+        ps = e2e_hf.paths(shape.model_type)
+        assert ps[0].side == "peer" and ps[0].mode == "eager"  # the checks' reference runs first
+        modes = {(p.side, p.mode) for p in ps}
+        for mode in ("eager", "step_graph", "compile", "compiled_generate"):
+            assert {("ours", mode), ("peer", mode)} <= modes, (shape.name, mode)
+        assert ("ours", "layer_graphs") in modes
 
 
 def test_suite_dry_run_on_cpu(tiny_suite):
-    result = SUITES.get("e2e_hf")(Context(ceilings=Ceilings(0.0, 0.0, 0.0), quick=True))
+    result = SUITES.get("e2e_hf").run(Context(ceilings=CEILINGS, quick=True))
     rows = result.rows
+    for r in rows:
+        assert r.get("ms") or r["note"].startswith("skipped: CUDA graphs"), r
     for shape in tiny_suite:
-        names = {r["implementation"] for r in rows if r["model"] == shape.name}
-        assert {"shufflemoe", "shufflemoe, graph_buckets=None", "shufflemoe + CUDA graph",
-                "hf default + CUDA graph", "shufflemoe + torch.compile",
-                "hf default + torch.compile"} <= names
-    timed = [r for r in rows if "CUDA graph" not in r["implementation"]]
-    assert all(r["ms"] and r["ms"] > 0 for r in timed), [r for r in timed if not r["ms"]]
-    assert all(r["note"].startswith("skipped") for r in rows if "CUDA graph" in r["implementation"])
-    qwen = {(r["implementation"], r["phase"], r["batch"]) for r in rows if r["model"] == "tiny-qwen3"}
-    assert ("hf batched_mm", "decode", 3) in qwen and ("hf batched_mm", "prefill", 1) not in qwen
-    for r in rows:  # the patched model's logits are checked against transformers' in every run
-        if r["phase"] == "prefill" and r["family"] == "shufflemoe" and r["ms"]:
-            assert r["logits_rel_l2_vs_hf"] is not None
-            assert r["logits_rel_l2_vs_hf"] < tolerance_for(torch.bfloat16).rel_l2
-        if r["ms"]:
-            assert r["ratio_vs_hf_best"] > 0
-    assert {t["target"].split(":")[0] for t in result.targets} >= {
-        "tiny-llama4 prefill b1", "tiny-qwen3 prefill b1"}
-    assert set(result.columns) <= set(rows[0])
+        mine = [r for r in rows if r["model"] == shape.name]
+        assert {r["mode"] for r in mine} == {"eager", "layer_graphs", "step_graph", "compile", "compiled_generate"}
+        for r in mine:
+            if r["mode"] != "step_graph":  # timed paths are checked against transformers' logits
+                assert r["check"].startswith("ok"), r
+            if r["phase"] == "decode" and r.get("ms"):
+                assert r["repeats"] >= 3 and r["ms_lo"] <= r["ms"] <= r["ms_hi"]
+    apply_ceilings(rows, CEILINGS)
+    a = result.analyse(rows)
+    assert a.targets and a.headlines
+    assert any(not r["like_for_like"] for r in a.ratios)  # the default-path pair, labelled
+    assert all(r["modes"].split(" vs ")[0] == r["modes"].split(" vs ")[1] for r in a.ratios if r["like_for_like"])
 
 
-def test_graph_rows_are_compared_with_graph_rows():
-    def row(impl, family, phase, ms):
-        return dict(model="m", phase=phase, batch=1, implementation=impl, family=family, ms=ms)
+def _row(impl, side, mode, ms, phase="decode", batch=1, **extra):
+    return dict(model="m", phase=phase, batch=batch, impl=impl, side=side, mode=mode, ms=ms,
+                ms_lo=ms * 0.9, ms_hi=ms * 1.1, check="ok", **extra)
 
-    rows = [row("hf grouped_mm", "transformers", "prefill", 30.0),
-            row("hf default + CUDA graph", "transformers+graph", "prefill", 20.0),
-            row("shufflemoe", "shufflemoe", "prefill", 40.0),
-            row("shufflemoe + CUDA graph", "shufflemoe", "prefill", 10.0),
-            row("hf grouped_mm", "transformers", "decode", 8.0),
-            row("hf default + CUDA graph", "transformers+graph", "decode", 4.0),
-            row("shufflemoe + CUDA graph", "shufflemoe", "decode", 5.0)]
-    rows[-1]["floor_ms"] = 3.2  # a decode step's bytes floor bounds the attainable ratio: 8 / 3.2
-    rows, targets = e2e_hf._with_ratios(rows)
-    got = {t["target"]: (t["measured"], t["met"]) for t in targets}
-    assert got == {"m prefill b1: shufflemoe >= 1x HF best": (0.75, False),
-                   "m prefill b1: shufflemoe + CUDA graph >= 1x HF default + CUDA graph": (2.0, True),
-                   "m decode b1: shufflemoe + CUDA graph >= 2x HF best (attainable: 2.50x at the floor)":
-                       (1.6, False)}
-    assert rows[3]["ratio_vs_hf_best"] == 3.0 and rows[2]["ratio_vs_hf_graph"] is None
+
+def synthetic(eager=9.0, layer_graphs=5.0, generate=2.0, step_b64=1.1) -> list[dict]:
+    """transformers at eager 12 / compiled generate 2.6; ours as given; floor 1.0 ms at b64."""
+    return [_row("transformers grouped_mm (default)", "peer", "eager", 12.0),
+            _row("transformers batched_mm", "peer", "eager", 11.0),
+            _row("transformers grouped_mm (default) + compiled generate", "peer", "compiled_generate", 2.6),
+            _row("shufflemoe (graph_buckets=None)", "ours", "eager", eager),
+            _row("shufflemoe (default: per-layer graphs)", "ours", "layer_graphs", layer_graphs),
+            _row("shufflemoe + compiled generate", "ours", "compiled_generate", generate),
+            _row("shufflemoe + step graph", "ours", "step_graph", step_b64, batch=64, x_floor=step_b64)]
+
+
+def _met(rows) -> dict:
+    return {t["target"].split(": ")[0]: t["met"] for t in e2e_hf.analyse(rows).targets}
+
+
+def test_targets_met_on_good_numbers():
+    met = _met(synthetic())
+    assert met == {"m decode b1 eager vs transformers eager (best)": True,
+                   "m decode b1 per-layer graphs vs transformers eager (best)": True,
+                   "m decode b1 compiled generate vs transformers' compiled generate": True,
+                   "m decode b64 step graph time / bytes floor": True}
+
+
+@pytest.mark.parametrize("bad, target", [
+    (dict(eager=9.0), None),
+    (dict(eager=9.5), "m decode b1 eager vs transformers eager (best)"),  # 11 / 9.5 = 1.16 < 1.2
+    (dict(layer_graphs=7.5), "m decode b1 per-layer graphs vs transformers eager (best)"),  # 1.47
+    (dict(generate=2.1), "m decode b1 compiled generate vs transformers' compiled generate"),  # 1.24
+    (dict(step_b64=1.2), "m decode b64 step graph time / bytes floor"),
+])
+def test_each_target_can_fail(bad, target):
+    met = _met(synthetic(**bad))
+    assert [k for k, v in met.items() if not v] == ([target] if target else [])
+
+
+def test_ratios_are_against_the_fastest_peer_of_the_same_mode():
+    rs = e2e_hf.analyse(synthetic()).ratios
+    best = {(r["ours"], r["modes"]): r["ratio"] for r in rs if r["best_peer"]}
+    assert best[("shufflemoe (graph_buckets=None)", "eager vs eager")] == pytest.approx(11 / 9)  # batched_mm
+    assert best[("shufflemoe + compiled generate", "compiled_generate vs compiled_generate")] == pytest.approx(1.3)
+    cross = [r for r in rs if not r["like_for_like"]]
+    assert {r["ours"] for r in cross} == {"shufflemoe (default: per-layer graphs)"}
+    assert all(r["modes"].startswith("default path vs default path") for r in cross)
+
+
+def test_a_failed_check_fails_its_target():
+    rows = synthetic()
+    rows[3]["check"] = "logits rel L2 0.9"
+    assert not _met(rows)["m decode b1 eager vs transformers eager (best)"]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
@@ -104,11 +153,11 @@ def test_captured_decode_step_matches_eager(model_type):
         for name, graph, buckets in (("eager", False, None), ("graph", True, None),
                                      ("layer graphs", False, (1, 2, 4))):
             patch(model, graph_buckets=buckets)
-            advance, token = e2e_hf.decoder(model, 3, 12, graph)
+            dec = e2e_paths.Decoder(model, 3, 12, graph)
             tokens = []
             for _ in range(10):
-                advance()
-                tokens.append(token.clone())
+                dec.advance()
+                tokens.append(dec.token.clone())
             runs[name] = torch.cat(tokens, 1)
     assert torch.equal(runs["graph"], runs["eager"]) and torch.equal(runs["layer graphs"], runs["eager"])
 
@@ -124,7 +173,7 @@ def test_decode_floor_counts_weights_in_use(tiny_suite):
     expert = sum(p.numel() for n, p in params.items() if ".experts." in n) * 4
     dense = sum(p.numel() for n, p in params.items()
                 if ".experts." not in n and "embed_tokens" not in n) * 4
-    kv = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * e2e_hf.PROMPT_TOKENS * 4
+    kv = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * e2e_paths.PROMPT_TOKENS * 4
     E = cfg.num_local_experts
     assert cfg.num_experts_per_tok == 1
     assert e2e_hf.decode_bytes(model, 1) == pytest.approx(dense + expert / E + kv)

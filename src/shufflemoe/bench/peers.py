@@ -3,7 +3,8 @@
 - ``per_expert_loop``: the HuggingFace-style loop, one masked matmul pair per expert (host syncs);
 - ``torch_pipeline``: the MetaShuffling pipeline written with stock torch ops (topk, a stable
   argsort, a scatter_add histogram, index_select, torch._grouped_mm / torch._scaled_grouped_mm,
-  index_add_): sync-free, so it is timed under the same CUDA graph as ours;
+  index_add_): sync-free, so it is timed eagerly, under a CUDA graph and torch.compile'd, each
+  against ours issued the same way (fp8 with fast accumulation, as ours);
 - ``hf_block``: transformers' own MoE block of the matching model (its experts implementation
   chosen by name), its parameters set to the layer's tensors.
 
@@ -78,9 +79,10 @@ def per_expert_loop(layer: MoE, x: Tensor, w13: Tensor | None = None, w2: Tensor
 
 
 def _scaled_grouped_mm(q: Tensor, scale: Tensor, w: Tensor, w_scale: Tensor, offs: Tensor) -> Tensor:
-    """torch's fp8 rowwise grouped GEMM: [M, K] e4m3 x [G, N, K] e4m3 -> [M, N] bf16."""
+    """torch's fp8 rowwise grouped GEMM: [M, K] e4m3 x [G, N, K] e4m3 -> [M, N] bf16, with fast
+    accumulation like shufflemoe's fp8 kernels."""
     return torch._scaled_grouped_mm(q, w.transpose(-2, -1), scale, w_scale, offs=offs,
-                                    out_dtype=torch.bfloat16)
+                                    out_dtype=torch.bfloat16, use_fast_accum=True)
 
 
 def torch_pipeline(layer: MoE, x: Tensor) -> Tensor:
@@ -163,6 +165,20 @@ def hf_block(model_type: str, layer: MoE, experts_implementation: str | None = N
     return block.eval()
 
 
+def hf_block_candidates(model_type: str, layers: list[MoE],
+                        implementations: tuple[str | None, ...]) -> dict[str, dict[int, nn.Module]]:
+    """transformers' blocks for each experts implementation (None: the block's only one, named
+    'default'), one per layer copy: {implementation: {id(layer): block}}. An implementation this
+    transformers lacks is left out with a note."""
+    out = {}
+    for impl in implementations:
+        try:
+            out[impl or "default"] = {id(layer): hf_block(model_type, layer, impl) for layer in layers}
+        except Exception as e:  # noqa: BLE001 - transformers missing or changed: report, keep the rest
+            print(f"no transformers {model_type} block with experts {impl!r}: {type(e).__name__}: {e}")
+    return out
+
+
 def hf_block_forward(block: nn.Module, x: Tensor) -> Tensor:
     """Run an HF block on x [T, D] -> [T, D] (it takes [B, S, D]; Llama 4 returns a tuple)."""
     out = block(x[None])
@@ -170,4 +186,4 @@ def hf_block_forward(block: nn.Module, x: Tensor) -> Tensor:
     return out.reshape(x.shape)
 
 
-__all__ = ["per_expert_loop", "torch_pipeline", "hf_block", "hf_block_forward"]
+__all__ = ["per_expert_loop", "torch_pipeline", "hf_block", "hf_block_candidates", "hf_block_forward"]

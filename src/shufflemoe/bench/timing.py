@@ -1,106 +1,123 @@
-"""GPU timing the way METHOD.md asks: CUDA events, warm-up, median of many runs, a CUDA graph to
-remove launch gaps where the code allows it, and rotating input sets so data does not sit in L2."""
+"""GPU timing: CUDA events, warm-up, many samples summarised by their median and spread, a CUDA
+graph to remove launch gaps where the code allows it, and rotating input sets (weights included)
+so that data does not sit in the L2 cache. The timed path's outputs come back for checking."""
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
+from torch.utils._pytree import tree_map
+
+L2_BYTES = 50 << 20  # H100
 
 
 @dataclass(frozen=True)
 class Timing:
+    """Summary of ``n`` timed samples of one call (us). ``mode`` says how the calls were issued:
+    "graph" (replays of a captured CUDA graph), "eager" (launched from Python each time), or what
+    the caller names (e.g. "compile" for a torch.compile'd callable launched from Python)."""
+
     median_us: float
     p20_us: float
     p80_us: float
-    graph: bool  # timed as replays of a captured CUDA graph
+    min_us: float
+    max_us: float
+    n: int
+    mode: str
+    outputs: list = field(default_factory=list, repr=False, compare=False)  # per input set
 
-    def as_dict(self) -> dict:
-        return dict(median_us=round(self.median_us, 3), p20_us=round(self.p20_us, 3),
-                    p80_us=round(self.p80_us, 3), graph=self.graph)
+    @property
+    def graph(self) -> bool:
+        return self.mode == "graph"
+
+    def fields(self, name: str = "us") -> dict:
+        """Row fields: ``name`` = median, ``name_lo`` / ``name_hi`` = p20 / p80."""
+        return {name: self.median_us, f"{name}_lo": self.p20_us, f"{name}_hi": self.p80_us}
 
 
-def rotations(bytes_per_set: int, l2_bytes: int = 50 << 20, cap: int = 32) -> int:
+def summarize(samples_us: list[float], mode: str) -> Timing:
+    """Median, p20/p80 and min/max of samples (one sample: all equal)."""
+    if not samples_us:
+        raise ValueError("summarize needs at least one sample")
+    q = statistics.quantiles(samples_us, n=5, method="inclusive") if len(samples_us) > 1 else samples_us * 4
+    return Timing(statistics.median(samples_us), q[0], q[3], min(samples_us), max(samples_us),
+                  len(samples_us), mode)
+
+
+def rotations(bytes_per_set: int, l2_bytes: int = L2_BYTES, cap: int = 32) -> int:
     """Input sets to rotate through so that one pass reads over 2x the L2 (50 MB on an H100)."""
     return max(1, min(cap, -(-2 * l2_bytes // max(bytes_per_set, 1))))
 
 
+def _snapshot(out):
+    return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, out)
+
+
 def time_fn(run: Callable[[int], object], n_sets: int, *, graph: bool = True, reps: int = 40,
-            warmup: int = 3) -> Timing:
-    """Median time of one ``run(i)`` (i = input set). With graph=True, one graph runs all n_sets
-    calls back to back and each replay is timed; without, each call is timed on its own."""
-    torch.cuda.synchronize()
+            warmup: int = 3, mode: str | None = None, keep_outputs: bool = False,
+            reset: Callable[[], None] | None = None) -> Timing:
+    """Time one ``run(i)`` (i = input set). With graph=True one CUDA graph runs all n_sets calls
+    back to back and each replay is a sample (divided by n_sets); without, each call is a sample.
+    keep_outputs: after the samples, ``reset()`` (restores what an in-place op changed) and one
+    more pass of the timed path (a replay of the same graph, or eager calls of every set);
+    Timing.outputs[i] is a copy of what it gave for set i, for the caller to check. Without
+    CUDA, eager calls are timed with the host clock (dry runs of the suites' logic)."""
+    cuda = torch.cuda.is_available()
+    if graph and not cuda:
+        raise RuntimeError("CUDA-graph timing needs a GPU")
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    sync()
     for _ in range(warmup):
         for i in range(n_sets):
             run(i)
-    torch.cuda.synchronize()
+    sync()
     samples: list[float] = []
+    outputs: list = []
     if graph:
         g = torch.cuda.CUDAGraph()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             with torch.cuda.graph(g):
-                for i in range(n_sets):
-                    run(i)
+                captured = [run(i) for i in range(n_sets)]
         torch.cuda.current_stream().wait_stream(side)
         g.replay()
-        torch.cuda.synchronize()
+        sync()
         for _ in range(reps):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
+            samples.append(_elapsed_us(g.replay) / n_sets)
+        if keep_outputs:
+            if reset is not None:
+                reset()
             g.replay()
-            end.record()
-            end.synchronize()
-            samples.append(start.elapsed_time(end) * 1e3 / n_sets)
-        del g
+            outputs = [_snapshot(o) for o in captured]  # copied: the graph's memory goes with it
+        del g, captured
     else:
         for r in range(reps):
             i = r % n_sets
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            run(i)
-            end.record()
-            end.synchronize()
-            samples.append(start.elapsed_time(end) * 1e3)
-    q = statistics.quantiles(samples, n=5) if len(samples) > 1 else samples * 4
-    return Timing(statistics.median(samples), q[0], q[3], graph)
+            if cuda:
+                samples.append(_elapsed_us(lambda: run(i)))
+            else:
+                t0 = time.perf_counter()
+                run(i)
+                samples.append((time.perf_counter() - t0) * 1e6)
+        if keep_outputs:
+            if reset is not None:
+                reset()
+            outputs = [_snapshot(run(i)) for i in range(n_sets)]
+    sync()
+    t = summarize(samples, mode or ("graph" if graph else "eager"))
+    return dataclasses.replace(t, outputs=outputs) if keep_outputs else t
 
 
-@dataclass(frozen=True)
-class Ceilings:
-    copy_gbps: float  # device-to-device copy, bytes read + written
-    bf16_tflops: float  # 8192^3 bf16 matmul (cuBLAS)
-    fp8_tflops: float  # 8192^3 fp8 rowwise torch._scaled_mm, 0 when unavailable
-
-    def as_dict(self) -> dict:
-        return dict(copy_gbps=round(self.copy_gbps, 1), bf16_tflops=round(self.bf16_tflops, 1),
-                    fp8_tflops=round(self.fp8_tflops, 1))
-
-
-def measure_ceilings(n: int = 8192) -> Ceilings:
-    """The device's copy bandwidth and dense GEMM rates, measured now (same run as the results).
-    The GEMMs run first and the copy is the best of three medians: an idle GPU needs a moment to
-    raise its clocks, and a copy timed at once read up to 12% low on an H100."""
-    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    t = time_fn(lambda i: a @ b.t(), 1, graph=False, reps=10)
-    bf16 = 2 * n**3 / (t.median_us * 1e-6) / 1e12
-    fp8 = 0.0
-    try:
-        a8, b8 = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn)
-        sa = torch.ones(n, 1, device="cuda")
-        sb = torch.ones(1, n, device="cuda")
-        t = time_fn(lambda i: torch._scaled_mm(a8, b8.t(), scale_a=sa, scale_b=sb,
-                                               out_dtype=torch.bfloat16), 1, graph=False, reps=10)
-        fp8 = 2 * n**3 / (t.median_us * 1e-6) / 1e12
-    except (RuntimeError, AttributeError):
-        pass
-    del a, b
-    src = torch.randn(1 << 28, device="cuda", dtype=torch.bfloat16)  # 512 MiB
-    dst = torch.empty_like(src)
-    best = min(time_fn(lambda i: dst.copy_(src), 1, graph=False, reps=30).median_us for _ in range(3))
-    copy = 2 * src.numel() * src.element_size() / (best * 1e-6) / 1e9
-    return Ceilings(copy, bf16, fp8)
+def _elapsed_us(fn: Callable[[], object]) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3

@@ -21,14 +21,17 @@ from torch import Tensor
 from .._registry import Registry
 from ..config import MoEConfig
 from ..ops import Ops
+from ..ops.quantize import FP8_BLOCK, FP8_DTYPE
+from ..ops.quantize.formats import FORMATS
 from ..types import ExpertWeights, Routing
 
-Activation = Tensor | tuple[Tensor, Tensor]  # bf16 rows, or fp8 (q, scale) rows
+Activation = Tensor | tuple[Tensor, Tensor]  # rows in the model dtype, or fp8 (q, scale) rows
 
 
 class Experts:
     name: ClassVar[str]
     graph_safe: ClassVar[bool] = True  # no host sync: works inside a captured CUDA graph
+    batch_invariant: ClassVar[bool] = False  # honours MoEConfig.batch_invariant
     summary: ClassVar[str] = ""
 
     def supports(self, cfg: MoEConfig, device: torch.device) -> tuple[bool, str]:
@@ -54,11 +57,34 @@ def register(cls: type[Experts]) -> type[Experts]:
     return cls
 
 
+def gather_input(ops: Ops, x: Tensor, token_ids: Tensor, row_weights: Tensor | None,
+                 w: ExpertWeights, num_valid: Tensor | None = None) -> Activation:
+    """xs = x[token_ids] (* row_weights) [A, D], quantized as the weight format's first GEMM
+    takes it: fp8 rowwise fused into gather_scale, fp8 groups of 128 (fp8_block) right after."""
+    act = FORMATS[w.quantization].activation
+    xs = ops.gather_scale(x, token_ids, row_weights, num_valid, act == "rowwise", None)
+    if act != "groups":
+        return xs
+    A, D = xs.shape
+    q = torch.empty(A, D, dtype=FP8_DTYPE, device=xs.device)
+    scale = torch.empty(A, -(-D // FP8_BLOCK), dtype=torch.float32, device=xs.device)
+    ops.quantize_fp8_groups(xs, num_valid, q, scale, FP8_BLOCK)
+    return q, scale
+
+
+def glu(ops: Ops, h: Tensor, w: ExpertWeights, cfg: MoEConfig,
+        num_valid: Tensor | None = None) -> Activation:
+    """a = act(gate, up) [A, I] of the first GEMM's output h [A, 2I], quantized as the second
+    GEMM takes it (fused): cfg.activation, swiglu_alpha, swiglu_limit (MoEConfig checked them)."""
+    return ops.silu_mul(h, num_valid, FORMATS[w.quantization].activation, None,
+                        (cfg.activation, cfg.swiglu_alpha, cfg.swiglu_limit))
+
+
 def expert_gemm(
     ops: Ops,
     inp: Activation,
-    w: Tensor,
-    w_scale: Tensor | None,
+    w: ExpertWeights,
+    proj: str,
     m_sizes: Tensor,
     out_dtype: torch.dtype,
     *,
@@ -69,10 +95,17 @@ def expert_gemm(
     scatter_unique: bool = False,
     all_rows: bool = False,
 ) -> Tensor:
-    """grouped_gemm on rows in out_dtype or on fp8 (q, scale) rows against (w, w_scale)."""
+    """grouped_gemm of rows (in out_dtype, or fp8 (q, scale)) against w.w13 (proj "w13", with its
+    bias; fp8_block scale blocks restart at its up half) or w.w2 (proj "w2")."""
+    if proj == "w13":
+        weight, scale, bias = w.w13, w.w13_scale, w.w13_bias
+        split = w.intermediate_size if w.quantization == "fp8_block" else None
+    else:
+        weight, scale, bias, split = w.w2, w.w2_scale, w.w2_bias, None
     x, x_scale = inp if isinstance(inp, tuple) else (inp, None)
-    return ops.grouped_gemm(x, w, m_sizes, x_scale, w_scale, weight_ids, row_weights,
-                            scatter_ids, out, out_dtype, scatter_unique, all_rows)
+    return ops.grouped_gemm(x, weight, m_sizes, x_scale, scale, weight_ids, row_weights,
+                            scatter_ids, out, out_dtype, scatter_unique, w.quantization, bias,
+                            split, all_rows)
 
 
 def pair_weights(routing: Routing, cfg: MoEConfig) -> tuple[Tensor | None, Tensor | None]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from ..ops import backend_for
-from .base import Experts, expert_gemm, pair_weights, register
+from .base import Experts, expert_gemm, gather_input, glu, pair_weights, register
 
 
 @register
@@ -26,11 +26,10 @@ class Concat(Experts):
         w_in, w_out = pair_weights(r, cfg)
         ops = backend_for(x)
         tokens = r.token_ids[:n]
-        xs = ops.gather_scale(x, tokens, None if w_in is None else w_in[:n], None, w.quantized,
-                              None)
-        h = expert_gemm(ops, xs, w.w13, w.w13_scale, sizes, cfg.dtype)  # [n, 2I]
-        a = ops.silu_mul(h, None, w.quantized, None)
+        xs = gather_input(ops, x, tokens, None if w_in is None else w_in[:n], w)
+        h = expert_gemm(ops, xs, w, "w13", sizes, cfg.dtype)  # [n, 2I]
+        a = glu(ops, h, w, cfg)
         before_combine()
-        expert_gemm(ops, a, w.w2, w.w2_scale, sizes, cfg.dtype,
+        expert_gemm(ops, a, w, "w2", sizes, cfg.dtype,
                     row_weights=None if w_out is None else w_out[:n], scatter_ids=tokens, out=out,
                     scatter_unique=cfg.top_k == 1)

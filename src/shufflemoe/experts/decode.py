@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from ..ops import backend_for
-from .base import Experts, expert_gemm, register
+from .base import Experts, expert_gemm, gather_input, glu, register
 
 
 def _dense_experts(x, r, w, out, cfg, slot_expert: Tensor, slot_sizes: Tensor, before_combine):
@@ -28,11 +28,11 @@ def _dense_experts(x, r, w, out, cfg, slot_expert: Tensor, slot_sizes: Tensor, b
     on_input = cfg.apply_router_weight_on_input
     valid = slot_sizes.sum().reshape(1)
     ops = backend_for(x)
-    xb = ops.gather_scale(x, rows, slot_w if on_input else None, valid, w.quantized, None)
-    hb = expert_gemm(ops, xb, w.w13, w.w13_scale, slot_sizes, cfg.dtype, weight_ids=slot_expert)
-    ab = ops.silu_mul(hb, valid, w.quantized, None)
+    xb = gather_input(ops, x, rows, slot_w if on_input else None, w, num_valid=valid)
+    hb = expert_gemm(ops, xb, w, "w13", slot_sizes, cfg.dtype, weight_ids=slot_expert)
+    ab = glu(ops, hb, w, cfg, num_valid=valid)
     before_combine()
-    expert_gemm(ops, ab, w.w2, w.w2_scale, slot_sizes, cfg.dtype, weight_ids=slot_expert,
+    expert_gemm(ops, ab, w, "w2", slot_sizes, cfg.dtype, weight_ids=slot_expert,
                 row_weights=None if on_input else slot_w, scatter_ids=rows, out=out)
 
 

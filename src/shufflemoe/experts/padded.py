@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from ..ops import backend_for
-from .base import Experts, expert_gemm, register
+from .base import Experts, expert_gemm, gather_input, glu, register
 
 
 @register
@@ -34,9 +34,9 @@ class Padded(Experts):
             slot_weight = torch.zeros(E * C + 1, dtype=torch.float32, device=dev)
             slot_weight = slot_weight.index_copy_(0, slot, r.weights)[: E * C]
         sizes = torch.full((E,), C, dtype=torch.int32, device=dev)
-        xb = ops.gather_scale(x, slot_token, slot_weight, None, w.quantized, None)  # [E * C, D]
-        hb = expert_gemm(ops, xb, w.w13, w.w13_scale, sizes, cfg.dtype)
-        ab = ops.silu_mul(hb, None, w.quantized, None)
-        yb = expert_gemm(ops, ab, w.w2, w.w2_scale, sizes, cfg.dtype)  # [E * C, D]
+        xb = gather_input(ops, x, slot_token, slot_weight, w)  # [E * C, D]
+        hb = expert_gemm(ops, xb, w, "w13", sizes, cfg.dtype)
+        ab = glu(ops, hb, w, cfg)
+        yb = expert_gemm(ops, ab, w, "w2", sizes, cfg.dtype)  # [E * C, D]
         before_combine()
         ops.scatter_add(out, yb, r.token_ids, None if on_input else r.weights, r.num_valid, slot)

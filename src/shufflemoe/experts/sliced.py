@@ -4,7 +4,7 @@ sorted pairs. No padding, but E launches of small shapes and a host sync per lay
 from __future__ import annotations
 
 from ..ops import backend_for
-from .base import Experts, expert_gemm, pair_weights, register
+from .base import Experts, expert_gemm, gather_input, glu, pair_weights, register
 
 
 @register
@@ -18,7 +18,7 @@ class Sliced(Experts):
         counts = r.counts.tolist()  # host sync
         w_in, w_out = pair_weights(r, cfg)
         ops = backend_for(x)
-        xs = ops.gather_scale(x, r.token_ids, w_in, r.num_valid, w.quantized, None)
+        xs = gather_input(ops, x, r.token_ids, w_in, w, num_valid=r.num_valid)
         joined, start = False, 0
         for e, c in enumerate(counts):
             if c == 0:
@@ -26,15 +26,14 @@ class Sliced(Experts):
             rows = slice(start, start + c)
             start += c
             size = r.counts[e : e + 1]  # a view of the device counts: no copy
-            inp = tuple(t[rows] for t in xs) if w.quantized else xs[rows]
-            s13 = None if w.w13_scale is None else w.w13_scale[e : e + 1]
-            s2 = None if w.w2_scale is None else w.w2_scale[e : e + 1]
-            h = expert_gemm(ops, inp, w.w13[e : e + 1], s13, size, cfg.dtype)
-            a = ops.silu_mul(h, None, w.quantized, None)
+            inp = tuple(t[rows] for t in xs) if isinstance(xs, tuple) else xs[rows]
+            we = w.experts(e, e + 1)
+            h = expert_gemm(ops, inp, we, "w13", size, cfg.dtype)
+            a = glu(ops, h, we, cfg)
             if not joined:
                 before_combine()
                 joined = True
             # one expert's rows reach distinct tokens, and launches run in order: no atomics
-            expert_gemm(ops, a, w.w2[e : e + 1], s2, size, cfg.dtype,
+            expert_gemm(ops, a, we, "w2", size, cfg.dtype,
                         row_weights=None if w_out is None else w_out[rows],
                         scatter_ids=r.token_ids[rows], out=out, scatter_unique=True)

@@ -41,6 +41,7 @@ from ...config import MoEConfig
 from ...experts import EXPERTS
 from ...graph import DEFAULT_BUCKETS, GraphedMoE, GraphPool
 from ...layer import MoE
+from .sources import contiguous, get, source_for
 from .specs import BlockSpec, spec_for
 
 log = logging.getLogger("shufflemoe.integrations.transformers")
@@ -75,49 +76,50 @@ class _State:
     experts: str  # expert strategy name (shufflemoe.EXPERTS)
     graph_buckets: GraphBuckets  # per-layer CUDA graphs (see patch)
     pools: dict  # device -> GraphPool, shared by every block patched together
-    sources: list[tuple[dict, str]]  # (the owner's parameter or buffer dict, name) per source
+    experts_at: tuple[dict, str]  # (the owner's module dict, name) of the routed experts
+    experts_module: nn.Module | None = None  # the one ``sources`` were resolved in
+    sources: list[tuple[dict, str]] = ()  # (the owner's parameter or buffer dict, name) per tensor
     layer: MoE | None = None
     run: Callable[[Tensor], Tensor] | None = None  # the layer, or its CUDA graphs
     key: tuple = ()  # (data_ptr, version) of each source tensor when the layer was built
 
 
-def _get(block: nn.Module, path: str) -> Tensor:
-    return functools.reduce(getattr, path.split("."), block)
-
-
 def _source_paths(spec: BlockSpec, options: dict) -> list[str]:
-    paths = [spec.router, spec.w13, spec.w2]
+    """The block's tensors outside its routed experts that the layer wraps."""
+    paths = [spec.router]
     if options.get("shared_intermediate_size"):
         paths += list(spec.shared)
-    return paths + [p for p in (spec.shared_gate, spec.correction_bias) if p]
+    return paths + [p for p in (spec.shared_gate, spec.correction_bias, spec.router_bias) if p]
 
 
 def _source(block: nn.Module, path: str) -> tuple[dict, str]:
-    """(dict, name) holding the tensor at ``path``: the owner's parameter or buffer dict, read
-    directly per call (nn.Module.__getattr__ costs ~0.4 us; setattr replaces the entry)."""
+    """(dict, name) holding the tensor (or module) at ``path``: the owner's parameter, buffer or
+    module dict, read directly per call (nn.Module.__getattr__ costs ~0.4 us; setattr replaces
+    the entry)."""
     *modules, name = path.split(".")
     owner = functools.reduce(getattr, modules, block)
-    return (owner._parameters if name in owner._parameters else owner._buffers), name
+    for d in (owner._parameters, owner._buffers, owner._modules):
+        if name in d:
+            return d, name
+    raise AttributeError(f"{type(block).__name__} has no parameter, buffer or module {path!r}")
 
 
-def _key(state: _State) -> tuple:
-    return tuple([(t.data_ptr(), t._version) for t in [d[n] for d, n in state.sources]])
+def _sources(block: nn.Module, state: _State) -> list[tuple[dict, str]]:
+    """state.sources: every tensor the layer wraps, the routed experts' as their source holds
+    them (sources.py). Re-resolved when the experts module was replaced (a quantizer swaps its
+    own in while from_pretrained loads a block built by a patch_model_type'd class)."""
+    d, n = state.experts_at
+    if d[n] is not state.experts_module:
+        state.experts_module = d[n]
+        paths = (_source_paths(state.spec, state.options)
+                 + source_for(block, state.spec).paths(block, state.spec))
+        state.sources = [_source(block, p) for p in paths]
+    return state.sources
 
 
-def _contiguous(p: Tensor) -> Tensor:
-    if not p.is_contiguous():  # keep one copy: the parameter itself becomes the contiguous one
-        p.data = p.data.contiguous()
-    return p.detach()
-
-
-def _transposed(p: Tensor) -> Tensor:
-    """HF [E, A, B] (x @ W layout) -> canonical [E, B, A] contiguous. Converted once: the HF
-    parameter then holds a transposed view of the canonical tensor (same name and shape)."""
-    t = p.detach().transpose(1, 2)
-    if not t.is_contiguous():
-        t = t.contiguous()
-        p.data = t.transpose(1, 2)
-    return t
+def _key(block: nn.Module, state: _State) -> tuple:
+    tensors = [d[n] for d, n in _sources(block, state)]
+    return (state.experts_module, *[(t.data_ptr(), t._version) for t in tensors])
 
 
 def _fused_rows(*parts: Tensor) -> Tensor:
@@ -141,34 +143,31 @@ def _fused_rows(*parts: Tensor) -> Tensor:
     return fused
 
 
-def canonical_experts(w13: Tensor, w2: Tensor, transposed: bool) -> tuple[Tensor, Tensor]:
-    """HF routed-expert parameters -> (w13 [E, 2I, D], w2 [E, D, I]) contiguous, sharing their
-    storage (converted once when ``transposed``: HF [E, D, 2I] / [E, I, D])."""
-    convert = _transposed if transposed else _contiguous
-    return convert(w13), convert(w2)
-
-
 def _canonical_weights(block: nn.Module, spec: BlockSpec, options: dict) -> dict[str, Tensor]:
-    """MoE.from_weights arguments, sharing the block's storage."""
-    w13, w2 = canonical_experts(_get(block, spec.w13), _get(block, spec.w2), spec.transposed)
-    weights = dict(router_weight=_get(block, spec.router).detach(), w13=w13, w2=w2)
+    """MoE.from_weights arguments, sharing the block's storage (the routed experts as their
+    source holds them: sources.py)."""
+    weights = dict(router_weight=get(block, spec.router).detach(),
+                   **source_for(block, spec).read(block, spec))
     if options.get("shared_intermediate_size"):
-        gate, up, down = (_get(block, p) for p in spec.shared)
-        weights.update(shared_w13=_fused_rows(gate, up), shared_w2=_contiguous(down))
+        gate, up, down = (get(block, p) for p in spec.shared)
+        weights.update(shared_w13=_fused_rows(gate, up), shared_w2=contiguous(down))
     if spec.shared_gate:
-        weights["shared_gate"] = _get(block, spec.shared_gate).detach()
+        weights["shared_gate"] = get(block, spec.shared_gate).detach()
     if spec.correction_bias:  # [E], float32 in shufflemoe (a copy of E values if HF holds bf16)
-        weights["router_bias"] = _get(block, spec.correction_bias).detach().float()
+        weights["router_bias"] = get(block, spec.correction_bias).detach().float()
+    if spec.router_bias:
+        weights["router_logits_bias"] = get(block, spec.router_bias).detach()
     return weights
 
 
 def _build(block: nn.Module, state: _State) -> MoE:
     weights = _canonical_weights(block, state.spec, state.options)
-    dtype = weights["w13"].dtype
+    dtype = weights["router_weight"].dtype  # the model's (the experts' may be quantized)
+    quantization = source_for(block, state.spec).quantization
     try:
-        cfg = MoEConfig(**state.options, dtype=dtype)
+        cfg = MoEConfig(**state.options, dtype=dtype, quantization=quantization)
     except ValueError as e:
-        raise ValueError(f"{state.spec.block}: weights in {dtype}: {e}") from None
+        raise ValueError(f"{state.spec.block}: weights in {dtype} ({quantization}): {e}") from None
     return MoE.from_weights(cfg, experts=state.experts, **weights)
 
 
@@ -187,9 +186,16 @@ def _graph_buckets(state: _State, layer: MoE) -> tuple[int, ...] | None:
 def _built(block: nn.Module) -> _State:
     """The state of a patched block with its layer (re)built if a source tensor changed."""
     state: _State = block.__dict__["_shufflemoe"]
-    if state.layer is None or _key(state) != state.key:
-        state.layer = layer = _build(block, state)
-        state.key = _key(state)  # after the build, which may have re-pointed parameters
+    if state.layer is None or _key(block, state) != state.key:
+        try:
+            state.layer = layer = _build(block, state)
+        except Exception:
+            # left out of _prepare_all, whose builds while another model compiles must not fail
+            # for this one (its own eager call raises again, naming the problem)
+            _BLOCKS.discard(block)
+            raise
+        _BLOCKS.add(block)
+        state.key = _key(block, state)  # after the build, which may have re-pointed parameters
         layer._hot()  # gathered now, not while torch.compile traces the first call
         buckets = _graph_buckets(state, layer)
         if buckets is None:
@@ -219,7 +225,7 @@ def _prepare_all() -> int:
 def _on_device(block: nn.Module) -> bool:
     """True when the block's weights are materialized (not on the meta device)."""
     state: _State = block.__dict__["_shufflemoe"]
-    return all(not d[n].is_meta for d, n in state.sources)
+    return all(not d[n].is_meta for d, n in _sources(block, state))
 
 
 def block_layer(block: nn.Module) -> MoE:
@@ -231,6 +237,11 @@ def _recording_router_logits() -> bool:
     """True while transformers collects router logits (output_router_logits=True)."""
     collected = _active_collector.get()
     return collected is not None and "router_logits" in collected
+
+
+TRAINING_ERROR = ("shufflemoe runs MoE blocks for inference only: in train mode with gradients on, its "
+             "experts and router would get no gradients. Call model.eval() or run under "
+             "torch.no_grad() / torch.inference_mode(); to train, unpatch(model) first.")
 
 
 class ShuffleMoEBlock(nn.Module):
@@ -247,6 +258,8 @@ class ShuffleMoEBlock(nn.Module):
 
     # Inference only: the layer runs under no_grad.
     def forward(self, hidden_states: Tensor):  # [B, S, D] (or [T, D]) -> what the HF block returns
+        if self.training and torch.is_grad_enabled():
+            raise RuntimeError(TRAINING_ERROR)
         spec: BlockSpec = self._shufflemoe_spec
         if torch.compiler.is_compiling():
             _prepare_all()
@@ -255,15 +268,19 @@ class ShuffleMoEBlock(nn.Module):
         else:
             state = _built(self)
             out = state.run(hidden_states)  # same shape as hidden_states
-        logits = None
+        extra = None  # Llama 4: router logits [T, E]; gpt-oss: router scores [T, k]
         if _recording_router_logits():
             x = hidden_states.reshape(-1, hidden_states.shape[-1])  # [T, D]
-            if spec.returns_router_logits:
-                logits = F.linear(x, state.layer.router_weight)  # [T, E], as the HF router does
+            if spec.returns == "out_and_logits":
+                extra = F.linear(x, state.layer.router_weight)  # [T, E], as the HF router does
             else:  # the HF router's forward hook records its logits
-                _get(self, spec.router_module)(x)
-        if spec.returns_router_logits:  # Llama 4: (out [T, D], logits [T, E] or None)
-            return out.reshape(-1, out.shape[-1]), logits
+                routed = get(self, spec.router_module)(x)
+                if spec.returns == "out_and_scores":
+                    extra = routed[1]
+        if spec.returns == "out_and_logits":  # Llama 4: (out [T, D], logits [T, E] or None)
+            return out.reshape(-1, out.shape[-1]), extra
+        if spec.returns == "out_and_scores":  # gpt-oss: (out, scores [T, k] or None)
+            return out, extra
         return out
 
     def _apply(self, fn, recurse=True):
@@ -310,8 +327,8 @@ def attach(block: ShuffleMoEBlock, options: dict, experts: str, graph_buckets: G
     """Give a block of a patched class its (not yet built) shufflemoe state."""
     EXPERTS.get(experts)  # raises on an unknown strategy name, listing the valid ones
     spec = block._shufflemoe_spec
-    sources = [_source(block, p) for p in _source_paths(spec, options)]
-    block.__dict__["_shufflemoe"] = _State(spec, options, experts, graph_buckets, pools, sources)
+    block.__dict__["_shufflemoe"] = _State(spec, options, experts, graph_buckets, pools,
+                                           _source(block, spec.experts))
     _BLOCKS.add(block)
 
 

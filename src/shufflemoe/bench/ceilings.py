@@ -1,0 +1,105 @@
+"""The device's ceilings, measured in the same run as the results they judge (at the start and at
+the end of every suite), and the GPU clocks at the time of each measurement.
+
+- read_gbps: the faster of a sum and a max over a 2 GiB bf16 tensor, bytes read only. The ceiling
+  of kernels that stream weights (decode GEMMs, MoE layers): they read far more than they write.
+- copy_gbps: a device-to-device copy of 512 MiB, bytes read + written. The ceiling of kernels that
+  write as much as they read (gather, SwiGLU, scatter).
+- bf16_tflops / fp8_tflops: 8192^3 cuBLAS GEMMs; fp8 is torch._scaled_mm rowwise with fast
+  accumulation, the accumulation mode shufflemoe's fp8 kernels use.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from .timing import time_fn
+
+_SMI_FIELDS = ("clocks.sm", "clocks.mem", "clocks.max.sm", "temperature.gpu", "power.draw")
+
+
+@dataclass(frozen=True)
+class Ceilings:
+    read_gbps: float
+    copy_gbps: float
+    bf16_tflops: float
+    fp8_tflops: float  # 0 when the device has no fp8 GEMM
+    clocks: dict = field(default_factory=dict)  # nvidia-smi fields at the measurement
+
+    RATES = ("read_gbps", "copy_gbps", "bf16_tflops", "fp8_tflops")
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        return {k: (round(v, 1) if isinstance(v, float) else v) for k, v in d.items()}
+
+
+def stricter(a: Ceilings, b: Ceilings) -> Ceilings:
+    """The higher of two measurements of each ceiling: results are judged against the best the
+    device showed in the run, so a slow ceiling measurement cannot flatter them."""
+    return Ceilings(*(max(getattr(a, k), getattr(b, k)) for k in Ceilings.RATES))
+
+
+def write_ns_per_byte(c: Ceilings) -> float:
+    """Time to write one byte, from the copy (read + write) and read rates: a copy of N bytes
+    takes 2N / copy, of which N / read is reading (never below zero)."""
+    return max(0.0, 2 / c.copy_gbps - 1 / c.read_gbps)
+
+
+def read_clocks() -> dict:
+    """GPU 0's clocks (MHz), temperature (C) and power (W) from nvidia-smi; {} when unreadable."""
+    try:
+        out = subprocess.run(["nvidia-smi", "-i", "0", f"--query-gpu={','.join(_SMI_FIELDS)}",
+                              "--format=csv,noheader,nounits"], capture_output=True, text=True,
+                             timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    return parse_clocks(out)
+
+
+def parse_clocks(line: str) -> dict:
+    values = [v.strip() for v in line.split(",")]
+    if len(values) != len(_SMI_FIELDS):
+        return {}
+    parsed = {}
+    for key, v in zip(_SMI_FIELDS, values):
+        try:
+            parsed[key] = float(v)
+        except ValueError:  # "[N/A]"
+            parsed[key] = None
+    return parsed
+
+
+def measure_ceilings(n: int = 8192) -> Ceilings:
+    """Measure every ceiling now. The GEMMs run first: an idle GPU needs a moment to raise its
+    clocks, and a copy timed at once read up to 12% low on an H100. Bandwidths: the best of
+    several medians."""
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    t = time_fn(lambda i: a @ b.t(), 1, graph=False, reps=10)
+    bf16 = 2 * n**3 / (t.median_us * 1e-6) / 1e12
+    fp8 = 0.0
+    try:
+        a8, b8 = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn)
+        sa, sb = torch.ones(n, 1, device="cuda"), torch.ones(1, n, device="cuda")
+        t = time_fn(lambda i: torch._scaled_mm(a8, b8.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16,
+                                               use_fast_accum=True), 1, graph=False, reps=10)
+        fp8 = 2 * n**3 / (t.median_us * 1e-6) / 1e12
+        del a8, b8
+    except (RuntimeError, AttributeError):
+        pass
+    del a, b
+    big = torch.randn(1 << 30, device="cuda", dtype=torch.bfloat16)  # 2 GiB
+    best = min(time_fn(lambda i: reduce(big), 1, graph=False, reps=10).median_us
+               for reduce in (lambda t: t.sum(dtype=torch.float32), torch.amax) for _ in range(2))
+    read = big.numel() * big.element_size() / (best * 1e-6) / 1e9
+    del big
+    src = torch.randn(1 << 28, device="cuda", dtype=torch.bfloat16)  # 512 MiB
+    dst = torch.empty_like(src)
+    best = min(time_fn(lambda i: dst.copy_(src), 1, graph=False, reps=30).median_us for _ in range(3))
+    copy = 2 * src.numel() * src.element_size() / (best * 1e-6) / 1e9
+    del src, dst
+    torch.cuda.empty_cache()
+    return Ceilings(read, copy, bf16, fp8, read_clocks())

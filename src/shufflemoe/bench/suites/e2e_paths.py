@@ -1,0 +1,168 @@
+"""How the e2e_hf suite runs a transformers model on each path a user takes, and times it:
+
+- prefill: one forward of the prompt (no cache, logits of the last token), eager, under
+  torch.compile, or replayed from one captured CUDA graph;
+- decode: greedy steps on a StaticCache after a prompt, ``repeats`` samples of ``steps`` steps
+  each (ms per step), the step called eagerly, torch.compile'd, or replayed from one graph;
+- compiled generate: transformers' own ``generate`` on a static cache (it compiles the decode
+  step, mode reduce-overhead), per-step time from two lengths on the same cache.
+
+Each path's correctness is checked on the path itself: the logits of the prefill, of one decode
+step with fixed input tokens, or of generate's second position, against transformers' own.
+
+CUDA graphs: transformers 5.17's StaticCache keeps its length in a device tensor that each update
+advances in place, and its mask code never skips the mask while a stream is capturing, so one
+manual capture of ``model(token, past_key_values=cache)`` replays correctly step after step.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+import torch
+from transformers import StaticCache
+
+DEVICE = "cuda"  # a CPU dry run of the logic (tests/integrations) patches this
+PREFILL_TOKENS = 2048
+PROMPT_TOKENS = 128
+COMPILE_CONFIG = None  # transformers' default CompileConfig (a CPU dry run sets one for all devices)
+
+
+def tokens(vocab: int, *shape: int, seed: int) -> torch.Tensor:
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    return torch.randint(2, vocab, shape, device=DEVICE, generator=g)
+
+
+def elapsed_ms(fn: Callable[[], object]) -> float:
+    """Wall time of fn() in ms, synchronised (CUDA events on the GPU)."""
+    if DEVICE != "cuda":
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
+def stats(samples_ms: list[float]) -> dict:
+    """ms = median, ms_lo / ms_hi = min / max over the repeats."""
+    return dict(ms=statistics.median(samples_ms), ms_lo=min(samples_ms), ms_hi=max(samples_ms),
+                repeats=len(samples_ms))
+
+
+def captured(fn: Callable[[], torch.Tensor | None]) -> Callable[[], torch.Tensor | None]:
+    """fn captured in one CUDA graph after a warm-up off the capture stream (compiles,
+    workspaces); the returned replay gives fn's output buffer."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = fn()
+
+    def replay() -> torch.Tensor | None:
+        g.replay()
+        return out
+
+    return replay
+
+
+def time_prefill(model, call, reps: int, graph: bool) -> tuple[dict, torch.Tensor]:
+    """(stats, last-token logits [1, V] float) of one PREFILL_TOKENS forward through ``call``
+    (the model or its torch.compile'd wrapper; replayed from one CUDA graph when ``graph``)."""
+    ids = tokens(model.config.vocab_size, 1, PREFILL_TOKENS, seed=0)
+    run = lambda: call(ids, use_cache=False, logits_to_keep=1).logits  # noqa: E731
+    if graph:
+        run = captured(run)
+    for _ in range(2):
+        run()
+    samples = [elapsed_ms(run) for _ in range(reps)]
+    return stats(samples), run()[:, -1].float()
+
+
+class Decoder:
+    """Greedy decode at ``batch`` on a StaticCache after a PROMPT_TOKENS prompt. The prompt runs
+    through ``model`` (eager); steps through ``step_call`` (the model, or its torch.compile'd
+    wrapper), replayed from one CUDA graph when ``graph``. token [B, 1] and logits [B, V] are
+    the step's static input and output."""
+
+    def __init__(self, model, batch: int, max_steps: int, graph: bool, step_call=None):
+        self.model, self.call = model, model if step_call is None else step_call
+        self.cache = StaticCache(config=model.config, max_cache_len=PROMPT_TOKENS + max_steps + 8)
+        self.prompt = tokens(model.config.vocab_size, batch, PROMPT_TOKENS, seed=batch)
+        self.fixed = tokens(model.config.vocab_size, batch, 1, seed=1000 + batch)
+        self.token = torch.empty(batch, 1, dtype=torch.long, device=DEVICE)
+        self.logits = None
+        self.prefill()
+        self.advance = self._step
+        if graph:
+            self.advance = captured(self._step)
+            self.cache.reset()  # warm-up advanced the cache: start again from the prompt
+            self.prefill()
+
+    def prefill(self) -> None:
+        logits = self.model(self.prompt, past_key_values=self.cache, use_cache=True, logits_to_keep=1).logits
+        self.token.copy_(logits[:, -1:].argmax(-1))
+
+    def _step(self) -> torch.Tensor:
+        out = self.call(self.token, past_key_values=self.cache, use_cache=True, logits_to_keep=1).logits
+        self.logits = out[:, -1]
+        self.token.copy_(self.logits[:, None].argmax(-1))
+        return self.logits
+
+    def checked_logits(self) -> torch.Tensor:
+        """Logits [B, V] of one step of the timed path from the prompt with fixed input tokens
+        (the same for every implementation, so greedy choices cannot diverge first)."""
+        self.cache.reset()
+        self.prefill()
+        self.token.copy_(self.fixed)
+        return self.advance().float().clone()
+
+
+def time_decode(model, batch: int, steps: int, repeats: int, graph: bool = False,
+                step_call=None) -> tuple[dict, torch.Tensor]:
+    """(stats of ms per step over ``repeats`` samples of ``steps`` steps, checked logits)."""
+    dec = Decoder(model, batch, steps * repeats + 6, graph, step_call)
+    for _ in range(3):  # warm-up (and compiles)
+        dec.advance()
+    samples = [elapsed_ms(lambda: [dec.advance() for _ in range(steps)]) / steps for _ in range(repeats)]
+    return stats(samples), dec.checked_logits()
+
+
+def time_generate(model, batch: int, short: int, long: int, repeats: int) -> tuple[dict, torch.Tensor, torch.Tensor]:
+    """transformers' compiled generate on a static cache (given as past_key_values so that every
+    call reuses one shape): ms per decode step = (time of ``long`` new tokens - ``short``) /
+    (long - short), ``repeats`` samples. Also (logits [B, V] of the second generated position,
+    first generated tokens [B]) for the check."""
+    prompt = tokens(model.config.vocab_size, batch, PROMPT_TOKENS, seed=batch)
+    cache = StaticCache(config=model.config, max_cache_len=PROMPT_TOKENS + long + 8)
+
+    def generate(n: int, **extra):
+        cache.reset()
+        return model.generate(prompt, attention_mask=torch.ones_like(prompt), past_key_values=cache,
+                              max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0,
+                              compile_config=COMPILE_CONFIG, **extra)
+
+    generate(long)  # warm-up: compiles the decode step
+    samples = []
+    for _ in range(repeats):
+        t_short, t_long = elapsed_ms(lambda: generate(short)), elapsed_ms(lambda: generate(long))
+        samples.append((t_long - t_short) / (long - short))
+    out = generate(2, output_logits=True, return_dict_in_generate=True)
+    return stats(samples), out.logits[1].float(), out.sequences[:, PROMPT_TOKENS]
+
+
+def greedy_step(model, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(first greedy tokens [B], logits [B, V] of the step after them) from the prompt, eager:
+    the reference of compiled generate's check."""
+    dec = Decoder(model, batch, 2, graph=False)
+    first = dec.token[:, 0].clone()
+    return first, dec.advance().float().clone()
