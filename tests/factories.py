@@ -102,7 +102,7 @@ def check_strategy(name, layer, x, routing):
     """Expert strategy ``name`` adds the layer's routed output into a random ``out`` (never zeros,
     so a pair written twice or not at all shows), against the float64 naive_moe."""
     cfg = layer.config
-    base = torch.randn(x.shape, generator=torch.Generator().manual_seed(7)).to(cfg.dtype)
+    base = torch.randn(x.shape, generator=torch.Generator().manual_seed(7)).to(x.device, cfg.dtype)
     out = base.clone()
     EXPERTS.get(name).forward(x, routing, layer.expert_weights, out, cfg)
     ref, mag = naive_moe(layer, x, routing, with_magnitude=True)

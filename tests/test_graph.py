@@ -1,4 +1,6 @@
-"""CUDA-graph decode (shufflemoe.graphed) and the no-host-sync promise of the shuffled path."""
+"""CUDA-graph decode (shufflemoe.graphed, graph.GraphPool) and the no-host-sync promise of the
+shuffled path. All but the argument checks need a GPU: the lead runs them there
+(PYTHONPATH=src python -m pytest -q tests/test_graph.py)."""
 
 import pytest
 import torch
@@ -6,6 +8,7 @@ import torch
 from factories import make_input, make_layer
 from shufflemoe.testing import tolerance_key
 from shufflemoe import MoEConfig, graphed, naive_moe
+from shufflemoe.graph import GraphedMoE, GraphPool
 from shufflemoe.testing import assert_close
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -76,3 +79,55 @@ def test_graphed_rejects_what_it_cannot_capture():
             graphed(make_layer(cfg.replace(capacity_factor=1.0), device="cuda"))
         with pytest.raises(ValueError, match="token_buckets"):
             graphed(make_layer(cfg, device="cuda"), token_buckets=(0, 4))
+
+
+@gpu
+def test_layers_share_one_pool():
+    """Eight layers captured into one GraphPool: every replay follows its own layer and routing,
+    and seven more layers add less memory than the first one took (each capture's intermediates
+    return to the pool, where the next capture finds them; static inputs and outputs are shared
+    per bucket). Without sharing, each layer would hold its own."""
+    cfg, buckets = CONFIGS["qwen3-like"], (1, 16, 64)
+    layers = [make_layer(cfg, seed=i, device="cuda") for i in range(8)]
+    pool = GraphPool()
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_reserved()
+    graphs = [graphed(layers[0], buckets, pool=pool)]
+    torch.cuda.synchronize()
+    first = torch.cuda.memory_reserved() - base
+    graphs += [graphed(layer, buckets, pool=pool) for layer in layers[1:]]
+    torch.cuda.synchronize()
+    rest = torch.cuda.memory_reserved() - base - first
+    assert rest < first, f"7 more layers took {rest} bytes, the first {first}"
+    assert pool.nbytes() == sum(2 * b * cfg.hidden_size * 2 for b in buckets)
+    for step, T in enumerate((1, 16, 9, 64, 1)):
+        for i, (layer, g) in enumerate(zip(layers, graphs)):
+            x = make_input(cfg, T, seed=10 * step + i, device="cuda")
+            ref, mag = naive_moe(layer, x, layer.route(x), with_magnitude=True)
+            assert_close(g(x), ref, tolerance_key(cfg), name=f"layer {i} T={T}", magnitude=mag)
+
+
+@gpu
+def test_lazy_capture_and_a_callers_capture():
+    """lazy: a bucket is captured on its first use only. Inside a graph the caller captures, the
+    layer runs eagerly (captured into the caller's graph), and that graph replays correctly."""
+    cfg = CONFIGS["mixtral-fp8"]
+    layer = make_layer(cfg, device="cuda")
+    lazy = GraphedMoE(layer, (1, 8), lazy=True)
+    assert not lazy._graphs
+    x = make_input(cfg, 5, device="cuda")
+    y = lazy(x)
+    assert set(lazy._graphs) == {8}
+    ref, mag = naive_moe(layer, x, layer.route(x), with_magnitude=True)
+    assert_close(y, ref, tolerance_key(cfg), magnitude=mag)
+    static = x.clone()
+    lazy(static)  # warm outside the capture
+    outer = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(outer):
+        out = lazy(static)
+    assert set(lazy._graphs) == {8}  # no capture of its own inside the caller's
+    fresh = make_input(cfg, 5, seed=9, device="cuda")
+    static.copy_(fresh)
+    outer.replay()
+    ref, mag = naive_moe(layer, fresh, layer.route(fresh), with_magnitude=True)
+    assert_close(out, ref, tolerance_key(cfg), magnitude=mag)

@@ -9,6 +9,8 @@ from factories import check_routing, configs, make_input, make_layer
 from shufflemoe.reference import routing_triples
 from shufflemoe.routing import route, router_logits
 
+DEV = "cuda" if torch.cuda.is_available() else "cpu"  # the kernels: the GPU's or the interpreter
+
 
 def check_invariants(r, T, k, E):
     A = T * k
@@ -126,7 +128,7 @@ def test_renormalize_over_kept_experts_after_capacity_drops(router, impl):
     from shufflemoe.ops import use_impl
 
     with use_impl(impl):
-        r = route(_LOGITS, _dropping_cfg(router, "kept"))
+        r = route(_LOGITS.to(DEV if impl == "triton" else "cpu"), _dropping_cfg(router, "kept"))
     got = {(t, e): w for t, e, w in routing_triples(r)}
     assert sorted(got) == [(0, 0), (0, 1), (1, 2), (2, 3)]
     p = torch.softmax(_LOGITS.double(), 1)
@@ -145,7 +147,7 @@ def test_renormalize_over_chosen_experts_keeps_the_lost_share_out(router, impl):
     from shufflemoe.ops import use_impl
 
     with use_impl(impl):
-        r = route(_LOGITS, _dropping_cfg(router, "chosen"))
+        r = route(_LOGITS.to(DEV if impl == "triton" else "cpu"), _dropping_cfg(router, "chosen"))
     got = {(t, e): w for t, e, w in routing_triples(r)}
     p = torch.softmax(_LOGITS.double(), 1)
     want = {(0, 0): 2 * p[0, 0] / (p[0, 0] + p[0, 1]), (0, 1): 2 * p[0, 1] / (p[0, 0] + p[0, 1]),

@@ -4,6 +4,12 @@ The layer's ``shuffled`` path reads every size on the device, so one captured gr
 routing: only the input changes. Inputs are padded with zero rows up to the smallest bucket that
 fits (each token's output depends on its own row only, so padding never changes real rows; the
 zero rows do route to experts 0..k-1, which may read one or two experts more than needed).
+
+Memory: graphs made with one ``GraphPool`` share its CUDA memory pool and, per (bucket, width,
+dtype), one static input and one static output. A layer's intermediates are freed before its
+capture ends, so the next capture reuses their blocks: the pool holds about the largest single
+capture's intermediates, however many layers and buckets share it. This is safe because the
+graphs of a pool replay one at a time, on one stream, and every replay copies its output out.
 """
 
 from __future__ import annotations
@@ -18,11 +24,38 @@ from .layer import MoE
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
+class GraphPool:
+    """One CUDA memory pool and the static inputs/outputs shared by every graph captured with it
+    (e.g. every MoE layer of one model). Replays of graphs that share a pool must not overlap."""
+
+    def __init__(self, device: torch.device | str | None = None) -> None:
+        self.device = torch.device("cuda", torch.cuda.current_device()) if device is None \
+            else torch.device(device)
+        self.handle = torch.cuda.graph_pool_handle()
+        self.stream = torch.cuda.Stream(self.device)  # captures and warm-ups run here
+        self._io: dict[tuple, tuple[Tensor, Tensor]] = {}
+
+    def io(self, rows: int, width: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """(static input, static output), both [rows, width], shared by every graph of that size."""
+        key = (rows, width, dtype)
+        if key not in self._io:
+            x = torch.zeros(rows, width, dtype=dtype, device=self.device)
+            self._io[key] = (x, torch.empty_like(x))
+        return self._io[key]
+
+    def nbytes(self) -> int:
+        """Bytes of the static inputs and outputs (the pool's own blocks are not counted)."""
+        return sum(2 * x.numel() * x.element_size() for x, _ in self._io.values())
+
+
 class GraphedMoE:
     """Callable like the layer: x [T, D] or [B, S, D] -> same shape. Token counts above the
-    largest bucket run eagerly."""
+    largest bucket, and calls made while the caller captures a CUDA graph of its own (the layer is
+    then captured into that graph), run the layer eagerly. ``lazy``: capture a bucket on its
+    first use instead of all of them now."""
 
-    def __init__(self, layer: MoE, token_buckets: Sequence[int] = DEFAULT_BUCKETS, warmup: int = 2):
+    def __init__(self, layer: MoE, token_buckets: Sequence[int] = DEFAULT_BUCKETS,
+                 warmup: int = 2, pool: GraphPool | None = None, lazy: bool = False):
         cfg = layer.config
         if not layer.w13.is_cuda:
             raise ValueError("graphed() needs a layer on a CUDA device")
@@ -31,42 +64,55 @@ class GraphedMoE:
                 raise ValueError(f"{part.name} syncs with the host and cannot be captured")
         if cfg.capacity_factor is not None:
             raise ValueError("graphed() pads the batch, which would change capacity-factor drops")
-        if not token_buckets or any(b <= 0 for b in token_buckets):
+        if not token_buckets or any(not isinstance(b, int) or b <= 0 for b in token_buckets):
             raise ValueError(f"token_buckets must be positive ints, got {token_buckets!r}")
         self.layer = layer
         self.buckets = sorted(set(token_buckets))
-        dev = layer.w13.device
-        self._inputs: dict[int, Tensor] = {}
-        self._outputs: dict[int, Tensor] = {}
+        self.warmup = warmup
+        self.pool = pool or GraphPool(layer.w13.device)
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        pool = None
-        side = torch.cuda.Stream(dev)
-        for b in reversed(self.buckets):  # largest first, so the rest fit in its memory pool
-            x = torch.zeros(b, cfg.hidden_size, dtype=cfg.dtype, device=dev)
-            side.wait_stream(torch.cuda.current_stream(dev))
-            with torch.cuda.stream(side):  # warm up (compiles kernels) off the capture stream
-                for _ in range(warmup):
-                    layer(x)
-            torch.cuda.current_stream(dev).wait_stream(side)
+        if not lazy:
+            for b in reversed(self.buckets):  # largest first: the rest fit in its blocks
+                self._capture(b)
+
+    def _capture(self, bucket: int) -> torch.cuda.CUDAGraph:
+        cfg, pool = self.layer.config, self.pool
+        x, out = pool.io(bucket, cfg.hidden_size, cfg.dtype)
+        main = torch.cuda.current_stream(pool.device)
+        pool.stream.wait_stream(main)
+        with torch.no_grad(), torch.cuda.stream(pool.stream):
+            for _ in range(self.warmup):  # compiles kernels (may sync), off the capture
+                self.layer.forward_into(x, out)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                y = layer(x)
-            pool = graph.pool()
-            self._inputs[b], self._outputs[b], self._graphs[b] = x, y, graph
+            # capture_begin/end, not torch.cuda.graph(): that also runs gc.collect() and
+            # empty_cache() per capture, seconds over the layers of a large model.
+            pool.stream.synchronize()
+            graph.capture_begin(pool=pool.handle)
+            try:
+                self.layer.forward_into(x, out)
+            finally:
+                graph.capture_end()
+        main.wait_stream(pool.stream)
+        self._graphs[bucket] = graph
+        return graph
 
     def __call__(self, x: Tensor) -> Tensor:
         flat = x.reshape(-1, x.shape[-1])
         T = flat.shape[0]
         bucket = next((b for b in self.buckets if b >= T), None)
-        if bucket is None:
+        if bucket is None or torch.cuda.is_current_stream_capturing():
             return self.layer(x)
-        static = self._inputs[bucket]
+        graph = self._graphs.get(bucket) or self._capture(bucket)
+        static, out = self.pool.io(bucket, x.shape[-1], x.dtype)
         static[:T].copy_(flat)
-        static[T:].zero_()
-        self._graphs[bucket].replay()
-        return self._outputs[bucket][:T].clone().view(x.shape)
+        if T < bucket:
+            static[T:].zero_()
+        graph.replay()
+        return out[:T].clone().view(x.shape)
 
 
-def graphed(layer: MoE, token_buckets: Sequence[int] = DEFAULT_BUCKETS, warmup: int = 2) -> GraphedMoE:
-    """Capture ``layer`` in CUDA graphs, one per token-count bucket."""
-    return GraphedMoE(layer, token_buckets, warmup)
+def graphed(layer: MoE, token_buckets: Sequence[int] = DEFAULT_BUCKETS, warmup: int = 2,
+            pool: GraphPool | None = None) -> GraphedMoE:
+    """Capture ``layer`` in CUDA graphs, one per token-count bucket (``pool``: share memory and
+    static buffers with other layers' graphs, see GraphPool)."""
+    return GraphedMoE(layer, token_buckets, warmup, pool)

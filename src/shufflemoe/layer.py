@@ -12,6 +12,8 @@ one CUDA graph (see graph.py).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -22,9 +24,9 @@ from ._checks import check_tensor
 from .config import MoEConfig
 from .dispatch import Dispatch, LocalDispatch
 from .experts import EXPERTS, Experts
-from .ops import silu_mul
+from .ops import backend_for
 from .ops.quantize.formats import FORMATS, weight_format
-from .routing import route, router_logits
+from .routing import ROUTERS, route, router_logits
 from .types import ExpertWeights, Routing
 
 _WEIGHT_NAMES = ("router_weight", "router_bias", "router_logits_bias", "w13", "w2", "w13_scale",
@@ -36,6 +38,21 @@ _EXPERT_TENSORS = ("w13", "w2", "w13_scale", "w2_scale", "w13_bias", "w2_bias")
 
 def _frozen(t: Tensor | None) -> nn.Parameter | None:
     return None if t is None else nn.Parameter(t, requires_grad=False)
+
+
+@dataclass(frozen=True)
+class _Hot:
+    """What forward reads, gathered once: a parameter read through nn.Module.__getattr__ costs
+    ~0.4 us, a registry lookup more. Dropped on any attribute change and on .to()."""
+
+    weights: ExpertWeights
+    router_weight: Tensor
+    router_bias: Tensor | None
+    router_logits_bias: Tensor | None
+    shared_w13: Tensor | None
+    shared_w2: Tensor | None
+    shared_gate: Tensor | None
+    route: Callable[[Tensor, MoEConfig, Tensor | None], Routing]
 
 
 class MoE(nn.Module):
@@ -185,6 +202,23 @@ class MoE(nn.Module):
             raise ValueError(why)
         self.experts = strategy
 
+    def __setattr__(self, name: str, value) -> None:
+        super().__setattr__(name, value)
+        self.__dict__["_hot_parts"] = None
+
+    def _apply(self, fn, recurse=True):
+        self.__dict__["_hot_parts"] = None  # .to() / .cuda(): new devices and dtypes
+        return super()._apply(fn, recurse)
+
+    def _hot(self) -> _Hot:
+        hot = self.__dict__.get("_hot_parts")
+        if hot is None:
+            hot = _Hot(self.expert_weights, self.router_weight, self.router_bias,
+                       self.router_logits_bias, self.shared_w13, self.shared_w2, self.shared_gate,
+                       ROUTERS.get(self.config.router))
+            self.__dict__["_hot_parts"] = hot
+        return hot
+
     @property
     def expert_weights(self) -> ExpertWeights:
         return ExpertWeights(self.w13, self.w2, self.w13_scale, self.w2_scale, self.w13_bias,
@@ -199,33 +233,55 @@ class MoE(nn.Module):
 
     def shared_expert(self, x: Tensor, out: Tensor) -> Tensor:
         """out [T, D] = shared SwiGLU(x) (times sigmoid(x @ gate) for Qwen2-MoE)."""
+        hot = self._hot()
         if self.config.batch_invariant:
-            return batch_invariant.shared_expert(x, self.shared_w13, self.shared_w2,
-                                                 self.shared_gate, out)
-        h = F.linear(x, self.shared_w13)  # [T, 2Is]
-        torch.mm(silu_mul(h), self.shared_w2.t(), out=out)
-        if self.shared_gate is not None:
-            out.mul_(torch.sigmoid(F.linear(x, self.shared_gate)))
+            return batch_invariant.shared_expert(x, hot.shared_w13, hot.shared_w2,
+                                                 hot.shared_gate, out)
+        h = F.linear(x, hot.shared_w13)  # [T, 2Is]
+        torch.mm(backend_for(h).silu_mul(h, None, False, None), hot.shared_w2.t(), out=out)
+        if hot.shared_gate is not None:
+            out.mul_(torch.sigmoid(F.linear(x, hot.shared_gate)))
         return out
 
-    def _uses_side_stream(self, x: Tensor) -> bool:
-        return (x.is_cuda and self.shared_w13 is not None
-                and x.shape[0] <= self.config.shared_stream_max_tokens)
-
-    def forward(self, x: Tensor) -> Tensor:
+    def _check_input(self, x: Tensor) -> None:
         cfg = self.config
         check_tensor("x", x, dtypes=(cfg.dtype,), device=self.w13.device)
         if x.dim() not in (2, 3) or x.shape[-1] != cfg.hidden_size:
             raise ValueError(f"x must be [T, {cfg.hidden_size}] or [B, S, {cfg.hidden_size}], "
                              f"got {list(x.shape)}")
-        with torch.no_grad(), batch_invariant.scope(cfg, x):
-            return self._forward(x.reshape(-1, cfg.hidden_size).contiguous()).view(x.shape)
 
-    def _forward(self, x: Tensor) -> Tensor:  # x [T, D]
-        has_shared = self.shared_w13 is not None
-        out = torch.empty_like(x) if has_shared else torch.zeros_like(x)  # [T, D]
+    def forward(self, x: Tensor) -> Tensor:
+        hot, cfg = self._hot(), self.config
+        w13 = hot.weights.w13
+        if not (isinstance(x, Tensor) and x.dtype == cfg.dtype and x.device == w13.device
+                and x.dim() in (2, 3) and x.shape[-1] == cfg.hidden_size):
+            self._check_input(x)  # raises, naming what is wrong
+        flat = x.reshape(-1, cfg.hidden_size).contiguous()  # [T, D]
+        if cfg.batch_invariant:  # its scope (a context variable) breaks a compiled graph
+            with torch.no_grad(), batch_invariant.scope(cfg, flat):
+                return self._forward(flat, hot).view(x.shape)
+        if torch.is_grad_enabled():  # inference only; no_grad costs a little even when off
+            with torch.no_grad():
+                return self._forward(flat, hot).view(x.shape)
+        return self._forward(flat, hot).view(x.shape)
+
+    def forward_into(self, x: Tensor, out: Tensor) -> Tensor:
+        """x [T, D] contiguous in config.dtype -> out [T, D] (overwritten), unchecked: how graph.py
+        captures the layer into static buffers shared with other layers' graphs."""
+        with torch.no_grad(), batch_invariant.scope(self.config, x):
+            return self._forward(x, self._hot(), out)
+
+    def _forward(self, x: Tensor, hot: _Hot, out: Tensor | None = None) -> Tensor:  # x [T, D]
+        cfg = self.config
+        has_shared = hot.shared_w13 is not None
+        if out is None:
+            out = torch.empty_like(x) if has_shared else torch.zeros_like(x)  # [T, D]
+        elif not has_shared:
+            out.zero_()  # the experts add into it
         join = _noop
-        if self._uses_side_stream(x):  # decode: shared expert overlaps routing and GEMM13
+        if (has_shared and x.is_cuda and x.shape[0] <= cfg.shared_stream_max_tokens
+                and not torch.compiler.is_compiling()):  # compiled: the compiler schedules
+            # decode: the shared expert on its own stream overlaps routing and GEMM13
             main = torch.cuda.current_stream(x.device)
             if self._side_stream is None:
                 self._side_stream = torch.cuda.Stream(x.device)
@@ -236,8 +292,10 @@ class MoE(nn.Module):
             join = lambda: main.wait_stream(side)  # noqa: E731
         elif has_shared:  # prefill: one stream, overlapping would only contend for SMs and L2
             self.shared_expert(x, out)
-        routing = self.route(x)
-        self.dispatch.run(self.experts, x, routing, self.expert_weights, out, self.config, join)
+        logits = router_logits(x, hot.router_weight, cfg.router_logits_dtype,
+                               hot.router_logits_bias, cfg.batch_invariant)
+        routing = hot.route(logits, cfg, hot.router_bias)
+        self.dispatch.run(self.experts, x, routing, hot.weights, out, cfg, join)
         join()
         return out
 

@@ -35,7 +35,7 @@ from torch import Tensor
 from ._registry import Registry
 from .batch_invariant import linear as invariant_linear
 from .config import MoEConfig
-from .ops import index_shuffle, sort_by_expert
+from .ops import backend_for
 from .types import Routing
 
 RouterFn = Callable[[Tensor, MoEConfig, Tensor | None], Routing]
@@ -74,33 +74,26 @@ def _drops_before_normalizing(cfg: MoEConfig) -> bool:
     return cfg.renormalize and cfg.capacity_factor is not None and cfg.renormalize_over == "kept"
 
 
+# Routers call the ops unchecked: MoEConfig validated every option, the layer made the logits.
 @ROUTERS.register("topk")
 def _topk(logits: Tensor, cfg: MoEConfig, bias: Tensor | None) -> Routing:
+    ops = backend_for(logits)
+    capacity = cfg.capacity(logits.shape[0])
     if _drops_before_normalizing(cfg):
-        r = index_shuffle(logits, cfg.top_k, scoring=cfg.scoring,
-                          capacity=cfg.capacity(logits.shape[0]))
+        r = ops.index_shuffle(logits, cfg.top_k, cfg.scoring, False, 1.0, capacity,
+                              batch_invariant=cfg.batch_invariant)
         return _renormalize_kept(r, cfg.top_k, cfg.routed_scaling_factor)
-    return index_shuffle(
-        logits,
-        cfg.top_k,
-        scoring=cfg.scoring,
-        renormalize=cfg.renormalize,
-        scaling=cfg.routed_scaling_factor,
-        capacity=cfg.capacity(logits.shape[0]),
-        batch_invariant=cfg.batch_invariant,
-    )
+    return ops.index_shuffle(logits, cfg.top_k, cfg.scoring, cfg.renormalize,
+                             cfg.routed_scaling_factor, capacity,
+                             batch_invariant=cfg.batch_invariant)
 
 
 @ROUTERS.register("llama4")
 def _llama4(logits: Tensor, cfg: MoEConfig, bias: Tensor | None) -> Routing:
-    return index_shuffle(
-        logits,
-        cfg.top_k,
-        scoring="sigmoid",
-        scaling=cfg.routed_scaling_factor,
-        capacity=cfg.capacity(logits.shape[0]),
-        batch_invariant=cfg.batch_invariant,
-    )
+    return backend_for(logits).index_shuffle(logits, cfg.top_k, "sigmoid", False,
+                                             cfg.routed_scaling_factor,
+                                             cfg.capacity(logits.shape[0]),
+                                             batch_invariant=cfg.batch_invariant)
 
 
 def group_limited_topk(
@@ -115,9 +108,9 @@ def group_limited_topk(
     # A group scores the sum of its two best experts (its best one when a group has one expert).
     group_score = per_group.topk(min(2, E // cfg.n_group), dim=-1).values.sum(-1)
     groups = group_score.topk(cfg.topk_group, dim=-1, sorted=False).indices  # [T, topk_group]
-    keep = torch.zeros_like(group_score).scatter_(1, groups, 1.0).bool()  # [T, n_group]
-    keep = keep[:, :, None].expand_as(per_group).reshape(T, E)
-    ids = choice.masked_fill(~keep, float("-inf")).topk(cfg.top_k, dim=-1, sorted=False).indices
+    drop = torch.ones_like(group_score, dtype=torch.bool).scatter_(1, groups, False)  # [T, n_group]
+    drop = drop[:, :, None].expand_as(per_group).reshape(T, E)
+    ids = choice.masked_fill(drop, float("-inf")).topk(cfg.top_k, dim=-1, sorted=False).indices
     if cfg.batch_invariant:  # unsorted top-k's order may follow T; the weights' sum needs one
         ids = ids.sort(dim=-1).values
     weights = scores.gather(1, ids)
@@ -139,10 +132,10 @@ def _group_limited(logits: Tensor, cfg: MoEConfig, bias: Tensor | None) -> Routi
     capacity = cfg.capacity(logits.shape[0])
     if _drops_before_normalizing(cfg):
         ids, weights = group_limited_topk(logits, cfg, bias, raw=True)
-        r = sort_by_expert(ids, cfg.num_experts, weights, capacity=capacity)
+        r = backend_for(ids).sort_by_expert(ids, cfg.num_experts, weights, capacity, True)
         return _renormalize_kept(r, cfg.top_k, cfg.routed_scaling_factor, _DEEPSEEK_EPS)
     ids, weights = group_limited_topk(logits, cfg, bias)
-    return sort_by_expert(ids, cfg.num_experts, weights, capacity=capacity)
+    return backend_for(ids).sort_by_expert(ids, cfg.num_experts, weights, capacity, True)
 
 
 def route(logits: Tensor, cfg: MoEConfig, bias: Tensor | None = None) -> Routing:

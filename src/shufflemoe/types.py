@@ -29,6 +29,9 @@ class Routing:
     # token_ids[positions[t * k + j]] == t; a permutation of 0..A-1. Pairs not routed (dropped
     # by capacity, or not on this rank's experts) point at positions >= num_valid.
     positions: Tensor
+    # Known on the host that every pair is routed (num_valid == A: top-k routing without a
+    # capacity), so consumers may skip masking rows past num_valid. False is always safe.
+    all_routed: bool = False
 
     @property
     def num_experts(self) -> int:

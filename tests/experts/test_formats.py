@@ -13,6 +13,7 @@ from shufflemoe.ops.quantize.formats import FORMATS
 from shufflemoe.testing import assert_close, tolerance_key
 
 STRATEGIES = EXPERTS.names()
+DEV = "cuda" if torch.cuda.is_available() else "cpu"  # the kernels: the GPU's, or the interpreter
 
 
 def check(name, layer, x, impl):
@@ -38,8 +39,8 @@ def test_kernels_every_format(name, quantization):
     """The Triton kernels end to end: grouped GEMM format + bias, fused GLU (+ fp8 groups),
     gather (+ fp8 rows or groups), scatter; small shapes for the interpreter."""
     cfg = gpt_oss_config(quantization=quantization, num_experts=4, block_size=16)
-    layer = make_layer(cfg, seed=5)
-    check(name, layer, make_input(cfg, 9, seed=6), "triton")
+    layer = make_layer(cfg, seed=5, device=DEV)
+    check(name, layer, make_input(cfg, 9, seed=6, device=DEV), "triton")
 
 
 def test_gpt_oss_options_change_the_output():

@@ -3,13 +3,14 @@ interpreter on the CPU), against the float64 naive_moe: every router kind, fp32 
 k up to 8 of E = 128, capacity drops, T = 1 and odd T, split-K forced on; and the switch: which
 A takes the fused path, and that the layer's output does not depend on it beyond rounding."""
 
+import dataclasses
+
 import pytest
 import torch
 
 from factories import make_input, make_layer
 from shufflemoe import MoEConfig, naive_moe
-from shufflemoe.experts import shuffled
-from shufflemoe.ops import use_impl
+from shufflemoe.ops import _impl, use_impl
 from shufflemoe.ops.moe_decode import configs
 from shufflemoe.testing import assert_close, tolerance_key
 
@@ -46,12 +47,17 @@ CONFIGS = {
 
 @pytest.fixture
 def fused_calls(monkeypatch):
-    """Counts the strategy's calls into the fused kernels' entry point (the default switch fuses
-    bf16 top-1 layers only: tests that need the others force it with configs.ALWAYS)."""
+    """Counts the strategy's calls into the fused kernels' entry point (each implementation's,
+    which the strategy calls unchecked; the default switch fuses bf16 top-1 layers only: tests
+    that need the others force it with configs.ALWAYS)."""
     calls = []
-    real = shuffled.decode_gate_up
-    monkeypatch.setattr(shuffled, "decode_gate_up",
-                        lambda *a, **k: calls.append(1) or real(*a, **k))
+
+    def counted(real):
+        return lambda *a, **k: calls.append(1) or real(*a, **k)
+
+    for impl, ops in list(_impl._OPS.items()):
+        monkeypatch.setitem(_impl._OPS, impl,
+                            dataclasses.replace(ops, decode_gate_up=counted(ops.decode_gate_up)))
     return calls
 
 
@@ -73,27 +79,32 @@ def test_layer_through_fused_kernels(name, T, fused_calls):
 
 
 def test_switch_picks_the_path(fused_calls):
-    """By default: bf16 top-1 layers while T * k <= 64; top-8 and fp8 layers never (measured
-    slower, configs.Switch); a Switch in force decides otherwise."""
+    """With the kernels, by default: bf16 top-1 layers while T * k <= 64; top-8 and fp8 layers
+    never (measured slower, configs.Switch); a Switch in force decides otherwise. The torch
+    references always run the unfused ops."""
     cases = [("llama4 (weights on input)", 64, True), ("llama4 (weights on input)", 65, False),
              ("qwen3 (k=8 of 128)", 1, False), ("llama4 fp8", 1, False)]
-    for name, T, fused in cases:
-        cfg = CONFIGS[name]
+    qwen, llama4 = CONFIGS["qwen3 (k=8 of 128)"], CONFIGS["llama4 (weights on input)"]
+    layer = make_layer(qwen, device=DEV)
+    with use_impl("triton"):
+        for name, T, fused in cases:
+            cfg = CONFIGS[name]
+            fused_calls.clear()
+            make_layer(cfg, device=DEV)(make_input(cfg, T, device=DEV))
+            assert bool(fused_calls) == fused, (name, T)
+        for T, fused in ((8, True), (9, False)):  # A = 64 fuses, A = 72 does not
+            fused_calls.clear()
+            with configs.override(configs.Switch(max_top_k=8)):
+                layer(make_input(qwen, T, device=DEV))
+            assert bool(fused_calls) == fused, T
         fused_calls.clear()
-        make_layer(cfg)(make_input(cfg, T))
-        assert bool(fused_calls) == fused, (name, T)
-    qwen = CONFIGS["qwen3 (k=8 of 128)"]
-    layer = make_layer(qwen)
-    for T, fused in ((8, True), (9, False)):  # A = 64 fuses, A = 72 does not
-        fused_calls.clear()
-        with configs.override(configs.Switch(max_top_k=8)):
-            layer(make_input(qwen, T))
-        assert bool(fused_calls) == fused, T
-    fused_calls.clear()
-    llama4 = CONFIGS["llama4 (weights on input)"]
-    with configs.override(configs.NEVER):
+        with configs.override(configs.NEVER):
+            make_layer(llama4, device=DEV)(make_input(llama4, 1, device=DEV))
+        layer(make_input(qwen, 0, device=DEV))  # T = 0 never launches anything
+        assert not fused_calls
+    with use_impl("torch"), configs.override(configs.ALWAYS):
         make_layer(llama4)(make_input(llama4, 1))
-    make_layer(llama4)(make_input(llama4, 0))  # T = 0 never launches anything
+    assert not fused_calls
     assert not fused_calls
 
 

@@ -336,6 +336,116 @@ def test_other_expert_strategies(experts):
     assert all(block_layer(b).experts.name == experts for b in _blocks(model).values())
 
 
+# transformers 5.17 never compiles Llama 4 in generate (get_compiled_call returns the eager call
+# for "llama4" model types) and its static cache fails there even unpatched
+# (create_chunked_causal_mask gets an unexpected block_sequence_ids): its compiled forward is
+# checked in test_patched_llama4_compiles instead.
+COMPILED_GENERATE = [t for t in MODEL_TYPES if t != "llama4_text"]
+
+
+def _cpu_compile_config():
+    """transformers' CompileConfig for its auto-compiled generate, allowed on the CPU, with no
+    graph break allowed. aot_eager: dynamo + AOT autograd with our ops' fakes, seconds per
+    model; inductor (the default) adds ~25-45 s of C++ compilation per model on two cores, so
+    tests/test_compile.py runs it on the layer and the GPU test on whole models."""
+    from transformers import CompileConfig
+
+    config = CompileConfig(fullgraph=True, backend="aot_eager", mode=None)
+    config._compile_all_devices = True
+    return config
+
+
+@pytest.mark.parametrize("model_type", COMPILED_GENERATE)
+def test_compiled_generate_matches_unpatched(model_type):
+    """model.generate(cache_implementation="static") compiles the decode step (fullgraph: a
+    graph break would raise) and gives the unpatched model's greedy tokens."""
+    model = build_model(tiny_config(model_type), torch.float32)
+    ids = _prompt()[:2, :6]
+    gen = dict(max_new_tokens=3, min_new_tokens=3, do_sample=False, pad_token_id=0,
+               cache_implementation="static")
+    with torch.no_grad():
+        ref = model.generate(ids, **gen)
+        patch(model)
+        torch._dynamo.reset()
+        tokens = model.generate(ids, compile_config=_cpu_compile_config(), **gen)
+    assert getattr(model, "_compiled_call", None) is not None, "generate did not compile"
+    assert torch.equal(tokens, ref)
+
+
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
+def test_patched_model_has_no_graph_breaks(model_type):
+    """torch._dynamo.explain over a whole patched bfloat16 model: one graph, no break (float32
+    is compiled with fullgraph=True in test_compiled_generate_matches_unpatched)."""
+    model = patch(build_model(tiny_config(model_type), torch.bfloat16))
+    torch._dynamo.reset()
+    with torch.no_grad():
+        explained = torch._dynamo.explain(model)(_prompt()[:2, :5])
+    reasons = [str(b.reason).splitlines()[0] for b in explained.break_reasons]
+    assert explained.graph_break_count == 0 and explained.graph_count == 1, reasons
+
+
+def test_patched_llama4_compiles():
+    model = build_model(tiny_config("llama4_text"), torch.float32)
+    ids = _prompt()[:2, :7]
+    ref = _logits(model, ids)
+    patch(model)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    with torch.no_grad():
+        assert_close(compiled(ids).logits, ref, torch.float32, "compiled logits")
+
+
+def test_model_built_patched_compiles_on_its_first_call():
+    """A patch_model_type'd class builds its layers lazily; the first call being a compiled one
+    builds them while tracing (_prepare_all), with no graph break."""
+    cfg = tiny_config("qwen3_moe")
+    ref = _logits(build_model(cfg, torch.float32), _prompt())
+    patch_model_type("qwen3_moe")
+    try:
+        model = build_model(cfg, torch.float32)
+    finally:
+        unpatch_model_type("qwen3_moe")
+    assert all(b.__dict__["_shufflemoe"].layer is None for b in _blocks(model).values())
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    with torch.no_grad():
+        assert_close(compiled(_prompt()).logits, ref, torch.float32, "logits")
+
+
+def test_experts_implementation_compiles():
+    """The experts_implementation path traces too (its cached canonical weights are derived in
+    the graph under torch.compile)."""
+    register_experts_implementation()
+    model = build_model(tiny_config("qwen3_moe"), torch.float32)
+    ids = _prompt()[:2, :5]
+    ref = _logits(model, ids)
+    model.set_experts_implementation("shufflemoe")
+    torch._dynamo.reset()
+    with torch.no_grad():
+        explained = torch._dynamo.explain(model)(ids)
+        assert explained.graph_break_count == 0, explained.break_reasons
+        got = torch.compile(model, fullgraph=True, backend="aot_eager")(ids).logits
+    assert_close(got, ref, torch.float32, "compiled logits")
+
+
+@pytest.mark.parametrize("bad", [(), (0, 4), (2.0,), "all"])
+def test_graph_buckets_are_checked(bad):
+    model = build_model(tiny_config("qwen3_moe"), torch.float32)
+    with pytest.raises(ValueError, match="graph_buckets"):
+        patch(model, graph_buckets=bad)
+    with pytest.raises(ValueError, match="graph_buckets"):
+        patch_model_type("qwen3_moe", graph_buckets=bad)
+    assert not any("_shufflemoe" in b.__dict__ for b in model.modules()), "changed nothing"
+
+
+def test_no_layer_graphs_off_cuda():
+    """graph_buckets="auto" (the default) captures on CUDA only: on the CPU each block calls its
+    layer directly."""
+    model = patch(build_model(tiny_config("qwen3_moe"), torch.float32))
+    states = [b.__dict__["_shufflemoe"] for b in _blocks(model).values()]
+    assert all(s.graph_buckets == "auto" and s.run == s.layer.forward for s in states)
+
+
 @pytest.mark.parametrize("how", ["patch", "experts_implementation"])
 def test_train_mode_with_gradients_is_refused(how):
     """shufflemoe computes no gradients: a forward that would train raises instead of silently
@@ -355,3 +465,59 @@ def test_train_mode_with_gradients_is_refused(how):
         model(ids)
     model.eval()
     model(ids)
+
+
+# ---- GPU: the lead runs these (PYTHONPATH=src python -m pytest -q tests/integrations) ----
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+_GEN = dict(max_new_tokens=8, min_new_tokens=8, do_sample=False, pad_token_id=0)
+
+
+def _graph_runs(model) -> list:
+    from shufflemoe.graph import GraphedMoE
+
+    runs = [b.__dict__["_shufflemoe"].run for b in _blocks(model).values()]
+    return [r for r in runs if isinstance(r, GraphedMoE)]
+
+
+@gpu
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
+def test_gpu_eager_generate_with_per_layer_graphs(model_type):
+    """Plain eager generate on CUDA: patch()'s default captures each MoE block per token bucket
+    (decode here: 4 tokens a step), all blocks in one pool, the same greedy tokens as
+    transformers; graph_buckets=None opts out."""
+    model = build_model(tiny_config(model_type), torch.float32, "cuda")
+    ids = _prompt().cuda()
+    with torch.no_grad():
+        ref = model.generate(ids, **_GEN)
+        patch(model)
+        tokens = model.generate(ids, **_GEN)
+    runs = _graph_runs(model)
+    assert len(runs) == len(_blocks(model)) and all(B in r._graphs for r in runs)
+    assert len({id(r.pool) for r in runs}) == 1, "one memory pool for all blocks"
+    assert torch.equal(tokens, ref)
+    patch(model, graph_buckets=None)
+    with torch.no_grad():
+        assert torch.equal(model.generate(ids, **_GEN), ref)
+    assert not _graph_runs(model)
+
+
+@gpu
+@pytest.mark.parametrize("model_type", COMPILED_GENERATE)
+def test_gpu_compiled_generate(model_type):
+    """transformers' own fast path on CUDA: cache_implementation="static" compiles the decode
+    step with its default CompileConfig (inductor, mode="reduce-overhead"), here with
+    fullgraph=True; the blocks capture no graphs of their own inside it."""
+    from transformers import CompileConfig
+
+    model = build_model(tiny_config(model_type), torch.float32, "cuda")
+    ids = _prompt().cuda()
+    gen = dict(_GEN, cache_implementation="static")
+    with torch.no_grad():
+        ref = model.generate(ids, disable_compile=True, **gen)
+        patch(model)
+        torch._dynamo.reset()
+        tokens = model.generate(ids, compile_config=CompileConfig(fullgraph=True), **gen)
+    assert getattr(model, "_compiled_call", None) is not None
+    assert torch.equal(tokens, ref)
+    # the prefill (B * S = 48 tokens) ran eagerly, with graphs; decode (B = 4) only compiled
+    assert all(B not in r._graphs for r in _graph_runs(model))

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from shufflemoe.ops import (combine_shuffling, gather_scale, index_shuffle, scatter_add,
-                            silu_mul, sort_by_expert, split_shuffling)
+from shufflemoe.ops import (combine_shuffling, gather_scale, grouped_gemm, index_shuffle,
+                            scatter_add, silu_mul, sort_by_expert, split_shuffling)
 from shufflemoe.testing import assert_close
 
 pytest.importorskip("triton")
@@ -93,11 +93,11 @@ def _opcheck_cases() -> dict[str, tuple]:
         "route": (d["scores"], None, *routing, *scratch, E, K, True, 1, True, 1.0, None, 16, 16,
                   True, 4, 128),
         "index_shuffle_ref": (d["scores"], K, "softmax", True, 1.0, None, *routing),
-        "sort_by_expert_ref": (topk, E, None, 1, *routing),
+        "sort_by_expert_ref": (topk, E, None, 1, False, *routing),
         "gather_scale": (d["x"], r.token_ids, r.weights, r.num_valid, empty(A, D, dtype=d["x"].dtype)),
         "gather_scale_fp8": (d["x"], r.token_ids, None, r.num_valid, empty(A, D, dtype=fp8), empty(A)),
         "grouped_gemm": (*gemm, False, "none", None, None),
-        "grouped_gemm_ref": (*scatter, True, "none", torch.randn(E, D, device=DEV), None),
+        "grouped_gemm_ref": (*scatter, True, "none", torch.randn(E, D, device=DEV), None, False),
         "silu_mul": (h, r.num_valid, empty(A, I), "swiglu_oai", 1.702, 7.0),
         "silu_mul_fp8": (h, None, empty(A, I, dtype=fp8), empty(A), "silu", 1.0, None),
         "silu_mul_fp8_groups": (h, r.num_valid, empty(A, I, dtype=fp8), empty(A, 1), "swiglu_oai",
@@ -138,6 +138,21 @@ def test_opcheck_every_op():
         torch.library.opcheck(getattr(torch.ops.shufflemoe, name), args, test_utils=utils)
 
 
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+def test_all_rows_hint(impl):
+    """index_shuffle without a capacity says every pair is routed; grouped_gemm's all_rows (no
+    tail: nothing to mask) then gives what the masked path gives."""
+    d = inputs(seed=2, device=DEV)
+    r = index_shuffle(d["scores"], K, scoring="softmax", impl="torch")
+    assert r.all_routed and not index_shuffle(d["scores"], K, capacity=2, impl="torch").all_routed
+    assert not sort_by_expert(r.expert_ids.view(T, K).long(), E, impl="torch").all_routed
+    xs = gather_scale(d["x"], r.token_ids, impl=impl)
+    outs = [grouped_gemm(xs, d["w13"][:, :D].contiguous(), r.counts, row_weights=r.weights,
+                         scatter_ids=r.token_ids, out=torch.zeros_like(d["x"]), all_rows=full,
+                         scatter_unique=False, impl=impl) for full in (False, True)]
+    assert_close(outs[1], outs[0].double(), torch.bfloat16)
+
+
 @pytest.mark.parametrize("name", ["grouped_gemm", "grouped_gemm_ref"])
 @pytest.mark.parametrize("quantization", ["fp8_w8a16", "fp8_block", "mxfp4"])
 def test_opcheck_weight_formats(name, quantization):
@@ -156,6 +171,8 @@ def test_opcheck_weight_formats(name, quantization):
     args = (x, wq, torch.tensor([4, 0, 6], dtype=torch.int32), xs, ws, None, None, None,
             torch.empty(10, 48, dtype=torch.bfloat16), name == "grouped_gemm_ref",
             quantization, torch.randn(3, 48), 24 if quantization == "fp8_block" else None)
+    if name == "grouped_gemm_ref":
+        args += (False,)  # all_rows
     args = tuple(a.to(DEV) if isinstance(a, torch.Tensor) else a for a in args)
     torch.library.opcheck(getattr(torch.ops.shufflemoe, name), args, test_utils=("test_faketensor",))
 

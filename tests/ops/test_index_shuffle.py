@@ -12,7 +12,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shufflemoe.ops import index_shuffle, sort_by_expert
+from shufflemoe.ops import index_shuffle, ops_for, sort_by_expert
 from shufflemoe.testing import assert_close
 
 pytest.importorskip("triton")
@@ -112,6 +112,11 @@ def test_sort_reference_matches_loop(T, E, k, capacity, seed):
     w = torch.rand(T, k, generator=g)
     r = sort_by_expert(ids, E, w, capacity=capacity, impl="torch")
     check_against_loop(r, loop_sort(ids.tolist(), w.double().tolist(), E, capacity))
+    # ids known valid (a router's own top-k): the same routing, masking skipped
+    valid = ids.clamp(0, E - 1)
+    fast = ops_for("torch").sort_by_expert(valid, E, w, capacity, True)
+    check_against_loop(fast, loop_sort(valid.tolist(), w.double().tolist(), E, capacity))
+    assert fast.all_routed == (capacity is None)
 
 
 # ---- the kernel against the reference ------------------------------------------------------------
@@ -154,7 +159,8 @@ def test_kernel_tilings(config):
     assert_close(got.weights[finite], ref.weights[finite].double(), "float32")
 
 
-def test_kernel_special_values():
+@pytest.mark.parametrize("k", [1, 4])  # k = 1: the reference's argmax, k > 1: its sort
+def test_kernel_special_values(k):
     """Ties go to the lower id; -0.0 ties +0.0; NaN sorts first (torch.sort); +inf beats all."""
     s = torch.zeros(6, 20, device=DEV)
     s[1] = -0.0
@@ -163,11 +169,14 @@ def test_kernel_special_values():
     s[3, 11:14] = float("inf")
     s[4] = torch.arange(20.0, device=DEV).flip(0)
     s[5] = -1.0
-    got = index_shuffle(s, 4, impl="triton")
-    ref = index_shuffle(s, 4, impl="torch")
+    got = index_shuffle(s, k, impl="triton")
+    ref = index_shuffle(s, k, impl="torch")
     for f in INDEX_FIELDS:
         assert torch.equal(getattr(got, f), getattr(ref, f)), f
-    assert got.token_ids[got.expert_ids == 0].tolist() == list(range(6))
+    first = [0, 0, 3, 11, 0, 0]  # each row's best id
+    assert ref.expert_ids[ref.positions[::k].long()].tolist() == first
+    if k > 1:  # expert 0 is among every row's best k
+        assert got.token_ids[got.expert_ids == 0].tolist() == list(range(6))
 
 
 def test_kernel_one_hot_expert_and_empty_experts():

@@ -6,7 +6,9 @@ router weight is applied on the input). ``before_combine`` is called before the 
 ``out``, so the layer can join the shared expert's stream as late as possible.
 
 Every strategy multiplies through ``ops.grouped_gemm``; they differ in grouping, padding and host
-syncs, which is what the spec compares (padding / slicing / concatenation / shuffling).
+syncs, which is what the spec compares (padding / slicing / concatenation / shuffling). They call
+the ops unchecked (``ops.backend_for``): the layer checked its weights once, and every other
+tensor here is made by the layer.
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ from torch import Tensor
 
 from .._registry import Registry
 from ..config import MoEConfig
-from ..ops import gather_scale, grouped_gemm, silu_mul
-from ..ops.quantize import quantize_fp8_groups
+from ..ops import Ops
+from ..ops.quantize import FP8_BLOCK, FP8_DTYPE
 from ..ops.quantize.formats import FORMATS
 from ..types import ExpertWeights, Routing
 
@@ -55,40 +57,55 @@ def register(cls: type[Experts]) -> type[Experts]:
     return cls
 
 
-def gather_input(x: Tensor, token_ids: Tensor, row_weights: Tensor | None, w: ExpertWeights,
-                 num_valid: Tensor | None = None) -> Activation:
+def gather_input(ops: Ops, x: Tensor, token_ids: Tensor, row_weights: Tensor | None,
+                 w: ExpertWeights, num_valid: Tensor | None = None) -> Activation:
     """xs = x[token_ids] (* row_weights) [A, D], quantized as the weight format's first GEMM
     takes it: fp8 rowwise fused into gather_scale, fp8 groups of 128 (fp8_block) right after."""
     act = FORMATS[w.quantization].activation
-    xs = gather_scale(x, token_ids, row_weights, num_valid=num_valid, quantize=act == "rowwise")
-    if act == "groups":
-        xs = quantize_fp8_groups(xs, num_valid=num_valid)
-    return xs
+    xs = ops.gather_scale(x, token_ids, row_weights, num_valid, act == "rowwise", None)
+    if act != "groups":
+        return xs
+    A, D = xs.shape
+    q = torch.empty(A, D, dtype=FP8_DTYPE, device=xs.device)
+    scale = torch.empty(A, -(-D // FP8_BLOCK), dtype=torch.float32, device=xs.device)
+    ops.quantize_fp8_groups(xs, num_valid, q, scale, FP8_BLOCK)
+    return q, scale
 
 
-def glu(h: Tensor, w: ExpertWeights, cfg: MoEConfig, num_valid: Tensor | None = None) -> Activation:
+def glu(ops: Ops, h: Tensor, w: ExpertWeights, cfg: MoEConfig,
+        num_valid: Tensor | None = None) -> Activation:
     """a = act(gate, up) [A, I] of the first GEMM's output h [A, 2I], quantized as the second
-    GEMM takes it (fused): cfg.activation, swiglu_alpha, swiglu_limit."""
-    return silu_mul(h, num_valid=num_valid, quantize=FORMATS[w.quantization].activation,
-                    activation=cfg.activation, alpha=cfg.swiglu_alpha, limit=cfg.swiglu_limit)
+    GEMM takes it (fused): cfg.activation, swiglu_alpha, swiglu_limit (MoEConfig checked them)."""
+    return ops.silu_mul(h, num_valid, FORMATS[w.quantization].activation, None,
+                        (cfg.activation, cfg.swiglu_alpha, cfg.swiglu_limit))
 
 
 def expert_gemm(
+    ops: Ops,
     inp: Activation,
     w: ExpertWeights,
     proj: str,
     m_sizes: Tensor,
     out_dtype: torch.dtype,
-    **epilogue,
+    *,
+    weight_ids: Tensor | None = None,
+    row_weights: Tensor | None = None,
+    scatter_ids: Tensor | None = None,
+    out: Tensor | None = None,
+    scatter_unique: bool = False,
+    all_rows: bool = False,
 ) -> Tensor:
-    """grouped_gemm of rows (bf16, or fp8 (q, scale)) against w.w13 (proj "w13", with its bias;
-    fp8_block scale blocks restart at its up half) or w.w2 (proj "w2")."""
-    weight, scale, bias = (getattr(w, name) for name in (proj, f"{proj}_scale", f"{proj}_bias"))
-    split = w.intermediate_size if proj == "w13" and w.quantization == "fp8_block" else None
+    """grouped_gemm of rows (in out_dtype, or fp8 (q, scale)) against w.w13 (proj "w13", with its
+    bias; fp8_block scale blocks restart at its up half) or w.w2 (proj "w2")."""
+    if proj == "w13":
+        weight, scale, bias = w.w13, w.w13_scale, w.w13_bias
+        split = w.intermediate_size if w.quantization == "fp8_block" else None
+    else:
+        weight, scale, bias, split = w.w2, w.w2_scale, w.w2_bias, None
     x, x_scale = inp if isinstance(inp, tuple) else (inp, None)
-    return grouped_gemm(x, weight, m_sizes, x_scale=x_scale, w_scale=scale, bias=bias,
-                        quantization=w.quantization, scale_split=split, out_dtype=out_dtype,
-                        **epilogue)
+    return ops.grouped_gemm(x, weight, m_sizes, x_scale, scale, weight_ids, row_weights,
+                            scatter_ids, out, out_dtype, scatter_unique, w.quantization, bias,
+                            split, all_rows)
 
 
 def pair_weights(routing: Routing, cfg: MoEConfig) -> tuple[Tensor | None, Tensor | None]:

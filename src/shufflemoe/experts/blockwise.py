@@ -10,6 +10,7 @@ import math
 
 import torch
 
+from ..ops import backend_for
 from .base import Experts, expert_gemm, gather_input, glu, register
 
 
@@ -29,7 +30,7 @@ class Blockwise(Experts):
         N = num_blocks(A, E, B)
         if N == 0:
             return
-        dev = x.device
+        dev, ops = x.device, backend_for(x)
         blocks = (r.counts.long() + B - 1) // B  # [E] blocks per expert
         first_row = (blocks.cumsum(0) - blocks) * B  # [E] first row of expert e's blocks
         e = r.expert_ids.long().clamp(0, E - 1)
@@ -44,9 +45,9 @@ class Blockwise(Experts):
         sizes = (blocks * B).int()  # whole blocks per expert
         used = sizes.sum().reshape(1)
         on_input = cfg.apply_router_weight_on_input
-        xb = gather_input(x, row_token, row_weight if on_input else None, w, num_valid=used)
-        hb = expert_gemm(xb, w, "w13", sizes, cfg.dtype)  # [N * B, 2I]
-        ab = glu(hb, w, cfg, num_valid=used)
+        xb = gather_input(ops, x, row_token, row_weight if on_input else None, w, num_valid=used)
+        hb = expert_gemm(ops, xb, w, "w13", sizes, cfg.dtype)  # [N * B, 2I]
+        ab = glu(ops, hb, w, cfg, num_valid=used)
         before_combine()
-        expert_gemm(ab, w, "w2", sizes, cfg.dtype,
+        expert_gemm(ops, ab, w, "w2", sizes, cfg.dtype,
                     row_weights=None if on_input else row_weight, scatter_ids=row_token, out=out)

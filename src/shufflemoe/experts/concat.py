@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from ..ops import backend_for
 from .base import Experts, expert_gemm, gather_input, glu, pair_weights, register
 
 
@@ -23,11 +24,12 @@ class Concat(Experts):
             return
         sizes = torch.tensor(counts, dtype=torch.int32, device=x.device)  # host -> device
         w_in, w_out = pair_weights(r, cfg)
+        ops = backend_for(x)
         tokens = r.token_ids[:n]
-        xs = gather_input(x, tokens, None if w_in is None else w_in[:n], w)
-        h = expert_gemm(xs, w, "w13", sizes, cfg.dtype)  # [n, 2I]
-        a = glu(h, w, cfg)
+        xs = gather_input(ops, x, tokens, None if w_in is None else w_in[:n], w)
+        h = expert_gemm(ops, xs, w, "w13", sizes, cfg.dtype)  # [n, 2I]
+        a = glu(ops, h, w, cfg)
         before_combine()
-        expert_gemm(a, w, "w2", sizes, cfg.dtype,
+        expert_gemm(ops, a, w, "w2", sizes, cfg.dtype,
                     row_weights=None if w_out is None else w_out[:n], scatter_ids=tokens, out=out,
                     scatter_unique=cfg.top_k == 1)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..ops import backend_for
 from .base import Experts, expert_gemm, gather_input, glu, register
 
 
@@ -26,11 +27,12 @@ def _dense_experts(x, r, w, out, cfg, slot_expert: Tensor, slot_sizes: Tensor, b
     rows = torch.arange(T, device=x.device, dtype=torch.int32).repeat(U)  # [U*T] token of row
     on_input = cfg.apply_router_weight_on_input
     valid = slot_sizes.sum().reshape(1)
-    xb = gather_input(x, rows, slot_w if on_input else None, w, num_valid=valid)
-    hb = expert_gemm(xb, w, "w13", slot_sizes, cfg.dtype, weight_ids=slot_expert)
-    ab = glu(hb, w, cfg, num_valid=valid)
+    ops = backend_for(x)
+    xb = gather_input(ops, x, rows, slot_w if on_input else None, w, num_valid=valid)
+    hb = expert_gemm(ops, xb, w, "w13", slot_sizes, cfg.dtype, weight_ids=slot_expert)
+    ab = glu(ops, hb, w, cfg, num_valid=valid)
     before_combine()
-    expert_gemm(ab, w, "w2", slot_sizes, cfg.dtype, weight_ids=slot_expert,
+    expert_gemm(ops, ab, w, "w2", slot_sizes, cfg.dtype, weight_ids=slot_expert,
                 row_weights=None if on_input else slot_w, scatter_ids=rows, out=out)
 
 

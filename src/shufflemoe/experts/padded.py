@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from ..ops import scatter_add
+from ..ops import backend_for
 from .base import Experts, expert_gemm, gather_input, glu, register
 
 
@@ -22,7 +22,7 @@ class Padded(Experts):
         C = int(r.counts.max()) if A else 0  # host sync: the padded length
         if C == 0:
             return
-        dev = x.device
+        dev, ops = x.device, backend_for(x)
         e = r.expert_ids.long().clamp(0, E - 1)
         rank = torch.arange(A, device=dev) - r.offsets()[e]
         slot = torch.where(r.valid_mask(), e * C + rank, E * C)  # [A]; dropped pairs -> spare row
@@ -34,10 +34,9 @@ class Padded(Experts):
             slot_weight = torch.zeros(E * C + 1, dtype=torch.float32, device=dev)
             slot_weight = slot_weight.index_copy_(0, slot, r.weights)[: E * C]
         sizes = torch.full((E,), C, dtype=torch.int32, device=dev)
-        xb = gather_input(x, slot_token, slot_weight, w)  # [E * C, D]
-        hb = expert_gemm(xb, w, "w13", sizes, cfg.dtype)
-        ab = glu(hb, w, cfg)
-        yb = expert_gemm(ab, w, "w2", sizes, cfg.dtype)  # [E * C, D]
+        xb = gather_input(ops, x, slot_token, slot_weight, w)  # [E * C, D]
+        hb = expert_gemm(ops, xb, w, "w13", sizes, cfg.dtype)
+        ab = glu(ops, hb, w, cfg)
+        yb = expert_gemm(ops, ab, w, "w2", sizes, cfg.dtype)  # [E * C, D]
         before_combine()
-        scatter_add(out, yb, r.token_ids, None if on_input else r.weights,
-                    num_valid=r.num_valid, rows=slot)
+        ops.scatter_add(out, yb, r.token_ids, None if on_input else r.weights, r.num_valid, slot)

@@ -9,9 +9,9 @@ so that a few experts' weights stream through every SM."""
 
 from __future__ import annotations
 
-from ..ops import scatter_add
+from ..ops import backend_for
 from ..ops.moe_decode import configs as decode_configs
-from ..ops.moe_decode import decode_down, decode_gate_up
+from ..ops.moe_decode import gate_up_outputs
 from .base import Experts, expert_gemm, gather_input, glu, pair_weights, register
 
 
@@ -22,31 +22,41 @@ class Shuffled(Experts):
     batch_invariant = True
 
     def forward(self, x, routing, weights, out, cfg, before_combine=lambda: None):
-        r, w = routing, weights
+        r, w, ops = routing, weights, backend_for(x)
         w_in, w_out = pair_weights(r, cfg)
-        if x.shape[0] and _fusable(w, cfg) and decode_configs.use_fused(
-                r.num_pairs, cfg.top_k, w.quantized, cfg.batch_invariant):
-            a = decode_gate_up(x, w.w13, r.counts, r.token_ids, w_in, w13_scale=w.w13_scale)
+        # fused kernels only: the torch reference of the fused path composes the same ops as
+        # below plus a token-major sum (on the CPU at T = 1, ~100 us more per call)
+        if (x.shape[0] and ops.name == "triton" and _fusable(w, cfg)
+                and decode_configs.use_fused(r.num_pairs, cfg.top_k, w.quantized,
+                                                  cfg.batch_invariant)):
+            # unchecked like the rest: the layer made every tensor
+            a = ops.decode_gate_up(x, w.w13, w.w13_scale, r.counts, r.token_ids, w_in,
+                                   gate_up_outputs(None, r.num_pairs, w.intermediate_size,
+                                                   x.dtype, w.quantized, x.device))
             before_combine()
-            decode_down(a, w.w2, r.counts, r.token_ids, r.positions, out, w_out,
-                        w2_scale=w.w2_scale)
+            ops.decode_down(*(a if isinstance(a, tuple) else (a, None)), w.w2, w.w2_scale,
+                            r.counts, r.token_ids, r.positions, w_out, out)
             return
-        xs = gather_input(x, r.token_ids, w_in, w, num_valid=r.num_valid)
-        h = expert_gemm(xs, w, "w13", r.counts, cfg.dtype)  # [A, 2I]
-        a = glu(h, w, cfg, num_valid=r.num_valid)  # [A, I]
+        nv = None if r.all_routed else r.num_valid  # known: every row is valid
+        xs = gather_input(ops, x, r.token_ids, w_in, w, nv)  # [A, D]
+        h = expert_gemm(ops, xs, w, "w13", r.counts, cfg.dtype)  # [A, 2I]
+        a = glu(ops, h, w, cfg, nv)  # [A, I]
         before_combine()
         if cfg.batch_invariant and cfg.top_k > 1:
             # a fixed order: each token's pairs summed in ascending position (= expert id)
-            y = expert_gemm(a, w, "w2", r.counts, cfg.dtype, row_weights=w_out)
-            scatter_add(out, y, r.token_ids, num_valid=r.num_valid, positions=r.positions)
+            y = expert_gemm(ops, a, w, "w2", r.counts, cfg.dtype, row_weights=w_out,
+                            all_rows=r.all_routed)
+            ops.token_sum(out, y, r.positions, None, nv)
             return
         # top-1: each token has one pair, so the scatter needs no atomics
-        expert_gemm(a, w, "w2", r.counts, cfg.dtype, row_weights=w_out,
-                    scatter_ids=r.token_ids, out=out, scatter_unique=cfg.top_k == 1)
+        expert_gemm(ops, a, w, "w2", r.counts, cfg.dtype, row_weights=w_out,
+                    scatter_ids=r.token_ids, out=out, scatter_unique=cfg.top_k == 1,
+                    all_rows=r.all_routed)
 
 
 def _fusable(w, cfg) -> bool:
     """The fused decode kernels take bf16/fp16/fp32 and fp8 rowwise w8a8 weights with plain
-    SwiGLU and no expert biases; the other formats run the four-launch pipeline."""
+    SwiGLU (no clamp) and no expert biases; the other formats run the four-launch pipeline."""
     return (w.quantization in ("none", "fp8_rowwise") and cfg.activation == "silu"
-            and w.w13_bias is None and w.w2_bias is None)
+            and cfg.swiglu_limit is None and w.w13_bias is None and w.w2_bias is None)
+

@@ -3,6 +3,7 @@ sorted pairs. No padding, but E launches of small shapes and a host sync per lay
 
 from __future__ import annotations
 
+from ..ops import backend_for
 from .base import Experts, expert_gemm, gather_input, glu, pair_weights, register
 
 
@@ -16,7 +17,8 @@ class Sliced(Experts):
         r, w = routing, weights
         counts = r.counts.tolist()  # host sync
         w_in, w_out = pair_weights(r, cfg)
-        xs = gather_input(x, r.token_ids, w_in, w, num_valid=r.num_valid)
+        ops = backend_for(x)
+        xs = gather_input(ops, x, r.token_ids, w_in, w, num_valid=r.num_valid)
         joined, start = False, 0
         for e, c in enumerate(counts):
             if c == 0:
@@ -26,12 +28,12 @@ class Sliced(Experts):
             size = r.counts[e : e + 1]  # a view of the device counts: no copy
             inp = tuple(t[rows] for t in xs) if isinstance(xs, tuple) else xs[rows]
             we = w.experts(e, e + 1)
-            h = expert_gemm(inp, we, "w13", size, cfg.dtype)
-            a = glu(h, we, cfg)
+            h = expert_gemm(ops, inp, we, "w13", size, cfg.dtype)
+            a = glu(ops, h, we, cfg)
             if not joined:
                 before_combine()
                 joined = True
             # one expert's rows reach distinct tokens, and launches run in order: no atomics
-            expert_gemm(a, we, "w2", size, cfg.dtype,
+            expert_gemm(ops, a, we, "w2", size, cfg.dtype,
                         row_weights=None if w_out is None else w_out[rows],
                         scatter_ids=r.token_ids[rows], out=out, scatter_unique=True)

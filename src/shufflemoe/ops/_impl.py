@@ -77,6 +77,9 @@ def resolve(impl: str | None, x: Tensor) -> str:
     return impl
 
 
+_is_compiling = torch.compiler.is_compiling  # bound once: called for every op in eager
+
+
 def inplace_op(name: str, mutates_args: tuple[str, ...]):
     """Register ``fn`` (it writes its outputs in place and returns None) as the custom op
     ``torch.ops.shufflemoe.<name>``, and return a callable that skips the op dispatcher outside
@@ -88,7 +91,7 @@ def inplace_op(name: str, mutates_args: tuple[str, ...]):
         op.register_fake(_no_output)
 
         def call(*args) -> None:
-            if torch.compiler.is_compiling():
+            if _is_compiling():
                 op(*args)
             else:
                 fn(*args)
@@ -117,10 +120,11 @@ class Ops:
     name: str  # "triton" | "torch"
     # (scores, top_k, scoring, renormalize, scaling, capacity, batch_invariant=False) -> Routing
     index_shuffle: Callable
-    sort_by_expert: Callable  # (topk_ids, num_experts, topk_weights, capacity) -> Routing
+    # (topk_ids, num_experts, topk_weights, capacity[, ids_valid]) -> Routing
+    sort_by_expert: Callable
     gather_scale: Callable  # (x, token_ids, weights, num_valid, quantize, out) -> xs | (q, scale)
     # (x, w, m_sizes, x_scale, w_scale, weight_ids, row_weights, scatter_ids, out, out_dtype,
-    #  scatter_unique, quantization, bias, scale_split) -> out
+    #  scatter_unique, quantization, bias, scale_split, all_rows) -> out
     grouped_gemm: Callable
     # (h, num_valid, quantize, out, (activation, alpha, limit)) -> a | (q, scale)
     silu_mul: Callable
@@ -145,7 +149,10 @@ def ops_for(impl: str) -> Ops:
 
 def backend_for(x: Tensor) -> Ops:
     """The Ops an op whose main input is ``x`` runs by default (see resolve)."""
-    return _OPS[resolve(None, x)]
+    impl = _default_impl()
+    if impl == "auto":  # the common case, without resolve's checks
+        return _OPS["triton" if x.is_cuda and _TRITON else "torch"]
+    return _OPS[resolve(impl, x)]
 
 
 def load_ops() -> None:

@@ -20,7 +20,7 @@ from transformers.integrations.moe import ExpertsInterface
 from ...config import MoEConfig
 from ...dispatch import LocalDispatch
 from ...experts import EXPERTS
-from ...ops import sort_by_expert
+from ...ops import backend_for
 from ...types import ExpertWeights
 from .patch import TRAINING_ERROR
 from .sources import canonical_experts
@@ -28,6 +28,7 @@ from .sources import canonical_experts
 NAME = "shufflemoe"
 STRATEGY = "shuffled"  # the sync-free expert strategy (graph-safe, like transformers' grouped_mm)
 _ACTIVATIONS = ("silu", "swish")
+_RUN = LocalDispatch().run  # looked up once, not per call
 
 
 @dataclass
@@ -55,19 +56,33 @@ def _key(module: nn.Module, top_k: int, dtype: torch.dtype) -> tuple:
                  for t in (module.gate_up_proj, module.down_proj)) + (top_k, dtype)
 
 
+def _config(module: nn.Module, w13: Tensor, w2: Tensor, top_k: int) -> MoEConfig:
+    _check(module)
+    E, D, I = w2.shape
+    cfg = MoEConfig(hidden_size=D, intermediate_size=I, num_experts=E, top_k=top_k,
+                    dtype=w13.dtype)
+    ok, why = EXPERTS.get(STRATEGY).supports(cfg, w13.device)
+    if not ok:
+        raise ValueError(f"experts_implementation={NAME!r}: {why}")
+    return cfg
+
+
 def _state(module: nn.Module, x: Tensor, top_k: int) -> _Cached:
-    """Canonical weights and config of ``module``, cached until a weight changes."""
+    """Canonical weights and config of ``module``, cached until a weight changes. Under
+    torch.compile they are derived in the graph instead (data pointers cannot be traced; the
+    checks fold to constants and the canonical layout is a view of the parameters)."""
+    if torch.compiler.is_compiling():
+        p13, p2 = module.gate_up_proj, module.down_proj
+        if module.is_transposed:  # HF [E, D, 2I] / [E, I, D]: a copy per step in the graph
+            w13, w2 = p13.transpose(1, 2).contiguous(), p2.transpose(1, 2).contiguous()
+        else:
+            w13, w2 = p13.contiguous(), p2.contiguous()
+        return _Cached((), _config(module, w13, w2, top_k), ExpertWeights(w13, w2))
     cached = module.__dict__.get("_shufflemoe_experts")
     if cached is None or cached.key != _key(module, top_k, x.dtype):
-        _check(module)
         w13, w2 = canonical_experts(module.gate_up_proj, module.down_proj, module.is_transposed)
-        E, D, I = w2.shape
-        cfg = MoEConfig(hidden_size=D, intermediate_size=I, num_experts=E, top_k=top_k,
-                        dtype=w13.dtype)
-        ok, why = EXPERTS.get(STRATEGY).supports(cfg, w13.device)
-        if not ok:
-            raise ValueError(f"experts_implementation={NAME!r}: {why}")
-        cached = _Cached(_key(module, top_k, x.dtype), cfg, ExpertWeights(w13, w2))
+        cached = _Cached(_key(module, top_k, x.dtype), _config(module, w13, w2, top_k),
+                         ExpertWeights(w13, w2))
         module.__dict__["_shufflemoe_experts"] = cached
     return cached
 
@@ -84,9 +99,10 @@ def shufflemoe_experts_forward(module: nn.Module, hidden_states: Tensor, top_k_i
                         f"got {hidden_states.dtype}")
     with torch.no_grad():
         x = hidden_states.contiguous()
-        routing = sort_by_expert(top_k_index, s.config.num_experts, top_k_weights)
+        routing = backend_for(x).sort_by_expert(top_k_index, s.config.num_experts, top_k_weights,
+                                                None)
         out = torch.zeros_like(x)  # [T, D]
-        LocalDispatch().run(EXPERTS.get(STRATEGY), x, routing, s.weights, out, s.config)
+        _RUN(EXPERTS.get(STRATEGY), x, routing, s.weights, out, s.config)
     return out
 
 

@@ -4,11 +4,21 @@ the BlockSpec of its model_type (specs.py).
 A patched block keeps its class's identity (it becomes an instance of a subclass, so transformers'
 output recorders and ``isinstance`` checks still match), its submodules and its parameters under
 their HF names; only ``forward`` changes. The shufflemoe layer is built from the block's own
-tensors on the first forward (``MoE.from_weights``, storage shared) and kept outside the module
-tree, so ``state_dict`` keys, ``load_state_dict`` and ``save_pretrained`` are untouched. It is
-rebuilt when a source tensor is replaced or modified in place (``.to()``, ``load_state_dict``,
-``from_pretrained`` filling a meta model): a check of data pointers and version counters per
-forward, host-side only, so CUDA-graph replays are unaffected.
+tensors (``MoE.from_weights``, storage shared) by ``patch`` (or on the first forward of a block
+built by a ``patch_model_type``'d class) and kept outside the module tree, so ``state_dict``
+keys, ``load_state_dict`` and ``save_pretrained`` are untouched. It is rebuilt when a source
+tensor is replaced or modified in place (``.to()``, ``load_state_dict``, ``from_pretrained``
+filling a meta model): a check of data pointers and version counters per eager forward, on the
+host. Under torch.compile that check runs when the graph is traced (``_prepare_all``), and the
+block traces into the graph: nothing in it syncs or branches on data.
+
+Three ways a patched model runs (README, "Three paths"):
+- eager: on CUDA each block replays per-layer CUDA graphs for decode-sized token counts
+  (``graph_buckets="auto"``; all blocks of a model share one memory pool, graph.GraphPool),
+  ``graph_buckets=None`` opts out;
+- ``torch.compile(model)``: no graph break; the blocks never capture graphs of their own there
+  (mode="reduce-overhead" captures the whole step);
+- transformers' compiled generate (``cache_implementation="static"``), the same as compile.
 """
 
 from __future__ import annotations
@@ -16,8 +26,9 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
+import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, Union
 
 import torch
 import torch.nn.functional as F
@@ -28,7 +39,7 @@ from transformers.utils.output_capturing import _active_collector
 
 from ...config import MoEConfig
 from ...experts import EXPERTS
-from ...graph import GraphedMoE, graphed
+from ...graph import DEFAULT_BUCKETS, GraphedMoE, GraphPool
 from ...layer import MoE
 from .sources import contiguous, get, source_for
 from .specs import BlockSpec, spec_for
@@ -36,6 +47,7 @@ from .specs import BlockSpec, spec_for
 log = logging.getLogger("shufflemoe.integrations.transformers")
 
 DEFAULT_EXPERTS = "shuffled"
+GraphBuckets = Union[str, tuple[int, ...], None]  # "auto" | token buckets | None (no graphs)
 _ACTIVATIONS = ("silu", "swish")  # SwiGLU is the only expert activation shufflemoe runs
 
 
@@ -62,10 +74,14 @@ class _State:
     spec: BlockSpec
     options: dict  # MoEConfig fields but dtype
     experts: str  # expert strategy name (shufflemoe.EXPERTS)
-    graph_buckets: tuple[int, ...] | None = None  # capture the layer per token bucket (CUDA)
+    graph_buckets: GraphBuckets  # per-layer CUDA graphs (see patch)
+    pools: dict  # device -> GraphPool, shared by every block patched together
+    experts_at: tuple[dict, str]  # (the owner's module dict, name) of the routed experts
+    experts_module: nn.Module | None = None  # the one ``sources`` were resolved in
+    sources: list[tuple[dict, str]] = ()  # (the owner's parameter or buffer dict, name) per tensor
     layer: MoE | None = None
-    run: MoE | GraphedMoE | None = None  # the layer, or its CUDA graphs
-    key: tuple = ()  # (data_ptr, version, dtype, device) of each source tensor the layer wraps
+    run: Callable[[Tensor], Tensor] | None = None  # the layer, or its CUDA graphs
+    key: tuple = ()  # (data_ptr, version) of each source tensor when the layer was built
 
 
 def _source_paths(spec: BlockSpec, options: dict) -> list[str]:
@@ -76,11 +92,34 @@ def _source_paths(spec: BlockSpec, options: dict) -> list[str]:
     return paths + [p for p in (spec.shared_gate, spec.correction_bias, spec.router_bias) if p]
 
 
+def _source(block: nn.Module, path: str) -> tuple[dict, str]:
+    """(dict, name) holding the tensor (or module) at ``path``: the owner's parameter, buffer or
+    module dict, read directly per call (nn.Module.__getattr__ costs ~0.4 us; setattr replaces
+    the entry)."""
+    *modules, name = path.split(".")
+    owner = functools.reduce(getattr, modules, block)
+    for d in (owner._parameters, owner._buffers, owner._modules):
+        if name in d:
+            return d, name
+    raise AttributeError(f"{type(block).__name__} has no parameter, buffer or module {path!r}")
+
+
+def _sources(block: nn.Module, state: _State) -> list[tuple[dict, str]]:
+    """state.sources: every tensor the layer wraps, the routed experts' as their source holds
+    them (sources.py). Re-resolved when the experts module was replaced (a quantizer swaps its
+    own in while from_pretrained loads a block built by a patch_model_type'd class)."""
+    d, n = state.experts_at
+    if d[n] is not state.experts_module:
+        state.experts_module = d[n]
+        paths = (_source_paths(state.spec, state.options)
+                 + source_for(block, state.spec).paths(block, state.spec))
+        state.sources = [_source(block, p) for p in paths]
+    return state.sources
+
+
 def _key(block: nn.Module, state: _State) -> tuple:
-    source = source_for(block, state.spec)
-    tensors = [get(block, p) for p in _source_paths(state.spec, state.options)]
-    return (source.name,) + tuple((t.data_ptr(), t._version, t.dtype, t.device)
-                                  for t in tensors + source.tensors(block, state.spec))
+    tensors = [d[n] for d, n in _sources(block, state)]
+    return (state.experts_module, *[(t.data_ptr(), t._version) for t in tensors])
 
 
 def _fused_rows(*parts: Tensor) -> Tensor:
@@ -132,15 +171,61 @@ def _build(block: nn.Module, state: _State) -> MoE:
     return MoE.from_weights(cfg, experts=state.experts, **weights)
 
 
+def _graph_buckets(state: _State, layer: MoE) -> tuple[int, ...] | None:
+    """The token buckets to capture per layer: given ones on CUDA; "auto": DEFAULT_BUCKETS
+    (decode sizes) on CUDA when the layer can be captured; else none."""
+    if not layer.w13.is_cuda or state.graph_buckets is None:
+        return None
+    if state.graph_buckets != "auto":
+        return state.graph_buckets
+    safe = (layer.experts.graph_safe and layer.dispatch.graph_safe
+            and layer.config.capacity_factor is None)
+    return DEFAULT_BUCKETS if safe else None
+
+
 def _built(block: nn.Module) -> _State:
     """The state of a patched block with its layer (re)built if a source tensor changed."""
     state: _State = block.__dict__["_shufflemoe"]
     if state.layer is None or _key(block, state) != state.key:
-        state.layer = _build(block, state)
+        try:
+            state.layer = layer = _build(block, state)
+        except Exception:
+            # left out of _prepare_all, whose builds while another model compiles must not fail
+            # for this one (its own eager call raises again, naming the problem)
+            _BLOCKS.discard(block)
+            raise
+        _BLOCKS.add(block)
         state.key = _key(block, state)  # after the build, which may have re-pointed parameters
-        use_graphs = state.graph_buckets and state.layer.w13.is_cuda
-        state.run = graphed(state.layer, state.graph_buckets) if use_graphs else state.layer
+        layer._hot()  # gathered now, not while torch.compile traces the first call
+        buckets = _graph_buckets(state, layer)
+        if buckets is None:
+            state.run = layer.forward  # an internal module: no hooks to run
+        else:
+            dev = layer.w13.device
+            pool = state.pools.get(dev) or state.pools.setdefault(dev, GraphPool(dev))
+            state.run = GraphedMoE(layer, buckets, pool=pool, lazy=True)
     return state
+
+
+# Every patched block, so that a trace can prepare them all (see _prepare_all).
+_BLOCKS: weakref.WeakSet = weakref.WeakSet()
+
+
+@torch._dynamo.assume_constant_result
+def _prepare_all() -> int:
+    """Build (or rebuild) every patched block's layer. torch.compile runs this once, for real, when
+    it traces a patched block (the constant result is what it records), since building reads
+    data pointers and converts weights, which it cannot trace; eager calls check per block."""
+    for block in list(_BLOCKS):
+        if _on_device(block):
+            _built(block)
+    return len(_BLOCKS)
+
+
+def _on_device(block: nn.Module) -> bool:
+    """True when the block's weights are materialized (not on the meta device)."""
+    state: _State = block.__dict__["_shufflemoe"]
+    return all(not d[n].is_meta for d, n in _sources(block, state))
 
 
 def block_layer(block: nn.Module) -> MoE:
@@ -168,16 +253,21 @@ class ShuffleMoEBlock(nn.Module):
 
     def __init__(self, config, *args, **kwargs) -> None:  # built by a patch_model_type'd model
         super().__init__(config, *args, **kwargs)
-        attach(self, moe_options(self._shufflemoe_spec, config), self._shufflemoe_experts)
+        attach(self, moe_options(self._shufflemoe_spec, config), self._shufflemoe_experts,
+               self._shufflemoe_graph_buckets, _CLASS_POOLS)
 
-    # Inference only: the layer runs under no_grad; torch.compile sees an opaque call.
-    @torch.compiler.disable
+    # Inference only: the layer runs under no_grad.
     def forward(self, hidden_states: Tensor):  # [B, S, D] (or [T, D]) -> what the HF block returns
         if self.training and torch.is_grad_enabled():
             raise RuntimeError(TRAINING_ERROR)
         spec: BlockSpec = self._shufflemoe_spec
-        state = _built(self)
-        out = state.run(hidden_states)  # same shape as hidden_states
+        if torch.compiler.is_compiling():
+            _prepare_all()
+            state: _State = self.__dict__["_shufflemoe"]
+            out = state.layer(hidden_states)  # traced: no graphs of its own inside a compile
+        else:
+            state = _built(self)
+            out = state.run(hidden_states)  # same shape as hidden_states
         extra = None  # Llama 4: router logits [T, E]; gpt-oss: router scores [T, k]
         if _recording_router_logits():
             x = hidden_states.reshape(-1, hidden_states.shape[-1])  # [T, D]
@@ -203,11 +293,13 @@ class ShuffleMoEBlock(nn.Module):
 
 
 @functools.cache
-def patched_class(base: type, spec: BlockSpec, experts: str) -> type:
-    """The subclass of HF block class ``base`` that runs shufflemoe (one per base and strategy)."""
+def patched_class(base: type, spec: BlockSpec, experts: str,
+                  graph_buckets: GraphBuckets = "auto") -> type:
+    """The subclass of HF block class ``base`` that runs shufflemoe (one per base, strategy and
+    graph buckets; graph_buckets apply to blocks the class builds, see patch_model_type)."""
     return type(f"ShuffleMoE{base.__name__}", (ShuffleMoEBlock, base), dict(
         __module__=__name__, _shufflemoe_spec=spec, _shufflemoe_base=base,
-        _shufflemoe_experts=experts,
+        _shufflemoe_experts=experts, _shufflemoe_graph_buckets=graph_buckets,
         __doc__=f"{base.__name__} whose forward runs shufflemoe.MoE (experts={experts!r})."))
 
 
@@ -217,32 +309,55 @@ def base_class(spec: BlockSpec) -> type:
     return cls._shufflemoe_base if issubclass(cls, ShuffleMoEBlock) else cls
 
 
-def attach(block: ShuffleMoEBlock, options: dict, experts: str,
-           graph_buckets: tuple[int, ...] | None = None) -> None:
+def _check_buckets(graph_buckets: GraphBuckets) -> GraphBuckets:
+    if graph_buckets is None or graph_buckets == "auto":
+        return graph_buckets
+    buckets = tuple(graph_buckets)
+    if not buckets or any(not isinstance(b, int) or b <= 0 for b in buckets):
+        raise ValueError(f"graph_buckets must be 'auto', None or positive ints, got {graph_buckets!r}")
+    return buckets
+
+
+# Graph pools of blocks built by a patch_model_type'd class (patch() makes one per model).
+_CLASS_POOLS: dict = {}
+
+
+def attach(block: ShuffleMoEBlock, options: dict, experts: str, graph_buckets: GraphBuckets,
+           pools: dict) -> None:
     """Give a block of a patched class its (not yet built) shufflemoe state."""
     EXPERTS.get(experts)  # raises on an unknown strategy name, listing the valid ones
-    block.__dict__["_shufflemoe"] = _State(block._shufflemoe_spec, options, experts,
-                                           None if graph_buckets is None else tuple(graph_buckets))
+    spec = block._shufflemoe_spec
+    block.__dict__["_shufflemoe"] = _State(spec, options, experts, graph_buckets, pools,
+                                           _source(block, spec.experts))
+    _BLOCKS.add(block)
 
 
 def patch(model: nn.Module, experts: str = DEFAULT_EXPERTS,
-          graph_buckets: tuple[int, ...] | None = None) -> nn.Module:
+          graph_buckets: GraphBuckets = "auto") -> nn.Module:
     """Replace, in place, every MoE block of a loaded transformers model by shufflemoe.MoE.
 
-    experts: the expert strategy (shufflemoe.EXPERTS). graph_buckets: on CUDA, capture each
-    block's layer in CUDA graphs for these token counts (shufflemoe.graphed), for callers that do
-    not capture the whole model. Raises ValueError for a model_type without a mapping, or a config
-    option shufflemoe does not implement, before changing anything. Returns ``model``."""
+    experts: the expert strategy (shufflemoe.EXPERTS). graph_buckets: eager calls on CUDA
+    replay each block's layer from CUDA graphs, captured on first use per token bucket, all
+    blocks sharing one memory pool and one static input and output per bucket (graph.GraphPool).
+    "auto" (the default): buckets 1, 2, 4, ..., 256 when the layer can be captured; a tuple:
+    those buckets; None: plain eager (also the choice when something else captures the whole
+    step: a block called during a capture runs eagerly anyway). Never inside torch.compile.
+    Raises ValueError for a model_type without a mapping, or a config option shufflemoe does not
+    implement, before changing anything. Returns ``model``."""
     spec = spec_for(model.config.model_type)
     options = moe_options(spec, model.config.get_text_config(decoder=True))
     EXPERTS.get(experts)
+    graph_buckets = _check_buckets(graph_buckets)
     base = base_class(spec)
     cls = patched_class(base, spec, experts)
+    pools: dict = {}
     patched, skipped = 0, []
     for name, module in model.named_modules():
         if type(module) is base or (isinstance(module, ShuffleMoEBlock) and isinstance(module, base)):
             module.__class__ = cls
-            attach(module, options, experts, graph_buckets)
+            attach(module, options, experts, graph_buckets, pools)
+            if _on_device(module):
+                _built(module)  # now, so that a compiled first call finds it built
             patched += 1
         elif isinstance(module, base):
             skipped.append(f"{name} ({type(module).__name__})")
@@ -264,15 +379,18 @@ def unpatch(model: nn.Module) -> nn.Module:
         if isinstance(module, ShuffleMoEBlock):
             module.__class__ = module._shufflemoe_base
             del module.__dict__["_shufflemoe"]
+            _BLOCKS.discard(module)
     return model
 
 
-def patch_model_type(model_type: str, experts: str = DEFAULT_EXPERTS) -> type:
+def patch_model_type(model_type: str, experts: str = DEFAULT_EXPERTS,
+                     graph_buckets: GraphBuckets = "auto") -> type:
     """Make transformers build shufflemoe blocks for ``model_type`` (call before the model is
-    built, e.g. before ``from_pretrained``). Returns the patched class."""
+    built, e.g. before ``from_pretrained``; graph_buckets as in patch). Returns the patched
+    class."""
     spec = spec_for(model_type)
     EXPERTS.get(experts)
-    cls = patched_class(base_class(spec), spec, experts)
+    cls = patched_class(base_class(spec), spec, experts, _check_buckets(graph_buckets))
     setattr(importlib.import_module(spec.module), spec.block, cls)
     log.info("shufflemoe: %s now builds %s (experts=%s)", model_type, cls.__name__, experts)
     return cls

@@ -64,12 +64,13 @@ class ExpertSource:
     name: str
     quantization: str  # the MoEConfig.quantization the tensors are stored in
     matches: Callable[[nn.Module], bool]  # experts module -> held this way
-    tensors: Callable[[nn.Module, BlockSpec], list[Tensor]]  # the tensors read (rebuild key)
+    # block, spec -> paths in the block of the tensors read (patch.py's rebuild key)
+    paths: Callable[[nn.Module, BlockSpec], list[str]]
     read: Callable[[nn.Module, BlockSpec], dict[str, Tensor]]  # -> from_weights arguments
 
 
-def _hf_tensors(block: nn.Module, spec: BlockSpec) -> list[Tensor]:
-    return [get(block, p) for p in (spec.w13, spec.w2, spec.w13_bias, spec.w2_bias) if p]
+def _hf_paths(block: nn.Module, spec: BlockSpec) -> list[str]:
+    return [p for p in (spec.w13, spec.w2, spec.w13_bias, spec.w2_bias) if p]
 
 
 def _read_hf(block: nn.Module, spec: BlockSpec) -> dict[str, Tensor]:
@@ -87,9 +88,9 @@ def _fp8_experts(module: nn.Module) -> bool:
     return hasattr(module, "gate_up_proj_scale_inv") and hasattr(module, "down_proj_scale_inv")
 
 
-def _fp8_tensors(block: nn.Module, spec: BlockSpec) -> list[Tensor]:
-    e = get(block, spec.experts)
-    return [e.gate_up_proj, e.gate_up_proj_scale_inv, e.down_proj, e.down_proj_scale_inv]
+def _fp8_paths(block: nn.Module, spec: BlockSpec) -> list[str]:
+    return [f"{spec.experts}.{n}" for n in ("gate_up_proj", "gate_up_proj_scale_inv", "down_proj",
+                                            "down_proj_scale_inv")]
 
 
 def _read_fp8(block: nn.Module, spec: BlockSpec) -> dict[str, Tensor]:
@@ -113,9 +114,8 @@ def _read_fp8(block: nn.Module, spec: BlockSpec) -> dict[str, Tensor]:
                 w2_scale=scales[1])
 
 
-def _mx_tensors(block: nn.Module, spec: BlockSpec) -> list[Tensor]:
-    e = get(block, spec.experts)
-    return [getattr(e, n) for n in e.TENSORS]
+def _mx_paths(block: nn.Module, spec: BlockSpec) -> list[str]:
+    return [f"{spec.experts}.{n}" for n in get(block, spec.experts).TENSORS]
 
 
 def _read_mx(block: nn.Module, spec: BlockSpec) -> dict[str, Tensor]:
@@ -123,9 +123,9 @@ def _read_mx(block: nn.Module, spec: BlockSpec) -> dict[str, Tensor]:
 
 
 SOURCES: tuple[ExpertSource, ...] = (
-    ExpertSource("fp8_block", "fp8_block", _fp8_experts, _fp8_tensors, _read_fp8),
-    ExpertSource("mxfp4", "mxfp4", lambda m: isinstance(m, Mxfp4Experts), _mx_tensors, _read_mx),
-    ExpertSource("hf", "none", lambda m: True, _hf_tensors, _read_hf),
+    ExpertSource("fp8_block", "fp8_block", _fp8_experts, _fp8_paths, _read_fp8),
+    ExpertSource("mxfp4", "mxfp4", lambda m: isinstance(m, Mxfp4Experts), _mx_paths, _read_mx),
+    ExpertSource("hf", "none", lambda m: True, _hf_paths, _read_hf),
 )
 
 

@@ -37,6 +37,7 @@ def grouped_gemm(
     out: Tensor | None = None,
     out_dtype: torch.dtype | None = None,
     scatter_unique: bool = False,
+    all_rows: bool = False,
     impl: str | None = None,
 ) -> Tensor:
     """x [M, K], w [W, N, K], m_sizes [G] int32 -> [M, N].
@@ -54,7 +55,8 @@ def grouped_gemm(
     accumulated in place and returned); otherwise the result goes to out [M, N] (allocated when
     None). scatter_unique: the caller guarantees that the valid rows' scatter_ids are distinct
     (top-1 routing, or one expert's rows), so the kernel may add without atomics (in float32, one
-    rounding); a duplicate would race.
+    rounding); a duplicate would race. all_rows: the caller guarantees sum(m_sizes) == M (no
+    tail), so the torch reference masks nothing.
     """
     check_tensor("x", x, dim=2, dtypes=DTYPES, contiguous=True)
     check_tensor("w", w, dim=3, contiguous=True)
@@ -91,7 +93,8 @@ def grouped_gemm(
                       out=out)
     return ops_for(resolve(impl, x)).grouped_gemm(x, w, m_sizes, x_scale, w_scale, weight_ids,
                                                   row_weights, scatter_ids, out, out_dtype,
-                                                  scatter_unique, quantization, bias, scale_split)
+                                                  scatter_unique, quantization, bias, scale_split,
+                                                  all_rows)
 
 
 def _check_operands(fmt: WeightFormat, x: Tensor, w: Tensor, x_scale: Tensor | None,

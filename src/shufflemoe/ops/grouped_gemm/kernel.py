@@ -414,9 +414,11 @@ def grouped_gemm(
     quantization: str = "none",
     bias: Tensor | None = None,
     scale_split: int | None = None,
+    all_rows: bool = False,
 ) -> Tensor:
     """Arguments already validated by ``ops.grouped_gemm``: x [M, K], w [W, N, K] (mxfp4: [W, N,
-    K / 2] bytes), m_sizes [G] -> out [M, N] (or out [T, N] += scattered rows)."""
+    K / 2] bytes), m_sizes [G] -> out [M, N] (or out [T, N] += scattered rows). all_rows changes
+    nothing: tiles never cover rows past sum(m_sizes) anyway."""
     if out is None:
         out = torch.empty((x.shape[0], w.shape[1]), dtype=out_dtype, device=x.device)
     _grouped_gemm_op(x, w, m_sizes, x_scale, w_scale, weight_ids, row_weights, scatter_ids, out,

@@ -12,18 +12,22 @@ import torch
 from torch import Tensor
 
 from .._common import store_rows
-from .._impl import inplace_op
+from .._impl import _is_compiling, inplace_op
 from ..quantize import reference as q
 from ..quantize.formats import FORMATS
 
 
+_HAS_GROUPED_MM = hasattr(torch, "_grouped_mm")
+_CPU_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
 def _grouped_mm_supported(x: Tensor, w: Tensor) -> bool:
-    aligned = all((n * x.element_size()) % 16 == 0 for n in (x.shape[1], w.shape[1]))
-    if not aligned or not hasattr(torch, "_grouped_mm"):
+    size = x.element_size()  # 16-byte aligned rows of x and of the result
+    if not _HAS_GROUPED_MM or (x.shape[1] * size) % 16 or (w.shape[1] * size) % 16:
         return False
     if x.is_cuda:
         return x.dtype == torch.bfloat16 and torch.cuda.get_device_capability(x.device) >= (9, 0)
-    return x.device.type == "cpu" and x.dtype in (torch.bfloat16, torch.float16, torch.float32)
+    return x.is_cpu and x.dtype in _CPU_DTYPES
 
 
 def _grouped_mm(x: Tensor, w: Tensor, ends: Tensor) -> Tensor:
@@ -47,13 +51,12 @@ def _grouped_mm(x: Tensor, w: Tensor, ends: Tensor) -> Tensor:
     return y
 
 
-@inplace_op("grouped_gemm_ref", mutates_args=("out",))
-def _grouped_gemm(x: Tensor, w: Tensor, m_sizes: Tensor, x_scale: Optional[Tensor],
-                  w_scale: Optional[Tensor], weight_ids: Optional[Tensor],
-                  row_weights: Optional[Tensor], scatter_ids: Optional[Tensor], out: Tensor,
-                  keep_tail: bool, quantization: str, bias: Optional[Tensor],
-                  scale_split: Optional[int]) -> None:
-    """keep_tail: rows of out past sum(m_sizes) keep their values (else they may be written)."""
+def _products(x: Tensor, w: Tensor, m_sizes: Tensor, x_scale: Optional[Tensor],
+              w_scale: Optional[Tensor], weight_ids: Optional[Tensor],
+              row_weights: Optional[Tensor], quantization: str, bias: Optional[Tensor],
+              scale_split: Optional[int]) -> tuple[Tensor, Tensor]:
+    """(y [M, N]: each row times its group's weights, plus its group's bias, times its row
+    weight, rows past the total uninitialised; ends [G] int32 inclusive row ends)."""
     M = x.shape[0]
     if weight_ids is not None:
         w = w.index_select(0, weight_ids)
@@ -61,7 +64,6 @@ def _grouped_gemm(x: Tensor, w: Tensor, m_sizes: Tensor, x_scale: Optional[Tenso
         bias = None if bias is None else bias.index_select(0, weight_ids)
     x, w = _dequantized(x, w, x_scale, w_scale, quantization, scale_split)
     ends = torch.cumsum(m_sizes, 0, dtype=torch.int32)
-    total = ends[-1:] if ends.shape[0] else torch.zeros(1, dtype=torch.int32, device=x.device)
     y = _grouped_mm(x, w, ends)  # [M, N]
     if bias is not None:  # bias of each row's group (rows past the groups: the last one's)
         group = torch.searchsorted(ends, torch.arange(M, device=x.device, dtype=ends.dtype),
@@ -69,16 +71,37 @@ def _grouped_gemm(x: Tensor, w: Tensor, m_sizes: Tensor, x_scale: Optional[Tenso
         y = y.float() + bias.float()[group.clamp(max=w.shape[0] - 1)]
     if row_weights is not None:
         y = y.float() * row_weights.unsqueeze(1)
+    return y, ends
+
+
+@inplace_op("grouped_gemm_ref", mutates_args=("out",))
+def _grouped_gemm(x: Tensor, w: Tensor, m_sizes: Tensor, x_scale: Optional[Tensor],
+                  w_scale: Optional[Tensor], weight_ids: Optional[Tensor],
+                  row_weights: Optional[Tensor], scatter_ids: Optional[Tensor], out: Tensor,
+                  keep_tail: bool, quantization: str, bias: Optional[Tensor],
+                  scale_split: Optional[int], all_rows: bool) -> None:
+    """keep_tail: rows of out past sum(m_sizes) keep their values (else they may be written).
+    all_rows: sum(m_sizes) == M, there is no tail."""
+    M = x.shape[0]
+    y, ends = _products(x, w, m_sizes, x_scale, w_scale, weight_ids, row_weights, quantization,
+                        bias, scale_split)
     if scatter_ids is None:
-        store_rows(out, y, total if keep_tail else None)
+        store_rows(out, y, _total(ends) if keep_tail and not all_rows else None)
         return
-    valid = torch.arange(M, device=x.device) < total
-    y = torch.where(valid.unsqueeze(1), y.float(), 0.0)  # rows past total: uninitialised memory
-    ids = torch.where(valid, scatter_ids, 0)  # and their ids may be anything
+    y, ids = y.float(), scatter_ids
+    if not all_rows:  # masked, never read on the host (a sync on CUDA)
+        tail = torch.arange(M, device=x.device) >= _total(ends)
+        y = y.masked_fill(tail.unsqueeze(1), 0.0)  # uninitialised rows
+        ids = ids.masked_fill(tail, 0)  # may be anything
     if out.dtype == torch.float32:
         out.index_add_(0, ids, y)
     else:  # summed in float32, rounded once
         out.copy_(out.float().index_add_(0, ids, y))
+
+
+def _total(ends: Tensor) -> Tensor:
+    """[1] rows in all groups."""
+    return ends[-1:] if ends.shape[0] else torch.zeros(1, dtype=ends.dtype, device=ends.device)
 
 
 def grouped_gemm(
@@ -96,13 +119,20 @@ def grouped_gemm(
     quantization: str = "none",
     bias: Tensor | None = None,
     scale_split: int | None = None,
+    all_rows: bool = False,
 ) -> Tensor:
     """As ops.grouped_gemm (scatter_unique changes nothing here: the sum is the same)."""
+    if out is None and scatter_ids is None and not _is_compiling():
+        # eager, new output: the product itself (rows past the total may hold anything), not
+        # an allocation and a copy
+        y = _products(x, w, m_sizes, x_scale, w_scale, weight_ids, row_weights, quantization,
+                      bias, scale_split)[0]
+        return y if y.dtype == out_dtype else y.to(out_dtype)
     keep_tail = out is not None
     if out is None:
         out = torch.empty(x.shape[0], w.shape[1], dtype=out_dtype, device=x.device)
     _grouped_gemm(x, w, m_sizes, x_scale, w_scale, weight_ids, row_weights, scatter_ids, out,
-                  keep_tail, quantization, bias, scale_split)
+                  keep_tail, quantization, bias, scale_split, all_rows)
     return out
 
 

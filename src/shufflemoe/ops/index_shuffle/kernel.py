@@ -416,7 +416,9 @@ def index_shuffle(scores: Tensor, top_k: int, scoring: str, renormalize: bool, s
 
 
 def sort_by_expert(topk_ids: Tensor, num_experts: int, topk_weights: Tensor | None,
-                   capacity: int | None, config: RouteConfig | None = None) -> Routing:
-    """topk_ids [T, k] (ids outside [0, E) are not routed), topk_weights [T, k] | None -> Routing."""
+                   capacity: int | None, ids_valid: bool = False,
+                   config: RouteConfig | None = None) -> Routing:
+    """topk_ids [T, k] (ids outside [0, E) are not routed), topk_weights [T, k] | None -> Routing.
+    ids_valid (every id known in [0, E)) changes nothing here: the kernel checks each id anyway."""
     return _route(topk_ids, topk_weights, num_experts, topk_ids.shape[1], False, "none", False,
                   1.0, capacity, config)

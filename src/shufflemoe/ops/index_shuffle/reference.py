@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from ...types import Routing
-from .._impl import inplace_op
+from .._impl import _is_compiling, inplace_op
 
 _OUTPUTS = ("counts", "token_ids", "expert_ids", "weights", "num_valid", "positions")
 
@@ -25,42 +25,46 @@ def _exclusive_cumsum(x: Tensor) -> Tensor:
 
 
 def _histogram(bucket: Tensor, bins: int) -> Tensor:
-    """[bins] counts of the values 0..bins-1 in bucket (others ignored), sync-free on CUDA
-    (bincount reads the maximum on the host); histc takes float input on the CPU only."""
-    src = bucket.float() if bucket.device.type == "cpu" else bucket.int()
-    return torch.histc(src, bins=bins, min=0, max=bins)
+    """[bins] counts of the values 0..bins-1 of bucket (values are in 0..bins-1). bincount on
+    the CPU (one op); histc on CUDA, where bincount reads the maximum on the host."""
+    if bucket.device.type == "cpu":
+        return torch.bincount(bucket, minlength=bins)
+    return torch.histc(bucket.int(), bins=bins, min=0, max=bins)
 
 
 def _place(ids: Tensor, weights: Tensor | None, k: int, E: int, capacity: int | None,
-           ids_valid: bool, out: Routing) -> None:
+           ids_valid: bool, counts: Tensor, token_ids: Tensor, expert_ids: Tensor,
+           out_weights: Tensor, num_valid: Tensor, positions: Tensor) -> None:
     """Write the Routing of pairs ids [A] int64 (pair p = token p // k's choice p % k) with
-    weights [A] (None: 1.0) into ``out``. ids_valid: every id is known to be in [0, E)."""
-    A = ids.shape[0]
+    weights [A] (None: 1.0) into the given outputs. ids_valid: every id is known to be in [0, E)."""
+    A, dev = ids.shape[0], ids.device
     routed = None if ids_valid else (ids >= 0) & (ids < E)
     bucket = ids if routed is None else torch.where(routed, ids, E)  # unrouted share bucket E
+    per_bucket = _histogram(bucket, E if routed is None else E + 1)
     if capacity is None:  # a stable sort by bucket is the whole order
         sorted_bucket, order = torch.sort(bucket, stable=True)
-        out.counts.copy_(_histogram(bucket, E + 1)[:E])
-        out.token_ids.copy_(order if k == 1 else order // k)
-        out.expert_ids.copy_(sorted_bucket if routed is None else ids[order])
+        counts.copy_(per_bucket if routed is None else per_bucket[:E])
+        torch.floor_divide(order, k, out=token_ids)
+        expert_ids.copy_(sorted_bucket if routed is None else ids[order])
         if weights is None:
-            out.weights.fill_(1.0)
+            out_weights.fill_(1.0)
+        elif weights.dtype == torch.float32:
+            torch.index_select(weights, 0, order, out=out_weights)
         else:
-            out.weights.copy_(weights[order])
+            out_weights.copy_(weights[order])
         if routed is None:
-            out.num_valid.fill_(A)
+            num_valid.fill_(A)
         else:
-            torch.sum(out.counts, 0, keepdim=True, dtype=torch.int32, out=out.num_valid)
-        out.positions.scatter_(0, order, torch.arange(A, dtype=torch.int32, device=ids.device))
+            torch.sum(counts, 0, keepdim=True, dtype=torch.int32, out=num_valid)
+        positions.scatter_(0, order, torch.arange(A, dtype=torch.int32, device=dev))
         return
-    dev = ids.device
-    per_bucket = _histogram(bucket, E + 1).long()
+    per_bucket = per_bucket.long()  # [E] or [E + 1]: only unrouted pairs are in bucket E
     order = torch.sort(bucket, stable=True).indices  # [A]: by (bucket, pair index)
     rank = torch.empty_like(order)  # [A]: position of each pair inside its bucket
     rank[order] = torch.arange(A, device=dev) - _exclusive_cumsum(per_bucket)[bucket[order]]
-    counts = per_bucket[:E].clamp(max=capacity)
-    dropped = per_bucket[:E] - counts
-    n_kept, n_dropped = counts.sum(), dropped.sum()
+    kept = per_bucket[:E].clamp(max=capacity)
+    dropped = per_bucket[:E] - kept
+    n_kept, n_dropped = kept.sum(), dropped.sum()
     e = bucket.clamp(max=E - 1)
     not_routed = torch.zeros_like(ids, dtype=torch.bool) if routed is None else ~routed
     pos = torch.where(  # [A]: each pair's place in the sorted order (Routing.positions)
@@ -68,20 +72,22 @@ def _place(ids: Tensor, weights: Tensor | None, k: int, E: int, capacity: int | 
         n_kept + n_dropped + rank,
         torch.where(
             rank < capacity,
-            _exclusive_cumsum(counts)[e] + rank,
+            _exclusive_cumsum(kept)[e] + rank,
             n_kept + _exclusive_cumsum(dropped)[e] + rank - capacity,
         ),
     )
-    out.counts.copy_(counts)
-    out.token_ids[pos] = torch.arange(A, device=dev, dtype=torch.int32) // k
-    out.expert_ids[pos] = ids.int()
-    out.weights[pos] = 1.0 if weights is None else weights.float()
-    out.num_valid.copy_(n_kept)
-    out.positions.copy_(pos)
+    counts.copy_(kept)
+    token_ids[pos] = torch.arange(A, device=dev, dtype=torch.int32) // k
+    expert_ids[pos] = ids.int()
+    out_weights[pos] = 1.0 if weights is None else weights.float()
+    num_valid.copy_(n_kept)
+    positions.copy_(pos)
 
 
 def select_topk(scores: Tensor, top_k: int) -> Tensor:
     """scores [T, E] -> [T, k] int64 expert ids, highest score first, ties to the lower id."""
+    if top_k == 1:  # argmax returns the first maximum: the same id, one cheap op (~4 us less)
+        return scores.float().argmax(dim=1, keepdim=True)
     return torch.sort(scores.float(), dim=1, descending=True, stable=True).indices[:, :top_k]
 
 
@@ -103,27 +109,32 @@ def _index_shuffle(scores: Tensor, top_k: int, scoring: str, renormalize: bool, 
     if scaling != 1.0:
         w = w * scaling
     A = ids.numel()
-    _place(ids.reshape(A), w.reshape(A), top_k, s.shape[1], capacity, True,
-           Routing(counts, token_ids, expert_ids, weights, num_valid, positions))
+    _place(ids.reshape(A), w.reshape(A), top_k, s.shape[1], capacity, True, counts, token_ids,
+           expert_ids, weights, num_valid, positions)
 
 
 @inplace_op("sort_by_expert_ref", mutates_args=_OUTPUTS)
 def _sort_by_expert(topk_ids: Tensor, num_experts: int, topk_weights: Optional[Tensor],
-                    capacity: Optional[int], counts: Tensor, token_ids: Tensor,
+                    capacity: Optional[int], ids_valid: bool, counts: Tensor, token_ids: Tensor,
                     expert_ids: Tensor, weights: Tensor, num_valid: Tensor,
                     positions: Tensor) -> None:
     T, k = topk_ids.shape
     w = None if topk_weights is None else topk_weights.reshape(T * k)
-    _place(topk_ids.reshape(T * k).long(), w, k, num_experts, capacity, False,
-           Routing(counts, token_ids, expert_ids, weights, num_valid, positions))
+    _place(topk_ids.reshape(T * k).long(), w, k, num_experts, capacity, ids_valid, counts,
+           token_ids, expert_ids, weights, num_valid, positions)
 
 
-def _empty_routing(A: int, E: int, device: torch.device) -> Routing:
-    i32 = torch.int32
-    return Routing(torch.empty(E, dtype=i32, device=device), torch.empty(A, dtype=i32, device=device),
-                   torch.empty(A, dtype=i32, device=device),
-                   torch.empty(A, dtype=torch.float32, device=device),
-                   torch.empty(1, dtype=i32, device=device), torch.empty(A, dtype=i32, device=device))
+def _empty_routing(A: int, E: int, device: torch.device, all_routed: bool) -> Routing:
+    if _is_compiling():  # a custom op's mutated arguments must not alias: one buffer each
+        i32 = dict(dtype=torch.int32, device=device)
+        ints = (torch.empty(E, **i32), torch.empty(A, **i32), torch.empty(A, **i32),
+                torch.empty(1, **i32), torch.empty(A, **i32))
+    else:  # eager: one allocation for the five int32 outputs (each costs ~1 us of host time)
+        ints = torch.empty(E + 3 * A + 1, dtype=torch.int32, device=device).split_with_sizes(
+            [E, A, A, 1, A])
+    counts, token_ids, expert_ids, num_valid, positions = ints
+    weights = torch.empty(A, dtype=torch.float32, device=device)
+    return Routing(counts, token_ids, expert_ids, weights, num_valid, positions, all_routed)
 
 
 def index_shuffle(
@@ -139,7 +150,7 @@ def index_shuffle(
     softmax(scores)[t, e] | sigmoid(scores[t, e]) | scores[t, e], renormalized over the k chosen
     if asked, times ``scaling``. batch_invariant changes nothing here: torch's softmax and sum
     reduce each row the same way whatever T."""
-    r = _empty_routing(scores.shape[0] * top_k, scores.shape[1], scores.device)
+    r = _empty_routing(scores.shape[0] * top_k, scores.shape[1], scores.device, capacity is None)
     _index_shuffle(scores, top_k, scoring, renormalize, float(scaling), capacity, *_fields(r))
     return r
 
@@ -149,10 +160,14 @@ def sort_by_expert(
     num_experts: int,
     topk_weights: Tensor | None = None,
     capacity: int | None = None,
+    ids_valid: bool = False,
 ) -> Routing:
-    """topk_ids [T, k] (ids outside [0, E) are not routed) -> Routing with A = T * k pairs."""
-    r = _empty_routing(topk_ids.numel(), num_experts, topk_ids.device)
-    _sort_by_expert(topk_ids, num_experts, topk_weights, capacity, *_fields(r))
+    """topk_ids [T, k] (ids outside [0, E) are not routed) -> Routing with A = T * k pairs.
+    ids_valid: the caller knows every id is in [0, E) (a top-k it computed), so nothing is
+    masked and, without a capacity, every pair is routed."""
+    r = _empty_routing(topk_ids.numel(), num_experts, topk_ids.device,
+                       ids_valid and capacity is None)
+    _sort_by_expert(topk_ids, num_experts, topk_weights, capacity, ids_valid, *_fields(r))
     return r
 
 

@@ -38,9 +38,9 @@ def _check_scales(w: Tensor, w_scale: Tensor | None, name: str, x_dtype: torch.d
                         f"float8_e4m3fn, got {w.dtype}")
 
 
-def _outputs(out, A: int, I: int, dtype: torch.dtype, fp8: bool, dev: torch.device):
+def gate_up_outputs(out, A: int, I: int, dtype: torch.dtype, fp8: bool, dev: torch.device):
     """decode_gate_up's outputs: a [A, I] in x's dtype, or fp8 (q [A, I], scale [A]), checked
-    when given, else allocated."""
+    when given, else allocated (the shuffled strategy's unchecked call allocates them here)."""
     if fp8:
         if out is None:
             return (torch.empty(A, I, dtype=FP8_DTYPE, device=dev),
@@ -87,7 +87,7 @@ def decode_gate_up(
                      contiguous=True)
     dev = check_same_device(x=x, w13=w13, counts=counts, token_ids=token_ids,
                             row_weights=row_weights, w13_scale=w13_scale)
-    out = _outputs(out, A, two_i // 2, x.dtype, w13.dtype == FP8_DTYPE, dev)
+    out = gate_up_outputs(out, A, two_i // 2, x.dtype, w13.dtype == FP8_DTYPE, dev)
     return ops_for(resolve(impl, x)).decode_gate_up(x, w13, w13_scale, counts, token_ids,
                                                      row_weights, out)
 

@@ -17,12 +17,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .._common import store_rows
-from .._impl import inplace_op
+from .._impl import _is_compiling, inplace_op
 from ..quantize.reference import FP8_BLOCK, FP8_DTYPE, quantize_fp8_groups, quantize_fp8_rowwise
 
-ACTIVATIONS = {
-    "silu": lambda g, u, alpha: F.silu(g) * u,
-    "swiglu_oai": lambda g, u, alpha: (u + 1.0) * (g * torch.sigmoid(g * alpha)),
+ACTIVATIONS = {  # (gate, up, alpha, out) -> a, rounded once into out when given
+    "silu": lambda g, u, alpha, out: torch.mul(F.silu(g), u, out=out),
+    "swiglu_oai": lambda g, u, alpha, out: torch.mul(u + 1.0, g * torch.sigmoid(g * alpha),
+                                                     out=out),
 }
 QUANTIZERS = {"rowwise": quantize_fp8_rowwise, "groups": quantize_fp8_groups}
 # quantize= as the public op takes it -> the fp8 scale layout ("none": not quantized)
@@ -32,23 +33,29 @@ Act = tuple  # (activation, alpha, limit): (str, float, float | None)
 
 
 def glu(gate: Tensor, up: Tensor, activation: str = "silu", alpha: float = 1.0,
-        limit: float | None = None) -> Tensor:
-    """gate, up [..., I] -> act(gate, up) in their dtype (float32 or float64)."""
+        limit: float | None = None, out: Tensor | None = None) -> Tensor:
+    """gate, up [..., I] -> act(gate, up) in their dtype (float32 or float64; rounded once into
+    out when given)."""
     if limit is not None:
         gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
-    return ACTIVATIONS[activation](gate, up, alpha)
+    return ACTIVATIONS[activation](gate, up, alpha, out)
 
 
-def _glu_f32(h: Tensor, act: str, alpha: float, limit: Optional[float]) -> Tensor:
-    """h [A, 2I] -> act(h[:, :I], h[:, I:]) [A, I] in float32."""
-    inter = h.shape[1] // 2
-    return glu(h[:, :inter].float(), h[:, inter:].float(), act, alpha, limit)
+def _glu_f32(h: Tensor, act: str, alpha: float, limit: Optional[float],
+             out: Optional[Tensor] = None) -> Tensor:
+    """h [A, 2I] -> act(h[:, :I], h[:, I:]) [A, I] in float32 (rounded once into out when
+    given)."""
+    gate, up = h.float().chunk(2, dim=1)  # one call for both views (two slices cost ~1 us more)
+    return glu(gate, up, act, alpha, limit, out)
 
 
 @inplace_op("silu_mul_ref", mutates_args=("out",))
 def _silu_mul(h: Tensor, num_valid: Optional[Tensor], out: Tensor, act: str, alpha: float,
               limit: Optional[float]) -> None:
-    store_rows(out, _glu_f32(h, act, alpha, limit), num_valid)
+    if num_valid is None:
+        _glu_f32(h, act, alpha, limit, out)  # straight into out: one op fewer
+    else:
+        store_rows(out, _glu_f32(h, act, alpha, limit), num_valid)
 
 
 def _quantized(mode: str, h: Tensor, num_valid: Optional[Tensor], q: Tensor, scale: Tensor,
@@ -78,9 +85,12 @@ def silu_mul(
     act: Act = ("silu", 1.0, None),
 ) -> Tensor | tuple[Tensor, Tensor]:
     """As ops.silu_mul. Rows of a new output past num_valid may hold anything: computed, not
-    masked."""
+    masked (in eager straight into the result)."""
     mode = QUANTIZE_MODES[quantize]
     A, inter = h.shape[0], h.shape[1] // 2
+    if out is None and mode == "none" and not _is_compiling():
+        a = _glu_f32(h, *act)  # eager: no allocation to copy into
+        return a if a.dtype == h.dtype else a.to(h.dtype)
     if out is None:
         num_valid = None
         scale_shape = (A,) if mode == "rowwise" else (A, -(-inter // FP8_BLOCK))
