@@ -12,6 +12,7 @@ one CUDA graph (see graph.py).
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -72,6 +73,7 @@ class MoE(nn.Module):
         self.shared_gate = param(1, D) if cfg.shared_expert_gate else None
         if cfg.quantized:
             self._quantize_experts()
+        self.shared_split = 0  # > 0: shared weights in two parts (see shared_expert)
         self.dispatch = dispatch or LocalDispatch()
         self.set_experts(experts)
         self._side_stream: torch.cuda.Stream | None = None
@@ -151,42 +153,72 @@ class MoE(nn.Module):
         logits = router_logits(x, self.router_weight, self.config.router_logits_dtype)
         return route(logits, self.config, self.router_bias)
 
-    def shared_expert(self, x: Tensor, out: Tensor) -> Tensor:
-        """out [T, D] = shared SwiGLU(x) (times sigmoid(x @ gate) for Qwen2-MoE)."""
-        h = F.linear(x, self.shared_w13)  # [T, 2Is]
-        torch.mm(silu_mul(h), self.shared_w2.t(), out=out)
-        if self.shared_gate is not None:
-            out.mul_(torch.sigmoid(F.linear(x, self.shared_gate)))
-        return out
+    def shared_expert(self, x: Tensor, out: Tensor, part: int | None = None) -> Tensor:
+        """out [T, D] = shared SwiGLU(x) (times sigmoid(x @ gate) for Qwen2-MoE). With
+        ``shared_split`` = h > 0 the weights hold two parts (columns [0, h) and [h, Is), rows of
+        shared_w13 part by part, each gate rows then up rows): ``part`` 0 writes the first part's
+        output, part 1 adds the second's (eager expert parallelism runs them around its host sync
+        and its combine); part None runs both."""
+        h, Is = self.shared_split, self.config.shared_intermediate_size
+        if part is None:
+            for p in ((0,) if h == 0 else (0, 1)):
+                self.shared_expert(x, out, p)
+            return out
+        lo, hi = (0, h or Is) if part == 0 else (h, Is)
+        h13 = F.linear(x, self.shared_w13[2 * lo : 2 * hi])  # [T, 2 * (hi - lo)]
+        down = self.shared_w2[:, lo:hi].t()
+        gate = torch.sigmoid(F.linear(x, self.shared_gate)) if self.shared_gate is not None else None
+        if part == 0:
+            torch.mm(silu_mul(h13), down, out=out)
+            return out if gate is None else out.mul_(gate)
+        y = torch.mm(silu_mul(h13), down)
+        return out.add_(y if gate is None else y.mul_(gate))
+
+    def start_shared(self, x: Tensor) -> tuple[Tensor, Callable[[], None]]:
+        """(out [T, D] holding the shared expert's output, or zeros without one; join): for small
+        T on CUDA the shared expert runs on a side stream, overlapping routing and GEMM13, and
+        join() makes the current stream wait for it (call it before anything adds into out)."""
+        if self.shared_w13 is None:
+            return torch.zeros_like(x), _noop
+        out = torch.empty_like(x)
+        if not self._uses_side_stream(x):  # prefill: one stream, overlapping would only contend
+            self.shared_expert(x, out)
+            return out, _noop
+        main = torch.cuda.current_stream(x.device)
+        if self._side_stream is None:
+            self._side_stream = torch.cuda.Stream(x.device)
+        side = self._side_stream
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            self.shared_expert(x, out)
+        return out, lambda: main.wait_stream(side)
 
     def _uses_side_stream(self, x: Tensor) -> bool:
         return (x.is_cuda and self.shared_w13 is not None
                 and x.shape[0] <= self.config.shared_stream_max_tokens)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def input_error(self, x: object) -> Exception | None:
+        """The error a bad input raises (None when x is a valid [T, D] or [B, S, D] input)."""
         cfg = self.config
-        check_tensor("x", x, dtypes=(cfg.dtype,), device=self.w13.device)
-        if x.dim() not in (2, 3) or x.shape[-1] != cfg.hidden_size:
-            raise ValueError(f"x must be [T, {cfg.hidden_size}] or [B, S, {cfg.hidden_size}], "
-                             f"got {list(x.shape)}")
-        with torch.no_grad():
-            return self._forward(x.reshape(-1, cfg.hidden_size).contiguous()).view(x.shape)
+        try:
+            check_tensor("x", x, dtypes=(cfg.dtype,), device=self.w13.device)
+            if x.dim() not in (2, 3) or x.shape[-1] != cfg.hidden_size:
+                raise ValueError(f"x must be [T, {cfg.hidden_size}] or [B, S, {cfg.hidden_size}], "
+                                 f"got {list(x.shape)}")
+        except (TypeError, ValueError) as e:
+            return e
+        return None
 
-    def _forward(self, x: Tensor) -> Tensor:  # x [T, D]
-        has_shared = self.shared_w13 is not None
-        out = torch.empty_like(x) if has_shared else torch.zeros_like(x)  # [T, D]
-        join = _noop
-        if self._uses_side_stream(x):  # decode: shared expert overlaps routing and GEMM13
-            main = torch.cuda.current_stream(x.device)
-            if self._side_stream is None:
-                self._side_stream = torch.cuda.Stream(x.device)
-            side = self._side_stream
-            side.wait_stream(main)
-            with torch.cuda.stream(side):
-                self.shared_expert(x, out)
-            join = lambda: main.wait_stream(side)  # noqa: E731
-        elif has_shared:  # prefill: one stream, overlapping would only contend for SMs and L2
-            self.shared_expert(x, out)
+    def forward(self, x: Tensor) -> Tensor:
+        # A parallel dispatcher agrees on sizes with the other ranks before any collective, and
+        # raises the same error on every rank when one of them got a bad input.
+        sizes = self.dispatch.admit(self, x, self.input_error(x))
+        with torch.no_grad():
+            flat = x.reshape(-1, self.config.hidden_size).contiguous()
+            return self.dispatch.forward(self, flat, sizes).view(x.shape)
+
+    def _forward(self, x: Tensor) -> Tensor:  # x [T, D]: the single-device flow
+        out, join = self.start_shared(x)  # decode: shared expert overlaps routing and GEMM13
         routing = self.route(x)
         self.dispatch.run(self.experts, x, routing, self.expert_weights, out, self.config, join)
         join()

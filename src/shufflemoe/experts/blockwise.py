@@ -10,8 +10,8 @@ import math
 
 import torch
 
-from ..ops import gather_scale, silu_mul
-from .base import Experts, expert_gemm, register
+from ..ops import silu_mul
+from .base import Experts, expert_gemm, gather_input, register
 
 
 def num_blocks(num_pairs: int, num_experts: int, block_size: int) -> int:
@@ -45,7 +45,7 @@ class Blockwise(Experts):
         sizes = (blocks * B).int()  # whole blocks per expert
         used = sizes.sum().reshape(1)
         on_input = cfg.apply_router_weight_on_input
-        xb = gather_scale(x, row_token, row_weight if on_input else None, num_valid=used,
+        xb = gather_input(x, row_token, row_weight if on_input else None, num_valid=used,
                           quantize=w.quantized)
         hb = expert_gemm(xb, w.w13, w.w13_scale, sizes, cfg.dtype)  # [N * B, 2I]
         ab = silu_mul(hb, num_valid=used, quantize=w.quantized)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from ..ops import gather_scale, silu_mul
-from .base import Experts, expert_gemm, pair_weights, register
+from ..ops import silu_mul
+from .base import Experts, expert_gemm, gather_input, pair_weights, register
 
 
 @register
@@ -25,7 +25,7 @@ class Concat(Experts):
         sizes = torch.tensor(counts, dtype=torch.int32, device=x.device)  # host -> device
         w_in, w_out = pair_weights(r, cfg)
         tokens = r.token_ids[:n]
-        xs = gather_scale(x, tokens, None if w_in is None else w_in[:n], quantize=w.quantized)
+        xs = gather_input(x, tokens, None if w_in is None else w_in[:n], quantize=w.quantized)
         h = expert_gemm(xs, w.w13, w.w13_scale, sizes, cfg.dtype)  # [n, 2I]
         a = silu_mul(h, quantize=w.quantized)
         before_combine()

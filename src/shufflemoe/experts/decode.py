@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..ops import gather_scale, silu_mul
-from .base import Experts, expert_gemm, register
+from ..ops import silu_mul
+from .base import Experts, expert_gemm, gather_input, register
 
 
 def _dense_experts(x, r, w, out, cfg, slot_expert: Tensor, slot_sizes: Tensor, before_combine):
@@ -27,7 +27,7 @@ def _dense_experts(x, r, w, out, cfg, slot_expert: Tensor, slot_sizes: Tensor, b
     rows = torch.arange(T, device=x.device, dtype=torch.int32).repeat(U)  # [U*T] token of row
     on_input = cfg.apply_router_weight_on_input
     valid = slot_sizes.sum().reshape(1)
-    xb = gather_scale(x, rows, slot_w if on_input else None, num_valid=valid, quantize=w.quantized)
+    xb = gather_input(x, rows, slot_w if on_input else None, num_valid=valid, quantize=w.quantized)
     hb = expert_gemm(xb, w.w13, w.w13_scale, slot_sizes, cfg.dtype, weight_ids=slot_expert)
     ab = silu_mul(hb, num_valid=valid, quantize=w.quantized)
     before_combine()

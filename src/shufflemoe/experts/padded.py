@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from ..ops import gather_scale, scatter_add, silu_mul
-from .base import Experts, expert_gemm, register
+from ..ops import scatter_add, silu_mul
+from .base import Experts, expert_gemm, gather_input, register
 
 
 @register
@@ -34,7 +34,7 @@ class Padded(Experts):
             slot_weight = torch.zeros(E * C + 1, dtype=torch.float32, device=dev)
             slot_weight = slot_weight.index_copy_(0, slot, r.weights)[: E * C]
         sizes = torch.full((E,), C, dtype=torch.int32, device=dev)
-        xb = gather_scale(x, slot_token, slot_weight, quantize=w.quantized)  # [E * C, D]
+        xb = gather_input(x, slot_token, slot_weight, quantize=w.quantized)  # [E * C, D]
         hb = expert_gemm(xb, w.w13, w.w13_scale, sizes, cfg.dtype)
         ab = silu_mul(hb, quantize=w.quantized)
         yb = expert_gemm(ab, w.w2, w.w2_scale, sizes, cfg.dtype)  # [E * C, D]

@@ -4,8 +4,8 @@ output. No padding, no host sync, static shapes."""
 
 from __future__ import annotations
 
-from ..ops import gather_scale, silu_mul
-from .base import Experts, expert_gemm, pair_weights, register
+from ..ops import silu_mul
+from .base import Experts, expert_gemm, gather_input, pair_weights, register
 
 
 @register
@@ -16,7 +16,7 @@ class Shuffled(Experts):
     def forward(self, x, routing, weights, out, cfg, before_combine=lambda: None):
         r, w = routing, weights
         w_in, w_out = pair_weights(r, cfg)
-        xs = gather_scale(x, r.token_ids, w_in, num_valid=r.num_valid, quantize=w.quantized)
+        xs = gather_input(x, r.token_ids, w_in, num_valid=r.num_valid, quantize=w.quantized)
         h = expert_gemm(xs, w.w13, w.w13_scale, r.counts, cfg.dtype)  # [A, 2I]
         a = silu_mul(h, num_valid=r.num_valid, quantize=w.quantized)  # [A, I]
         before_combine()

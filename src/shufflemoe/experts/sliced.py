@@ -3,8 +3,8 @@ sorted pairs. No padding, but E launches of small shapes and a host sync per lay
 
 from __future__ import annotations
 
-from ..ops import gather_scale, silu_mul
-from .base import Experts, expert_gemm, pair_weights, register
+from ..ops import silu_mul
+from .base import Experts, expert_gemm, gather_input, pair_weights, register
 
 
 @register
@@ -17,7 +17,7 @@ class Sliced(Experts):
         r, w = routing, weights
         counts = r.counts.tolist()  # host sync
         w_in, w_out = pair_weights(r, cfg)
-        xs = gather_scale(x, r.token_ids, w_in, num_valid=r.num_valid, quantize=w.quantized)
+        xs = gather_input(x, r.token_ids, w_in, num_valid=r.num_valid, quantize=w.quantized)
         joined, start = False, 0
         for e, c in enumerate(counts):
             if c == 0:
