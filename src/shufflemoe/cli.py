@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import time
@@ -10,7 +11,8 @@ import time
 import torch
 
 from . import EXPERTS, MoE, MoEConfig, naive_moe, preset
-from .planner import HARDWARE, expert_bytes, fixed_bytes, plan
+from .planner import (HARDWARE, Layout, expert_bytes, fixed_bytes, layer_cost, layouts, plan,
+                      recommend)
 from .testing import compare, tolerance_for, tolerance_key
 
 # The demo's two layers: real shapes on a GPU, the same structure scaled down on a CPU so the
@@ -75,17 +77,45 @@ def demo(device: torch.device) -> int:
     return 1 if failures else 0
 
 
+def _layout(cfg: MoEConfig, args: argparse.Namespace) -> Layout:
+    """The layout --tp/--ep/--ep-mode/--dedup ask for, if the library can build it."""
+    if args.ep > 1:
+        layout = Layout(f"ep_{args.ep_mode}", args.ep, args.tp, (("dedup", args.dedup),))
+    else:
+        layout = Layout("tp" if args.tp > 1 else "local", 1, args.tp)
+    buildable = layouts(cfg, args.ep * args.tp)
+    if layout not in buildable:
+        raise SystemExit(f"shufflemoe plan: {layout.describe()} cannot be built for {args.model}; "
+                         f"buildable on {args.ep * args.tp} GPUs: "
+                         f"{', '.join(l.describe() for l in buildable) or 'none'}")
+    return layout
+
+
 def plan_cmd(args: argparse.Namespace) -> int:
     cfg = preset(args.model, quantization="fp8_rowwise" if args.fp8 else "none")
-    hw = HARDWARE[args.hw]
+    hw = dataclasses.replace(HARDWARE[args.hw], gpus_per_node=args.gpus_per_node)
+    layout = _layout(cfg, args)
     print(f"{args.model}: E={cfg.num_experts} k={cfg.top_k} D={cfg.hidden_size} I={cfg.intermediate_size} "
-          f"shared={cfg.shared_intermediate_size}, {args.tokens} tokens per rank, tp={args.tp} ep={args.ep} "
-          f"({args.ep_mode}), {'fp8' if args.fp8 else 'bf16'} on {hw.name}\n")
+          f"shared={cfg.shared_intermediate_size}, {args.tokens} tokens per tp group, "
+          f"{layout.describe()}, {'fp8' if args.fp8 else 'bf16'} on {hw.name}\n")
     print(f"{'strategy':12} {'rows':>9} {'weights MB':>11} {'act. MB':>9} {'GFLOP':>9} {'comm MB':>9} "
           f"{'floor us':>9} {'bound':>8} {'syncs':>6}")
-    for c in plan(cfg, args.tokens, hw, tp=args.tp, ep=args.ep, ep_mode=args.ep_mode):
+    for c in plan(cfg, args.tokens, hw, layout=layout):
         print(f"{c.strategy:12} {c.rows:9.0f} {c.weight_bytes / 1e6:11.1f} {c.activation_bytes / 1e6:9.1f} "
               f"{c.flops / 1e9:9.2f} {c.comm_bytes / 1e6:9.2f} {c.floor * 1e6:9.1f} {c.bound:>8} {c.host_syncs:6}")
+    if args.gpus:
+        print(f"\nlayouts on {args.gpus} GPUs ({args.gpus_per_node} per node) for a batch of "
+              f"{args.tokens} tokens, shuffled strategy; skew: the busiest EP rank's worst case")
+        print(f"{'layout':34} {'kind':7} {'comm MB':>9} {'comm us':>9} {'compute us':>11} "
+              f"{'total us':>9} {'skew us':>9}")
+        ranked = recommend(cfg, args.tokens, args.gpus, hw)
+        for lay, c in ranked:
+            worst = layer_cost(cfg, c.tokens, "shuffled", hw, layout=lay, bound=True)
+            print(f"{lay.describe():34} {lay.kind:7} {c.comm_bytes / 1e6:9.2f} {c.t_comm * 1e6:9.1f} "
+                  f"{(c.serial - c.t_comm) * 1e6:11.1f} {c.serial * 1e6:9.1f} {worst.serial * 1e6:9.1f}")
+        if ranked:
+            best = ranked[0][0]
+            print(f"\nrecommended: {best.kind} ({best.describe()})")
     return 0
 
 
@@ -121,10 +151,13 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--quick", action="store_true", help="fewer shapes and repetitions")
     p = sub.add_parser("plan", help="bytes, FLOPs, communication and roofline floor per strategy")
     p.add_argument("--model", default="llama4-scout")
-    p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--tokens", type=int, default=64, help="tokens per tp group (--gpus: the batch)")
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--ep", type=int, default=1)
     p.add_argument("--ep-mode", choices=("alltoall", "allgather"), default="alltoall")
+    p.add_argument("--dedup", action="store_true", help="EP x TP: the spec's communication dedup")
+    p.add_argument("--gpus", type=int, default=0, help="rank every buildable layout on this many GPUs")
+    p.add_argument("--gpus-per-node", type=int, default=8)
     p.add_argument("--hw", choices=sorted(HARDWARE), default="h100")
     p.add_argument("--fp8", action="store_true")
     sub.add_parser("info", help="versions and device")
