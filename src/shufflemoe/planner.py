@@ -238,22 +238,29 @@ def source_counts(cfg: MoEConfig, layout: Layout, tokens: int, bound: bool = Fal
     return rows
 
 
-def traffic(cfg: MoEConfig, layout: Layout, tokens: int, counts: list[list[float]] | None = None,
-            rank: int = 0, bound: bool = False) -> list[Collective]:
+def traffic(cfg: MoEConfig, layout: Layout, tokens: int | list[int],
+            counts: list[list[float]] | None = None, rank: int = 0, bound: bool = False
+            ) -> list[Collective]:
     """The collectives of one forward on mesh rank ``rank``: ``tokens`` per tp group (per rank's
-    slice under tp_sp: tokens / tp), ``counts`` [source][E] (default: expected, uniform or bound)."""
+    slice under tp_sp: tokens / tp), or the list of every mesh rank's input rows; ``counts``
+    [source][E] (default: expected, uniform or bound)."""
     if layout.dispatch == "local":
         return []
     opts = dict(layout.options)
-    per_rank = tokens // layout.tp if layout.dispatch == "tp_sp" else tokens
+    if isinstance(tokens, list):
+        per_rank = tokens
+    else:
+        per_rank = [tokens // layout.tp if layout.dispatch == "tp_sp" else tokens] * layout.world
     redundant = opts.pop("redundant", 0)
     if redundant:
         from .dispatch.eplb import balanced
 
         opts["placement"] = balanced(None, cfg.num_experts, layout.ep, redundant)
-    counts = counts if counts is not None else source_counts(cfg, layout, tokens, bound)
+    if counts is None:
+        counts = source_counts(cfg, layout, per_rank[rank] * (
+            layout.tp if layout.dispatch == "tp_sp" else 1), bound)
     return DISPATCHERS.get(layout.dispatch).traffic(
-        cfg, layout.ep, layout.tp, [per_rank] * layout.world, counts, rank, **opts)
+        cfg, layout.ep, layout.tp, per_rank, counts, rank, **opts)
 
 
 def comm_time(collectives: list[Collective], layout: Layout, hw: Hardware) -> float:

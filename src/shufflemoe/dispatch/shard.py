@@ -127,13 +127,12 @@ def dropless_routing(layer: MoE, x: Tensor) -> Routing:
     return route(logits, _dropless(layer.config), layer.router_bias)
 
 
-def topk_of(routing: Routing, num_tokens: int) -> tuple[Tensor, Tensor]:
+def topk_of(routing: Routing, top_k: int) -> tuple[Tensor, Tensor]:
     """(expert ids [T, k] int32, weights [T, k] float32) of token t's j-th choice, read back from
     a dropless Routing through its positions (the same values, bit for bit)."""
     pos = routing.positions.long()
-    return (routing.expert_ids[pos].view(num_tokens, -1),
-            routing.weights[pos].view(num_tokens, -1))
+    return routing.expert_ids[pos].view(-1, top_k), routing.weights[pos].view(-1, top_k)
 
 
 def dropless_topk(layer: MoE, x: Tensor) -> tuple[Tensor, Tensor]:
-    return topk_of(dropless_routing(layer, x), x.shape[0])
+    return topk_of(dropless_routing(layer, x), layer.config.top_k)
