@@ -35,6 +35,7 @@ class Hardware:
     node_bandwidth: float = 50e9  # bytes/s per GPU across nodes (400 Gb/s InfiniBand)
     link_latency: float = 10e-6  # seconds per collective (NCCL launch and handshake)
     gpus_per_node: int = 8
+    op_bandwidth: tuple = ()  # (op, bytes/s) pairs measured per collective, overriding the link
 
 
 # Measured on this project's H100 SXM (shared/notes/environment.md): 3.0 TB/s copy, 687-798 TFLOP/s
@@ -267,9 +268,14 @@ def comm_time(collectives: list[Collective], layout: Layout, hw: Hardware) -> fl
     """Seconds: latency + received bytes / bandwidth per collective; a group crosses nodes when
     its ranks span more than one node (tp groups are consecutive ranks, ep groups tp apart)."""
     span = {"tp": layout.tp, "ep": layout.ep * layout.tp}
-    return sum(hw.link_latency + c.nbytes / (
-        hw.link_bandwidth if span[c.dim] <= hw.gpus_per_node else hw.node_bandwidth)
-        for c in collectives)
+    measured = dict(hw.op_bandwidth)
+
+    def bandwidth(c: Collective) -> float:
+        if span[c.dim] > hw.gpus_per_node:
+            return hw.node_bandwidth
+        return measured.get(c.op, hw.link_bandwidth)
+
+    return sum(hw.link_latency + c.nbytes / bandwidth(c) for c in collectives)
 
 
 def recommend(cfg: MoEConfig, batch: int, world: int, hw: Hardware = H100,

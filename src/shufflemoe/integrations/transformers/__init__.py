@@ -7,6 +7,8 @@
     patch_model_type("qwen3_moe")         # or before building: new models get shufflemoe blocks
     model = AutoModelForCausalLM.from_pretrained(path)
 
+    patch_distributed(model, "ep_alltoall")  # under torchrun: MoE blocks across the ranks
+
     register_experts_implementation()     # or only the experts, transformers keeps routing:
     model = AutoModelForCausalLM.from_pretrained(path, experts_implementation="shufflemoe")
 
@@ -16,6 +18,7 @@ inference: they run under no_grad. state_dict keys and shapes are the HF ones; c
 unchanged.
 """
 
+from .distributed import patch_distributed
 from .experts import register_experts_implementation, shufflemoe_experts_forward
 from .patch import block_layer, patch, patch_model_type, unpatch, unpatch_model_type
 from .specs import SPECS, UNSUPPORTED, BlockSpec, spec_for
@@ -26,6 +29,7 @@ __all__ = [
     "BlockSpec",
     "block_layer",
     "patch",
+    "patch_distributed",
     "patch_model_type",
     "register_experts_implementation",
     "shufflemoe_experts_forward",

@@ -17,7 +17,7 @@ import functools
 import importlib
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -62,6 +62,7 @@ class _State:
     options: dict  # MoEConfig fields but dtype
     experts: str  # expert strategy name (shufflemoe.EXPERTS)
     graph_buckets: tuple[int, ...] | None = None  # capture the layer per token bucket (CUDA)
+    transform: Callable[[MoE], MoE] | None = None  # e.g. parallelize, applied after each build
     layer: MoE | None = None
     run: MoE | GraphedMoE | None = None  # the layer, or its CUDA graphs
     key: tuple = ()  # (data_ptr, version, dtype, device) of each source tensor the layer wraps
@@ -148,7 +149,8 @@ def _build(block: nn.Module, state: _State) -> MoE:
         cfg = MoEConfig(**state.options, dtype=dtype)
     except ValueError as e:
         raise ValueError(f"{state.spec.block}: weights in {dtype}: {e}") from None
-    return MoE.from_weights(cfg, experts=state.experts, **weights)
+    layer = MoE.from_weights(cfg, experts=state.experts, **weights)
+    return layer if state.transform is None else state.transform(layer)
 
 
 def _built(block: nn.Module) -> _State:
