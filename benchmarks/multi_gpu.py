@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
-import math
 import os
 import pathlib
 import statistics
@@ -44,14 +43,14 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from shufflemoe import MoE, graphed, preset  # noqa: E402
-from shufflemoe.dispatch import DISPATCHERS, comm, ep_allgather, ep_alltoall, tp  # noqa: E402
+from shufflemoe.dispatch import DISPATCHERS, comm, ep, ep_allgather, ep_alltoall, tp  # noqa: E402
 from shufflemoe.parallel import parallel_mesh, parallelize  # noqa: E402
 from shufflemoe.planner import HARDWARE, Layout, comm_time, layouts, traffic  # noqa: E402
 from shufflemoe.testing import compare, tolerance_key  # noqa: E402
 
 MODELS = {"scout": "llama4-scout", "qwen3": "qwen3-30b-a3b", "deepseek": "deepseek-v3"}
 OPS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
-_COMM_MODULES = (tp, ep_allgather, ep_alltoall)
+_COMM_MODULES = (tp, ep, ep_allgather, ep_alltoall)
 COLUMNS = ["model", "dtype", "layout", "phase", "tokens", "ok", "err", "graph_ok", "layer_us",
            "graph_us", "comm_us", "predicted_comm_us", "pred_ratio", "comm_mb", "single_us",
            "x_floor", "note"]

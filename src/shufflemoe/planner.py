@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 
 from .config import MoEConfig
-from .dispatch import DISPATCHERS, Collective, Placement
+from .dispatch import DISPATCHERS, Collective
 from .experts.blockwise import num_blocks
 
 

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from shufflemoe import EXPERTS, MoE, MoEConfig, naive_moe
-from shufflemoe.dispatch import Placement, ep_allgather, ep_alltoall, shard, tp
+from shufflemoe.dispatch import Placement, ep, ep_allgather, ep_alltoall, shard, tp
 from shufflemoe.ops import use_impl
 from shufflemoe.parallel import (expert_parallel, observed_load, parallel_mesh, parallelize,
                                  rebalance, tensor_parallel)
@@ -181,7 +181,7 @@ def _combinations(world: int, rank: int, results: dict) -> None:
 
 
 _SYNC_METHODS = ("item", "tolist", "numpy", "__int__", "__float__", "__bool__", "__index__")
-_COMM_MODULES = (tp, ep_allgather, ep_alltoall)
+_COMM_MODULES = (tp, ep, ep_allgather, ep_alltoall)
 
 
 @contextlib.contextmanager

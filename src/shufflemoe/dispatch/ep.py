@@ -36,10 +36,11 @@ from ..config import MoEConfig
 from ..experts.base import gather_rows
 from ..ops import gather_scale
 from ..types import Routing
+from .comm import reduce_scatter
 from .eplb import Placement, balanced, spread
 from .mesh import Mesh, as_mesh
 from .shard import (ParallelDispatch, dropless_routing, layer_weights, own, require_local,
-                    tp_cut)
+                    tp_config, tp_cut)
 
 _EXPERT_SHARDED = ("w13", "w2", "w13_scale", "w2_scale")
 # Every intermediate buffer is allocated here; rows it leaves unwritten must never be read, which
@@ -110,8 +111,7 @@ class ExpertParallelDispatch(ParallelDispatch):
             if weights[name] is not None:
                 weights[name] = own(weights[name].index_select(0, ids))
         weights = tp_cut(layer, weights, m.tp, m.tp_rank)
-        local = cfg.replace(intermediate_size=cfg.intermediate_size // m.tp,
-                            shared_intermediate_size=cfg.shared_intermediate_size // m.tp)
+        local = tp_config(cfg, m.tp)
         dispatch = cls(m, local, dedup=dedup, placement=placement, **options)
         split = dispatch.shared_split(local)
         if split:
@@ -199,6 +199,23 @@ class ExpertParallelDispatch(ParallelDispatch):
         positions[order] = torch.arange(num_rows, device=dev)
         return Routing(kept_counts.sum(0).int(), order.int(), e[order].int(), ones,
                        kept.sum().reshape(1).int(), positions=positions.int())
+
+    def reduce_over_tp(self, to_send: Tensor, shared: Tensor | None, chunk: int, results: int,
+                       shared_rows: int, T: int) -> tuple[Tensor, Tensor]:
+        """Dedup: to_send [tp * chunk, D] holds, per tp rank t', the partial results of the rows
+        its sources sent ([results] rows) and room for slice t''s shared expert output
+        ([shared_rows]). Sum over tp, keep this rank's chunk -> (its result rows [results, D],
+        its slice's output [ceil(T / tp), D], holding the shared expert's output)."""
+        m, D = self.mesh, to_send.shape[1]
+        if shared_rows:
+            for t in range(self.slices):  # slice t's shared partial into chunk t
+                lo, cnt = self.slice_of(T, t)
+                to_send[t * chunk + results : t * chunk + results + cnt].copy_(shared[lo : lo + cnt])
+        mine = alloc(chunk, D, dtype=to_send.dtype, device=to_send.device)
+        reduce_scatter(mine, to_send, m.groups["tp"], m.tp)
+        own = mine[results:] if shared_rows else torch.zeros(
+            math.ceil(T / self.slices), D, dtype=to_send.dtype, device=to_send.device)
+        return mine[:results], own
 
     def capacity(self, layer, tokens: list[int]) -> int | None:
         return layer.config.capacity(self.total_tokens(tokens))

@@ -26,7 +26,7 @@ import torch
 from ..experts.base import QuantizedRows
 from ..ops import FP8_DTYPE, combine_shuffling, gather_scale, scatter_add, split_shuffling
 from .base import DISPATCHERS, Collective
-from .comm import all_gather, all_reduce, all_to_all, reduce_scatter
+from .comm import all_gather, all_reduce, all_to_all
 from .ep import ExpertParallelDispatch, alloc
 
 
@@ -84,7 +84,7 @@ class AllToAllDispatch(ExpertParallelDispatch):
         if self.dedup:
             if second_half:
                 second_half()
-            returned, own = self._reduce_over_tp(to_send, shared, chunk, M, shared_rows, T)
+            returned, own = self.reduce_over_tp(to_send, shared, chunk, M, shared_rows, T)
             returned = returned[: sum(mine)]
         else:
             returned = to_send
@@ -112,20 +112,6 @@ class AllToAllDispatch(ExpertParallelDispatch):
             return buf
         every = alloc(m.tp * M, *rows.shape[1:], dtype=rows.dtype, device=rows.device)
         return all_gather(every, buf, m.groups["tp"], m.tp)
-
-    def _reduce_over_tp(self, to_send, shared, chunk, results, shared_rows, T):
-        """Dedup: sum every tp rank's partial results (and shared expert outputs) and keep this
-        rank's chunk -> (rows to return, my slice's output [ceil(T / tp), D])."""
-        m, D = self.mesh, to_send.shape[1]
-        if shared_rows:
-            for t in range(self.slices):
-                lo, cnt = self.slice_of(T, t)
-                to_send[t * chunk + results : t * chunk + results + cnt].copy_(shared[lo : lo + cnt])
-        mine = alloc(chunk, D, dtype=to_send.dtype, device=to_send.device)
-        reduce_scatter(mine, to_send, m.groups["tp"], m.tp)
-        own = mine[results:] if shared_rows else torch.zeros(
-            math.ceil(T / self.slices), D, dtype=to_send.dtype, device=to_send.device)
-        return mine[:results], own
 
     @classmethod
     def traffic(cls, cfg, ep, tp, tokens, counts, rank, *, dedup=True, placement=None):

@@ -111,6 +111,12 @@ def tp_cut(layer: MoE, weights: dict[str, Tensor | None], tp: int, rank: int
     return cut
 
 
+def tp_config(cfg: MoEConfig, tp: int) -> MoEConfig:
+    """The config of a layer whose experts (and shared expert) are cut to I / tp."""
+    return cfg.replace(intermediate_size=cfg.intermediate_size // tp,
+                       shared_intermediate_size=cfg.shared_intermediate_size // tp)
+
+
 def layer_weights(layer: MoE) -> dict[str, Tensor | None]:
     return {n: None if getattr(layer, n) is None else getattr(layer, n).data for n in WEIGHTS}
 

@@ -31,39 +31,38 @@ from ..ops import sort_by_expert
 from .base import DISPATCHERS, Collective
 from .comm import all_gather, all_reduce, reduce_scatter
 from .mesh import as_mesh
-from .shard import ParallelDispatch, layer_weights, require_local, tp_cut
+from .shard import (ParallelDispatch, dropless_topk, layer_weights, require_local, tp_config,
+                    tp_cut)
 
 
-def _tp_layer(dispatch: ParallelDispatch, layer, what: str):
-    from ..layer import MoE
+class _TensorParallel(ParallelDispatch):
+    """Both forms: built by cutting every expert (and the shared expert) to I / tp on a tp mesh."""
 
-    m = dispatch.mesh
-    require_local(layer, m, what)
-    weights = tp_cut(layer, layer_weights(layer), m.tp, m.tp_rank)
-    cfg = layer.config
-    local = cfg.replace(intermediate_size=cfg.intermediate_size // m.tp,
-                        shared_intermediate_size=cfg.shared_intermediate_size // m.tp)
-    return MoE.from_weights(local, experts=layer.experts.name, dispatch=dispatch, **weights)
-
-
-def _tp_layouts(cfg, ep: int, tp: int) -> list[dict]:
-    ok = ep == 1 and tp > 1 and not cfg.intermediate_size % tp
-    return [{}] if ok and not cfg.shared_intermediate_size % tp else []
-
-
-@DISPATCHERS.register("tp")
-class TensorParallelDispatch(ParallelDispatch):
-    name = "tp"
+    what: str  # the transform's name in error messages
 
     @classmethod
     def build(cls, layer, mesh=None, **options):
+        from ..layer import MoE
+
         if options:
-            raise ValueError(f"dispatch 'tp' takes no options, got {sorted(options)}")
-        return _tp_layer(cls(as_mesh(mesh, "tp")), layer, "tensor_parallel")
+            raise ValueError(f"dispatch {cls.name!r} takes no options, got {sorted(options)}")
+        dispatch = cls(as_mesh(mesh, "tp"))
+        m = dispatch.mesh
+        require_local(layer, m, cls.what)
+        weights = tp_cut(layer, layer_weights(layer), m.tp, m.tp_rank)
+        return MoE.from_weights(tp_config(layer.config, m.tp), experts=layer.experts.name,
+                                dispatch=dispatch, **weights)
 
     @classmethod
     def layouts(cls, cfg, ep, tp):
-        return _tp_layouts(cfg, ep, tp)
+        ok = ep == 1 and tp > 1 and not cfg.intermediate_size % tp
+        return [{}] if ok and not cfg.shared_intermediate_size % tp else []
+
+
+@DISPATCHERS.register("tp")
+class TensorParallelDispatch(_TensorParallel):
+    name = "tp"
+    what = "tensor_parallel"
 
     @classmethod
     def traffic(cls, cfg, ep, tp, tokens, counts, rank, **options):
@@ -84,18 +83,9 @@ class TensorParallelDispatch(ParallelDispatch):
 
 
 @DISPATCHERS.register("tp_sp")
-class SequenceParallelDispatch(ParallelDispatch):
+class SequenceParallelDispatch(_TensorParallel):
     name = "tp_sp"
-
-    @classmethod
-    def build(cls, layer, mesh=None, **options):
-        if options:
-            raise ValueError(f"dispatch 'tp_sp' takes no options, got {sorted(options)}")
-        return _tp_layer(cls(as_mesh(mesh, "tp")), layer, "tensor_parallel(sequence_parallel)")
-
-    @classmethod
-    def layouts(cls, cfg, ep, tp):
-        return _tp_layouts(cfg, ep, tp)
+    what = "tensor_parallel(sequence_parallel)"
 
     @classmethod
     def traffic(cls, cfg, ep, tp, tokens, counts, rank, **options):
@@ -110,8 +100,6 @@ class SequenceParallelDispatch(ParallelDispatch):
         return None
 
     def forward(self, layer, x, sizes):  # x [Tl, D] -> [Tl, D]
-        from .shard import dropless_topk
-
         cfg, m = layer.config, self.mesh
         g, tp = m.groups["tp"], m.tp
         Tl, D = x.shape
