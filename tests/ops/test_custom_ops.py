@@ -1,21 +1,17 @@
-"""The Triton ops as PyTorch custom ops: schemas and fake (meta) implementations (opcheck), a
-torch.compile(fullgraph=True) pipeline that matches eager, and on the GPU a CUDA graph of the
+"""Every op as a PyTorch custom op, Triton kernel and torch reference alike: schemas and fake
+(meta) implementations (opcheck), a torch.compile(fullgraph=True) pipeline that matches eager, and on the GPU a CUDA graph of the
 routing + token movement path whose replays follow a routing that changes between them."""
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 import torch
 
-from shufflemoe.ops import (_impl, combine_shuffling, gather_scale, index_shuffle, scatter_add,
+from shufflemoe.ops import (combine_shuffling, gather_scale, index_shuffle, scatter_add,
                             silu_mul, sort_by_expert, split_shuffling)
 from shufflemoe.testing import assert_close
 
 pytest.importorskip("triton")
-for _op in ("index_shuffle", "gather_scale", "silu_mul", "scatter_add", "shuffling"):
-    importlib.import_module(f"shufflemoe.ops.{_op}.kernel")  # registers torch.ops.shufflemoe.*
 
 CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
@@ -71,11 +67,11 @@ def check_same(got: dict, want: dict, same_weights: bool = True) -> None:
         assert torch.equal(got["out_tm"], want["out_tm"])
 
 
-def test_opcheck_schemas_and_fake_impls():
+def _opcheck_cases() -> dict[str, tuple]:
+    """Arguments for every op shufflemoe registers, kernel and reference alike."""
     d = inputs(device=DEV)
-    r = index_shuffle(d["scores"], K, impl="triton")
+    r = index_shuffle(d["scores"], K, impl="torch")
     A = r.num_pairs
-    ops = torch.ops.shufflemoe
 
     def empty(*shape, dtype=torch.float32):
         return torch.empty(*shape, dtype=dtype, device=DEV)
@@ -87,37 +83,51 @@ def test_opcheck_schemas_and_fake_impls():
     h = torch.randn(A, 2 * I, device=DEV)
     counts = r.counts.view(2, -1)
     starts = torch.tensor([0, 5], device=DEV)
-    cases = [
-        (ops.route, (d["scores"], None, *routing, *scratch, E, K, True, 1, True, 1.0, None, 16, 16,
-                     True, 4, 128)),
-        (ops.gather_scale, (d["x"], r.token_ids, r.weights, r.num_valid, empty(A, D, dtype=d["x"].dtype))),
-        (ops.gather_scale_fp8, (d["x"], r.token_ids, None, r.num_valid, empty(A, D, dtype=fp8), empty(A))),
-        (ops.silu_mul, (h, r.num_valid, empty(A, I))),
-        (ops.silu_mul_fp8, (h, None, empty(A, I, dtype=fp8), empty(A))),
-        (ops.scatter_add, (torch.zeros(T, I, device=DEV), h[:, :I].contiguous(), r.token_ids,
-                           r.weights, r.num_valid, None)),
-        (ops.scatter_add_token_major, (torch.zeros(T, I, device=DEV), h[:, :I].contiguous(),
-                                       r.positions, r.weights, r.num_valid)),
-        (ops.combine_shuffling, (h, counts, starts, empty(A, 2 * I), empty(E // 2, dtype=i32))),
-        (ops.split_shuffling, (h, counts, starts, empty(A, 2 * I))),
-    ]
-    for op, args in cases:
+    x, w13 = d["x"].float(), d["w13"].float()
+    y = h[:, :I].contiguous()
+    topk = torch.randint(0, E, (T, K), device=DEV)
+    gemm = (x[r.token_ids.long()], w13, r.counts, None, None, None, r.weights, None, empty(A, 2 * I))
+    scatter = (x[r.token_ids.long()], w13[:, :D].contiguous(), r.counts, None, None, None,
+               r.weights, r.token_ids, torch.zeros(T, D, device=DEV))
+    cases = {
+        "route": (d["scores"], None, *routing, *scratch, E, K, True, 1, True, 1.0, None, 16, 16,
+                  True, 4, 128),
+        "index_shuffle_ref": (d["scores"], K, "softmax", True, 1.0, None, *routing),
+        "sort_by_expert_ref": (topk, E, None, 1, *routing),
+        "gather_scale": (d["x"], r.token_ids, r.weights, r.num_valid, empty(A, D, dtype=d["x"].dtype)),
+        "gather_scale_fp8": (d["x"], r.token_ids, None, r.num_valid, empty(A, D, dtype=fp8), empty(A)),
+        "grouped_gemm": (*gemm, False),
+        "grouped_gemm_ref": (*scatter, True),
+        "silu_mul": (h, r.num_valid, empty(A, I)),
+        "silu_mul_fp8": (h, None, empty(A, I, dtype=fp8), empty(A)),
+        "scatter_add": (torch.zeros(T, I, device=DEV), y, r.token_ids, r.weights, r.num_valid, None),
+        "scatter_add_token_major": (torch.zeros(T, I, device=DEV), y, r.positions, r.weights,
+                                    r.num_valid),
+        "combine_shuffling": (h, counts, starts, empty(A, 2 * I), empty(E // 2, dtype=i32)),
+        "split_shuffling": (h, counts, starts, empty(A, 2 * I)),
+    }
+    refs = {  # the references of the kernels above take the same arguments
+        "gather_scale", "gather_scale_fp8", "silu_mul", "silu_mul_fp8", "scatter_add",
+        "scatter_add_token_major", "combine_shuffling", "split_shuffling"}
+    cases.update({f"{name}_ref": cases[name] for name in refs})
+    return cases
+
+
+def test_opcheck_every_op():
+    """Schemas and fake implementations of every registered op (kernels run in the interpreter
+    on the CPU), and no op left unchecked."""
+    from torch._library.custom_ops import OPDEFS
+
+    cases = _opcheck_cases()
+    registered = {n.split("::")[1] for n in OPDEFS if n.startswith("shufflemoe::")}
+    assert registered == set(cases), registered ^ set(cases)
+    for name, args in cases.items():
         # test_schema compares values with arithmetic torch lacks for float8 on the CPU
         fp8 = any(isinstance(a, torch.Tensor) and a.dtype == torch.float8_e4m3fn for a in args)
         utils = ("test_faketensor",) if fp8 else ("test_schema", "test_faketensor")
-        torch.library.opcheck(op, args, test_utils=utils)
+        torch.library.opcheck(getattr(torch.ops.shufflemoe, name), args, test_utils=utils)
 
 
-@pytest.fixture
-def dynamo_safe_resolve(monkeypatch):
-    """torch 2.11's dynamo (the GPU image) refuses to trace ``_impl.triton_available`` (a
-    functools.cache around importlib.util.find_spec); torch 2.13 traces it. Until _impl.py reads
-    a module-level constant instead, stand one in here."""
-    available = _impl.triton_available()
-    monkeypatch.setattr(_impl, "triton_available", lambda: available)
-
-
-@pytest.mark.usefixtures("dynamo_safe_resolve")
 def test_compile_fullgraph_matches_eager():
     d = inputs(seed=1)
     eager = pipeline(**d)
@@ -126,7 +136,6 @@ def test_compile_fullgraph_matches_eager():
     check_same(compiled, eager)
 
 
-@pytest.mark.usefixtures("dynamo_safe_resolve")
 def test_sort_by_expert_compiles():
     ids = torch.tensor([[0, 3], [3, 9], [1, 0]], device=DEV)
     f = torch.compile(lambda i: sort_by_expert(i, 4, capacity=1, impl="triton").token_ids,

@@ -1,9 +1,18 @@
-"""Which implementation an op runs: its Triton kernel or its torch reference.
+"""Which implementation an op runs (its Triton kernel or its torch reference), and how both are
+registered as torch custom ops.
 
 ``impl="auto"`` (the default) runs the kernel on CUDA tensors and the reference elsewhere.
 ``impl="triton"`` forces the kernel: on CUDA, or on CPU tensors under ``TRITON_INTERPRET=1``
 (how CI tests kernels). ``impl="torch"`` forces the reference. ``use_impl`` sets the default for
 a block of code, which is how tests and benchmarks compare the two on the same pipeline.
+
+Every implementation of every op, kernel launcher and reference alike, is an in-place custom op
+(``inplace_op``): it writes outputs its caller allocated and returns None, so its fake
+implementation allocates nothing and torch.compile traces around it without a graph break. What
+runs inside is never traced: a launcher may read data pointers, a reference may read sizes of
+CPU tensors on the host. ``ops_for(impl)`` bundles one implementation's unvalidated entry points
+(``Ops``): the public functions validate their arguments and call them; the layer validates its
+weights once and calls them directly.
 """
 
 from __future__ import annotations
@@ -12,6 +21,8 @@ import contextlib
 import contextvars
 import importlib.util
 import os
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import Tensor
@@ -52,26 +63,25 @@ def use_impl(impl: str):
 def resolve(impl: str | None, x: Tensor) -> str:
     """Decide "triton" or "torch" for an op whose main input is ``x``."""
     impl = _default_impl() if impl is None else impl
-    if impl not in IMPLS:
-        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     if impl == "auto":
-        return "triton" if x.is_cuda and triton_available() else "torch"
+        return "triton" if x.is_cuda and _TRITON else "torch"
     if impl == "triton":
-        if not triton_available():
+        if not _TRITON:
             raise RuntimeError("impl='triton' needs the triton package")
         if not (x.is_cuda or interpreting()):
             raise ValueError(
                 f"impl='triton' needs CUDA tensors (got {x.device}) or TRITON_INTERPRET=1"
             )
+    elif impl != "torch":
+        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     return impl
 
 
-def kernel_op(name: str, mutates_args: tuple[str, ...]):
-    """Register a kernel launcher (it writes its outputs in place and returns None) as the op
-    ``torch.ops.shufflemoe.<name>``, so torch.compile traces around the Triton launch, and return a
-    callable that skips the op dispatcher outside compilation: on an H100 host the eager custom-op
-    path cost about 200 us of CPU a call (cProfile, benchmarks/probe_layer.py), more than the
-    kernels themselves, which made eager prefill host-bound."""
+def inplace_op(name: str, mutates_args: tuple[str, ...]):
+    """Register ``fn`` (it writes its outputs in place and returns None) as the custom op
+    ``torch.ops.shufflemoe.<name>``, and return a callable that skips the op dispatcher outside
+    compilation: on an H100 host the eager custom-op path cost about 200 us of CPU a call
+    (cProfile, benchmarks/probe_layer.py), more than the kernels themselves."""
 
     def wrap(fn):
         op = torch.library.custom_op(f"shufflemoe::{name}", fn, mutates_args=mutates_args)
@@ -85,11 +95,62 @@ def kernel_op(name: str, mutates_args: tuple[str, ...]):
 
         call.__name__ = call.__qualname__ = fn.__name__
         call.__doc__ = fn.__doc__
+        call.op = op
         return call
 
     return wrap
 
 
+kernel_op = inplace_op  # the name the Triton launchers register with
+
+
 def _no_output(*args, **kwargs) -> None:
-    """Fake (meta) implementation of an in-place kernel op: nothing to allocate."""
+    """Fake (meta) implementation of an in-place op: nothing to allocate."""
     return None
+
+
+@dataclass(frozen=True)
+class Ops:
+    """One implementation's ops without argument checks (positional, as documented on the
+    public functions of the same name, which check them)."""
+
+    name: str  # "triton" | "torch"
+    index_shuffle: Callable  # (scores, top_k, scoring, renormalize, scaling, capacity) -> Routing
+    sort_by_expert: Callable  # (topk_ids, num_experts, topk_weights, capacity) -> Routing
+    gather_scale: Callable  # (x, token_ids, weights, num_valid, quantize, out) -> xs | (q, scale)
+    # (x, w, m_sizes, x_scale, w_scale, weight_ids, row_weights, scatter_ids, out, out_dtype,
+    #  scatter_unique) -> out
+    grouped_gemm: Callable
+    silu_mul: Callable  # (h, num_valid, quantize, out) -> a | (q, scale)
+    scatter_add: Callable  # (out, y, token_ids, weights, num_valid, rows) -> out
+    token_sum: Callable  # (out, y, positions, weights, num_valid) -> out
+    combine_shuffling: Callable  # (x, counts, starts, out) -> (out, counts per local expert)
+    split_shuffling: Callable  # (y, counts, starts, out) -> out
+
+
+_OPS: dict[str, Ops] = {}
+
+
+def ops_for(impl: str) -> Ops:
+    """The Ops of "triton" or "torch" (a dict lookup, constant to torch.compile)."""
+    return _OPS[impl]
+
+
+def backend_for(x: Tensor) -> Ops:
+    """The Ops an op whose main input is ``x`` runs by default (see resolve)."""
+    return _OPS[resolve(None, x)]
+
+
+def load_ops() -> None:
+    """Fill the Ops table at import (the kernels' modules take ~40 ms once triton is loaded):
+    torch.compile cannot trace an import made on first use."""
+    impls = ("torch", "triton") if _TRITON else ("torch",)
+    for impl in impls:
+        kind = "kernel" if impl == "triton" else "reference"
+        route, gather, gemm, silu, scatter, shuffle = (
+            importlib.import_module(f"shufflemoe.ops.{op}.{kind}")
+            for op in ("index_shuffle", "gather_scale", "grouped_gemm", "silu_mul", "scatter_add",
+                       "shuffling"))
+        _OPS[impl] = Ops(impl, route.index_shuffle, route.sort_by_expert, gather.gather_scale,
+                         gemm.grouped_gemm, silu.silu_mul, scatter.scatter_add,
+                         scatter.token_sum, shuffle.combine_shuffling, shuffle.split_shuffling)

@@ -6,9 +6,8 @@ import torch
 from torch import Tensor
 
 from ..._checks import INDEX_DTYPES, check_num_valid, check_same_device, check_tensor
-from .._impl import resolve
+from .._impl import ops_for, resolve
 from ..quantize import FP8_DTYPE
-from . import reference
 
 X_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -42,11 +41,7 @@ def gather_scale(
             check_tensor("out[1]", out[1], shape=[A], dtypes=(torch.float32,), device=dev)
         else:
             check_tensor("out", out, shape=[A, D], dtypes=(x.dtype,), device=dev, contiguous=True)
-    if resolve(impl, x) == "triton":
-        from .kernel import gather_scale as kernel
-
-        return kernel(x, token_ids, weights, num_valid, quantize, out)
-    return reference.gather_scale(x, token_ids, weights, num_valid, quantize, out)
+    return ops_for(resolve(impl, x)).gather_scale(x, token_ids, weights, num_valid, quantize, out)
 
 
 __all__ = ["gather_scale"]

@@ -12,9 +12,8 @@ import torch
 from torch import Tensor
 
 from ..._checks import INDEX_DTYPES, check_same_device, check_tensor
-from .._impl import resolve
+from .._impl import ops_for, resolve
 from ..quantize import FP8_DTYPE
-from . import reference
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32, FP8_DTYPE)
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -85,12 +84,9 @@ def grouped_gemm(
     check_same_device(x=x, w=w, m_sizes=m_sizes, x_scale=x_scale, w_scale=w_scale,
                       weight_ids=weight_ids, row_weights=row_weights, scatter_ids=scatter_ids,
                       out=out)
-    args = (x, w, m_sizes, x_scale, w_scale, weight_ids, row_weights, scatter_ids, out, out_dtype)
-    if resolve(impl, x) == "triton":
-        from .kernel import grouped_gemm as kernel
-
-        return kernel(*args, scatter_unique=scatter_unique)
-    return reference.grouped_gemm(*args)  # sums in float32 either way
+    return ops_for(resolve(impl, x)).grouped_gemm(x, w, m_sizes, x_scale, w_scale, weight_ids,
+                                                  row_weights, scatter_ids, out, out_dtype,
+                                                  scatter_unique)
 
 
 __all__ = ["grouped_gemm"]

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from typing import Optional
 
 import torch
 import triton
@@ -43,7 +44,7 @@ import triton.language as tl
 from torch import Tensor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from .._impl import interpreting
+from .._impl import interpreting, kernel_op
 from ..quantize import FP8_DTYPE
 from . import configs
 
@@ -239,28 +240,16 @@ def tma_mode(cfg: configs.TileConfig, x: Tensor, w: Tensor) -> str:
     return cfg.tma
 
 
-def grouped_gemm(
-    x: Tensor,
-    w: Tensor,
-    m_sizes: Tensor,
-    x_scale: Tensor | None,
-    w_scale: Tensor | None,
-    weight_ids: Tensor | None,
-    row_weights: Tensor | None,
-    scatter_ids: Tensor | None,
-    out: Tensor | None,
-    out_dtype: torch.dtype,
-    scatter_unique: bool = False,
-) -> Tensor:
-    """Arguments already validated by ``ops.grouped_gemm``: x [M, K], w [W, N, K], m_sizes [G]
-    -> out [M, N] (or out [T, N] += scattered rows)."""
+@kernel_op("grouped_gemm", mutates_args=("out",))
+def _grouped_gemm_op(x: Tensor, w: Tensor, m_sizes: Tensor, x_scale: Optional[Tensor],
+                     w_scale: Optional[Tensor], weight_ids: Optional[Tensor],
+                     row_weights: Optional[Tensor], scatter_ids: Optional[Tensor], out: Tensor,
+                     scatter_unique: bool) -> None:
     M, K = x.shape
     W, N, _ = w.shape
     G = m_sizes.shape[0]
-    if out is None:
-        out = torch.empty((M, N), dtype=out_dtype, device=x.device)
     if M == 0 or N == 0 or G == 0:
-        return out
+        return
     if W * N >= 2**31:
         raise ValueError(f"w has {W} x {N} rows; the kernel indexes them with int32 (< 2**31)")
     cfg = configs.select(M, N, K, G, x.dtype)
@@ -294,4 +283,27 @@ def grouped_gemm(
             UPCAST=upcast, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
             INTERPRET=interpret, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
-    return out if dst is out else out.copy_(dst)
+    if dst is not out:
+        out.copy_(dst)
+
+
+def grouped_gemm(
+    x: Tensor,
+    w: Tensor,
+    m_sizes: Tensor,
+    x_scale: Tensor | None,
+    w_scale: Tensor | None,
+    weight_ids: Tensor | None,
+    row_weights: Tensor | None,
+    scatter_ids: Tensor | None,
+    out: Tensor | None,
+    out_dtype: torch.dtype,
+    scatter_unique: bool = False,
+) -> Tensor:
+    """Arguments already validated by ``ops.grouped_gemm``: x [M, K], w [W, N, K], m_sizes [G]
+    -> out [M, N] (or out [T, N] += scattered rows)."""
+    if out is None:
+        out = torch.empty((x.shape[0], w.shape[1]), dtype=out_dtype, device=x.device)
+    _grouped_gemm_op(x, w, m_sizes, x_scale, w_scale, weight_ids, row_weights, scatter_ids, out,
+                     scatter_unique)
+    return out

@@ -5,10 +5,13 @@ the CPU the sizes already live on the host, so odd shapes are sliced per group."
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch import Tensor
 
 from .._common import store_rows
+from .._impl import inplace_op
 
 
 def _grouped_mm_supported(x: Tensor, w: Tensor) -> bool:
@@ -21,9 +24,10 @@ def _grouped_mm_supported(x: Tensor, w: Tensor) -> bool:
 
 
 def _grouped_mm(x: Tensor, w: Tensor, ends: Tensor) -> Tensor:
-    """x [M, K], w [G, N, K], ends [G] inclusive row ends -> [M, N] float32 (tail unspecified)."""
+    """x [M, K], w [G, N, K], ends [G] int32 inclusive row ends -> [M, N] in x's dtype, summed
+    in float32 (rows past ends[-1] unspecified)."""
     if _grouped_mm_supported(x, w):
-        return torch._grouped_mm(x, w.transpose(-2, -1), offs=ends.int()).float()
+        return torch._grouped_mm(x, w.transpose(-2, -1), offs=ends)
     M = x.shape[0]
     y = torch.zeros(M, w.shape[1], dtype=torch.float32, device=x.device)
     xf = x.float()
@@ -34,10 +38,40 @@ def _grouped_mm(x: Tensor, w: Tensor, ends: Tensor) -> Tensor:
                 y[start:end] = xf[start:end] @ w[g].float().T
             start = end
         return y
-    group = torch.searchsorted(ends.long(), torch.arange(M, device=x.device), right=True)
+    group = torch.searchsorted(ends, torch.arange(M, device=x.device, dtype=ends.dtype), right=True)
     for g in range(w.shape[0]):
         y = torch.where((group == g)[:, None], xf @ w[g].float().T, y)
     return y
+
+
+@inplace_op("grouped_gemm_ref", mutates_args=("out",))
+def _grouped_gemm(x: Tensor, w: Tensor, m_sizes: Tensor, x_scale: Optional[Tensor],
+                  w_scale: Optional[Tensor], weight_ids: Optional[Tensor],
+                  row_weights: Optional[Tensor], scatter_ids: Optional[Tensor], out: Tensor,
+                  keep_tail: bool) -> None:
+    """keep_tail: rows of out past sum(m_sizes) keep their values (else they may be written)."""
+    M = x.shape[0]
+    if weight_ids is not None:
+        w = w.index_select(0, weight_ids)
+        w_scale = None if w_scale is None else w_scale.index_select(0, weight_ids)
+    if x_scale is not None:  # fp8 rowwise: dequantize, multiply in float32
+        x = x.float() * x_scale.unsqueeze(1)
+        w = w.float() * w_scale.unsqueeze(2)
+    ends = torch.cumsum(m_sizes, 0, dtype=torch.int32)
+    total = ends[-1:] if ends.shape[0] else torch.zeros(1, dtype=torch.int32, device=x.device)
+    y = _grouped_mm(x, w, ends)  # [M, N]
+    if row_weights is not None:
+        y = y.float() * row_weights.unsqueeze(1)
+    if scatter_ids is None:
+        store_rows(out, y, total if keep_tail else None)
+        return
+    valid = torch.arange(M, device=x.device) < total
+    y = torch.where(valid.unsqueeze(1), y.float(), 0.0)  # rows past total: uninitialised memory
+    ids = torch.where(valid, scatter_ids, 0)  # and their ids may be anything
+    if out.dtype == torch.float32:
+        out.index_add_(0, ids, y)
+    else:  # summed in float32, rounded once
+        out.copy_(out.float().index_add_(0, ids, y))
 
 
 def grouped_gemm(
@@ -51,23 +85,12 @@ def grouped_gemm(
     scatter_ids: Tensor | None,
     out: Tensor | None,
     out_dtype: torch.dtype,
+    scatter_unique: bool = False,
 ) -> Tensor:
-    M = x.shape[0]
-    if weight_ids is not None:
-        w = w.index_select(0, weight_ids.long())
-        w_scale = None if w_scale is None else w_scale.index_select(0, weight_ids.long())
-    if x_scale is not None:  # fp8 rowwise: dequantize, multiply in float32
-        x = x.float() * x_scale[:, None]
-        w = w.float() * w_scale[..., None]
-    ends = m_sizes.long().cumsum(0)
-    total = ends[-1:] if ends.numel() else torch.zeros(1, dtype=torch.long, device=x.device)
-    y = _grouped_mm(x, w, ends)  # [M, N] float32
-    if row_weights is not None:
-        y = y * row_weights.float()[:, None]
-    if scatter_ids is None:
-        return store_rows(out, y.to(out_dtype), total)
-    valid = torch.arange(M, device=x.device) < total
-    y = torch.where(valid[:, None], y, 0.0)
-    ids = torch.where(valid, scatter_ids.long(), 0)  # tail ids are never read (may be anything)
-    acc = out.float().index_add_(0, ids, y)
-    return out.copy_(acc)
+    """As ops.grouped_gemm (scatter_unique changes nothing here: the sum is the same)."""
+    keep_tail = out is not None
+    if out is None:
+        out = torch.empty(x.shape[0], w.shape[1], dtype=out_dtype, device=x.device)
+    _grouped_gemm(x, w, m_sizes, x_scale, w_scale, weight_ids, row_weights, scatter_ids, out,
+                  keep_tail)
+    return out

@@ -7,8 +7,7 @@ from torch import Tensor
 
 from ..._checks import INDEX_DTYPES, check_tensor
 from ...types import Routing
-from .._impl import resolve
-from . import reference
+from .._impl import ops_for, resolve
 
 SCORINGS = ("none", "softmax", "sigmoid")
 SCORE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -45,11 +44,8 @@ def index_shuffle(
     if scoring not in SCORINGS:
         raise ValueError(f"scoring must be one of {SCORINGS}, got {scoring!r}")
     _check_capacity(capacity)
-    if resolve(impl, scores) == "triton":
-        from .kernel import index_shuffle as kernel
-
-        return kernel(scores, top_k, scoring, renormalize, float(scaling), capacity)
-    return reference.index_shuffle(scores, top_k, scoring, renormalize, scaling, capacity)
+    return ops_for(resolve(impl, scores)).index_shuffle(scores, top_k, scoring, renormalize,
+                                                        float(scaling), capacity)
 
 
 def sort_by_expert(
@@ -69,11 +65,8 @@ def sort_by_expert(
     if not isinstance(num_experts, int) or num_experts <= 0:
         raise ValueError(f"num_experts must be a positive int, got {num_experts!r}")
     _check_capacity(capacity)
-    if resolve(impl, topk_ids) == "triton":
-        from .kernel import sort_by_expert as kernel
-
-        return kernel(topk_ids, num_experts, topk_weights, capacity)
-    return reference.sort_by_expert(topk_ids, num_experts, topk_weights, capacity)
+    return ops_for(resolve(impl, topk_ids)).sort_by_expert(topk_ids, num_experts, topk_weights,
+                                                           capacity)
 
 
 __all__ = ["index_shuffle", "sort_by_expert", "Routing"]

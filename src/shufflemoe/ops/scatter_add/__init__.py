@@ -13,8 +13,7 @@ import torch
 from torch import Tensor
 
 from ..._checks import INDEX_DTYPES, check_num_valid, check_same_device, check_tensor
-from .._impl import resolve
-from . import reference
+from .._impl import ops_for, resolve
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -54,15 +53,10 @@ def scatter_add(
     dev = check_same_device(out=out, y=y, token_ids=token_ids, weights=weights, rows=rows,
                             num_valid=num_valid, positions=positions)
     check_num_valid(num_valid, dev)
-    if resolve(impl, out) == "triton":
-        from . import kernel
-
-        if positions is not None:
-            return kernel.token_sum(out, y, positions, weights, num_valid)
-        return kernel.scatter_add(out, y, token_ids, weights, num_valid, rows)
+    ops = ops_for(resolve(impl, out))
     if positions is not None:
-        return reference.token_sum(out, y, positions, weights, num_valid)
-    return reference.scatter_add(out, y, token_ids, weights, num_valid, rows)
+        return ops.token_sum(out, y, positions, weights, num_valid)
+    return ops.scatter_add(out, y, token_ids, weights, num_valid, rows)
 
 
 def _check_positions(positions: Tensor, A: int, T: int, rows: Tensor | None) -> None:

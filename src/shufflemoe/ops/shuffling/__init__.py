@@ -9,8 +9,7 @@ import torch
 from torch import Tensor
 
 from ..._checks import INDEX_DTYPES, check_same_device, check_tensor
-from .._impl import resolve
-from . import reference
+from .._impl import ops_for, resolve
 
 
 def _check(rows: Tensor, counts: Tensor, starts: Tensor, out: Tensor | None, out_rows: int | None,
@@ -39,11 +38,7 @@ def combine_shuffling(
     """x [N, D] rank-major, counts [EP, El], starts [EP] -> (expert-major [out_rows, D], counts per
     local expert [El] int32). Rows past sum(counts) are not written."""
     out = _check(x, counts, starts, out, out_rows, "x")
-    if resolve(impl, x) == "triton":
-        from .kernel import combine_shuffling as kernel
-
-        return kernel(x, counts, starts, out)
-    return reference.combine_shuffling(x, counts, starts, out)
+    return ops_for(resolve(impl, x)).combine_shuffling(x, counts, starts, out)
 
 
 def split_shuffling(
@@ -58,11 +53,7 @@ def split_shuffling(
     """y [M, D] expert-major, counts [EP, El], starts [EP] -> rank-major [out_rows, D]: row
     starts[r] + i holds source rank r's i-th row. Rows outside every segment are not written."""
     out = _check(y, counts, starts, out, out_rows, "y")
-    if resolve(impl, y) == "triton":
-        from .kernel import split_shuffling as kernel
-
-        return kernel(y, counts, starts, out)
-    return reference.split_shuffling(y, counts, starts, out)
+    return ops_for(resolve(impl, y)).split_shuffling(y, counts, starts, out)
 
 
 __all__ = ["combine_shuffling", "split_shuffling"]

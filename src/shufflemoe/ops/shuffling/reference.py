@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from .._common import store_rows, valid_rows
+from .._impl import inplace_op
 
 
 def _layout(counts: Tensor) -> tuple[Tensor, Tensor]:
@@ -23,9 +24,8 @@ def _layout(counts: Tensor) -> tuple[Tensor, Tensor]:
     return em_starts, c.cumsum(1) - c
 
 
-def combine_shuffling(
-    x: Tensor, counts: Tensor, starts: Tensor, out: Tensor
-) -> tuple[Tensor, Tensor]:
+@inplace_op("combine_shuffling_ref", mutates_args=("out", "totals"))
+def _combine(x: Tensor, counts: Tensor, starts: Tensor, out: Tensor, totals: Tensor) -> None:
     EP, El = counts.shape
     n = out.shape[0]
     em_starts, rank_offsets = _layout(counts)
@@ -38,10 +38,12 @@ def combine_shuffling(
     valid = valid_rows(n, total, x.device)
     src = torch.where(valid, src, 0).clamp(max=max(x.shape[0] - 1, 0))
     rows = x.index_select(0, src) if x.shape[0] else x.new_zeros(n, x.shape[1])
-    return store_rows(out, rows, total), counts.sum(0).int()
+    store_rows(out, rows, total)
+    totals.copy_(counts.sum(0))
 
 
-def split_shuffling(y: Tensor, counts: Tensor, starts: Tensor, out: Tensor) -> Tensor:
+@inplace_op("split_shuffling_ref", mutates_args=("out",))
+def _split(y: Tensor, counts: Tensor, starts: Tensor, out: Tensor) -> None:
     EP, El = counts.shape
     n = out.shape[0]
     c = counts.long()
@@ -55,5 +57,18 @@ def split_shuffling(y: Tensor, counts: Tensor, starts: Tensor, out: Tensor) -> T
     src = em_starts[e, r] + q - rank_offsets[r, e]
     src = torch.where(valid, src, 0).clamp(0, max(y.shape[0] - 1, 0))
     rows = y.index_select(0, src) if y.shape[0] else y.new_zeros(n, y.shape[1])
-    shape = (-1, 1)
-    return out.copy_(torch.where(valid.view(shape), rows, out))
+    out.copy_(torch.where(valid.unsqueeze(1), rows, out))
+
+
+def combine_shuffling(x: Tensor, counts: Tensor, starts: Tensor,
+                      out: Tensor) -> tuple[Tensor, Tensor]:
+    """As ops.combine_shuffling, into out (allocated by the caller)."""
+    totals = torch.empty(counts.shape[1], dtype=torch.int32, device=x.device)
+    _combine(x, counts, starts, out, totals)
+    return out, totals
+
+
+def split_shuffling(y: Tensor, counts: Tensor, starts: Tensor, out: Tensor) -> Tensor:
+    """As ops.split_shuffling, into out (allocated by the caller)."""
+    _split(y, counts, starts, out)
+    return out

@@ -6,9 +6,8 @@ import torch
 from torch import Tensor
 
 from ..._checks import check_num_valid, check_same_device, check_tensor
-from .._impl import resolve
+from .._impl import ops_for, resolve
 from ..quantize import FP8_DTYPE
-from . import reference
 
 H_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -40,11 +39,7 @@ def silu_mul(
         else:
             check_tensor("out", out, shape=[A, two_i // 2], dtypes=(h.dtype,), device=dev,
                          contiguous=True)
-    if resolve(impl, h) == "triton":
-        from .kernel import silu_mul as kernel
-
-        return kernel(h, num_valid, quantize, out)
-    return reference.silu_mul(h, num_valid, quantize, out)
+    return ops_for(resolve(impl, h)).silu_mul(h, num_valid, quantize, out)
 
 
 __all__ = ["silu_mul"]

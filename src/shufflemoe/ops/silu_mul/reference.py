@@ -2,11 +2,33 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from .._common import store_rows
-from ..quantize.reference import quantize_fp8_rowwise
+from .._impl import inplace_op
+from ..quantize.reference import FP8_DTYPE, quantize_fp8_rowwise
+
+
+def _silu_mul_f32(h: Tensor) -> Tensor:
+    """h [A, 2I] -> silu(h[:, :I]) * h[:, I:] [A, I] in float32."""
+    inter = h.shape[1] // 2
+    return F.silu(h[:, :inter].float()) * h[:, inter:].float()
+
+
+@inplace_op("silu_mul_ref", mutates_args=("out",))
+def _silu_mul(h: Tensor, num_valid: Optional[Tensor], out: Tensor) -> None:
+    store_rows(out, _silu_mul_f32(h), num_valid)
+
+
+@inplace_op("silu_mul_fp8_ref", mutates_args=("q", "scale"))
+def _silu_mul_fp8(h: Tensor, num_valid: Optional[Tensor], q: Tensor, scale: Tensor) -> None:
+    new_q, new_scale = quantize_fp8_rowwise(_silu_mul_f32(h))
+    store_rows(q, new_q, num_valid)
+    store_rows(scale, new_scale, num_valid)
 
 
 def silu_mul(
@@ -15,11 +37,16 @@ def silu_mul(
     quantize: bool,
     out: Tensor | tuple[Tensor, Tensor] | None,
 ) -> Tensor | tuple[Tensor, Tensor]:
-    inter = h.shape[1] // 2
-    gate, up = h[:, :inter].float(), h[:, inter:].float()
-    a = torch.nn.functional.silu(gate) * up  # [A, I]
+    """As ops.silu_mul. Rows of a new output past num_valid may hold anything: computed, not
+    masked."""
+    A, inter = h.shape[0], h.shape[1] // 2
+    if out is None:
+        num_valid = None
+        out = ((torch.empty(A, inter, dtype=FP8_DTYPE, device=h.device),
+                torch.empty(A, dtype=torch.float32, device=h.device)) if quantize
+               else torch.empty(A, inter, dtype=h.dtype, device=h.device))
     if quantize:
-        q, scale = quantize_fp8_rowwise(a)
-        q_out, s_out = out if out is not None else (None, None)
-        return store_rows(q_out, q, num_valid), store_rows(s_out, scale, num_valid)
-    return store_rows(out, a.to(h.dtype), num_valid)
+        _silu_mul_fp8(h, num_valid, *out)
+    else:
+        _silu_mul(h, num_valid, out)
+    return out
