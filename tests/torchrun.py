@@ -24,5 +24,10 @@ def torchrun(script: str, *args: str, nproc: int = 2, timeout: float = 300) -> s
     except subprocess.TimeoutExpired as e:
         raise AssertionError(f"{script} did not finish within {timeout} s:\n{e.stdout}\n{e.stderr}")
     out = done.stdout + done.stderr
-    assert done.returncode == 0, f"{script} exited {done.returncode}:\n{out[-4000:]}"
+    if done.returncode:
+        lines = out.splitlines()
+        first = next((i for i, l in enumerate(lines)
+                      if "Traceback" in l or "terminate called" in l or "Error" in l), 0)
+        raise AssertionError(f"{script} exited {done.returncode}:\n"
+                             + "\n".join(lines[max(0, first - 5) : first + 60]))
     return out
