@@ -22,7 +22,7 @@ Per (model, dtype, layout, T) row, on every rank:
   single-device layer on the whole batch in a CUDA graph (the ranks' share of the expert reads).
 Then a patched transformers model (Qwen3-MoE shaped) under tp, ep_alltoall and ep_allgather: the
 greedy tokens against one process, and decode tokens/s against one process.
-Results: <out>/multi_gpu.json and multi_gpu.md, stamped with commit, versions and date (rank 0).
+Results: <out>/<name>.json and .md (name: multi_gpu), stamped with commit, versions and date.
 """
 
 from __future__ import annotations
@@ -311,7 +311,8 @@ def targets(layer_rows: list[dict], model_rows: list[dict]) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", required=True, help="directory for multi_gpu.json and .md")
+    p.add_argument("--out", required=True, help="directory for <name>.json and .md")
+    p.add_argument("--name", default="multi_gpu", help="results file name (split runs)")
     p.add_argument("--tiny", action="store_true", help="CPU widths (default without CUDA)")
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     p.add_argument("--dtypes", nargs="+", default=["bf16", "fp8"], choices=["bf16", "fp8"])
@@ -348,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
                  f"this run: {links}. Rows are rank 0's (ranks checked alike: the run fails if "
                  "any rank is wrong).\n\n## Patched transformers model\n\n"
                  + markdown_table(model_rows))
-        write_results("multi_gpu", layer_rows, args.out, targets=goals, columns=COLUMNS,
+        write_results(args.name, layer_rows, args.out, targets=goals, columns=COLUMNS,
                       notes=notes)
     correct = goals[0]["met"] and (goals[3]["met"] or not args.hf)  # timings are reported, not gated
     flag = torch.tensor([int(correct)], device=device)

@@ -335,7 +335,13 @@ def _error_checks(world: int, rank: int, results: dict) -> None:
         odd_i = MoE(MoEConfig(**dict(base, intermediate_size=3)))
         odd_e = MoE(MoEConfig(**dict(base, num_experts=3)))
         capacity = next(c for c in CASES[2] if c.name == "capacity")
+        mixed = parallelize(full, "ep_allgather", _mesh(2, 1), max_tokens=4 + 4 * rank)
+        other = expert_parallel(full, _mesh(2, 1), "allgather", dedup=False,
+                                redundant=2 * rank, max_tokens=8)
         results.update({
+            "error-max-tokens-differ": _expect_error(lambda: mixed(rows(3)),
+                                                     "max_tokens per rank [4, 8]"),
+            "error-layers-differ": _expect_error(lambda: other(rows(3)), "built different layers"),
             "error-max-tokens": _expect_error(lambda: capped(rows(3 + 2 * rank)),
                                               "more tokens than max_tokens=4"),
             "error-tp-unequal": _expect_error(lambda: tp_layer(rows(3 + rank)), "same tokens"),

@@ -28,6 +28,7 @@ runs unchanged on what arrives, and fp8 rows arrive quantized (experts.base.Quan
 from __future__ import annotations
 
 import math
+import zlib
 
 import torch
 from torch import Tensor
@@ -138,6 +139,10 @@ class ExpertParallelDispatch(ParallelDispatch):
         return True, ""
 
     # ---- sizes ---------------------------------------------------------------------------------
+
+    def settings(self, layer):
+        placement = str(self.placement.experts) if self.placement else ""
+        return dict(super().settings(layer), placement=zlib.crc32(placement.encode()))
 
     def size_error(self, tokens):
         return self.replicated_rule(tokens) if self.mesh.tp > 1 else None

@@ -115,6 +115,10 @@ class AllGatherDispatch(ExpertParallelDispatch):
         # Tokens every rank pads to (static, as CUDA graphs want); None: the largest T of the call.
         self.max_tokens = max_tokens
 
+    def settings(self, layer):
+        return dict(super().settings(layer),
+                    max_tokens=-1 if self.max_tokens is None else self.max_tokens)
+
     def size_error(self, tokens):
         if self.max_tokens is not None and max(tokens) > self.max_tokens:
             over = [r for r, t in enumerate(tokens) if t > self.max_tokens]

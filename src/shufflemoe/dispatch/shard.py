@@ -15,6 +15,7 @@ against the full layer's float64 reference (single device: 0.015, 0.0042; tolera
 from __future__ import annotations
 
 import functools
+import zlib
 from typing import TYPE_CHECKING
 
 import torch
@@ -39,6 +40,7 @@ class ParallelDispatch(Dispatch):
 
     def __init__(self, mesh: Mesh) -> None:
         self.mesh = mesh
+        self._layout_crc: int | None = None
 
     def describe(self) -> str:
         return f"{self.name} on {self.mesh.describe()}"
@@ -47,12 +49,26 @@ class ParallelDispatch(Dispatch):
         """Every rank's token count [mesh size], agreed on the gloo twin of the mesh: the same
         ValueError on every rank when one rank's input is bad or the sizes break a rule."""
         T = 0 if error is not None else x.numel() // layer.config.hidden_size
-        tokens = [row[0] for row in agree(self.mesh, [T], None if error is None else str(error),
-                                          self.describe())]
+        settings = self.settings(layer)
+        rows = agree(self.mesh, [T, *settings.values()], None if error is None else str(error),
+                     self.describe())
+        tokens = [row[0] for row in rows]
+        for i, name in enumerate(settings, start=1):
+            values = [row[i] for row in rows]
+            if len(set(values)) > 1:
+                raise ValueError(f"parallel MoE layer: the ranks built different layers: {name} "
+                                 f"per rank {values}")  # no describe(): it differs by rank
         problem = self.size_error(tokens)
         if problem:
             raise ValueError(f"{self.describe()}: {problem} (tokens per rank: {tokens})")
         return tokens
+
+    def settings(self, layer: MoE) -> dict[str, int]:
+        """What every rank's layer must agree on, as ints: a checksum of the layout (dispatcher,
+        mesh, options, config), and for some dispatchers the values named in their messages."""
+        if self._layout_crc is None:  # once per layer: the repr costs more than the agreement
+            self._layout_crc = zlib.crc32(f"{self.describe()} {layer.config}".encode())
+        return {"layout (dispatcher, mesh, options or config)": self._layout_crc}
 
     def size_error(self, tokens: list[int]) -> str | None:
         """Why these token counts cannot run (the same answer on every rank), or None."""
