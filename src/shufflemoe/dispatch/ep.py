@@ -16,9 +16,10 @@ Sources: a source is a set of tokens routed by one rank and sent to the experts'
   results are reduce-scattered back over tp (fully summed, each rank keeping the rows it
   received), returned over ep, and the output slices all-gathered over tp. The shared expert's
   partial output rides in the same reduce-scatter. Sources are then (t', e') pairs.
-Sources are processed in global order (ep rank, then slice), which is the order of the tokens
-if one device held them all: capacity-factor drops follow it (an expert keeps its first
-capacity(T_total) pairs over all ranks, as one process would).
+Sources arrive in buffer order (slice, then ep rank: the order of the two all-gathers); capacity
+drops follow the global order (ep rank, then slice), which is the order of the tokens if one
+device held them all: an expert keeps its first capacity(T_total) pairs in that order, over all
+ranks, as one process would.
 
 On the receiving side a local Routing makes received row i its own token with weight 1 (the
 routing weights stay with the source or were applied before sending), so every expert strategy
@@ -181,9 +182,9 @@ class ExpertParallelDispatch(ParallelDispatch):
     def local_routing(self, counts: Tensor, num_rows: int, capacity: int | None) -> Routing:
         """The receiving side's Routing of num_rows expert-major rows: counts [S, El] rows per
         (source, local expert), sources in buffer order inside each expert. Row i is its own
-        token, weight 1. With a capacity, an expert keeps the pairs of the first capacity(T)
-        tokens in global order (ep rank, then slice: one device's order); the result rows of
-        the others stay zero."""
+        token, weight 1. With a capacity, an expert keeps its first ``capacity`` pairs in global
+        order (ep rank, then slice: one device's order); the result rows of the others stay
+        zero."""
         dev = counts.device
         c = counts.long()
         per_expert = c.sum(0)  # [El]
