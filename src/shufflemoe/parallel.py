@@ -50,8 +50,8 @@ def expert_parallel(layer: MoE, mesh=None, mode: str = "alltoall", *,
 
     mode "alltoall": "ep_alltoall" (eager, exact sizes, one host sync per layer); "allgather":
     "ep_allgather" (static padded shapes, no sync) with every rank padded to ``max_tokens`` (None:
-    the largest T of each call, agreed on the host; under graph.graphed() give max_tokens >= the
-    largest bucket unless every rank captures the same buckets)."""
+    the largest T of each call, agreed on the host; graph.graphed() with several buckets needs
+    max_tokens >= the largest, since ranks may replay different buckets)."""
     if mode not in EP_MODES:
         raise ValueError(f"mode must be one of {EP_MODES}, got {mode!r}")
     options = dict(dedup=dedup, redundant=redundant, placement=placement)

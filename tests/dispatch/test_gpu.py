@@ -70,3 +70,12 @@ def test_graph_capture_matches_eager(nccl, name, options):
         x = torch.randn(T, 64, device="cuda", dtype=torch.bfloat16)
         c = compare(decode(x), naive_moe(full, x, routing=full.route(x)), "bfloat16")
         assert c.ok, f"T={T}: {c.why}"
+
+
+def test_allgather_graphs_need_static_sizes(nccl):
+    layer = parallelize(_full(), "ep_allgather", parallel_mesh(ep=1))
+    with pytest.raises(ValueError, match="need max_tokens"):
+        graphed(layer, token_buckets=(1, 8))
+    capped = parallelize(_full(), "ep_allgather", parallel_mesh(ep=1), max_tokens=4)
+    with pytest.raises(ValueError, match="exceed max_tokens=4"):
+        graphed(capped, token_buckets=(1, 8))

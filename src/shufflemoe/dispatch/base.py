@@ -64,6 +64,10 @@ class Dispatch:
     def supports(self, cfg: MoEConfig, experts: Experts, device: torch.device) -> tuple[bool, str]:
         return True, ""
 
+    def graph_error(self, buckets) -> str | None:
+        """Why graphs of these token buckets cannot be replayed safely (None: they can)."""
+        return None
+
     def admit(self, layer: MoE, x: Tensor, error: Exception | None) -> object:
         """Check x before any collective; returns what forward needs to know about every rank's
         sizes. A single device raises the input's own error."""

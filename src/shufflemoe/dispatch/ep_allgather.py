@@ -115,6 +115,15 @@ class AllGatherDispatch(ExpertParallelDispatch):
         # Tokens every rank pads to (static, as CUDA graphs want); None: the largest T of the call.
         self.max_tokens = max_tokens
 
+    def graph_error(self, buckets):
+        # Each rank replays the bucket of its own T: the captured collectives must have the same
+        # sizes in every bucket, which a static max_tokens gives.
+        if self.max_tokens is None and len(set(buckets)) > 1:
+            return "several token buckets need max_tokens (ranks may replay different buckets)"
+        if self.max_tokens is not None and max(buckets) > self.max_tokens:
+            return f"token buckets {sorted(buckets)} exceed max_tokens={self.max_tokens}"
+        return None
+
     def settings(self, layer):
         return dict(super().settings(layer),
                     max_tokens=-1 if self.max_tokens is None else self.max_tokens)
