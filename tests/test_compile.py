@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from factories import make_input, make_layer
+from factories import gpt_oss_config, make_input, make_layer
 from shufflemoe import EXPERTS, MoEConfig
 from shufflemoe.ops import triton_available, use_impl
 
@@ -22,6 +22,10 @@ CONFIGS = {  # one router kind and one dtype each
     "llama4-fp8": MoEConfig(hidden_size=32, intermediate_size=32, num_experts=8, router="llama4",
                             scoring="sigmoid", apply_router_weight_on_input=True,
                             shared_intermediate_size=32, quantization="fp8_rowwise"),
+    # the other formats' ops (fp8 groups, mxfp4 weights) and gpt-oss's biases and GLU
+    "gpt-oss-mxfp4": gpt_oss_config(num_experts=8, quantization="mxfp4"),
+    "qwen3-fp8-block": MoEConfig(hidden_size=32, intermediate_size=16, num_experts=8, top_k=2,
+                                 renormalize=True, quantization="fp8_block"),
 }
 GRAPH_SAFE = [n for n in EXPERTS.names() if EXPERTS.get(n).graph_safe]
 IMPLS = ["torch", "triton"] if triton_available() else ["torch"]

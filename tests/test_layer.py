@@ -94,6 +94,30 @@ def test_from_weights_rejects_bad_tensors(change, match):
         MoE.from_weights(cfg, **{**given, **change})
 
 
+@pytest.mark.parametrize("name", ["w13", "w2"])
+def test_from_weights_refuses_non_contiguous_expert_weights(name):
+    """Named at construction (it used to fail at the first forward naming the kernel's "w"),
+    and never copied silently: the caller decides to pay for .contiguous()."""
+    cfg = CONFIGS["mixtral-fp8"].replace(quantization="none")
+    src = make_layer(cfg)
+    given = dict(router_weight=src.router_weight.data, w13=src.w13.data, w2=src.w2.data)
+    t = given[name]
+    given[name] = t.transpose(1, 2).contiguous().transpose(1, 2)  # same values, strided
+    with pytest.raises(ValueError, match=f"{name} must be contiguous.*{name}.contiguous"):
+        MoE.from_weights(cfg, **given)
+    given[name] = given[name].contiguous()
+    layer = MoE.from_weights(cfg, **given)
+    assert torch.equal(layer(make_input(cfg, 5)), src(make_input(cfg, 5)))
+
+
+def test_from_weights_quantizing_accepts_strided_bf16_weights():
+    cfg = CONFIGS["mixtral-fp8"]  # quantized at load: a new tensor, the layout given is free
+    src = make_layer(cfg.replace(quantization="none"))
+    w13 = src.w13.data.transpose(1, 2).contiguous().transpose(1, 2)
+    layer = MoE.from_weights(cfg, router_weight=src.router_weight.data, w13=w13, w2=src.w2.data)
+    assert layer.w13.is_contiguous()
+
+
 def test_missing_required_weight():
     cfg = CONFIGS["llama4-like"]
     src = make_layer(cfg)

@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from shufflemoe import preset
+from shufflemoe import MoEConfig, preset
 from shufflemoe.cli import main
 from shufflemoe.planner import (STRATEGIES, Layout, decode_strategy, expected_active_experts,
                                 layer_cost, layouts, must_read_bytes, plan, recommend, skew_factor)
@@ -93,8 +93,9 @@ def test_skew_bound():
 
 
 def test_plan_cli_refuses_unbuildable_layouts(capsys):
-    with pytest.raises(SystemExit, match="cannot be built"):
+    with pytest.raises(SystemExit) as e:  # a usage error: one line, status 2
         main(["plan", "--model", "llama4-scout", "--ep", "3"])
+    assert e.value.code == 2 and "cannot be built" in capsys.readouterr().err
     assert main(["plan", "--model", "qwen3-30b-a3b", "--tp", "2", "--ep", "2", "--dedup",
                  "--ep-mode", "allgather", "--gpus", "4"]) == 0
     out = capsys.readouterr().out
@@ -106,3 +107,16 @@ def test_decode_switch():
     assert decode_strategy(cfg, 28) == "selective"
     assert decode_strategy(cfg, 29) == "all_experts"
     assert math.isfinite(layer_cost(cfg, 1, "selective").floor)
+
+
+def test_layouts_cut_block_scales_on_their_boundaries_only():
+    """fp8_block's 128 x 128 scales and mxfp4's 32-column ones are cut by TP only on whole
+    blocks; the layouts that would split one are not listed (EP keeps experts whole)."""
+    block = MoEConfig(hidden_size=128, intermediate_size=256, num_experts=8, top_k=2,
+                      quantization="fp8_block")
+    assert Layout("tp", 1, 2) in layouts(block, 2)
+    narrow = {lay.describe() for lay in layouts(block.replace(intermediate_size=128), 2)}
+    assert narrow == {"ep_alltoall ep=2 tp=1", "ep_allgather ep=2 tp=1"}, narrow
+    mx = MoEConfig(hidden_size=64, intermediate_size=64, num_experts=8, top_k=2,
+                   quantization="mxfp4")
+    assert Layout("tp", 1, 2) in layouts(mx, 2) and Layout("tp", 1, 4) not in layouts(mx, 4)

@@ -5,8 +5,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from factories import configs, make_input, make_layer
-from shufflemoe.reference import naive_route, routing_triples
+from factories import check_routing, configs, make_input, make_layer
+from shufflemoe.reference import routing_triples
 from shufflemoe.routing import route, router_logits
 
 
@@ -34,18 +34,7 @@ def test_router_matches_float64_routing(cfg, T, seed):
     x = make_input(cfg, T, seed + 1)
     r = layer.route(x)
     check_invariants(r, T, cfg.top_k, cfg.num_experts)
-    got = {(t, e): w for t, e, w in routing_triples(r)}
-    want = {(t, e): w for t, e, w in naive_route(layer, x)}
-    if got.keys() != want.keys():
-        # float32 and float64 logits may order two near-equal experts differently; allow it only
-        # when the scores really are that close
-        logits = x.double() @ layer.router_weight.double().t()
-        for t, e in got.keys() ^ want.keys():
-            others = [ee for tt, ee in (got.keys() | want.keys()) if tt == t and ee != e]
-            assert min(abs(logits[t, e] - logits[t, o]).item() for o in others) < 1e-4
-        return
-    for key, w in want.items():
-        assert got[key] == pytest.approx(w, rel=2e-6, abs=1e-7)
+    check_routing(layer, x, r)
 
 
 def test_ties_go_to_the_lower_expert():
@@ -108,3 +97,60 @@ def test_router_logits_are_in_the_model_dtype():
     x = torch.randn(3, 8, dtype=torch.bfloat16)
     w = torch.randn(4, 8, dtype=torch.bfloat16)
     assert router_logits(x, w).dtype == torch.bfloat16
+
+
+def _dropping_cfg(router: str, over: str):
+    from shufflemoe import MoEConfig
+
+    extra = dict(n_group=2, topk_group=2) if router == "group_limited" else {}
+    return MoEConfig(hidden_size=4, intermediate_size=4, num_experts=4, top_k=2, router=router,
+                     renormalize=True, capacity_factor=0.5, renormalize_over=over,
+                     routed_scaling_factor=2.0, dtype=torch.float32, **extra)
+
+
+# Every token's first choice is expert 0, second choices 1, 2, 3, 1. capacity = ceil(0.5 * 4 * 2
+# / 4) = 1: expert 0 keeps token 0 only, and expert 1 too (token 0 is on it), so token 3 loses
+# both its experts, tokens 1 and 2 one each.
+_LOGITS = torch.tensor([[3.0, 1.0, -2.0, -2.0],
+                        [3.0, -2.0, 0.5, -2.0],
+                        [3.0, -2.0, -2.0, 2.0],
+                        [3.0, 1.5, -2.0, -2.0]])
+
+
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+@pytest.mark.parametrize("router", ["topk", "group_limited"])
+def test_renormalize_over_kept_experts_after_capacity_drops(router, impl):
+    """NxD's order (the Neuron guide's reference): drop past capacity, then normalize over what
+    is left, so a token that lost an expert still has weights summing to 1 (times the scaling);
+    a token that lost all its experts has no pair and no NaN."""
+    from shufflemoe.ops import use_impl
+
+    with use_impl(impl):
+        r = route(_LOGITS, _dropping_cfg(router, "kept"))
+    got = {(t, e): w for t, e, w in routing_triples(r)}
+    assert sorted(got) == [(0, 0), (0, 1), (1, 2), (2, 3)]
+    p = torch.softmax(_LOGITS.double(), 1)
+    assert got[(0, 0)] == pytest.approx(2 * p[0, 0] / (p[0, 0] + p[0, 1]), rel=1e-6)
+    assert got[(1, 2)] == pytest.approx(2.0, rel=1e-6)  # lost expert 0: renormalized over one
+    assert got[(2, 3)] == pytest.approx(2.0, rel=1e-6)
+    assert torch.isfinite(r.weights).all()
+    assert (r.weights[int(r.num_valid):] == 0).all()  # dropped pairs weigh nothing
+
+
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+@pytest.mark.parametrize("router", ["topk", "group_limited"])
+def test_renormalize_over_chosen_experts_keeps_the_lost_share_out(router, impl):
+    """GShard / Switch order: normalize over the k chosen, then drop; a token that lost an expert
+    keeps only its share of the other."""
+    from shufflemoe.ops import use_impl
+
+    with use_impl(impl):
+        r = route(_LOGITS, _dropping_cfg(router, "chosen"))
+    got = {(t, e): w for t, e, w in routing_triples(r)}
+    p = torch.softmax(_LOGITS.double(), 1)
+    want = {(0, 0): 2 * p[0, 0] / (p[0, 0] + p[0, 1]), (0, 1): 2 * p[0, 1] / (p[0, 0] + p[0, 1]),
+            (1, 2): 2 * p[1, 2] / (p[1, 0] + p[1, 2]), (2, 3): 2 * p[2, 3] / (p[2, 0] + p[2, 3])}
+    assert sorted(got) == sorted(want)
+    for key, w in want.items():
+        assert got[key] == pytest.approx(w.item(), rel=1e-6)
+    assert got[(1, 2)] < 1.0  # the lost expert 0's share is gone

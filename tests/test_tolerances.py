@@ -5,7 +5,7 @@ the cases measured here."""
 
 import torch
 
-from factories import make_input, make_layer
+from factories import gpt_oss_config, make_input, make_layer
 from shufflemoe.testing import tolerance_key
 from shufflemoe import MoEConfig
 from shufflemoe.reference import naive_moe
@@ -15,7 +15,14 @@ CASES = [
     MoEConfig(hidden_size=7, intermediate_size=inter, num_experts=8, top_k=2, renormalize=True,
               dtype=dtype, quantization=q)
     for dtype, q, inter in [(torch.float32, "none", 1), (torch.bfloat16, "none", 1),
-                            (torch.bfloat16, "fp8_rowwise", 16)]
+                            (torch.bfloat16, "fp8_rowwise", 16), (torch.bfloat16, "fp8_w8a16", 1),
+                            (torch.bfloat16, "fp8_block", 16)]
+] + [
+    # mxfp4 stores K in groups of 32; gpt-oss's options (biases, clamped GLU: its own magnitude)
+    MoEConfig(hidden_size=32, intermediate_size=32, num_experts=8, top_k=2, renormalize=True,
+              dtype=torch.bfloat16, quantization="mxfp4"),
+    gpt_oss_config(hidden_size=7, intermediate_size=1, dtype=torch.float32),
+    gpt_oss_config(hidden_size=7, intermediate_size=1, dtype=torch.bfloat16),
 ]
 
 

@@ -1,4 +1,7 @@
-"""Command line: ``shufflemoe demo | bench | plan | info``."""
+"""Command line: ``shufflemoe demo | bench | plan | info``.
+
+Usage errors (a bad option value, an unknown model, a device this machine lacks) print one line
+and exit with status 2, as argparse does; a missing optional dependency exits with status 1."""
 
 from __future__ import annotations
 
@@ -10,9 +13,11 @@ import time
 
 import torch
 
-from . import EXPERTS, MoE, MoEConfig, naive_moe, preset
+from . import EXPERTS, MoE, MoEConfig, __version__, naive_moe, preset
+from .config import QUANTIZATIONS
 from .planner import (HARDWARE, Layout, expert_bytes, fixed_bytes, layer_cost, layouts, plan,
                       recommend)
+from .presets import MODELS
 from .testing import compare, tolerance_for, tolerance_key
 
 # The demo's two layers: real shapes on a GPU, the same structure scaled down on a CPU so the
@@ -45,7 +50,21 @@ def _weight_bytes(cfg: MoEConfig, strategy: str, active: int) -> int:
 
 
 def demo(device: torch.device) -> int:
-    """Run every strategy on two model-shaped layers, check each against float64, print a table."""
+    """Run every strategy on two model-shaped layers, check each against float64, print a table.
+    On the CPU with one torch thread (restored after): the demo's ops are small, and with
+    torch's default threads they spin-wait on any busy core (measured on 2 cores with one
+    busy: 47-188 s instead of 6-9 s)."""
+    if device.type == "cuda":
+        return _demo(device)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _demo(device)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _demo(device: torch.device) -> int:
     print(f"shufflemoe demo on {device} ({'real widths' if device.type == 'cuda' else 'CPU: widths scaled down'}), "
           f"T = {DEMO_TOKENS} tokens, dtype bfloat16\n")
     failures = 0
@@ -85,19 +104,23 @@ def _layout(cfg: MoEConfig, args: argparse.Namespace) -> Layout:
         layout = Layout("tp" if args.tp > 1 else "local", 1, args.tp)
     buildable = layouts(cfg, args.ep * args.tp)
     if layout not in buildable:
-        raise SystemExit(f"shufflemoe plan: {layout.describe()} cannot be built for {args.model}; "
-                         f"buildable on {args.ep * args.tp} GPUs: "
+        raise ValueError(f"{layout.describe()} cannot be built for {args.model} (ep={args.ep} "
+                         f"must divide E={cfg.num_experts}, tp={args.tp} must cut its experts: "
+                         f"I={cfg.intermediate_size}, {cfg.quantization}); buildable on "
+                         f"{args.ep * args.tp} GPUs: "
                          f"{', '.join(l.describe() for l in buildable) or 'none'}")
     return layout
 
 
 def plan_cmd(args: argparse.Namespace) -> int:
-    cfg = preset(args.model, quantization="fp8_rowwise" if args.fp8 else "none")
+    quantization = "fp8_rowwise" if args.fp8 else args.quantization
+    cfg = preset(args.model, quantization=quantization)
     hw = dataclasses.replace(HARDWARE[args.hw], gpus_per_node=args.gpus_per_node)
     layout = _layout(cfg, args)
     print(f"{args.model}: E={cfg.num_experts} k={cfg.top_k} D={cfg.hidden_size} I={cfg.intermediate_size} "
           f"shared={cfg.shared_intermediate_size}, {args.tokens} tokens per tp group, "
-          f"{layout.describe()}, {'fp8' if args.fp8 else 'bf16'} on {hw.name}\n")
+          f"{layout.describe()}, experts {quantization} ({expert_bytes(cfg) / 1e6:.1f} MB each) "
+          f"on {hw.name}\n")
     print(f"{'strategy':12} {'rows':>9} {'weights MB':>11} {'act. MB':>9} {'GFLOP':>9} {'comm MB':>9} "
           f"{'floor us':>9} {'bound':>8} {'syncs':>6}")
     for c in plan(cfg, args.tokens, hw, layout=layout):
@@ -139,41 +162,108 @@ def info() -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="shufflemoe", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    d = sub.add_parser("demo", help="run every strategy on two model-shaped layers and check them")
-    d.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    d.add_argument("--hf", action="store_true", help="patch tiny HF transformers models and check parity")
-    b = sub.add_parser("bench", help="run benchmark suites on the GPU")
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def _device(text: str) -> torch.device:
+    """A device the demo can run on here: cpu, or cuda[:N] when this machine has that GPU."""
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a device (cpu, cuda, cuda:N)") from None
+    if device.type not in ("cpu", "cuda"):
+        raise argparse.ArgumentTypeError(f"{text!r}: the demo runs on cpu or cuda")
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise argparse.ArgumentTypeError(f"{text!r}: no CUDA GPU on this machine (use cpu)")
+        if (device.index or 0) >= count:
+            raise argparse.ArgumentTypeError(f"{text!r}: this machine has {count} CUDA GPU(s)")
+    return device
+
+
+def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The parser, and each command's (whose errors read "shufflemoe COMMAND: error: ...")."""
+    parser = argparse.ArgumentParser(
+        prog="shufflemoe", description="Mixture-of-Experts inference the MetaShuffling way: a "
+        "checked demo, GPU benchmarks and a serving planner.")
+    parser.add_argument("--version", action="version", version=f"shufflemoe {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    d = sub.add_parser("demo", help="run every strategy on two model-shaped layers and check them",
+                       description="Run every expert strategy on two model-shaped layers, check "
+                       "each against a float64 reference and time it.")
+    d.add_argument("--device", type=_device, default="cuda" if torch.cuda.is_available() else "cpu",
+                   help="cpu, cuda or cuda:N (default: cuda when there is a GPU, else cpu; on the "
+                   "CPU the widths are scaled down)")
+    d.add_argument("--hf", action="store_true",
+                   help="instead: patch tiny HF transformers models on the CPU and check parity "
+                   "(needs transformers)")
+    b = sub.add_parser("bench", help="run benchmark suites on the GPU",
+                       description="Run the GPU benchmark suites; results are stamped JSON and "
+                       "markdown.")
     b.add_argument("--suite", action="append", help="suite name (repeatable); default: all")
-    b.add_argument("--out", default="benchmarks/results")
+    b.add_argument("--out", default="benchmarks/results", help="results directory (default: %(default)s)")
     b.add_argument("--quick", action="store_true", help="fewer shapes and repetitions")
-    p = sub.add_parser("plan", help="bytes, FLOPs, communication and roofline floor per strategy")
-    p.add_argument("--model", default="llama4-scout")
-    p.add_argument("--tokens", type=int, default=64, help="tokens per tp group (--gpus: the batch)")
-    p.add_argument("--tp", type=int, default=1)
-    p.add_argument("--ep", type=int, default=1)
-    p.add_argument("--ep-mode", choices=("alltoall", "allgather"), default="alltoall")
-    p.add_argument("--dedup", action="store_true", help="EP x TP: the spec's communication dedup")
-    p.add_argument("--gpus", type=int, default=0, help="rank every buildable layout on this many GPUs")
-    p.add_argument("--gpus-per-node", type=int, default=8)
-    p.add_argument("--hw", choices=sorted(HARDWARE), default="h100")
-    p.add_argument("--fp8", action="store_true")
-    sub.add_parser("info", help="versions and device")
+    p = sub.add_parser("plan", help="bytes, FLOPs, communication and roofline floor per strategy",
+                       description="Bytes, FLOPs, communication and roofline floor of one MoE "
+                       "layer per expert strategy, for a model's layer shape.")
+    p.add_argument("--model", choices=sorted(MODELS), default="llama4-scout", metavar="MODEL",
+                   help=f"layer shape: one of {', '.join(sorted(MODELS))} (default: %(default)s)")
+    p.add_argument("--tokens", type=_positive_int, default=64,
+                   help="tokens per rank in one step, per tp group with --tp (with --gpus: the "
+                   "whole batch) (default: %(default)s)")
+    p.add_argument("--tp", type=_positive_int, default=1,
+                   help="tensor-parallel ranks; must divide the expert widths (default: 1)")
+    p.add_argument("--ep", type=_positive_int, default=1,
+                   help="expert-parallel ranks; must divide the number of experts (default: 1)")
+    p.add_argument("--ep-mode", choices=("alltoall", "allgather"), default="alltoall",
+                   help="expert-parallel dispatch: eager all-to-all or graph-mode all-gather "
+                   "(default: %(default)s)")
+    p.add_argument("--dedup", action="store_true",
+                   help="EP x TP: the spec's communication deduplication across tp ranks")
+    p.add_argument("--gpus", type=int, default=0,
+                   help="rank every buildable layout on this many GPUs and recommend one")
+    p.add_argument("--gpus-per-node", type=_positive_int, default=8,
+                   help="GPUs per node: links inside a node are faster (default: %(default)s)")
+    p.add_argument("--hw", choices=sorted(HARDWARE), default="h100",
+                   help="device whose bandwidth and FLOP/s set the floor (default: %(default)s)")
+    p.add_argument("--quantization", choices=QUANTIZATIONS, default="none",
+                   help="routed experts' weight format, bytes per weight with its scales "
+                   "(default: %(default)s)")
+    p.add_argument("--fp8", action="store_true", help="experts in fp8 rowwise (same as --quantization fp8_rowwise)")
+    i = sub.add_parser("info", help="versions and device", description="Print versions and the device.")
+    return parser, dict(demo=d, bench=b, plan=p, info=i)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser, commands = _parser()
     args = parser.parse_args(argv)
     if args.command == "demo":
         if args.hf:
-            from .integrations.transformers.demo import run_demo
-
+            try:
+                from .integrations.transformers.demo import run_demo
+            except ImportError as e:
+                print(f"shufflemoe: error: demo --hf needs transformers ({e}); install it with "
+                      f"pip install 'shufflemoe[hf]'", file=sys.stderr)
+                return 1
             return run_demo()
-        return demo(torch.device(args.device))
+        return demo(args.device)
     if args.command == "bench":
         from .bench.run import run
 
         return 1 if run(args.suite, args.out, args.quick) else 0
     if args.command == "plan":
-        return plan_cmd(args)
+        try:
+            return plan_cmd(args)
+        except ValueError as e:  # a layout the model does not divide into
+            commands["plan"].error(str(e))
     return info()
 
 

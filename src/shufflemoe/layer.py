@@ -18,17 +18,21 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from . import batch_invariant
 from ._checks import check_tensor
 from .config import MoEConfig
 from .dispatch import Dispatch, LocalDispatch
 from .experts import EXPERTS, Experts
-from .ops import quantize_fp8_rowwise, silu_mul
-from .ops.quantize import FP8_DTYPE
+from .ops import silu_mul
+from .ops.quantize.formats import FORMATS, weight_format
 from .routing import route, router_logits
 from .types import ExpertWeights, Routing
 
-_WEIGHT_NAMES = ("router_weight", "router_bias", "w13", "w2", "w13_scale", "w2_scale",
-                 "shared_w13", "shared_w2", "shared_gate")
+_WEIGHT_NAMES = ("router_weight", "router_bias", "router_logits_bias", "w13", "w2", "w13_scale",
+                 "w2_scale", "w13_bias", "w2_bias", "shared_w13", "shared_w2", "shared_gate")
+# Read by the kernels, which need them contiguous (batch_invariant: every weight). Wrapped, never
+# copied: a caller holding a view (transposed or sliced) passes .contiguous(), knowing it copies.
+_EXPERT_TENSORS = ("w13", "w2", "w13_scale", "w2_scale", "w13_bias", "w2_bias")
 
 
 def _frozen(t: Tensor | None) -> nn.Parameter | None:
@@ -38,10 +42,12 @@ def _frozen(t: Tensor | None) -> nn.Parameter | None:
 class MoE(nn.Module):
     """One Mixture-of-Experts layer for inference, weights in the canonical layout:
 
-    router_weight [E, D], router_bias [E] float32 (group_limited correction bias), w13 [E, 2I, D]
-    (gate rows then up rows), w2 [E, D, I], shared_w13 [2Is, D], shared_w2 [D, Is],
-    shared_gate [1, D]. Under fp8_rowwise, w13/w2 are float8_e4m3fn with w13_scale [E, 2I] and
-    w2_scale [E, D]. Forward takes [T, D] or [B, S, D] in config.dtype and returns the same shape.
+    router_weight [E, D], router_bias [E] float32 (group_limited correction bias),
+    router_logits_bias [E] (gpt-oss), w13 [E, 2I, D] (gate rows then up rows), w2 [E, D, I],
+    w13_bias [E, 2I] and w2_bias [E, D] (expert_bias), shared_w13 [2Is, D], shared_w2 [D, Is],
+    shared_gate [1, D]. Quantized, w13/w2 and w13_scale/w2_scale are stored as the format says
+    (ops/quantize/formats.py; fp8_rowwise: float8_e4m3fn with w13_scale [E, 2I] and w2_scale
+    [E, D]). Forward takes [T, D] or [B, S, D] in config.dtype and returns the same shape.
     """
 
     def __init__(
@@ -65,9 +71,12 @@ class MoE(nn.Module):
 
         self.router_weight = param(E, D)
         self.router_bias = _frozen(torch.zeros(E, device=device)) if cfg.correction_bias else None
+        self.router_logits_bias = param(E) if cfg.router_logits_bias else None
         self.w13 = param(E, 2 * I, D)
         self.w2 = param(E, D, I)
         self.w13_scale = self.w2_scale = None
+        self.w13_bias = param(E, 2 * I) if cfg.expert_bias else None
+        self.w2_bias = param(E, D) if cfg.expert_bias else None
         self.shared_w13 = param(2 * Is, D) if Is else None
         self.shared_w2 = param(D, Is) if Is else None
         self.shared_gate = param(1, D) if cfg.shared_expert_gate else None
@@ -87,8 +96,11 @@ class MoE(nn.Module):
         w13: Tensor,
         w2: Tensor,
         router_bias: Tensor | None = None,
+        router_logits_bias: Tensor | None = None,
         w13_scale: Tensor | None = None,
         w2_scale: Tensor | None = None,
+        w13_bias: Tensor | None = None,
+        w2_bias: Tensor | None = None,
         shared_w13: Tensor | None = None,
         shared_w2: Tensor | None = None,
         shared_gate: Tensor | None = None,
@@ -96,41 +108,69 @@ class MoE(nn.Module):
         experts: str = "shuffled",
         dispatch: Dispatch | None = None,
     ) -> MoE:
-        """Wrap existing tensors (not copied) in the canonical layout. Under fp8_rowwise, w13/w2
-        may be given in config.dtype (quantized here) or as float8 with their scales.
-        num_local_experts: w13/w2 (and scales) hold this many experts, an expert-parallel shard,
-        while the router still picks among config.num_experts."""
+        """Wrap existing tensors (not copied) in the canonical layout. Quantized, w13/w2 may be
+        given in config.dtype (quantized here) or as the format stores them, with their scales
+        (ops/quantize/formats.py: e.g. fp8_block's float8 weights with 128 x 128 block scales,
+        mxfp4's uint8 [E, N, K/2] with e8m0 scales). Biases may be float32 or config.dtype.
+        num_local_experts: w13/w2 (and scales, biases) hold this many experts, an
+        expert-parallel shard, while the router still picks among config.num_experts."""
         layer = cls(config, experts, dispatch, device="meta")
-        given = dict(router_weight=router_weight, router_bias=router_bias, w13=w13, w2=w2,
-                     w13_scale=w13_scale, w2_scale=w2_scale, shared_w13=shared_w13,
+        given = dict(router_weight=router_weight, router_bias=router_bias,
+                     router_logits_bias=router_logits_bias, w13=w13, w2=w2, w13_scale=w13_scale,
+                     w2_scale=w2_scale, w13_bias=w13_bias, w2_bias=w2_bias, shared_w13=shared_w13,
                      shared_w2=shared_w2, shared_gate=shared_gate)
-        fp8_given = w13.dtype == FP8_DTYPE
-        if fp8_given and not config.quantized:
-            raise ValueError("float8 w13/w2 need MoEConfig.quantization='fp8_rowwise'")
+        fmt = weight_format(config.quantization)
+        stored = fmt.quantized and w13.dtype == fmt.weight_dtype
+        if not stored and w13.dtype in {f.weight_dtype for f in FORMATS.values()} - {None}:
+            raise ValueError(f"w13 is {w13.dtype}: quantized weights need the MoEConfig."
+                             f"quantization that stores them (one of {list(FORMATS)[1:]})")
         for name in _WEIGHT_NAMES:
             want, t = getattr(layer, name), given[name]
-            if name.endswith("_scale") and not fp8_given:
+            if name.endswith("_scale") and not stored:
                 if t is not None:
-                    raise ValueError(f"{name} is only used with float8_e4m3fn w13/w2")
+                    raise ValueError(f"{name} is only used with w13/w2 already stored in "
+                                     f"quantization={config.quantization!r}'s format")
                 continue
             if (want is None) != (t is None):
                 raise ValueError(f"{name} is {'required' if t is None else 'not used'} by this MoEConfig")
             if t is None:
                 continue
-            dtype = want.dtype if fp8_given or name not in ("w13", "w2") else config.dtype
-            shape = list(want.shape)
-            if num_local_experts is not None and name in ("w13", "w2", "w13_scale", "w2_scale"):
+            dtypes, shape = (want.dtype,), list(want.shape)
+            if name in ("w13", "w2") and not stored:  # to be quantized here
+                D, I = config.hidden_size, config.intermediate_size
+                dtypes, shape = (config.dtype,), [config.num_experts] + (
+                    [2 * I, D] if name == "w13" else [D, I])
+            elif name in ("w13_bias", "w2_bias"):
+                dtypes = (config.dtype, torch.float32)
+            if num_local_experts is not None and name in _EXPERT_TENSORS:
                 shape[0] = num_local_experts
-            check_tensor(name, t, shape=shape, dtypes=(dtype,), device=w13.device)
+            check_tensor(name, t, shape=shape, dtypes=dtypes, device=w13.device)
+            wrapped = stored or not fmt.quantized or name not in ("w13", "w2")
+            if wrapped and not t.is_contiguous() and (name in _EXPERT_TENSORS
+                                                      or config.batch_invariant):
+                raise ValueError(f"{name} must be contiguous (got strides {t.stride()} for shape "
+                                 f"{list(t.shape)}): MoE.from_weights wraps it without copying, "
+                                 f"pass {name}.contiguous() to copy it once")
             setattr(layer, name, _frozen(t))
-        if config.quantized and not fp8_given:
+        if fmt.quantized and not stored:
             layer._quantize_experts()
         return layer
 
     def _quantize_experts(self) -> None:
-        """Quantize w13/w2 to float8_e4m3fn, one scale per output row (once, at load)."""
-        for name in ("w13", "w2"):
-            q, s = quantize_fp8_rowwise(getattr(self, name).data)
+        """Store w13/w2 in the config's format (once, at load). w13's fp8 blocks restart at its up
+        half (scale_split = I), as in checkpoints that quantized gate and up separately. On the
+        meta device (from_weights' template) only the shapes are made."""
+        fmt = weight_format(self.config.quantization)
+        for name, split in (("w13", self.config.intermediate_size), ("w2", None)):
+            w = getattr(self, name).data
+            if w.device.type == "meta":
+                N, K = w.shape[1:]
+                q = torch.empty(w.shape[0], *fmt.weight_shape(N, K), dtype=fmt.weight_dtype,
+                                device="meta")
+                s = torch.empty(w.shape[0], *fmt.scale_shape(N, K, split),
+                                dtype=fmt.scale_dtype, device="meta")
+            else:
+                q, s = fmt.quantize(w, split)
             setattr(self, name, _frozen(q))
             setattr(self, f"{name}_scale", _frozen(s))
 
@@ -142,24 +182,34 @@ class MoE(nn.Module):
                                 ("dispatch", self.dispatch.supports(self.config, strategy, device))):
             if not ok:
                 raise ValueError(f"{part} {name!r} does not support this layer: {why}")
+        ok, why = batch_invariant.supports(self.config, strategy, self.dispatch)
+        if not ok:
+            raise ValueError(why)
         self.experts = strategy
 
     @property
     def expert_weights(self) -> ExpertWeights:
-        return ExpertWeights(self.w13, self.w2, self.w13_scale, self.w2_scale)
+        return ExpertWeights(self.w13, self.w2, self.w13_scale, self.w2_scale, self.w13_bias,
+                             self.w2_bias, self.config.quantization)
 
     def route(self, x: Tensor) -> Routing:
         """x [T, D] -> Routing over all E experts."""
-        logits = router_logits(x, self.router_weight, self.config.router_logits_dtype)
-        return route(logits, self.config, self.router_bias)
+        cfg = self.config
+        logits = router_logits(x, self.router_weight, cfg.router_logits_dtype,
+                               self.router_logits_bias, cfg.batch_invariant)
+        return route(logits, cfg, self.router_bias)
 
     def shared_expert(self, x: Tensor, out: Tensor, part: int | None = None) -> Tensor:
         """out [T, D] = shared SwiGLU(x) (times sigmoid(x @ gate) for Qwen2-MoE). With
         ``shared_split`` = h > 0 the weights hold two parts (columns [0, h) and [h, Is), rows of
         shared_w13 part by part, each gate rows then up rows): ``part`` 0 writes the first part's
         output, part 1 adds the second's (eager expert parallelism runs them around its host sync
-        and its combine); part None runs both."""
+        and its combine); part None runs both. Batch-invariant (local dispatch only, never
+        split): every product through batch_invariant.linear."""
         h, Is = self.shared_split, self.config.shared_intermediate_size
+        if self.config.batch_invariant:
+            return batch_invariant.shared_expert(x, self.shared_w13, self.shared_w2,
+                                                 self.shared_gate, out)
         if part is None:
             for p in ((0,) if h == 0 else (0, 1)):
                 self.shared_expert(x, out, p)
@@ -213,7 +263,7 @@ class MoE(nn.Module):
         # A parallel dispatcher agrees on sizes with the other ranks before any collective, and
         # raises the same error on every rank when one of them got a bad input.
         sizes = self.dispatch.admit(self, x, self.input_error(x))
-        with torch.no_grad():
+        with torch.no_grad(), batch_invariant.scope(self.config, x):
             flat = x.reshape(-1, self.config.hidden_size).contiguous()
             return self.dispatch.forward(self, flat, sizes).view(x.shape)
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from .config import MoEConfig
 from .dispatch import DISPATCHERS, Collective
 from .experts.blockwise import num_blocks
+from .ops.quantize.formats import FORMATS
 
 
 @dataclass(frozen=True)
@@ -53,11 +54,11 @@ def expected_active_experts(num_experts: int, top_k: int, num_tokens: int) -> fl
 
 
 def expert_bytes(cfg: MoEConfig) -> int:
-    """Bytes of one routed expert's weights (w13 + w2, plus fp8 scales)."""
-    elems = 3 * cfg.intermediate_size * cfg.hidden_size
-    if cfg.quantized:
-        return elems + 4 * (2 * cfg.intermediate_size + cfg.hidden_size)
-    return elems * _act_bytes(cfg)
+    """Bytes of one routed expert's weights: w13 + w2 in the config's format, scales included
+    (ops/quantize/formats.py: 2 a weight in bf16, ~1 in fp8, ~0.53 in mxfp4), plus biases."""
+    fmt, D, I, act = FORMATS[cfg.quantization], cfg.hidden_size, cfg.intermediate_size, _act_bytes(cfg)
+    biases = (2 * I + D) * act if cfg.expert_bias else 0
+    return fmt.bytes(2 * I, D, act, split=I) + fmt.bytes(D, I, act) + biases
 
 
 def _act_bytes(cfg: MoEConfig) -> int:
@@ -155,7 +156,7 @@ def layer_cost(
     weight_bytes = experts_read * expert_bytes(local) + fixed_bytes(local)
     activation_bytes = act * (rows * (3 * D + 4 * I) + 2 * T * D)
     flops = 6 * rows * D * I + 6 * T * D * local.shared_intermediate_size + 2 * T * D * cfg.num_experts
-    rate = hw.fp8_flops if cfg.quantized else hw.bf16_flops
+    rate = hw.fp8_flops if FORMATS[cfg.quantization].activation != "none" else hw.bf16_flops
     collectives = traffic(cfg, layout, T, bound=bound)
     comm = sum(c.nbytes for c in collectives)
     syncs = (1 if strategy in ("padded", "sliced", "concat") else 0) + (

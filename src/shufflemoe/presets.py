@@ -6,6 +6,10 @@ from __future__ import annotations
 from .config import MoEConfig
 
 _LLAMA4 = dict(router="llama4", scoring="sigmoid", apply_router_weight_on_input=True, top_k=1)
+# gpt-oss: router bias, softmax over the chosen 4, expert biases, clamped GLU (checkpoints: mxfp4)
+_GPT_OSS = dict(hidden_size=2880, intermediate_size=2880, top_k=4, renormalize=True,
+                router_logits_bias=True, expert_bias=True, activation="swiglu_oai",
+                swiglu_limit=7.0)
 
 MODELS: dict[str, dict] = {
     "llama4-scout": dict(hidden_size=5120, intermediate_size=8192, num_experts=16,
@@ -25,6 +29,8 @@ MODELS: dict[str, dict] = {
                         router="group_limited", scoring="sigmoid", correction_bias=True,
                         n_group=8, topk_group=4, routed_scaling_factor=2.5, renormalize=True,
                         shared_intermediate_size=2048),
+    "gpt-oss-20b": dict(num_experts=32, **_GPT_OSS),
+    "gpt-oss-120b": dict(num_experts=128, **_GPT_OSS),
 }
 
 

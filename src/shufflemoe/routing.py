@@ -10,11 +10,22 @@ model dtype, the way HF transformers computes them, so a patched model routes ex
 | group_limited | top-k of score + bias inside the best groups | unbiased score, opt. renormalized   |
 
 Every weight is finally multiplied by ``routed_scaling_factor``; with a capacity factor, pairs
-past an expert's capacity (in token order) are dropped and counted.
+past an expert's capacity (in token order) are dropped and counted. Renormalizing with a capacity
+factor divides by the kept experts' affinities (``renormalize_over="kept"``, NxD's order: drop,
+then normalize) or by the k chosen ones (``"chosen"``: normalize, then drop).
+
+| semantics        | rule                                                                   |
+| ---------------- | ---------------------------------------------------------------------- |
+| ties             | equal scores go to the lower expert id (top-k and group selection)     |
+| capacity         | ceil(capacity_factor * T * k / E) pairs per expert, exact rationals;   |
+|                  | an expert keeps its pairs in ascending token order, the rest drop      |
+| renormalize      | weights / their sum over the token's kept (default) or chosen experts  |
+| dropped pairs    | sit past num_valid, never contribute; weight 0 with "kept"             |
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 import torch
@@ -22,6 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ._registry import Registry
+from .batch_invariant import linear as invariant_linear
 from .config import MoEConfig
 from .ops import index_shuffle, sort_by_expert
 from .types import Routing
@@ -30,15 +42,44 @@ RouterFn = Callable[[Tensor, MoEConfig, Tensor | None], Routing]
 ROUTERS: Registry[RouterFn] = Registry("router")
 
 
-def router_logits(x: Tensor, router_weight: Tensor, dtype: torch.dtype | None = None) -> Tensor:
-    """x [T, D], router_weight [E, D] -> logits [T, E] in ``dtype`` (default: x's dtype)."""
+def router_logits(x: Tensor, router_weight: Tensor, dtype: torch.dtype | None = None,
+                  bias: Tensor | None = None, batch_invariant: bool = False) -> Tensor:
+    """x [T, D], router_weight [E, D], bias [E] (gpt-oss) -> logits [T, E] in ``dtype`` (default:
+    x's dtype). batch_invariant: through the fixed-config grouped GEMM, each row computed the
+    same way whatever T (BLAS and cuBLAS pick their blocking by shape)."""
     if dtype is not None and dtype != x.dtype:
         x, router_weight = x.to(dtype), router_weight.to(dtype)
-    return F.linear(x, router_weight)
+        bias = None if bias is None else bias.to(dtype)
+    if batch_invariant:
+        logits = invariant_linear(x, router_weight)
+        return logits if bias is None else logits + bias
+    return F.linear(x, router_weight, bias)
+
+
+def _renormalize_kept(r: Routing, top_k: int, scaling: float, eps: float = 0.0) -> Routing:
+    """Divide each token's kept weights by their sum (+ eps), then scale; dropped pairs weigh 0.
+    r's weights are the unnormalized affinities. Found through r.positions: no host sync."""
+    A = r.num_pairs
+    pos = r.positions.long()  # [A] by pair index t * k + j
+    kept = (r.positions < r.num_valid).view(-1, top_k)  # [T, k]
+    w = torch.where(kept, r.weights[pos].view(-1, top_k), 0.0)  # [T, k]
+    total = w.sum(1, keepdim=True) + eps
+    w = torch.where(kept, w / total * scaling, 0.0)
+    weights = torch.empty_like(r.weights).scatter_(0, pos, w.view(A))
+    return dataclasses.replace(r, weights=weights)
+
+
+def drops_before_normalizing(cfg: MoEConfig) -> bool:
+    """Renormalize over the kept experts, after capacity dropping (a pass over the Routing)."""
+    return cfg.renormalize and cfg.capacity_factor is not None and cfg.renormalize_over == "kept"
 
 
 @ROUTERS.register("topk")
 def _topk(logits: Tensor, cfg: MoEConfig, bias: Tensor | None) -> Routing:
+    if drops_before_normalizing(cfg):
+        r = index_shuffle(logits, cfg.top_k, scoring=cfg.scoring,
+                          capacity=cfg.capacity(logits.shape[0]))
+        return _renormalize_kept(r, cfg.top_k, cfg.routed_scaling_factor)
     return index_shuffle(
         logits,
         cfg.top_k,
@@ -46,6 +87,7 @@ def _topk(logits: Tensor, cfg: MoEConfig, bias: Tensor | None) -> Routing:
         renormalize=cfg.renormalize,
         scaling=cfg.routed_scaling_factor,
         capacity=cfg.capacity(logits.shape[0]),
+        batch_invariant=cfg.batch_invariant,
     )
 
 
@@ -57,13 +99,15 @@ def _llama4(logits: Tensor, cfg: MoEConfig, bias: Tensor | None) -> Routing:
         scoring="sigmoid",
         scaling=cfg.routed_scaling_factor,
         capacity=cfg.capacity(logits.shape[0]),
+        batch_invariant=cfg.batch_invariant,
     )
 
 
 def group_limited_topk(
-    logits: Tensor, cfg: MoEConfig, bias: Tensor | None
+    logits: Tensor, cfg: MoEConfig, bias: Tensor | None, raw: bool = False
 ) -> tuple[Tensor, Tensor]:
-    """DeepSeek-V3 selection -> (topk_ids [T, k] int64, topk_weights [T, k] float32)."""
+    """DeepSeek-V3 selection -> (topk_ids [T, k] int64, topk_weights [T, k] float32): the chosen
+    affinities, renormalized if cfg.renormalize and scaled (raw: neither)."""
     T, E = logits.shape
     scores = torch.softmax(logits.float(), -1) if cfg.scoring == "softmax" else logits.float().sigmoid()
     choice = scores if bias is None else scores + bias.float()  # the bias steers selection only
@@ -74,16 +118,31 @@ def group_limited_topk(
     keep = torch.zeros_like(group_score).scatter_(1, groups, 1.0).bool()  # [T, n_group]
     keep = keep[:, :, None].expand_as(per_group).reshape(T, E)
     ids = choice.masked_fill(~keep, float("-inf")).topk(cfg.top_k, dim=-1, sorted=False).indices
+    if cfg.batch_invariant:  # unsorted top-k's order may follow T; the weights' sum needs one
+        ids = ids.sort(dim=-1).values
     weights = scores.gather(1, ids)
+    if raw:
+        return ids, weights
     if cfg.renormalize:
-        weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+        # batch_invariant: the k columns added left to right, not in an order a reduction picks
+        total = (sum(weights.unbind(1)).unsqueeze(1) if cfg.batch_invariant
+                 else weights.sum(-1, keepdim=True))
+        weights = weights / (total + _DEEPSEEK_EPS)
     return ids, weights * cfg.routed_scaling_factor
+
+
+_DEEPSEEK_EPS = 1e-20  # DeepSeek-V3's renormalization epsilon (HF transformers)
 
 
 @ROUTERS.register("group_limited")
 def _group_limited(logits: Tensor, cfg: MoEConfig, bias: Tensor | None) -> Routing:
+    capacity = cfg.capacity(logits.shape[0])
+    if drops_before_normalizing(cfg):
+        ids, weights = group_limited_topk(logits, cfg, bias, raw=True)
+        r = sort_by_expert(ids, cfg.num_experts, weights, capacity=capacity)
+        return _renormalize_kept(r, cfg.top_k, cfg.routed_scaling_factor, _DEEPSEEK_EPS)
     ids, weights = group_limited_topk(logits, cfg, bias)
-    return sort_by_expert(ids, cfg.num_experts, weights, capacity=cfg.capacity(logits.shape[0]))
+    return sort_by_expert(ids, cfg.num_experts, weights, capacity=capacity)
 
 
 def route(logits: Tensor, cfg: MoEConfig, bias: Tensor | None = None) -> Routing:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 import torch
 from torch import Tensor
@@ -59,19 +59,27 @@ class Routing:
 
 @dataclass(frozen=True)
 class ExpertWeights:
-    """Routed expert weights in the canonical layout (HF transformers 5.x / vLLM).
+    """Routed expert weights in the canonical layout (HF transformers 5.x / vLLM), stored in the
+    format ``quantization`` (ops/quantize/formats.py): e.g. fp8_rowwise float8_e4m3fn with one
+    float32 scale per output row, fp8_block with one per 128 x 128 block (w13's blocks restart at
+    its up half), mxfp4 two e2m1 a byte ([E, N, K/2] uint8) with e8m0 scales [E, N, K/32]."""
 
-    Under fp8_rowwise the matrices are float8_e4m3fn with one float32 scale per output row.
-    """
+    w13: Tensor  # [E, 2I, D]: gate rows then up rows (mxfp4: [E, 2I, D/2] bytes)
+    w2: Tensor  # [E, D, I] (mxfp4: [E, D, I/2])
+    w13_scale: Tensor | None = None  # fp8_rowwise/fp8_w8a16 [E, 2I] float32; see the formats
+    w2_scale: Tensor | None = None  # fp8_rowwise/fp8_w8a16 [E, D] float32
+    w13_bias: Tensor | None = None  # [E, 2I], added after the first GEMM (gpt-oss)
+    w2_bias: Tensor | None = None  # [E, D], added after the second GEMM, before the routing weight
+    quantization: str = "none"
 
-    w13: Tensor  # [E, 2I, D]: gate rows then up rows
-    w2: Tensor  # [E, D, I]
-    w13_scale: Tensor | None = None  # [E, 2I] float32 (fp8 only)
-    w2_scale: Tensor | None = None  # [E, D] float32 (fp8 only)
+    def __post_init__(self) -> None:
+        if (self.w13_scale is None) != (self.quantization == "none"):
+            raise ValueError(f"ExpertWeights: quantization={self.quantization!r} "
+                             f"{'needs' if self.w13_scale is None else 'takes no'} scales")
 
     @property
     def quantized(self) -> bool:
-        return self.w13_scale is not None
+        return self.quantization != "none"
 
     @property
     def num_experts(self) -> int:
@@ -79,7 +87,7 @@ class ExpertWeights:
 
     @property
     def intermediate_size(self) -> int:
-        return self.w2.shape[-1]
+        return self.w13.shape[1] // 2
 
     @property
     def hidden_size(self) -> int:
@@ -88,5 +96,11 @@ class ExpertWeights:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self._tensors())
 
+    def experts(self, start: int, stop: int) -> ExpertWeights:
+        """Experts [start, stop) of every tensor (views)."""
+        return replace(self, **{f.name: getattr(self, f.name)[start:stop] for f in fields(self)
+                                if isinstance(getattr(self, f.name), Tensor)})
+
     def _tensors(self) -> list[Tensor]:
-        return [t for t in (self.w13, self.w2, self.w13_scale, self.w2_scale) if t is not None]
+        return [t for t in (self.w13, self.w2, self.w13_scale, self.w2_scale, self.w13_bias,
+                            self.w2_bias) if t is not None]

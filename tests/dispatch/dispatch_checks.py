@@ -40,6 +40,10 @@ _LLAMA4 = dict(num_experts=8, top_k=1, router="llama4", scoring="sigmoid",
 _DEEPSEEK = dict(num_experts=16, top_k=4, router="group_limited", scoring="sigmoid",
                  correction_bias=True, n_group=4, topk_group=2, renormalize=True,
                  routed_scaling_factor=2.5, intermediate_size=8, shared_intermediate_size=8)
+# gpt-oss: mxfp4 experts with biases, router logit bias, clamped GLU (w2_bias on tp rank 0 only)
+_GPT_OSS = dict(num_experts=8, top_k=4, renormalize=True, router_logits_bias=True,
+                expert_bias=True, activation="swiglu_oai", swiglu_limit=7.0, quantization="mxfp4",
+                intermediate_size=128)
 _CAPACITY = dict(num_experts=8, top_k=2, scoring="sigmoid", capacity_factor=1.0,
                  intermediate_size=8, shared_intermediate_size=4)
 
@@ -50,6 +54,12 @@ CASES: dict[int, list[Case]] = {
         Case("deepseek", _DEEPSEEK, (7, 5)),
         Case("fp8", dict(_MIXTRAL, quantization="fp8_rowwise", shared_intermediate_size=16),
              (8, 6), dtypes=("bfloat16",), hidden=32),
+        Case("gpt_oss", _GPT_OSS, (7, 5), dtypes=("bfloat16",), hidden=64),
+        # tp = 2 cuts I = 256 on a 128-block boundary; EP sends its rows in bf16
+        Case("fp8_block", dict(_MIXTRAL, quantization="fp8_block", intermediate_size=256,
+                               shared_intermediate_size=16), (6, 4), dtypes=("bfloat16",),
+             hidden=128),
+        Case("w8a16", dict(_DEEPSEEK, quantization="fp8_w8a16"), (7, 5), dtypes=("bfloat16",)),
         Case("capacity", _CAPACITY, (0, 13)),  # dropped over both ranks' tokens, as one process
         Case("one_expert", dict(num_experts=8, top_k=1, intermediate_size=8,
                                 shared_intermediate_size=8, shared_expert_gate=True),
@@ -59,6 +69,7 @@ CASES: dict[int, list[Case]] = {
     ],
     4: [
         Case("deepseek", _DEEPSEEK, (5, 0, 9, 3)),
+        Case("gpt_oss", _GPT_OSS, (3, 0, 6, 2), dtypes=("bfloat16",), hidden=64),
         Case("capacity", _CAPACITY, (7, 6, 0, 5), dtypes=("float32",)),
     ],
 }
@@ -267,14 +278,20 @@ def _source_counts(layer: MoE, batch: Batch) -> list[list[int]]:
     return counts
 
 
+# Spied formats (world 2): layout suffix -> case. fp8_rowwise sends fp8 rows and scales; mxfp4
+# (with biases) sends bf16 rows.
+FORMAT_SPIES = {"(fp8)": "fp8", "(mxfp4)": "gpt_oss"}
+
+
 def _spy_checks(world: int, rank: int, results: dict) -> None:
-    spied = [(CASES[world][0], "bfloat16", key) for key in SPECS[world]]
+    spied = [(CASES[world][0], "bfloat16", key, key) for key in SPECS[world]]
     if world == 2:
-        fp8 = next(c for c in CASES[2] if c.name == "fp8")
-        spied += [(fp8, "bfloat16", "ep_allgather(fp8)"), (fp8, "bfloat16", "ep_alltoall(fp8)")]
-    for case, dname, key in spied:
+        for suffix, case_name in FORMAT_SPIES.items():
+            case = next(c for c in CASES[2] if c.name == case_name)
+            spied += [(case, "bfloat16", f"{base}{suffix}", base)
+                      for base in ("ep_allgather", "ep_alltoall")]
+    for case, dname, key, base in spied:
         try:
-            base = key.replace("(fp8)", "")
             name, ep, tp_, options = SPECS[world][base]
             full = full_layer(case, DTYPES[dname])
             layer = build(full, world, base)
@@ -334,6 +351,8 @@ def _error_checks(world: int, rank: int, results: dict) -> None:
         base = dict(hidden_size=8, intermediate_size=4, num_experts=4, top_k=2)
         odd_i = MoE(MoEConfig(**dict(base, intermediate_size=3)))
         odd_e = MoE(MoEConfig(**dict(base, num_experts=3)))
+        blocks = MoE(MoEConfig(**dict(base, hidden_size=128, intermediate_size=128,
+                                      quantization="fp8_block")))
         capacity = next(c for c in CASES[2] if c.name == "capacity")
         mixed = parallelize(full, "ep_allgather", _mesh(2, 1), max_tokens=4 + 4 * rank)
         other = expert_parallel(full, _mesh(2, 1), "allgather", dedup=False,
@@ -356,6 +375,8 @@ def _error_checks(world: int, rank: int, results: dict) -> None:
                 "capacity_factor cannot be used"),
             "error-tp-divides-I": _expect_error(lambda: tensor_parallel(odd_i, _mesh(1, 2)),
                                                 "intermediate_size"),
+            "error-tp-block-scales": _expect_error(lambda: tensor_parallel(blocks, _mesh(1, 2)),
+                                                   "fp8_block's w13's scale rows cannot be cut"),
             "error-ep-divides-E": _expect_error(lambda: expert_parallel(odd_e, _mesh(2, 1)),
                                                 "must divide num_experts"),
             "error-twice": _expect_error(lambda: expert_parallel(tp_layer, _mesh(2, 1)),

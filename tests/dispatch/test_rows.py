@@ -10,6 +10,7 @@ from shufflemoe.dispatch.ep import zero_rows
 from shufflemoe.experts.base import QuantizedRows, gather_input, gather_rows
 from shufflemoe.ops import FP8_DTYPE, use_impl
 from shufflemoe.testing import poisoned
+from shufflemoe.types import ExpertWeights
 
 
 @pytest.mark.parametrize("impl", ["torch", "triton"])
@@ -27,13 +28,22 @@ def test_fp8_rows_move_bit_for_bit(impl, width):
         assert (got.view(torch.uint8)[17:] == 255).all()
 
 
-def test_quantized_rows_feed_fp8_experts_only():
-    rows = QuantizedRows(torch.zeros(4, 8, dtype=FP8_DTYPE), torch.ones(4))
+def _weights(quantization: str) -> ExpertWeights:
+    w = torch.zeros(2, 4, 8, dtype=FP8_DTYPE)
+    return ExpertWeights(w, w, torch.ones(2, 4), torch.ones(2, 4), quantization=quantization)
+
+
+def test_quantized_rows_feed_fp8_rowwise_experts_only():
+    q = torch.arange(32, dtype=torch.float32).view(4, 8).to(FP8_DTYPE)
+    rows = QuantizedRows(q, torch.tensor([1.0, 2.0, 3.0, 4.0]))
     assert rows.shape == (4, 8) and rows.device.type == "cpu"
-    q, s = gather_input(rows, torch.tensor([3, 1]), None, quantize=True)
-    assert q.shape == (2, 8) and s.shape == (2,)
-    with pytest.raises(ValueError, match="quantized rows"):
-        gather_input(rows, torch.tensor([3, 1]), torch.ones(2), quantize=True)
+    got_q, got_s = gather_input(rows, torch.tensor([3, 1]), None, _weights("fp8_rowwise"))
+    assert torch.equal(got_q.view(torch.uint8), q.view(torch.uint8)[[3, 1]])
+    assert torch.equal(got_s, torch.tensor([4.0, 2.0]))
+    with pytest.raises(ValueError, match="quantized rows"):  # scaled again
+        gather_input(rows, torch.tensor([3, 1]), torch.ones(2), _weights("fp8_rowwise"))
+    with pytest.raises(ValueError, match="fp8_w8a16"):  # a format whose input is not fp8 rows
+        gather_input(rows, torch.tensor([3, 1]), None, _weights("fp8_w8a16"))
 
 
 @pytest.mark.parametrize("impl", ["torch", "triton"])

@@ -7,25 +7,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from factories import configs, make_input, make_layer
-from shufflemoe.testing import tolerance_key
+from factories import check_strategy, configs, make_input, make_layer
 from shufflemoe import EXPERTS, MoEConfig
 from shufflemoe.ops import sort_by_expert
-from shufflemoe.reference import naive_moe
-from shufflemoe.testing import assert_close
 
 STRATEGIES = EXPERTS.names()
-
-
-def check_strategy(name, layer, x, routing):
-    cfg = layer.config
-    strategy = EXPERTS.get(name)
-    base = torch.randn(x.shape, generator=torch.Generator().manual_seed(7)).to(cfg.dtype)
-    out = base.clone()
-    strategy.forward(x, routing, layer.expert_weights, out, cfg)
-    ref, mag = naive_moe(layer, x, routing, with_magnitude=True)
-    assert_close(out, base.double() + ref, tolerance_key(cfg), name=f"{name} {cfg}",
-                 magnitude=base.double().abs() + mag)
 
 
 @pytest.mark.parametrize("name", STRATEGIES)

@@ -36,9 +36,11 @@ CASES = [  # (model_type, config overrides): every router option each model has
     ("olmoe", dict(norm_topk_prob=True)),
     ("deepseek_v3", dict(norm_topk_prob=True)),
     ("deepseek_v3", dict(norm_topk_prob=False, n_group=2, topk_group=1, routed_scaling_factor=1.0)),
+    ("gpt_oss", {}),
+    ("gpt_oss", dict(num_experts_per_tok=4)),
 ]
 IDS = [f"{t}-" + ("-".join(f"{k}={v}" for k, v in o.items()) or "default") for t, o in CASES]
-MODEL_TYPES = ["llama4_text", "qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "deepseek_v3"]
+MODEL_TYPES = ["llama4_text", "qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "deepseek_v3", "gpt_oss"]
 DECORATED = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "deepseek_v3"]  # @use_experts_implementation
 
 
@@ -89,7 +91,7 @@ def _chosen(model, block, x) -> torch.Tensor:
     spec = spec_for(model.config.model_type)
     with torch.no_grad():
         out = getattr(block, spec.router_module)(x.reshape(-1, x.shape[-1]))
-    if spec.returns_router_logits:  # Llama 4: (scores, logits), unchosen scores are sigmoid(-inf)
+    if spec.returns == "out_and_logits":  # Llama 4: (scores, logits), unchosen: sigmoid(-inf)
         return out[0] > 0
     ids = out[2]
     return torch.zeros(ids.shape[0], out[0].shape[-1], dtype=torch.bool).scatter_(1, ids, True)
@@ -100,7 +102,7 @@ def _tied(model, block, x) -> torch.Tensor:
     spec = spec_for(model.config.model_type)
     with torch.no_grad():
         out = getattr(block, spec.router_module)(x.reshape(-1, x.shape[-1]))
-    logits = (out[1] if spec.returns_router_logits else out[0]).float()
+    logits = (out[1] if spec.returns == "out_and_logits" else out[0]).float()
     k = block_layer(block).config.top_k
     top = logits.topk(min(k + 1, logits.shape[-1])).values
     return top[:, k - 1] == top[:, -1] if k < logits.shape[-1] else torch.zeros(len(top), dtype=torch.bool)
@@ -200,7 +202,7 @@ def test_load_state_dict_and_to_rebuild_the_layer(model_type):
     assert _logits(model, ids).dtype == torch.bfloat16
 
 
-@pytest.mark.parametrize("model_type", ["llama4_text", "qwen3_moe"])
+@pytest.mark.parametrize("model_type", ["llama4_text", "qwen3_moe", "gpt_oss"])
 def test_router_logits_are_recorded(model_type):
     model = build_model(tiny_config(model_type), torch.float32)
     ids = _prompt()
@@ -252,16 +254,39 @@ def test_unknown_model_type_raises():
         patch_model_type("not_a_model")
 
 
-def test_gpt_oss_is_refused_with_the_reason():
-    from transformers import AutoConfig
+def test_gpt_oss_weights_and_outputs():
+    """gpt-oss: the down projection and biases are the HF tensors (down_proj a transposed view);
+    gate/up alternate in HF, so w13 is the one converted copy; the block returns the router
+    scores only while router logits are recorded (its decoder layer drops them)."""
+    model = build_model(tiny_config("gpt_oss"), torch.float32)
+    ids = _prompt()
+    patch(model)
+    _logits(model, ids)
+    block = model.model.layers[0].mlp
+    layer = block_layer(block)
+    cfg = layer.config
+    assert (cfg.activation, cfg.swiglu_alpha, cfg.swiglu_limit) == ("swiglu_oai", 1.702, 7.0)
+    assert cfg.expert_bias and cfg.router_logits_bias and cfg.renormalize
+    storage = lambda t: t.untyped_storage().data_ptr()  # noqa: E731
+    assert storage(layer.w2) == storage(block.experts.down_proj)
+    assert storage(layer.w2_bias) == storage(block.experts.down_proj_bias)
+    assert storage(layer.router_logits_bias) == storage(block.router.bias)
+    assert storage(layer.w13) != storage(block.experts.gate_up_proj)
+    E, D, I = cfg.num_experts, cfg.hidden_size, cfg.intermediate_size
+    hf = block.experts.gate_up_proj.detach()  # [E, D, 2I], columns gate0, up0, gate1, ...
+    assert torch.equal(layer.w13[:, :I], hf[:, :, 0::2].transpose(1, 2))
+    assert torch.equal(layer.w13[:, I:], hf[:, :, 1::2].transpose(1, 2))
+    x = torch.randn(1, 5, D)
+    with torch.no_grad():
+        out, scores = block(x)
+    assert out.shape == x.shape and scores is None
 
-    with pytest.raises(ValueError, match="gpt_oss.*biases"):
-        patch_model_type("gpt_oss")
-    cfg = AutoConfig.for_model("gpt_oss", hidden_size=64, intermediate_size=32, num_hidden_layers=1,
-                               num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                               num_local_experts=4, num_experts_per_tok=2, vocab_size=128)
+
+def test_gpt_oss_experts_implementation_is_refused_with_the_reason():
+    """transformers routes and shufflemoe runs the experts: not for gpt-oss's biased experts
+    (patch() runs its whole block instead)."""
     register_experts_implementation()
-    model = build_model(cfg, torch.float32)
+    model = build_model(tiny_config("gpt_oss"), torch.float32)
     model.set_experts_implementation("shufflemoe")
     with pytest.raises(NotImplementedError, match="expert biases"):
         _logits(model, _prompt())
@@ -309,3 +334,24 @@ def test_other_expert_strategies(experts):
     patch(model, experts=experts)
     assert_close(_logits(model, ids), ref, torch.float32, f"logits with experts={experts}")
     assert all(block_layer(b).experts.name == experts for b in _blocks(model).values())
+
+
+@pytest.mark.parametrize("how", ["patch", "experts_implementation"])
+def test_train_mode_with_gradients_is_refused(how):
+    """shufflemoe computes no gradients: a forward that would train raises instead of silently
+    leaving the experts' gradients empty. Train mode under no_grad, and eval mode with
+    gradients on (an ordinary HF forward), still run."""
+    model = build_model(tiny_config("qwen3_moe"), torch.float32)
+    ids = _prompt()
+    if how == "patch":
+        patch(model)
+    else:
+        register_experts_implementation()
+        model.set_experts_implementation("shufflemoe")
+    model.train()
+    with pytest.raises(RuntimeError, match="inference only.*model.eval"):
+        model(ids)
+    with torch.no_grad():
+        model(ids)
+    model.eval()
+    model(ids)

@@ -96,19 +96,29 @@ def _opcheck_cases() -> dict[str, tuple]:
         "sort_by_expert_ref": (topk, E, None, 1, *routing),
         "gather_scale": (d["x"], r.token_ids, r.weights, r.num_valid, empty(A, D, dtype=d["x"].dtype)),
         "gather_scale_fp8": (d["x"], r.token_ids, None, r.num_valid, empty(A, D, dtype=fp8), empty(A)),
-        "grouped_gemm": (*gemm, False),
-        "grouped_gemm_ref": (*scatter, True),
-        "silu_mul": (h, r.num_valid, empty(A, I)),
-        "silu_mul_fp8": (h, None, empty(A, I, dtype=fp8), empty(A)),
+        "grouped_gemm": (*gemm, False, "none", None, None),
+        "grouped_gemm_ref": (*scatter, True, "none", torch.randn(E, D, device=DEV), None),
+        "silu_mul": (h, r.num_valid, empty(A, I), "swiglu_oai", 1.702, 7.0),
+        "silu_mul_fp8": (h, None, empty(A, I, dtype=fp8), empty(A), "silu", 1.0, None),
+        "silu_mul_fp8_groups": (h, r.num_valid, empty(A, I, dtype=fp8), empty(A, 1), "swiglu_oai",
+                                1.702, 7.0),
+        "quantize_fp8_groups": (h, r.num_valid, empty(A, 2 * I, dtype=fp8), empty(A, 1), 128),
         "scatter_add": (torch.zeros(T, I, device=DEV), y, r.token_ids, r.weights, r.num_valid, None),
         "scatter_add_token_major": (torch.zeros(T, I, device=DEV), y, r.positions, r.weights,
                                     r.num_valid),
         "combine_shuffling": (h, counts, starts, empty(A, 2 * I), empty(E // 2, dtype=i32)),
         "split_shuffling": (h, counts, starts, empty(A, 2 * I)),
+        "decode_gate_up": (d["x"], d["w13"], None, r.counts, r.token_ids, r.weights,
+                           empty(A, I, dtype=torch.bfloat16), None, None),
+        "decode_down": (torch.randn(A, I, device=DEV).to(torch.bfloat16), None,
+                        d["w13"][:, :D, :I].contiguous(), None, r.counts, r.token_ids,
+                        r.positions, r.weights, torch.zeros(T, D, dtype=torch.bfloat16,
+                                                            device=DEV)),
     }
     refs = {  # the references of the kernels above take the same arguments
-        "gather_scale", "gather_scale_fp8", "silu_mul", "silu_mul_fp8", "scatter_add",
-        "scatter_add_token_major", "combine_shuffling", "split_shuffling"}
+        "gather_scale", "gather_scale_fp8", "silu_mul", "silu_mul_fp8", "silu_mul_fp8_groups",
+        "quantize_fp8_groups", "scatter_add", "scatter_add_token_major", "combine_shuffling",
+        "split_shuffling", "decode_gate_up", "decode_down"}
     cases.update({f"{name}_ref": cases[name] for name in refs})
     return cases
 
@@ -126,6 +136,28 @@ def test_opcheck_every_op():
         fp8 = any(isinstance(a, torch.Tensor) and a.dtype == torch.float8_e4m3fn for a in args)
         utils = ("test_faketensor",) if fp8 else ("test_schema", "test_faketensor")
         torch.library.opcheck(getattr(torch.ops.shufflemoe, name), args, test_utils=utils)
+
+
+@pytest.mark.parametrize("name", ["grouped_gemm", "grouped_gemm_ref"])
+@pytest.mark.parametrize("quantization", ["fp8_w8a16", "fp8_block", "mxfp4"])
+def test_opcheck_weight_formats(name, quantization):
+    """The grouped GEMM ops' fake implementations and schemas with each weight format's
+    operands and a bias."""
+    from shufflemoe.ops.quantize import reference as qref
+    from shufflemoe.ops.quantize.formats import FORMATS
+
+    fmt = FORMATS[quantization]
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(10, 64, generator=g).to(torch.bfloat16)
+    wq, ws = fmt.quantize(torch.randn(3, 48, 64, generator=g), 24 if quantization == "fp8_block" else None)
+    xs = None
+    if fmt.activation == "groups":
+        x, xs = qref.quantize_fp8_groups(x)
+    args = (x, wq, torch.tensor([4, 0, 6], dtype=torch.int32), xs, ws, None, None, None,
+            torch.empty(10, 48, dtype=torch.bfloat16), name == "grouped_gemm_ref",
+            quantization, torch.randn(3, 48), 24 if quantization == "fp8_block" else None)
+    args = tuple(a.to(DEV) if isinstance(a, torch.Tensor) else a for a in args)
+    torch.library.opcheck(getattr(torch.ops.shufflemoe, name), args, test_utils=("test_faketensor",))
 
 
 def test_compile_fullgraph_matches_eager():

@@ -236,6 +236,37 @@ def check_inverse(r, k: int) -> None:
     assert torch.equal(r.token_ids[r.positions.long()].long(), pairs // k)
 
 
+@pytest.mark.parametrize("invariant", [True, False])
+def test_batch_invariant_weights(invariant):
+    """batch_invariant: a row's weights are the same bits routed alone or among 70 rows (E = 64:
+    the default tiling sums a row's softmax in one tile of 64 alone, in chunks of 16 among 70)."""
+    scores = scores_for(70, 64, torch.float32)
+    kw = dict(scoring="softmax", renormalize=True, impl="triton", batch_invariant=invariant)
+    full = index_shuffle(scores, 4, **kw).dense_weights(70)
+    rows = [1, 4, 12, 69]  # the default tiling gives 1, 4 and 12 other bits alone
+    alone = torch.cat([index_shuffle(scores[t:t + 1], 4, **kw).dense_weights(1) for t in rows])
+    same = torch.equal(alone, full[rows])
+    if invariant:
+        assert same
+    elif not CUDA:  # the check has teeth (the GPU's tiling may happen to agree)
+        assert not same
+
+
+def test_kernel_reads_strided_columns():
+    """Scores and top-k ids/weights with a column stride other than 1 (a transposed view): the
+    kernel read them as contiguous and routed wrong; now the same Routing as their copies."""
+    scores = scores_for(24, 6, torch.float32).t().contiguous().t()
+    assert scores.stride(1) != 1
+    kw = dict(scoring="softmax", renormalize=True)
+    check_same(index_shuffle(scores, 2, impl="triton", **kw),
+               index_shuffle(scores.contiguous(), 2, impl="torch", **kw))
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(0, 6, (3, 24), generator=g).to(DEV).t()
+    w = torch.rand(3, 24, generator=g).to(DEV).t()
+    check_same(sort_by_expert(ids, 6, w, impl="triton"),
+               sort_by_expert(ids.contiguous(), 6, w.contiguous(), impl="torch"))
+
+
 @pytest.mark.parametrize("T,E,k,capacity", [(0, 16, 2, None), (1, 4, 3, None), (1, 256, 8, 0),
                                             (37, 16, 8, 3), (90, 256, 8, 4), (600, 16, 1, 30)],
                          ids=["T0", "T1", "T1_all_dropped", "k8_capacity", "E256_k8",

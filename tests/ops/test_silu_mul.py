@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shufflemoe.ops import FP8_DTYPE, dequantize_fp8_rowwise, quantize_fp8_rowwise, silu_mul
+from shufflemoe.ops.quantize.reference import dequantize_fp8_groups, quantize_fp8_groups
 from shufflemoe.ops.silu_mul import kernel
 from shufflemoe.testing import assert_close, poisoned
 
@@ -90,7 +91,7 @@ def quantize_variant(h, nv, variant):
     """(q, scale) of one fp8 launch variant, into a poisoned q (0xFF) and scale (NaN)."""
     A, I = h.shape[0], h.shape[1] // 2
     q = torch.full((A, I), 0xFF, dtype=torch.uint8, device=h.device).view(FP8_DTYPE)
-    return kernel.silu_mul(h, nv, True, (q, poisoned(A, dtype=torch.float32, device=h.device)),
+    return kernel.silu_mul(h, nv, "rowwise", (q, poisoned(A, dtype=torch.float32, device=h.device)),
                            fp8_variant=variant)
 
 
@@ -170,3 +171,84 @@ def test_gpu_i5120(quantize):
 @pytest.mark.parametrize("variant", FP8_VARIANTS)
 def test_gpu_fp8_variant_i5120(variant):
     check_variant(1024, 5120, 1000, variant)
+
+
+# ---- activation variants (gpt-oss) and fp8 groups ---------------------------------------------
+
+ACTS = {"swiglu_oai, limit 1.5": dict(activation="swiglu_oai", alpha=1.702, limit=1.5),
+        "swiglu_oai, no limit": dict(activation="swiglu_oai", alpha=0.9),
+        "silu, limit 2": dict(activation="silu", limit=2.0)}
+
+
+def glu64(h, activation="silu", alpha=1.0, limit=None):
+    """The definitions in float64, written out: gpt-oss's clamped GLU and SwiGLU."""
+    g, u = h.double().chunk(2, dim=1)
+    if limit is not None:
+        g, u = torch.minimum(g, torch.tensor(limit, dtype=g.dtype)), u.clamp(-limit, limit)
+    if activation == "swiglu_oai":
+        return (u + 1) * g / (1 + torch.exp(-alpha * g))
+    return g / (1 + torch.exp(-g)) * u
+
+
+@pytest.mark.parametrize("act", list(ACTS))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+def test_activation_variants_match_float64(act, dtype, impl):
+    """|h| up to ~9, so the limit clamps a good share of gates and ups."""
+    A, I, n = 13, 150, 10
+    h, nv = make(A, I, dtype, n_valid=n, seed=len(act))
+    out = silu_mul(h, num_valid=nv, out=poisoned(A, I, dtype=dtype, device=DEV), impl=impl,
+                   **ACTS[act])
+    assert_close(out[:n], glu64(h[:n].cpu(), **ACTS[act]), dtype)
+    assert out[n:].isnan().all()
+    if "limit" in ACTS[act]:  # the clamp matters: without it the result differs
+        unclamped = {k: v for k, v in ACTS[act].items() if k != "limit"}
+        assert (glu64(h[:n].cpu(), **unclamped) - out[:n].double().cpu()).abs().max() > 1
+
+
+@pytest.mark.parametrize("act", list(ACTS))
+@pytest.mark.parametrize("variant", ["one_pass", "two_pass"])
+def test_activation_variants_quantized_rowwise(act, variant):
+    """fp8 rowwise of the variant: bit for bit the quantization of the kernel's float32 result."""
+    A, I, n = 7, 300, 5
+    h, nv = make(A, I, torch.bfloat16, n_valid=n, seed=3)
+    q = torch.full((A, I), 0xFF, dtype=torch.uint8, device=DEV).view(FP8_DTYPE)
+    s = poisoned(A, dtype=torch.float32, device=DEV)
+    a = ACTS[act]
+    kernel.silu_mul(h, nv, "rowwise", (q, s), (a["activation"], a.get("alpha", 1.0), a.get("limit")),
+                    fp8_variant=variant)
+    rq, rs = quantize_fp8_rowwise(silu_mul(h[:n].float(), impl="triton", **a))
+    assert torch.equal(q[:n].view(torch.uint8), rq.view(torch.uint8)) and torch.equal(s[:n], rs)
+    assert (q[n:].view(torch.uint8) == 0xFF).all() and s[n:].isnan().all()
+
+
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+@pytest.mark.parametrize("I", [150, 128, 20], ids=lambda i: f"I={i}")
+@pytest.mark.parametrize("act", ["silu", "swiglu_oai"])
+def test_quantized_groups(impl, I, act):
+    """quantize="groups": one scale per 128 columns (partial last group), bit for bit the group
+    quantization of the op's own float32 result; rows past num_valid untouched."""
+    A, n = 9, 6
+    kw = ACTS["swiglu_oai, limit 1.5"] if act == "swiglu_oai" else {}
+    h, nv = make(A, I, torch.bfloat16, n_valid=n, seed=I)
+    h[1, :I] = 0.0  # a row whose gates are all zero
+    G = -(-I // 128)
+    q = torch.full((A, I), 0xFF, dtype=torch.uint8, device=DEV).view(FP8_DTYPE)
+    s = poisoned(A, G, dtype=torch.float32, device=DEV)
+    silu_mul(h, num_valid=nv, quantize="groups", out=(q, s), impl=impl, **kw)
+    rq, rs = quantize_fp8_groups(silu_mul(h[:n].float(), impl=impl, **kw))
+    assert torch.equal(q[:n].view(torch.uint8), rq.view(torch.uint8)) and torch.equal(s[:n], rs)
+    assert (q[n:].view(torch.uint8) == 0xFF).all() and s[n:].isnan().all()
+    assert_close(dequantize_fp8_groups(q[:n], s[:n]), glu64(h[:n].cpu(), **kw), "fp8_block")
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(activation="gelu"), "activation must be one of"),
+    (dict(quantize="blocks"), "quantize must be one of"),
+    (dict(limit=-1.0), "limit must be"),
+    (dict(quantize="groups", out=(torch.empty(4, 4, dtype=FP8_DTYPE), torch.empty(4))),
+     r"out\[1\] must have shape"),
+])
+def test_bad_activation_arguments_raise(kwargs, match):
+    with pytest.raises((TypeError, ValueError), match=match):
+        silu_mul(torch.randn(4, 8), **kwargs)

@@ -23,7 +23,8 @@ ranks, as one process would.
 
 On the receiving side a local Routing makes received row i its own token with weight 1 (the
 routing weights stay with the source or were applied before sending), so every expert strategy
-runs unchanged on what arrives, and fp8 rows arrive quantized (experts.base.QuantizedRows).
+runs unchanged on what arrives, and fp8_rowwise rows arrive quantized (experts.base.QuantizedRows;
+the other formats' rows travel in the model dtype and are quantized, if at all, by the strategy).
 """
 
 from __future__ import annotations
@@ -42,9 +43,9 @@ from .comm import reduce_scatter
 from .eplb import Placement, balanced, spread
 from .mesh import Mesh, as_mesh
 from .shard import (ParallelDispatch, dropless_routing, layer_weights, own, require_local,
-                    tp_config, tp_cut)
+                    routing_error, tp_config, tp_cut, tp_cut_error)
 
-_EXPERT_SHARDED = ("w13", "w2", "w13_scale", "w2_scale")
+_EXPERT_SHARDED = ("w13", "w2", "w13_scale", "w2_scale", "w13_bias", "w2_bias")  # replicas too
 # Every intermediate buffer is allocated here; rows it leaves unwritten must never be read, which
 # the tests check by swapping in a NaN-filling allocator (shufflemoe.testing.poisoned).
 alloc = torch.empty
@@ -70,9 +71,10 @@ class ExpertParallelDispatch(ParallelDispatch):
         self.source = mesh.tp_rank * mesh.ep + mesh.ep_rank if self.dedup else mesh.ep_rank
         self.recv_cfg = cfg.replace(
             num_experts=self.num_local, top_k=1, router="topk", scoring="softmax",
-            renormalize=False, correction_bias=False, n_group=1, topk_group=1,
-            routed_scaling_factor=1.0, capacity_factor=None, apply_router_weight_on_input=False,
-            shared_intermediate_size=0, shared_expert_gate=False)
+            renormalize=False, renormalize_over="kept", correction_bias=False, n_group=1,
+            topk_group=1, routed_scaling_factor=1.0, capacity_factor=None,
+            apply_router_weight_on_input=False, shared_intermediate_size=0,
+            shared_expert_gate=False)
         self.observed: Tensor | None = None  # [E] int64 logical pairs routed here so far
         self._tables: dict = {}
 
@@ -92,6 +94,8 @@ class ExpertParallelDispatch(ParallelDispatch):
         what = f"expert_parallel({cls.name})"
         require_local(layer, m, what)
         cfg = layer.config
+        if routing_error(cfg):
+            raise ValueError(f"{what}: {routing_error(cfg)}")
         E = cfg.num_experts
         if placement is None and redundant:
             placement = balanced(None, E, m.ep, redundant)
@@ -129,8 +133,7 @@ class ExpertParallelDispatch(ParallelDispatch):
 
     @classmethod
     def layouts(cls, cfg, ep, tp):
-        if ep < 2 or cfg.num_experts % ep or cfg.intermediate_size % tp or \
-                cfg.shared_intermediate_size % tp:
+        if ep < 2 or cfg.num_experts % ep or tp_cut_error(cfg, tp) or routing_error(cfg):
             return []
         return [dict(dedup=False)] + ([dict(dedup=True)] if tp > 1 else [])
 

@@ -9,8 +9,9 @@ the slices. A = Ts * k pairs. One all-gather moves each source's message, a byte
 
 with R = Ts token rows (token mode: k > 1 sends each token once, not once per pair; used when
 the router weight applies to the expert's output) or R = A sorted pair rows (pair mode: Llama 4
-scales the input before quantizing; it has k = 1). fp8 layers send rows already quantized (1
-byte per value). Counts ride in the same block: two collectives per layer, not three.
+scales the input before quantizing; it has k = 1). fp8_rowwise layers send rows already quantized
+(1 byte per value); the other formats send rows in the model dtype. Counts ride in the same
+block: two collectives per layer, not three.
 
     1. all_gather(block) over ep (and over tp with dedup): [S, block]
     2. the rows for my El experts, expert-major: one index gather of only
@@ -37,7 +38,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..experts.base import QuantizedRows
+from ..experts.base import QuantizedRows, quantizes_rows
 from ..ops import FP8_DTYPE, gather_scale, scatter_add, split_shuffling
 from .base import DISPATCHERS, Collective
 from .comm import all_gather, all_reduce, all_to_all
@@ -139,7 +140,7 @@ class AllGatherDispatch(ExpertParallelDispatch):
         token_mode = not cfg.apply_router_weight_on_input
         A = Ts * cfg.top_k
         return Block(num_physical, A, Ts if token_mode else A, cfg.hidden_size,
-                     FP8_DTYPE if cfg.quantized else cfg.dtype, token_mode)
+                     FP8_DTYPE if quantizes_rows(cfg.quantization) else cfg.dtype, token_mode)
 
     def padded_tokens(self, tokens: list[int]) -> int:
         """Ts: tokens every source pads to."""
@@ -158,7 +159,7 @@ class AllGatherDispatch(ExpertParallelDispatch):
         r = self.routing_of(layer, x_loc, self.source, observe=True)
         out, join = layer.start_shared(x)  # dedup: the partial for all T tokens, sliced below
         gathered = self._exchange(layer, x_loc, r, blk)  # [S, nbytes]
-        xe, C, total = self._receive(blk, gathered, P, cfg.quantized)
+        xe, C, total = self._receive(blk, gathered, P)
         ye = zero_rows(alloc(S * P, D, dtype=x.dtype, device=x.device), total)
         local = self.local_routing(C, S * P, self.capacity(layer, tokens))
         layer.experts.forward(xe, local, layer.expert_weights, ye, self.recv_cfg)
@@ -207,7 +208,7 @@ class AllGatherDispatch(ExpertParallelDispatch):
         both = alloc(self.num_sources, blk.nbytes, dtype=torch.uint8, device=dev)
         return all_gather(both, gathered, m.groups["tp"], m.tp)
 
-    def _receive(self, blk: Block, gathered: Tensor, P: int, fp8: bool):
+    def _receive(self, blk: Block, gathered: Tensor, P: int):
         """(rows for my experts [S * P, D], expert-major, sources in buffer order inside an
         expert; counts [S, El]; valid rows [1])."""
         dev, S, El = gathered.device, self.num_sources, self.num_local
@@ -223,7 +224,7 @@ class AllGatherDispatch(ExpertParallelDispatch):
         src = torch.where(valid, s * blk.total_rows + blk.meta_rows + row, 0)
         xe = gather_rows(blk.all_rows(gathered), src, total,
                          out=alloc(N, blk.hidden, dtype=blk.row_dtype, device=dev))
-        if fp8:
+        if blk.fp8:
             at = (blk._scales_at // 4) + s * (blk.nbytes // 4) + row
             scale = gather_rows(blk.all_scales(gathered), torch.where(valid, at, 0), total,
                                 out=alloc(N, 1, dtype=torch.float32, device=dev))

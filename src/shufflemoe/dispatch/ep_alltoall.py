@@ -5,7 +5,7 @@
     2. shared expert, first half of its columns: the device stays busy through the host sync
     3. ONE host sync: send and receive sizes copied to the host together (the spec delays the
        send-size copy to share the receive-size one)
-    4. all_to_all of the sorted pair rows, exact sizes (2nd shot; fp8: quantized rows + scales;
+    4. all_to_all of the sorted pair rows, exact sizes (2nd shot; fp8_rowwise: fp8 rows + scales;
        dedup: then all_gather over tp, each rank's rows padded to the largest)
     5. CombineShuffling (dense starts) to expert-major, the strategy on the received rows
     6. SplitShuffling back to source order (dedup: reduce_scatter over tp with the shared partial)
@@ -23,7 +23,7 @@ import math
 
 import torch
 
-from ..experts.base import QuantizedRows
+from ..experts.base import QuantizedRows, quantizes_rows
 from ..ops import FP8_DTYPE, combine_shuffling, gather_scale, scatter_add, split_shuffling
 from .base import DISPATCHERS, Collective
 from .comm import all_gather, all_reduce, all_to_all
@@ -61,9 +61,10 @@ class AllToAllDispatch(ExpertParallelDispatch):
         n_send, M = sum(send_sizes), max(sum(v) for v in n_recv)
         ids = r.token_ids[:n_send]  # routed pairs only, rank-major because they are expert-major
         w_in = self.input_weights(r, cfg)
+        fp8 = quantizes_rows(cfg.quantization)
         xs = gather_scale(x[lo : lo + n], ids, None if w_in is None else w_in[:n_send],
-                          quantize=cfg.quantized)
-        sent = (xs[0].view(torch.uint8), xs[1].view(-1, 1)) if cfg.quantized else (xs,)
+                          quantize=fp8)
+        sent = (xs[0].view(torch.uint8), xs[1].view(-1, 1)) if fp8 else (xs,)
         parts = [self._dispatch(p, send_sizes, mine, M) for p in sent]
         starts = torch.tensor([t * M + sum(n_recv[t][:e]) for t in range(TPd) for e in range(EP)],
                               device=dev)  # source (t', e') at t' * M: dense within a tp block
@@ -71,7 +72,7 @@ class AllToAllDispatch(ExpertParallelDispatch):
         N = sum(sizes[EP:])
         xe = [combine_shuffling(p, C, starts, out=alloc(N, *p.shape[1:], dtype=p.dtype,
                                                          device=dev))[0] for p in parts]
-        xe = QuantizedRows(xe[0].view(FP8_DTYPE), xe[1].view(-1)) if cfg.quantized else xe[0]
+        xe = QuantizedRows(xe[0].view(FP8_DTYPE), xe[1].view(-1)) if fp8 else xe[0]
         ye = torch.zeros(N, D, dtype=x.dtype, device=dev)  # every row is data: N is exact
         local = self.local_routing(C, N, self.capacity(layer, tokens))
         layer.experts.forward(xe, local, layer.expert_weights, ye, self.recv_cfg)
@@ -119,7 +120,8 @@ class AllToAllDispatch(ExpertParallelDispatch):
         e, t = divmod(rank, tp)
         El = (placement.size if placement else cfg.num_experts) // ep
         row = cfg.hidden_size * cfg.dtype.itemsize
-        sent = [cfg.hidden_size, 4] if cfg.quantized else [row]  # fp8: rows, then their scales
+        # fp8_rowwise: rows, then their scales; the other formats' rows in the model dtype
+        sent = [cfg.hidden_size, 4] if quantizes_rows(cfg.quantization) else [row]
 
         def pairs(source, d):  # pairs of a source (buffer index) for ep rank d's experts
             return sum(counts[source][d * El : (d + 1) * El])

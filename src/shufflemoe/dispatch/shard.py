@@ -3,13 +3,17 @@ checks at construction, and how weights are cut.
 
 Tensor-parallel cut (rank t of tp): rows [t * Il, (t + 1) * Il) of the gate half and of the up
 half of w13 (Il = I / tp; the halves are cut separately so SwiGLU pairs gate and up of the same
-columns), the same columns of w2, likewise for the shared expert (its sigmoid gate, [1, D],
-whole). Under fp8_rowwise, w13_scale is cut with w13's rows; w2_scale (one scale per output row
-of w2) is kept whole: a column slice of a row dequantizes with the row's scale, so the shard
-holds exactly the full layer's values. The SwiGLU output is then quantized per row over the
-rank's I / tp columns instead of all I (as vLLM does), so each rank rounds with its own scale;
-measured on the 2-rank fp8 case of tests/dispatch: max error 0.045 rms, relative L2 0.013
-against the full layer's float64 reference (single device: 0.015, 0.0042; tolerance 0.25, 0.05).
+columns) and of w13_bias, the same columns of w2, likewise for the shared expert (its sigmoid
+gate, [1, D], whole). w2_bias is added once: tp rank 0 holds it, the others zeros, and the sum
+over tp adds it. Quantized weights are cut on their scales' boundaries (formats.scale_block):
+w13_scale with w13's rows (fp8_block: Il must be a multiple of 128 rows); w2_scale along w2's
+columns (fp8_block: 128, mxfp4: 32 columns; a multiple is required, else a clear error) or kept
+whole (one scale per output row: fp8_rowwise, fp8_w8a16), so the shard holds exactly the full
+layer's values. fp8_rowwise's SwiGLU output is then quantized per row over the rank's I / tp
+columns instead of all I (as vLLM does), so each rank rounds with its own scale; measured on
+the 2-rank fp8 case of tests/dispatch: max error 0.045 rms, relative L2 0.013 against the full
+layer's float64 reference (single device: 0.015, 0.0042; tolerance 0.25, 0.05). fp8_block's
+groups of 128 columns fall on the cut, so its ranks round exactly as one device.
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ import torch
 from torch import Tensor
 
 from ..config import MoEConfig
-from ..routing import route, router_logits
+from ..ops.quantize.formats import FORMATS
+from ..routing import drops_before_normalizing, route, router_logits
 from ..types import Routing
 from .base import Dispatch
 from .comm import agree, check_replicated
@@ -31,8 +36,8 @@ from .mesh import Mesh
 if TYPE_CHECKING:
     from ..layer import MoE
 
-WEIGHTS = ("router_weight", "router_bias", "w13", "w2", "w13_scale", "w2_scale", "shared_w13",
-           "shared_w2", "shared_gate")
+WEIGHTS = ("router_weight", "router_bias", "router_logits_bias", "w13", "w2", "w13_scale",
+           "w2_scale", "w13_bias", "w2_bias", "shared_w13", "shared_w2", "shared_gate")
 
 
 class ParallelDispatch(Dispatch):
@@ -85,6 +90,16 @@ class ParallelDispatch(Dispatch):
         return None
 
 
+def routing_error(cfg: MoEConfig) -> str | None:
+    """Why a dispatcher that routes dropless at the source and applies the capacity where the
+    pairs arrive (tp_sp, ep_*) cannot route cfg as one device would (None: it can)."""
+    if drops_before_normalizing(cfg):
+        return ("a capacity_factor with renormalize=True and renormalize_over='kept' is not "
+                "supported here: the capacity is applied where the pairs arrive, after their "
+                "source normalized the weights (use renormalize_over='chosen', or dispatch 'tp')")
+    return None
+
+
 def require_local(layer: MoE, mesh: Mesh, what: str) -> None:
     """A transform starts from a single-device layer whose weights are the same on every rank."""
     if layer.dispatch.name != "local":
@@ -105,22 +120,49 @@ def gate_up_rows(t: Tensor, n: int, rank: int, dim: int) -> Tensor:
     return torch.cat([gate.narrow(dim, rank * n, n), up.narrow(dim, rank * n, n)], dim=dim)
 
 
+def tp_cut_error(cfg: MoEConfig, tp: int) -> str | None:
+    """Why the experts of cfg cannot be cut over tp ranks (None: they can)."""
+    I, Is = cfg.intermediate_size, cfg.shared_intermediate_size
+    if I % tp or Is % tp:
+        return (f"tp={tp} must divide intermediate_size ({I}) and shared_intermediate_size "
+                f"({Is})")
+    fmt, Il = FORMATS[cfg.quantization], I // tp
+    if tp == 1 or not fmt.quantized:
+        return None
+    rows, cols = fmt.scale_block
+    for what, g in (("w13's scale rows", rows), ("w2's scale columns", cols),
+                    ("w2's packed values", fmt.k_per_element)):
+        if g > 1 and Il % g:
+            return (f"tp={tp} cuts intermediate_size {I} into {Il} columns per rank, not a "
+                    f"multiple of {g}: {cfg.quantization}'s {what} cannot be cut there "
+                    f"(expert parallelism keeps experts whole)")
+    return None
+
+
 def tp_cut(layer: MoE, weights: dict[str, Tensor | None], tp: int, rank: int
            ) -> dict[str, Tensor | None]:
     """``weights`` (the layer's, experts possibly already cut by expert parallelism) with every
     expert and the shared expert cut to this tp rank's I / tp columns."""
     cfg = layer.config
-    I, Is = cfg.intermediate_size, cfg.shared_intermediate_size
-    if I % tp or Is % tp:
-        raise ValueError(f"tp={tp} must divide intermediate_size ({I}) and "
-                         f"shared_intermediate_size ({Is})")
+    problem = tp_cut_error(cfg, tp)
+    if problem:
+        raise ValueError(problem)
     if tp == 1:
         return dict(weights)
-    Il, Isl = I // tp, Is // tp
+    Il, Isl = cfg.intermediate_size // tp, cfg.shared_intermediate_size // tp
+    fmt = FORMATS[cfg.quantization]
+    rows, cols = fmt.scale_block
+    kpe = fmt.k_per_element
     cut = dict(weights, w13=gate_up_rows(weights["w13"], Il, rank, dim=1),
-               w2=own(weights["w2"].narrow(-1, rank * Il, Il)))
+               w2=own(weights["w2"].narrow(-1, rank * Il // kpe, Il // kpe)))
     if weights["w13_scale"] is not None:
-        cut["w13_scale"] = gate_up_rows(weights["w13_scale"], Il, rank, dim=1)
+        cut["w13_scale"] = gate_up_rows(weights["w13_scale"], Il // rows, rank, dim=1)
+        if cols:  # else one scale per output row of w2: kept whole
+            cut["w2_scale"] = own(weights["w2_scale"].narrow(-1, rank * Il // cols, Il // cols))
+    if weights["w13_bias"] is not None:
+        w2_bias = weights["w2_bias"]
+        cut.update(w13_bias=gate_up_rows(weights["w13_bias"], Il, rank, dim=1),
+                   w2_bias=own(w2_bias) if rank == 0 else torch.zeros_like(w2_bias))
     if weights["shared_w13"] is not None:
         cut.update(shared_w13=gate_up_rows(weights["shared_w13"], Isl, rank, dim=0),
                    shared_w2=own(weights["shared_w2"].narrow(-1, rank * Isl, Isl)))
@@ -139,13 +181,16 @@ def layer_weights(layer: MoE) -> dict[str, Tensor | None]:
 
 @functools.cache
 def _dropless(cfg: MoEConfig) -> MoEConfig:
-    return cfg if cfg.capacity_factor is None else cfg.replace(capacity_factor=None)
+    if cfg.capacity_factor is None:
+        return cfg
+    return cfg.replace(capacity_factor=None, renormalize_over="kept")  # "chosen" needs a capacity
 
 
 def dropless_routing(layer: MoE, x: Tensor) -> Routing:
     """The layer's routing of x [T, D] without capacity drops: a parallel dispatcher applies the
     capacity over every rank's tokens, as one device holding them all would."""
-    logits = router_logits(x, layer.router_weight, layer.config.router_logits_dtype)
+    logits = router_logits(x, layer.router_weight, layer.config.router_logits_dtype,
+                           layer.router_logits_bias)
     return route(logits, _dropless(layer.config), layer.router_bias)
 
 

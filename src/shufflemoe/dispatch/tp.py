@@ -31,14 +31,19 @@ from ..ops import sort_by_expert
 from .base import DISPATCHERS, Collective
 from .comm import all_gather, all_reduce, reduce_scatter
 from .mesh import as_mesh
-from .shard import (ParallelDispatch, dropless_topk, layer_weights, require_local, tp_config,
-                    tp_cut)
+from .shard import (ParallelDispatch, dropless_topk, layer_weights, require_local, routing_error,
+                    tp_config, tp_cut, tp_cut_error)
 
 
 class _TensorParallel(ParallelDispatch):
     """Both forms: built by cutting every expert (and the shared expert) to I / tp on a tp mesh."""
 
     what: str  # the transform's name in error messages
+    drops_on_arrival: bool = False  # routes dropless, applies the capacity after the all-gather
+
+    @classmethod
+    def _routing_error(cls, cfg) -> str | None:
+        return routing_error(cfg) if cls.drops_on_arrival else None
 
     @classmethod
     def build(cls, layer, mesh=None, **options):
@@ -49,14 +54,16 @@ class _TensorParallel(ParallelDispatch):
         dispatch = cls(as_mesh(mesh, "tp"))
         m = dispatch.mesh
         require_local(layer, m, cls.what)
+        if cls._routing_error(layer.config):
+            raise ValueError(f"{cls.what}: {cls._routing_error(layer.config)}")
         weights = tp_cut(layer, layer_weights(layer), m.tp, m.tp_rank)
         return MoE.from_weights(tp_config(layer.config, m.tp), experts=layer.experts.name,
                                 dispatch=dispatch, **weights)
 
     @classmethod
     def layouts(cls, cfg, ep, tp):
-        ok = ep == 1 and tp > 1 and not cfg.intermediate_size % tp
-        return [{}] if ok and not cfg.shared_intermediate_size % tp else []
+        ok = ep == 1 and tp > 1 and not tp_cut_error(cfg, tp) and not cls._routing_error(cfg)
+        return [{}] if ok else []
 
 
 @DISPATCHERS.register("tp")
@@ -86,6 +93,7 @@ class TensorParallelDispatch(_TensorParallel):
 class SequenceParallelDispatch(_TensorParallel):
     name = "tp_sp"
     what = "tensor_parallel(sequence_parallel)"
+    drops_on_arrival = True
 
     @classmethod
     def traffic(cls, cfg, ep, tp, tokens, counts, rank, **options):

@@ -19,10 +19,12 @@ from torch import Tensor
 
 from .._registry import Registry
 from ..config import MoEConfig
-from ..ops import gather_scale, grouped_gemm
+from ..ops import gather_scale, grouped_gemm, silu_mul
+from ..ops.quantize import quantize_fp8_groups
+from ..ops.quantize.formats import FORMATS
 from ..types import ExpertWeights, Routing
 
-Activation = Tensor | tuple[Tensor, Tensor]  # bf16 rows, or fp8 (q, scale) rows
+Activation = Tensor | tuple[Tensor, Tensor]  # rows in the model dtype, or fp8 (q, scale) rows
 
 
 @dataclass(frozen=True)
@@ -57,21 +59,10 @@ def gather_rows(src: Tensor, index: Tensor, num_valid: Tensor | None = None,
     return words.view(src.dtype)
 
 
-def gather_input(x: Tensor | QuantizedRows, token_ids: Tensor, weights: Tensor | None, *,
-                 num_valid: Tensor | None = None, quantize: bool = False) -> Activation:
-    """gather_scale for a strategy's input: rows of x in pair order (times weights), fp8
-    quantized when ``quantize``; already quantized rows are gathered as they are."""
-    if not isinstance(x, QuantizedRows):
-        return gather_scale(x, token_ids, weights, num_valid=num_valid, quantize=quantize)
-    if weights is not None or not quantize:
-        raise ValueError("quantized rows feed fp8 experts only, and cannot be scaled again")
-    return (gather_rows(x.q, token_ids, num_valid),
-            gather_rows(x.scale.view(-1, 1), token_ids, num_valid).view(-1))
-
-
 class Experts:
     name: ClassVar[str]
     graph_safe: ClassVar[bool] = True  # no host sync: works inside a captured CUDA graph
+    batch_invariant: ClassVar[bool] = False  # honours MoEConfig.batch_invariant
     summary: ClassVar[str] = ""
 
     def supports(self, cfg: MoEConfig, device: torch.device) -> tuple[bool, str]:
@@ -97,20 +88,53 @@ def register(cls: type[Experts]) -> type[Experts]:
     return cls
 
 
+def quantizes_rows(quantization: str) -> bool:
+    """Whether a format's expert input is fp8 rowwise, which expert parallelism quantizes before
+    it communicates (QuantizedRows); the other formats' rows travel in the model dtype."""
+    return FORMATS[quantization].activation == "rowwise"
+
+
+def gather_input(x: Tensor | QuantizedRows, token_ids: Tensor, row_weights: Tensor | None,
+                 w: ExpertWeights, num_valid: Tensor | None = None) -> Activation:
+    """xs = x[token_ids] (* row_weights) [A, D], quantized as the weight format's first GEMM
+    takes it: fp8 rowwise fused into gather_scale, fp8 groups of 128 (fp8_block) right after.
+    Rows already quantized (QuantizedRows, fp8_rowwise only) are gathered as they are."""
+    act = FORMATS[w.quantization].activation
+    if isinstance(x, QuantizedRows):
+        if act != "rowwise" or row_weights is not None:
+            raise ValueError(f"quantized rows feed fp8_rowwise experts only (got "
+                             f"{w.quantization!r}), and cannot be scaled again")
+        return (gather_rows(x.q, token_ids, num_valid),
+                gather_rows(x.scale.view(-1, 1), token_ids, num_valid).view(-1))
+    xs = gather_scale(x, token_ids, row_weights, num_valid=num_valid, quantize=act == "rowwise")
+    if act == "groups":
+        xs = quantize_fp8_groups(xs, num_valid=num_valid)
+    return xs
+
+
+def glu(h: Tensor, w: ExpertWeights, cfg: MoEConfig, num_valid: Tensor | None = None) -> Activation:
+    """a = act(gate, up) [A, I] of the first GEMM's output h [A, 2I], quantized as the second
+    GEMM takes it (fused): cfg.activation, swiglu_alpha, swiglu_limit."""
+    return silu_mul(h, num_valid=num_valid, quantize=FORMATS[w.quantization].activation,
+                    activation=cfg.activation, alpha=cfg.swiglu_alpha, limit=cfg.swiglu_limit)
+
+
 def expert_gemm(
     inp: Activation,
-    w: Tensor,
-    w_scale: Tensor | None,
+    w: ExpertWeights,
+    proj: str,
     m_sizes: Tensor,
     out_dtype: torch.dtype,
     **epilogue,
 ) -> Tensor:
-    """grouped_gemm on bf16 rows or on fp8 (q, scale) rows against (w, w_scale)."""
-    if isinstance(inp, tuple):
-        q, scale = inp
-        return grouped_gemm(q, w, m_sizes, x_scale=scale, w_scale=w_scale, out_dtype=out_dtype,
-                            **epilogue)
-    return grouped_gemm(inp, w, m_sizes, **epilogue)
+    """grouped_gemm of rows (bf16, or fp8 (q, scale)) against w.w13 (proj "w13", with its bias;
+    fp8_block scale blocks restart at its up half) or w.w2 (proj "w2")."""
+    weight, scale, bias = (getattr(w, name) for name in (proj, f"{proj}_scale", f"{proj}_bias"))
+    split = w.intermediate_size if proj == "w13" and w.quantization == "fp8_block" else None
+    x, x_scale = inp if isinstance(inp, tuple) else (inp, None)
+    return grouped_gemm(x, weight, m_sizes, x_scale=x_scale, w_scale=scale, bias=bias,
+                        quantization=w.quantization, scale_split=split, out_dtype=out_dtype,
+                        **epilogue)
 
 
 def pair_weights(routing: Routing, cfg: MoEConfig) -> tuple[Tensor | None, Tensor | None]:

@@ -10,8 +10,7 @@ import math
 
 import torch
 
-from ..ops import silu_mul
-from .base import Experts, expert_gemm, gather_input, register
+from .base import Experts, expert_gemm, gather_input, glu, register
 
 
 def num_blocks(num_pairs: int, num_experts: int, block_size: int) -> int:
@@ -45,10 +44,9 @@ class Blockwise(Experts):
         sizes = (blocks * B).int()  # whole blocks per expert
         used = sizes.sum().reshape(1)
         on_input = cfg.apply_router_weight_on_input
-        xb = gather_input(x, row_token, row_weight if on_input else None, num_valid=used,
-                          quantize=w.quantized)
-        hb = expert_gemm(xb, w.w13, w.w13_scale, sizes, cfg.dtype)  # [N * B, 2I]
-        ab = silu_mul(hb, num_valid=used, quantize=w.quantized)
+        xb = gather_input(x, row_token, row_weight if on_input else None, w, num_valid=used)
+        hb = expert_gemm(xb, w, "w13", sizes, cfg.dtype)  # [N * B, 2I]
+        ab = glu(hb, w, cfg, num_valid=used)
         before_combine()
-        expert_gemm(ab, w.w2, w.w2_scale, sizes, cfg.dtype,
+        expert_gemm(ab, w, "w2", sizes, cfg.dtype,
                     row_weights=None if on_input else row_weight, scatter_ids=row_token, out=out)

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from ..ops import silu_mul
-from .base import Experts, expert_gemm, gather_input, pair_weights, register
+from .base import Experts, expert_gemm, gather_input, glu, pair_weights, register
 
 
 @register
@@ -25,10 +24,10 @@ class Concat(Experts):
         sizes = torch.tensor(counts, dtype=torch.int32, device=x.device)  # host -> device
         w_in, w_out = pair_weights(r, cfg)
         tokens = r.token_ids[:n]
-        xs = gather_input(x, tokens, None if w_in is None else w_in[:n], quantize=w.quantized)
-        h = expert_gemm(xs, w.w13, w.w13_scale, sizes, cfg.dtype)  # [n, 2I]
-        a = silu_mul(h, quantize=w.quantized)
+        xs = gather_input(x, tokens, None if w_in is None else w_in[:n], w)
+        h = expert_gemm(xs, w, "w13", sizes, cfg.dtype)  # [n, 2I]
+        a = glu(h, w, cfg)
         before_combine()
-        expert_gemm(a, w.w2, w.w2_scale, sizes, cfg.dtype,
+        expert_gemm(a, w, "w2", sizes, cfg.dtype,
                     row_weights=None if w_out is None else w_out[:n], scatter_ids=tokens, out=out,
                     scatter_unique=cfg.top_k == 1)

@@ -13,8 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..ops import silu_mul
-from .base import Experts, expert_gemm, gather_input, register
+from .base import Experts, expert_gemm, gather_input, glu, register
 
 
 def _dense_experts(x, r, w, out, cfg, slot_expert: Tensor, slot_sizes: Tensor, before_combine):
@@ -27,11 +26,11 @@ def _dense_experts(x, r, w, out, cfg, slot_expert: Tensor, slot_sizes: Tensor, b
     rows = torch.arange(T, device=x.device, dtype=torch.int32).repeat(U)  # [U*T] token of row
     on_input = cfg.apply_router_weight_on_input
     valid = slot_sizes.sum().reshape(1)
-    xb = gather_input(x, rows, slot_w if on_input else None, num_valid=valid, quantize=w.quantized)
-    hb = expert_gemm(xb, w.w13, w.w13_scale, slot_sizes, cfg.dtype, weight_ids=slot_expert)
-    ab = silu_mul(hb, num_valid=valid, quantize=w.quantized)
+    xb = gather_input(x, rows, slot_w if on_input else None, w, num_valid=valid)
+    hb = expert_gemm(xb, w, "w13", slot_sizes, cfg.dtype, weight_ids=slot_expert)
+    ab = glu(hb, w, cfg, num_valid=valid)
     before_combine()
-    expert_gemm(ab, w.w2, w.w2_scale, slot_sizes, cfg.dtype, weight_ids=slot_expert,
+    expert_gemm(ab, w, "w2", slot_sizes, cfg.dtype, weight_ids=slot_expert,
                 row_weights=None if on_input else slot_w, scatter_ids=rows, out=out)
 
 

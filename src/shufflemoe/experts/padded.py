@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from ..ops import scatter_add, silu_mul
-from .base import Experts, expert_gemm, gather_input, register
+from ..ops import scatter_add
+from .base import Experts, expert_gemm, gather_input, glu, register
 
 
 @register
@@ -34,10 +34,10 @@ class Padded(Experts):
             slot_weight = torch.zeros(E * C + 1, dtype=torch.float32, device=dev)
             slot_weight = slot_weight.index_copy_(0, slot, r.weights)[: E * C]
         sizes = torch.full((E,), C, dtype=torch.int32, device=dev)
-        xb = gather_input(x, slot_token, slot_weight, quantize=w.quantized)  # [E * C, D]
-        hb = expert_gemm(xb, w.w13, w.w13_scale, sizes, cfg.dtype)
-        ab = silu_mul(hb, quantize=w.quantized)
-        yb = expert_gemm(ab, w.w2, w.w2_scale, sizes, cfg.dtype)  # [E * C, D]
+        xb = gather_input(x, slot_token, slot_weight, w)  # [E * C, D]
+        hb = expert_gemm(xb, w, "w13", sizes, cfg.dtype)
+        ab = glu(hb, w, cfg)
+        yb = expert_gemm(ab, w, "w2", sizes, cfg.dtype)  # [E * C, D]
         before_combine()
         scatter_add(out, yb, r.token_ids, None if on_input else r.weights,
                     num_valid=r.num_valid, rows=slot)

@@ -3,8 +3,7 @@ sorted pairs. No padding, but E launches of small shapes and a host sync per lay
 
 from __future__ import annotations
 
-from ..ops import silu_mul
-from .base import Experts, expert_gemm, gather_input, pair_weights, register
+from .base import Experts, expert_gemm, gather_input, glu, pair_weights, register
 
 
 @register
@@ -17,7 +16,7 @@ class Sliced(Experts):
         r, w = routing, weights
         counts = r.counts.tolist()  # host sync
         w_in, w_out = pair_weights(r, cfg)
-        xs = gather_input(x, r.token_ids, w_in, num_valid=r.num_valid, quantize=w.quantized)
+        xs = gather_input(x, r.token_ids, w_in, w, num_valid=r.num_valid)
         joined, start = False, 0
         for e, c in enumerate(counts):
             if c == 0:
@@ -25,15 +24,14 @@ class Sliced(Experts):
             rows = slice(start, start + c)
             start += c
             size = r.counts[e : e + 1]  # a view of the device counts: no copy
-            inp = tuple(t[rows] for t in xs) if w.quantized else xs[rows]
-            s13 = None if w.w13_scale is None else w.w13_scale[e : e + 1]
-            s2 = None if w.w2_scale is None else w.w2_scale[e : e + 1]
-            h = expert_gemm(inp, w.w13[e : e + 1], s13, size, cfg.dtype)
-            a = silu_mul(h, quantize=w.quantized)
+            inp = tuple(t[rows] for t in xs) if isinstance(xs, tuple) else xs[rows]
+            we = w.experts(e, e + 1)
+            h = expert_gemm(inp, we, "w13", size, cfg.dtype)
+            a = glu(h, we, cfg)
             if not joined:
                 before_combine()
                 joined = True
             # one expert's rows reach distinct tokens, and launches run in order: no atomics
-            expert_gemm(a, w.w2[e : e + 1], s2, size, cfg.dtype,
+            expert_gemm(a, we, "w2", size, cfg.dtype,
                         row_weights=None if w_out is None else w_out[rows],
                         scatter_ids=r.token_ids[rows], out=out, scatter_unique=True)

@@ -7,6 +7,7 @@ from ._impl import Ops, backend_for, interpreting, ops_for, triton_available, us
 from .gather_scale import gather_scale
 from .grouped_gemm import grouped_gemm
 from .index_shuffle import index_shuffle, sort_by_expert
+from .moe_decode import decode_down, decode_gate_up
 from .quantize import FP8_DTYPE, FP8_MAX, dequantize_fp8_rowwise, quantize_fp8_rowwise
 from .scatter_add import scatter_add
 from .shuffling import combine_shuffling, split_shuffling
@@ -20,6 +21,8 @@ __all__ = [
     "Ops",
     "backend_for",
     "combine_shuffling",
+    "decode_down",
+    "decode_gate_up",
     "dequantize_fp8_rowwise",
     "gather_scale",
     "grouped_gemm",

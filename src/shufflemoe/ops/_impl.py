@@ -115,17 +115,24 @@ class Ops:
     public functions of the same name, which check them)."""
 
     name: str  # "triton" | "torch"
-    index_shuffle: Callable  # (scores, top_k, scoring, renormalize, scaling, capacity) -> Routing
+    # (scores, top_k, scoring, renormalize, scaling, capacity, batch_invariant=False) -> Routing
+    index_shuffle: Callable
     sort_by_expert: Callable  # (topk_ids, num_experts, topk_weights, capacity) -> Routing
     gather_scale: Callable  # (x, token_ids, weights, num_valid, quantize, out) -> xs | (q, scale)
     # (x, w, m_sizes, x_scale, w_scale, weight_ids, row_weights, scatter_ids, out, out_dtype,
-    #  scatter_unique) -> out
+    #  scatter_unique, quantization, bias, scale_split) -> out
     grouped_gemm: Callable
-    silu_mul: Callable  # (h, num_valid, quantize, out) -> a | (q, scale)
+    # (h, num_valid, quantize, out, (activation, alpha, limit)) -> a | (q, scale)
+    silu_mul: Callable
     scatter_add: Callable  # (out, y, token_ids, weights, num_valid, rows) -> out
     token_sum: Callable  # (out, y, positions, weights, num_valid) -> out
     combine_shuffling: Callable  # (x, counts, starts, out) -> (out, counts per local expert)
     split_shuffling: Callable  # (y, counts, starts, out) -> out
+    # (x, w13, w13_scale, counts, token_ids, row_weights, out) -> a | (q, scale)
+    decode_gate_up: Callable
+    # (a, a_scale, w2, w2_scale, counts, token_ids, positions, row_weights, out) -> out
+    decode_down: Callable
+    quantize_fp8_groups: Callable  # (x, num_valid, q, scale, group) -> None (fills q, scale)
 
 
 _OPS: dict[str, Ops] = {}
@@ -147,10 +154,11 @@ def load_ops() -> None:
     impls = ("torch", "triton") if _TRITON else ("torch",)
     for impl in impls:
         kind = "kernel" if impl == "triton" else "reference"
-        route, gather, gemm, silu, scatter, shuffle = (
+        route, gather, gemm, silu, scatter, shuffle, quant, decode = (
             importlib.import_module(f"shufflemoe.ops.{op}.{kind}")
             for op in ("index_shuffle", "gather_scale", "grouped_gemm", "silu_mul", "scatter_add",
-                       "shuffling"))
+                       "shuffling", "quantize", "moe_decode"))
         _OPS[impl] = Ops(impl, route.index_shuffle, route.sort_by_expert, gather.gather_scale,
                          gemm.grouped_gemm, silu.silu_mul, scatter.scatter_add,
-                         scatter.token_sum, shuffle.combine_shuffling, shuffle.split_shuffling)
+                         scatter.token_sum, shuffle.combine_shuffling, shuffle.split_shuffling,
+                         decode.gate_up, decode.down, quant.quantize_fp8_groups_into)

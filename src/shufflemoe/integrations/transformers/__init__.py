@@ -12,22 +12,30 @@
     register_experts_implementation()     # or only the experts, transformers keeps routing:
     model = AutoModelForCausalLM.from_pretrained(path, experts_implementation="shufflemoe")
 
-Supported model types: llama4 / llama4_text, qwen3_moe, qwen2_moe, mixtral, olmoe, deepseek_v3
-(specs.SPECS; gpt_oss is refused with the reason in specs.UNSUPPORTED). Patched blocks are for
-inference: they run under no_grad. state_dict keys and shapes are the HF ones; checkpoints load
-unchanged.
+    with load_as_stored():                # quantized checkpoints keep their stored experts:
+        model = AutoModelForCausalLM.from_pretrained(path)   # MXFP4 (gpt-oss), FP8 128 x 128
+    patch(model)
+
+Supported model types: llama4 / llama4_text, qwen3_moe, qwen2_moe, mixtral, olmoe, deepseek_v3,
+gpt_oss (specs.SPECS). Routed experts are read in the model dtype, or as transformers'
+FineGrainedFP8 experts (fp8_block), or as MXFP4 checkpoints store them (sources.py). Patched
+blocks are for inference: they run under no_grad. state_dict keys and shapes are the HF ones;
+checkpoints load unchanged.
 """
 
 from .distributed import patch_distributed
 from .experts import register_experts_implementation, shufflemoe_experts_forward
 from .patch import block_layer, patch, patch_model_type, unpatch, unpatch_model_type
+from .quantized import Mxfp4Experts, load_as_stored
 from .specs import SPECS, UNSUPPORTED, BlockSpec, spec_for
 
 __all__ = [
     "SPECS",
     "UNSUPPORTED",
     "BlockSpec",
+    "Mxfp4Experts",
     "block_layer",
+    "load_as_stored",
     "patch",
     "patch_distributed",
     "patch_model_type",

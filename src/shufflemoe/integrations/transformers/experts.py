@@ -22,7 +22,8 @@ from ...dispatch import LocalDispatch
 from ...experts import EXPERTS
 from ...ops import sort_by_expert
 from ...types import ExpertWeights
-from .patch import canonical_experts
+from .patch import TRAINING_ERROR
+from .sources import canonical_experts
 
 NAME = "shufflemoe"
 STRATEGY = "shuffled"  # the sync-free expert strategy (graph-safe, like transformers' grouped_mm)
@@ -75,6 +76,8 @@ def shufflemoe_experts_forward(module: nn.Module, hidden_states: Tensor, top_k_i
                                top_k_weights: Tensor) -> Tensor:
     """hidden_states [T, D], top_k_index [T, k] (ids >= E: not routed, as transformers' expert
     parallelism marks them), top_k_weights [T, k] -> [T, D] in hidden_states' dtype."""
+    if module.training and torch.is_grad_enabled():
+        raise RuntimeError(TRAINING_ERROR)
     s = _state(module, hidden_states, top_k_index.shape[-1])
     if hidden_states.dtype != s.config.dtype:
         raise TypeError(f"hidden_states must have the experts' dtype {s.config.dtype}, "

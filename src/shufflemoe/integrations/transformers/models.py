@@ -33,6 +33,12 @@ TINY: dict[str, dict] = {
                         num_hidden_layers=3, q_lora_rank=None, kv_lora_rank=16,
                         qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, head_dim=8,
                         num_key_value_heads=4),
+    # YaRN's original context set so that its factor (32) matches 256 positions; I = 64 so that
+    # the same model can be stored in MXFP4 (K a multiple of 32 in both expert GEMMs).
+    "gpt_oss": dict(intermediate_size=64, num_local_experts=8, num_experts_per_tok=2,
+                    rope_parameters=dict(rope_type="yarn", factor=32.0, beta_fast=32.0,
+                                         beta_slow=1.0, truncate=False, rope_theta=150000.0,
+                                         original_max_position_embeddings=8)),
 }
 
 
@@ -52,4 +58,14 @@ def build_model(config: PretrainedConfig, dtype: torch.dtype = torch.float32,
     kwargs = {} if experts_implementation is None else dict(experts_implementation=experts_implementation)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, **kwargs)
+    _random_biases(model, config.initializer_range)
     return model.eval()
+
+
+@torch.no_grad()
+def _random_biases(model: PreTrainedModel, std: float) -> None:
+    """transformers starts MoE biases at zero (gpt-oss's expert and router biases); random values
+    of 5x the weights' std make them count in the parity checks, as trained ones do."""
+    for name, p in model.named_parameters():
+        if ".mlp." in name and "bias" in name and p.is_floating_point() and not p.any():
+            p.normal_(0.0, 5 * std)

@@ -30,6 +30,7 @@ from ...config import MoEConfig
 from ...experts import EXPERTS
 from ...graph import GraphedMoE, graphed
 from ...layer import MoE
+from .sources import contiguous, get, source_for
 from .specs import BlockSpec, spec_for
 
 log = logging.getLogger("shufflemoe.integrations.transformers")
@@ -68,36 +69,19 @@ class _State:
     key: tuple = ()  # (data_ptr, version, dtype, device) of each source tensor the layer wraps
 
 
-def _get(block: nn.Module, path: str) -> Tensor:
-    return functools.reduce(getattr, path.split("."), block)
-
-
 def _source_paths(spec: BlockSpec, options: dict) -> list[str]:
-    paths = [spec.router, spec.w13, spec.w2]
+    """The block's tensors outside its routed experts that the layer wraps."""
+    paths = [spec.router]
     if options.get("shared_intermediate_size"):
         paths += list(spec.shared)
-    return paths + [p for p in (spec.shared_gate, spec.correction_bias) if p]
+    return paths + [p for p in (spec.shared_gate, spec.correction_bias, spec.router_bias) if p]
 
 
 def _key(block: nn.Module, state: _State) -> tuple:
-    return tuple((t.data_ptr(), t._version, t.dtype, t.device)
-                 for t in (_get(block, p) for p in _source_paths(state.spec, state.options)))
-
-
-def _contiguous(p: Tensor) -> Tensor:
-    if not p.is_contiguous():  # keep one copy: the parameter itself becomes the contiguous one
-        p.data = p.data.contiguous()
-    return p.detach()
-
-
-def _transposed(p: Tensor) -> Tensor:
-    """HF [E, A, B] (x @ W layout) -> canonical [E, B, A] contiguous. Converted once: the HF
-    parameter then holds a transposed view of the canonical tensor (same name and shape)."""
-    t = p.detach().transpose(1, 2)
-    if not t.is_contiguous():
-        t = t.contiguous()
-        p.data = t.transpose(1, 2)
-    return t
+    source = source_for(block, state.spec)
+    tensors = [get(block, p) for p in _source_paths(state.spec, state.options)]
+    return (source.name,) + tuple((t.data_ptr(), t._version, t.dtype, t.device)
+                                  for t in tensors + source.tensors(block, state.spec))
 
 
 def _fused_rows(*parts: Tensor) -> Tensor:
@@ -121,34 +105,31 @@ def _fused_rows(*parts: Tensor) -> Tensor:
     return fused
 
 
-def canonical_experts(w13: Tensor, w2: Tensor, transposed: bool) -> tuple[Tensor, Tensor]:
-    """HF routed-expert parameters -> (w13 [E, 2I, D], w2 [E, D, I]) contiguous, sharing their
-    storage (converted once when ``transposed``: HF [E, D, 2I] / [E, I, D])."""
-    convert = _transposed if transposed else _contiguous
-    return convert(w13), convert(w2)
-
-
 def _canonical_weights(block: nn.Module, spec: BlockSpec, options: dict) -> dict[str, Tensor]:
-    """MoE.from_weights arguments, sharing the block's storage."""
-    w13, w2 = canonical_experts(_get(block, spec.w13), _get(block, spec.w2), spec.transposed)
-    weights = dict(router_weight=_get(block, spec.router).detach(), w13=w13, w2=w2)
+    """MoE.from_weights arguments, sharing the block's storage (the routed experts as their
+    source holds them: sources.py)."""
+    weights = dict(router_weight=get(block, spec.router).detach(),
+                   **source_for(block, spec).read(block, spec))
     if options.get("shared_intermediate_size"):
-        gate, up, down = (_get(block, p) for p in spec.shared)
-        weights.update(shared_w13=_fused_rows(gate, up), shared_w2=_contiguous(down))
+        gate, up, down = (get(block, p) for p in spec.shared)
+        weights.update(shared_w13=_fused_rows(gate, up), shared_w2=contiguous(down))
     if spec.shared_gate:
-        weights["shared_gate"] = _get(block, spec.shared_gate).detach()
+        weights["shared_gate"] = get(block, spec.shared_gate).detach()
     if spec.correction_bias:  # [E], float32 in shufflemoe (a copy of E values if HF holds bf16)
-        weights["router_bias"] = _get(block, spec.correction_bias).detach().float()
+        weights["router_bias"] = get(block, spec.correction_bias).detach().float()
+    if spec.router_bias:
+        weights["router_logits_bias"] = get(block, spec.router_bias).detach()
     return weights
 
 
 def _build(block: nn.Module, state: _State) -> MoE:
     weights = _canonical_weights(block, state.spec, state.options)
-    dtype = weights["w13"].dtype
+    dtype = weights["router_weight"].dtype  # the model's (the experts' may be quantized)
+    quantization = source_for(block, state.spec).quantization
     try:
-        cfg = MoEConfig(**state.options, dtype=dtype)
+        cfg = MoEConfig(**state.options, dtype=dtype, quantization=quantization)
     except ValueError as e:
-        raise ValueError(f"{state.spec.block}: weights in {dtype}: {e}") from None
+        raise ValueError(f"{state.spec.block}: weights in {dtype} ({quantization}): {e}") from None
     layer = MoE.from_weights(cfg, experts=state.experts, **weights)
     return layer if state.transform is None else state.transform(layer)
 
@@ -175,6 +156,11 @@ def _recording_router_logits() -> bool:
     return collected is not None and "router_logits" in collected
 
 
+TRAINING_ERROR = ("shufflemoe runs MoE blocks for inference only: in train mode with gradients on, its "
+             "experts and router would get no gradients. Call model.eval() or run under "
+             "torch.no_grad() / torch.inference_mode(); to train, unpatch(model) first.")
+
+
 class ShuffleMoEBlock(nn.Module):
     """Mixin placed before the HF block class: ``forward`` runs shufflemoe.MoE."""
 
@@ -189,18 +175,24 @@ class ShuffleMoEBlock(nn.Module):
     # Inference only: the layer runs under no_grad; torch.compile sees an opaque call.
     @torch.compiler.disable
     def forward(self, hidden_states: Tensor):  # [B, S, D] (or [T, D]) -> what the HF block returns
+        if self.training and torch.is_grad_enabled():
+            raise RuntimeError(TRAINING_ERROR)
         spec: BlockSpec = self._shufflemoe_spec
         state = _built(self)
         out = state.run(hidden_states)  # same shape as hidden_states
-        logits = None
+        extra = None  # Llama 4: router logits [T, E]; gpt-oss: router scores [T, k]
         if _recording_router_logits():
             x = hidden_states.reshape(-1, hidden_states.shape[-1])  # [T, D]
-            if spec.returns_router_logits:
-                logits = F.linear(x, state.layer.router_weight)  # [T, E], as the HF router does
+            if spec.returns == "out_and_logits":
+                extra = F.linear(x, state.layer.router_weight)  # [T, E], as the HF router does
             else:  # the HF router's forward hook records its logits
-                _get(self, spec.router_module)(x)
-        if spec.returns_router_logits:  # Llama 4: (out [T, D], logits [T, E] or None)
-            return out.reshape(-1, out.shape[-1]), logits
+                routed = get(self, spec.router_module)(x)
+                if spec.returns == "out_and_scores":
+                    extra = routed[1]
+        if spec.returns == "out_and_logits":  # Llama 4: (out [T, D], logits [T, E] or None)
+            return out.reshape(-1, out.shape[-1]), extra
+        if spec.returns == "out_and_scores":  # gpt-oss: (out, scores [T, k] or None)
+            return out, extra
         return out
 
     def _apply(self, fn, recurse=True):

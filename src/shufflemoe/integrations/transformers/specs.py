@@ -17,6 +17,12 @@ Routing as transformers 5.17 computes it (checked against its modeling files):
 | deepseek_v3 | **fp32** | sigmoid; top-k of score + bias in the top groups (group  | none     |
 |             |          | = sum of its 2 best; others masked with -inf, as in      |          |
 |             |          | routing.py); renormalize (+1e-20); x routed_scaling      |          |
+| gpt_oss     | model    | logits + bias; top-k; softmax of the k logits, in the    | to model |
+|             |          | model dtype (= softmax over E, renormalized)             |          |
+
+gpt_oss's experts add biases after both projections and run a clamped GLU ((clamp(up, -7, 7) + 1)
+* g * sigmoid(1.702 g), g = min(gate, 7): MoEConfig activation="swiglu_oai") on gate/up columns
+that alternate (gate0, up0, gate1, ...); they are converted once to gate rows then up rows.
 
 "logits": dtype of F.linear(x, W) ("model": the model dtype; deepseek_v3 upcasts x and W).
 "cast": transformers rounds the routing weights to the model dtype before the expert GEMMs.
@@ -59,7 +65,17 @@ class BlockSpec:
     # The router submodule: called only while transformers records router logits (its forward
     # hook captures them), since shufflemoe routes without it.
     router_module: str = "gate"
-    returns_router_logits: bool = False  # block returns (out [T, D], router_logits [T, E])
+    # What the block returns: "out" [B, S, D]; "out_and_logits" (Llama 4: (out [T, D], router
+    # logits [T, E] or None)); "out_and_scores" (gpt-oss: (out [B, S, D], router scores [T, k] or
+    # None; its decoder layer drops them)).
+    returns: str = "out"
+    experts: str = "experts"  # the routed experts' submodule (quantized holders are read there)
+    # gate/up columns alternate (gpt-oss: gate0, up0, gate1, ...). Converted once to gate rows
+    # then up rows; that permutation cannot be a view, so the HF parameter keeps its own tensor.
+    interleaved: bool = False
+    w13_bias: str | None = None  # [E, 2I] (gpt-oss gate_up_proj_bias; interleaved like w13)
+    w2_bias: str | None = None  # [E, D]
+    router_bias: str | None = None  # [E] added to the router logits (gpt-oss)
 
 
 def _topk_softmax(num_experts: str, intermediate: str, renormalize: str | None) -> Callable:
@@ -95,6 +111,14 @@ def _deepseek_v3(c) -> dict:
                 router_logits_dtype=torch.float32)  # F.linear(x.float(), W.float()) in HF
 
 
+def _gpt_oss(c) -> dict:
+    # GptOssExperts fixes alpha = 1.702 and limit = 7.0 (the MXFP4 experts read swiglu_limit)
+    return dict(num_experts=c.num_local_experts, top_k=c.num_experts_per_tok,
+                intermediate_size=c.intermediate_size, renormalize=True, router_logits_bias=True,
+                expert_bias=True, activation="swiglu_oai", swiglu_alpha=1.702,
+                swiglu_limit=float(getattr(c, "swiglu_limit", 7.0)))
+
+
 _MLP = ("gate_proj.weight", "up_proj.weight", "down_proj.weight")
 
 
@@ -105,7 +129,7 @@ def _mlp(prefix: str) -> tuple[str, str, str]:
 _LLAMA4 = BlockSpec(
     module="transformers.models.llama4.modeling_llama4", block="Llama4TextMoe",
     moe_config=_llama4, router="router.weight", transposed=True, shared=_mlp("shared_expert"),
-    router_module="router", returns_router_logits=True,
+    router_module="router", returns="out_and_logits",
 )
 
 SPECS: dict[str, BlockSpec] = {
@@ -133,17 +157,16 @@ SPECS: dict[str, BlockSpec] = {
         moe_config=_deepseek_v3, shared=_mlp("shared_experts"),
         correction_bias="gate.e_score_correction_bias",
     ),
+    "gpt_oss": BlockSpec(
+        module="transformers.models.gpt_oss.modeling_gpt_oss", block="GptOssMLP",
+        moe_config=_gpt_oss, router="router.weight", router_bias="router.bias", transposed=True,
+        interleaved=True, w13_bias="experts.gate_up_proj_bias", w2_bias="experts.down_proj_bias",
+        router_module="router", returns="out_and_scores",
+    ),
 }
 
 # Model types that have MoE blocks shufflemoe cannot run without changing its core, and why.
-UNSUPPORTED: dict[str, str] = {
-    "gpt_oss": (
-        "its experts add biases after both projections (gate_up_proj_bias, down_proj_bias), use a "
-        "clamped activation ((clamp(up, -7, 7) + 1) * g * sigmoid(1.702 * g), g = min(gate, 7)) on "
-        "interleaved gate/up columns, and its router adds a bias and takes the softmax of the top-k "
-        "logits only; MoEConfig has no expert biases and only SwiGLU"
-    ),
-}
+UNSUPPORTED: dict[str, str] = {}
 
 
 def spec_for(model_type: str) -> BlockSpec:

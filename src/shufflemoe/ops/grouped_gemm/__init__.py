@@ -2,8 +2,9 @@
 
 y[r] = x[r] @ w[g(r)]^T where rows are split into consecutive groups by m_sizes [G] (a device
 tensor: no host sync). sum(m_sizes) may be < M: the tail is neither read nor written. Empty
-groups load no weights. Optional epilogues: scale row r by row_weights[r]; scatter-add row r into
-out[scatter_ids[r]] (so the second expert GEMM writes straight into the combined output).
+groups load no weights. Weights in any format of ops/quantize/formats.py. Optional epilogues: add
+bias[e]; scale row r by row_weights[r]; scatter-add row r into out[scatter_ids[r]] (so the second
+expert GEMM writes straight into the combined output).
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from torch import Tensor
 
 from ..._checks import INDEX_DTYPES, check_same_device, check_tensor
 from .._impl import ops_for, resolve
-from ..quantize import FP8_DTYPE
+from ..quantize import FP8_BLOCK, FP8_DTYPE
+from ..quantize.formats import WeightFormat, weight_format
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32, FP8_DTYPE)
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -26,6 +28,9 @@ def grouped_gemm(
     *,
     x_scale: Tensor | None = None,
     w_scale: Tensor | None = None,
+    quantization: str | None = None,
+    bias: Tensor | None = None,
+    scale_split: int | None = None,
     weight_ids: Tensor | None = None,
     row_weights: Tensor | None = None,
     scatter_ids: Tensor | None = None,
@@ -36,40 +41,40 @@ def grouped_gemm(
 ) -> Tensor:
     """x [M, K], w [W, N, K], m_sizes [G] int32 -> [M, N].
 
-    x_scale [M] / w_scale [W, N] float32: fp8 rowwise (x and w float8_e4m3fn, out bfloat16 unless
-    out_dtype says otherwise). weight_ids [G]: group g uses w[weight_ids[g]] (default: w[g], then
-    G must equal W). row_weights [M] float32: multiply row r. scatter_ids [M]: add row r into
-    out[scatter_ids[r]] (out [T, N] required, accumulated in place and returned); otherwise the
-    result goes to out [M, N] (allocated when None). scatter_unique: the caller guarantees that
-    the valid rows' scatter_ids are distinct (top-1 routing, or one expert's rows), so the kernel
-    may add without atomics (in float32, one rounding); a duplicate would race.
+    quantization (ops/quantize/formats.py; default "fp8_rowwise" for float8 x, else "none"):
+    "fp8_rowwise": x, w e4m3, x_scale [M], w_scale [W, N] float32. "fp8_w8a16": x in bf16/fp16/
+    fp32, w e4m3, w_scale [W, N]. "fp8_block": x, w e4m3, x_scale [M, ceil(K/128)], w_scale
+    [W, NB, ceil(K/128)] float32, one per 128 x 128 block (scale_split: output rows restart their
+    blocks there, w13's up half; NB counts the blocks). "mxfp4": x in bf16/fp16/fp32, w uint8
+    [W, N, K/2] (two e2m1 a byte, element 2j in the low nibble), w_scale uint8 [W, N, K/32] e8m0.
+    Out is bfloat16 for e4m3 x unless out_dtype says otherwise, else x's dtype.
+    bias [W, N]: added to every row of a group of w[e] (before row_weights). weight_ids [G]: group
+    g uses w[weight_ids[g]] (default: w[g], then G must equal W). row_weights [M] float32:
+    multiply row r. scatter_ids [M]: add row r into out[scatter_ids[r]] (out [T, N] required,
+    accumulated in place and returned); otherwise the result goes to out [M, N] (allocated when
+    None). scatter_unique: the caller guarantees that the valid rows' scatter_ids are distinct
+    (top-1 routing, or one expert's rows), so the kernel may add without atomics (in float32, one
+    rounding); a duplicate would race.
     """
     check_tensor("x", x, dim=2, dtypes=DTYPES, contiguous=True)
-    check_tensor("w", w, dim=3, dtypes=DTYPES, contiguous=True)
+    check_tensor("w", w, dim=3, contiguous=True)
     M, K = x.shape
-    W, N, Kw = w.shape
-    if Kw != K:
-        raise ValueError(f"w must be [W, N, K] with K={K} (x's columns), got {list(w.shape)}")
+    if quantization is None:
+        quantization = "fp8_rowwise" if x.dtype == FP8_DTYPE else "none"
+    fmt = weight_format(quantization)
+    W, N = w.shape[:2]
+    _check_operands(fmt, x, w, x_scale, w_scale, scale_split)
     check_tensor("m_sizes", m_sizes, dim=1, dtypes=INDEX_DTYPES)
     G = m_sizes.shape[0]
     if weight_ids is not None:
         check_tensor("weight_ids", weight_ids, shape=[G], dtypes=INDEX_DTYPES)
     elif G != W:
         raise ValueError(f"m_sizes must have one entry per weight matrix ({W}), got {G}")
-    fp8 = x.dtype == FP8_DTYPE
-    if fp8 != (w.dtype == FP8_DTYPE):
-        raise TypeError(f"x and w must both be float8_e4m3fn or neither (x {x.dtype}, w {w.dtype})")
-    if fp8:
-        check_tensor("x_scale", x_scale, shape=[M], dtypes=(torch.float32,))
-        check_tensor("w_scale", w_scale, shape=[W, N], dtypes=(torch.float32,))
-    else:
-        if x_scale is not None or w_scale is not None:
-            raise ValueError("x_scale and w_scale are only for float8_e4m3fn x and w")
-        if x.dtype != w.dtype:
-            raise TypeError(f"w must have x's dtype {x.dtype}, got {w.dtype}")
-    out_dtype = out_dtype or (torch.bfloat16 if fp8 else x.dtype)
+    out_dtype = out_dtype or (torch.bfloat16 if x.dtype == FP8_DTYPE else x.dtype)
     if out_dtype not in OUT_DTYPES:
         raise TypeError(f"out_dtype must be one of {OUT_DTYPES}, got {out_dtype}")
+    if bias is not None:
+        check_tensor("bias", bias, shape=[W, N], dtypes=OUT_DTYPES, contiguous=True)
     if row_weights is not None:
         check_tensor("row_weights", row_weights, shape=[M], dtypes=(torch.float32,))
     if scatter_ids is not None:
@@ -81,12 +86,45 @@ def grouped_gemm(
         check_tensor("out", out, shape=[M, N], dtypes=(out_dtype,), contiguous=True)
     if scatter_unique and scatter_ids is None:
         raise ValueError("scatter_unique needs scatter_ids")
-    check_same_device(x=x, w=w, m_sizes=m_sizes, x_scale=x_scale, w_scale=w_scale,
+    check_same_device(x=x, w=w, m_sizes=m_sizes, x_scale=x_scale, w_scale=w_scale, bias=bias,
                       weight_ids=weight_ids, row_weights=row_weights, scatter_ids=scatter_ids,
                       out=out)
     return ops_for(resolve(impl, x)).grouped_gemm(x, w, m_sizes, x_scale, w_scale, weight_ids,
                                                   row_weights, scatter_ids, out, out_dtype,
-                                                  scatter_unique)
+                                                  scatter_unique, quantization, bias, scale_split)
+
+
+def _check_operands(fmt: WeightFormat, x: Tensor, w: Tensor, x_scale: Tensor | None,
+                    w_scale: Tensor | None, scale_split: int | None) -> None:
+    """x, w and their scales as the weight format ``fmt`` stores them."""
+    M, K = x.shape
+    W, N, Kw = w.shape
+    fp8_x = fmt.activation != "none"
+    if fp8_x != (x.dtype == FP8_DTYPE):
+        raise TypeError(f"quantization={fmt.name!r} needs x in "
+                        f"{'float8_e4m3fn' if fp8_x else 'bfloat16/float16/float32'}, got {x.dtype}")
+    if fmt.weight_dtype is None and w.dtype != x.dtype:
+        raise TypeError(f"w must have x's dtype {x.dtype}, got {w.dtype}")
+    if fmt.weight_dtype is not None and w.dtype != fmt.weight_dtype:
+        raise TypeError(f"w must have dtype {fmt.weight_dtype} for quantization={fmt.name!r}, "
+                        f"got {w.dtype}")
+    if fmt.why_not(N, K):
+        raise ValueError(f"x: {fmt.why_not(N, K)}")
+    if Kw != K // fmt.k_per_element:
+        raise ValueError(f"w must be [W, N, {K // fmt.k_per_element}] for x's K={K} "
+                         f"({fmt.name}), got {list(w.shape)}")
+    if scale_split is not None and (fmt.name != "fp8_block" or not 0 < scale_split < N):
+        raise ValueError(f"scale_split must be None, or in 1..N-1 with fp8_block, got {scale_split}")
+    x_scale_shape = {"none": None, "rowwise": [M], "groups": [M, -(-K // FP8_BLOCK)]}[fmt.activation]
+    for name, t, shape, dtype in (
+            ("x_scale", x_scale, x_scale_shape, torch.float32),
+            ("w_scale", w_scale, fmt.scale_shape(N, K, scale_split), fmt.scale_dtype)):
+        if shape is None:
+            if t is not None:
+                raise ValueError(f"{name} is not used with quantization={fmt.name!r}")
+        else:
+            check_tensor(name, t, shape=[W, *shape] if name == "w_scale" else shape,
+                         dtypes=(dtype,), contiguous=True)
 
 
 __all__ = ["grouped_gemm"]

@@ -6,6 +6,10 @@ rows per group M / G and the groups that can be active, min(G, M). Decode (a few
 expert) streams weights and is memory bound; prefill (hundreds of rows per expert) is compute
 bound. The choices come from sweeps on an H100 (benchmarks/tune_grouped_gemm.py, numbers in
 benchmarks/notes/grouped_gemm.md). Tests and benchmarks replace the choice with ``override``.
+
+Inside ``batch_invariant()`` the choice ignores M and G (batch_invariant_config): a row's dot
+products then run the same K steps in the same MMA shape whatever the batch, so the row's result
+does not depend on what else is in it (the kernel has no split-K).
 """
 
 from __future__ import annotations
@@ -43,6 +47,8 @@ class TileConfig:
 Key = tuple[int, int, int, int, torch.dtype]  # (M bucket, N, K, G, dtype)
 _override: contextvars.ContextVar[TileConfig | Callable[[Key], TileConfig] | None] = (
     contextvars.ContextVar("shufflemoe_grouped_gemm_config", default=None))
+_invariant: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "shufflemoe_grouped_gemm_batch_invariant", default=False)
 
 
 @contextlib.contextmanager
@@ -53,6 +59,28 @@ def override(config: TileConfig | Callable[[Key], TileConfig]) -> Iterator[None]
         yield
     finally:
         _override.reset(token)
+
+
+@contextlib.contextmanager
+def batch_invariant() -> Iterator[None]:
+    """Inside the block, select() returns batch_invariant_config(N, K, dtype) whatever M and G
+    (an ``override`` still wins)."""
+    token = _invariant.set(True)
+    try:
+        yield
+    finally:
+        _invariant.reset(token)
+
+
+def batch_invariant_config(N: int, K: int, dtype: torch.dtype) -> TileConfig:
+    """One tile configuration per (N, K, dtype): 64 x 128 tiles (the heuristic's choice for 17
+    to 64 rows per group, a middle between its decode and prefill tiles), no swap_ab (which
+    changes the MMA's operand roles), the same K step as the heuristic. fp32's configuration is
+    already independent of M."""
+    if dtype == torch.float32:
+        return _heuristic(1, N, K, 1, dtype)
+    bk = 128 if dtype == torch.float8_e4m3fn else 64
+    return TileConfig(64, 128, bk, num_stages=4, ctas_per_sm=2)
 
 
 def m_bucket(M: int) -> int:
@@ -66,6 +94,8 @@ def select(M: int, N: int, K: int, G: int, dtype: torch.dtype) -> TileConfig:
     chosen = _override.get()
     if chosen is not None:
         return chosen if isinstance(chosen, TileConfig) else chosen(key)
+    if _invariant.get():
+        return batch_invariant_config(N, K, dtype)
     return _heuristic(*key)
 
 
@@ -109,3 +139,24 @@ def _heuristic(M: int, N: int, K: int, G: int, dtype: torch.dtype) -> TileConfig
     # Compute bound: 128x256 tiles, two consumer warp groups; the flattened loop overlaps a tile's
     # epilogue with the next tile's first loads (K=1024 bf16: 268 us instead of 281).
     return TileConfig(128, 256, bk, num_warps=8, num_stages=3, flatten=True)
+
+
+# Prefill tile schedules to measure before any becomes a rule: benchmarks/decode_check.py times
+# each (as configs.override(...) on the whole layer) at T = 16384 against dense cuBLAS; the
+# heuristic above does not use them. Maverick's 128 rows per expert make its GEMMs memory bound
+# at 128-row tiles (128 FLOP per weight byte, under an H100's ~260), Scout's 1024 compute bound.
+# block_k is for 2-byte types; prefill_candidate() doubles it for fp8 (the same bytes per row).
+PREFILL_CANDIDATES: dict[str, TileConfig] = {
+    "128x256x64 w8 s3 flat": TileConfig(128, 256, 64, num_warps=8, num_stages=3, flatten=True),
+    "128x256x64 w8 s4 flat": TileConfig(128, 256, 64, num_warps=8, num_stages=4, flatten=True),
+    "256x128x64 w8 s3 flat": TileConfig(256, 128, 64, num_warps=8, num_stages=3, flatten=True),
+    "128x128x64 w8 s4 flat": TileConfig(128, 128, 64, num_warps=8, num_stages=4, flatten=True),
+    "128x128x64 w4 s4 cta2": TileConfig(128, 128, 64, num_warps=4, num_stages=4, ctas_per_sm=2),
+    "128x128x128 w8 s3": TileConfig(128, 128, 128, num_warps=8, num_stages=3),
+}
+
+
+def prefill_candidate(name: str, dtype: torch.dtype) -> TileConfig:
+    """PREFILL_CANDIDATES[name] for ``dtype`` (fp8: twice the block_k)."""
+    cfg = PREFILL_CANDIDATES[name]
+    return cfg.with_(block_k=2 * cfg.block_k) if dtype == torch.float8_e4m3fn else cfg

@@ -21,7 +21,16 @@ belong to other experts"). The weight descriptor is [W*N, K]: a partial last n-t
 next expert's rows (or TMA's zero fill) into columns that are not stored. fp8 dots use fast
 accumulation (Triton's sm_90 default, as the spec's and torch._scaled_grouped_mm's).
 
-Epilogue, in fp32: fp8 rowwise scales (x_scale[r] * w_scale[e, n]), row_weights[r], then either a
+Weight formats (QUANT, see ops/quantize/formats.py), each a branch of two helpers, _load_w (the
+weight tile of a K step) and _epilogue_scale_bias: fp8_rowwise (e4m3 x and w, per-row scales in
+the epilogue); fp8_w8a16 (e4m3 w converted to x's dtype in the K step, exact; w_scale[n] in the
+epilogue); fp8_block (e4m3 x and w; each K step lies in one 128-column block, so its product is
+scaled by x_scale[r, kb] * w_scale[e, nb(n), kb] before it is accumulated, as DeepSeek-V3's
+kernels do); mxfp4 (two e2m1 a byte and one e8m0 scale per 32 along K, dequantized exactly to
+float32 in the K step and converted to x's dtype, exact). The packed weights stream at a quarter
+of bf16's bytes, which is what decode is bound by.
+
+Epilogue, in fp32: rowwise scales, bias[e, n] (HAS_BIAS), row_weights[r], then either a
 masked store into out [M, N] or an add into out[scatter_ids[r]] ([T, N]). The add is atomic in
 out's dtype (Triton 3.6 emits 8-wide bf16 atomics on sm_90, ``atom.add.noftz.v8.bf16``), so a
 row reached by k pairs is rounded k times and the sum order is not deterministic; the reference
@@ -45,7 +54,7 @@ from torch import Tensor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .._impl import interpreting, kernel_op
-from ..quantize import FP8_DTYPE
+from ..quantize import FP8_BLOCK, FP8_DTYPE, MX_GROUP
 from . import configs
 
 _INTERPRETER_PROGRAMS = 3  # several programs, so the round-robin is exercised on the CPU too
@@ -57,27 +66,99 @@ def _locate_combine(a0, a1, a2, a3, b0, b1, b2, b3):
 
 
 @triton.jit
-def _k_step(acc, k0, row0, w_row0, rows, row_ok, w_rows, col_ok, x_ptr, w_ptr, x_desc, w_desc, K,
-            BLOCK_K: tl.constexpr, USE_TMA: tl.constexpr, SWAP_AB: tl.constexpr,
-            UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """acc += x[rows, k0:k0+BLOCK_K] @ w[w_rows, k0:k0+BLOCK_K]^T (transposed when SWAP_AB)."""
-    if USE_TMA:
-        a = x_desc.load([row0, k0])
+def _e2m1_e8m0(packed, s, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """MXFP4 dequantization: packed [BLOCK_N, BLOCK_K / 2] uint8 (element 2j in the low nibble of
+    byte j, 2j + 1 in the high one), s [BLOCK_N, BLOCK_K / 32] uint8 e8m0 -> float32 [BLOCK_N,
+    BLOCK_K], exact: e2m1 magnitude code em = 2e + m is (2 + m) * 2^(e - 2) for e > 0 and m / 2
+    for e = 0, and the scale 2^(s - 127) is built from its exponent bits."""
+    n = tl.join(packed & 0xF, packed >> 4).to(tl.int32).reshape(BLOCK_N, BLOCK_K)
+    e = (n >> 1) & 3
+    m = n & 1
+    mag = tl.where(e == 0, 2 * m, (2 + m) << e).to(tl.float32) * 0.25
+    val = tl.where((n & 8) != 0, -mag, mag)
+    si = s.to(tl.int32)
+    scale = tl.where(si == 0, 5.877471754111438e-39, (si << 23).to(tl.float32, bitcast=True))
+    val = val.reshape(BLOCK_N, BLOCK_K // 32, 32) * scale[:, :, None]
+    return val.reshape(BLOCK_N, BLOCK_K)
+
+
+@triton.jit
+def _load_w(k0, w_row0, w_rows, col_ok, w_ptr, w_desc, w_scale_ptr, K,
+            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_TMA: tl.constexpr,
+            QUANT: tl.constexpr):
+    """The weight tile w[w_rows, k0:k0+BLOCK_K] [BLOCK_N, BLOCK_K]: as stored (bf16, fp8), or
+    dequantized to float32 (mxfp4: packed [BLOCK_N, BLOCK_K / 2] bytes and their scales)."""
+    if QUANT == "mxfp4":
+        if USE_TMA:
+            packed = w_desc.load([w_row0, k0 // 2])
+        else:
+            js = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+            packed = tl.load(w_ptr + w_rows[:, None] * (K // 2) + js[None, :],
+                             mask=col_ok[:, None] & (js < K // 2)[None, :], other=0)
+        gs = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+        s = tl.load(w_scale_ptr + w_rows[:, None] * (K // 32) + gs[None, :],
+                    mask=col_ok[:, None] & (gs < K // 32)[None, :], other=0)
+        b = _e2m1_e8m0(packed, s, BLOCK_N, BLOCK_K)
+    elif USE_TMA:
         b = w_desc.load([w_row0, k0])
     else:
         ks = k0 + tl.arange(0, BLOCK_K)
-        k_ok = ks < K
-        a = tl.load(x_ptr + rows.to(tl.int64)[:, None] * K + ks[None, :],
-                    mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         b = tl.load(w_ptr + w_rows[:, None] * K + ks[None, :],
-                    mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+                    mask=col_ok[:, None] & (ks < K)[None, :], other=0.0)
+    return b
+
+
+@triton.jit
+def _k_step(acc, k0, row0, w_row0, rows, row_ok, w_rows, col_ok, ws_rows, x_ptr, w_ptr, x_desc,
+            w_desc, x_scale_ptr, w_scale_ptr, K, KB,
+            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_TMA: tl.constexpr,
+            SWAP_AB: tl.constexpr, QUANT: tl.constexpr, UPCAST: tl.constexpr,
+            DOT_PRECISION: tl.constexpr):
+    """acc += x[rows, k0:k0+BLOCK_K] @ w[w_rows, k0:k0+BLOCK_K]^T (transposed when SWAP_AB);
+    fp8_block scales this step's product by its 128-column block's scales first."""
+    if USE_TMA:
+        a = x_desc.load([row0, k0])
+    else:
+        ks = k0 + tl.arange(0, BLOCK_K)
+        a = tl.load(x_ptr + rows.to(tl.int64)[:, None] * K + ks[None, :],
+                    mask=row_ok[:, None] & (ks < K)[None, :], other=0.0)
+    b = _load_w(k0, w_row0, w_rows, col_ok, w_ptr, w_desc, w_scale_ptr, K, BLOCK_N, BLOCK_K,
+                USE_TMA, QUANT)
     if UPCAST:  # interpreter: its bf16 dot is wrong (Triton 3.6); fp32 of bf16/fp8 is exact
         a = a.to(tl.float32)
         b = b.to(tl.float32)
-    if SWAP_AB:
+    elif QUANT == "fp8_w8a16" or QUANT == "mxfp4":  # weight-only: exact in x's dtype
+        b = b.to(a.dtype)
+    if QUANT == "fp8_block":  # the K step lies inside one 128-column block (BLOCK_K <= 128)
+        kb = k0 // 128
+        xs = tl.load(x_scale_ptr + rows.to(tl.int64) * KB + kb, mask=row_ok, other=0.0)
+        ws = tl.load(w_scale_ptr + ws_rows * KB + kb, mask=col_ok, other=0.0)
+        if SWAP_AB:
+            part = tl.dot(b, a.T, input_precision=DOT_PRECISION)
+            acc += part * ws[:, None] * xs[None, :]
+        else:
+            part = tl.dot(a, b.T, input_precision=DOT_PRECISION)
+            acc += part * xs[:, None] * ws[None, :]
+    elif SWAP_AB:
         acc = tl.dot(b, a.T, acc, input_precision=DOT_PRECISION)
     else:
         acc = tl.dot(a, b.T, acc, input_precision=DOT_PRECISION)
+    return acc
+
+
+@triton.jit
+def _epilogue_scale_bias(acc, rows, row_ok, w_rows, col_ok, x_scale_ptr, w_scale_ptr, bias_ptr,
+                         QUANT: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """acc [BLOCK_M, BLOCK_N] fp32 -> times the rowwise scales (fp8_rowwise: x_scale[r] *
+    w_scale[n]; fp8_w8a16: w_scale[n]), plus bias[n] of the tile's weight matrix."""
+    if QUANT == "fp8_rowwise":
+        xs = tl.load(x_scale_ptr + rows, mask=row_ok, other=0.0)
+        ws = tl.load(w_scale_ptr + w_rows, mask=col_ok, other=0.0)
+        acc = acc * xs[:, None] * ws[None, :]
+    elif QUANT == "fp8_w8a16":
+        acc = acc * tl.load(w_scale_ptr + w_rows, mask=col_ok, other=0.0)[None, :]
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + w_rows, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     return acc
 
 
@@ -88,10 +169,10 @@ def _tile(
     tiles,  # [BLOCK_G] tiles per group
     tile_end,  # [BLOCK_G] inclusive prefix sum of tiles
     row_end,  # [BLOCK_G] inclusive prefix sum of m
-    x_ptr, w_ptr, x_desc, w_desc, weight_ids_ptr, x_scale_ptr, w_scale_ptr, row_weights_ptr,
-    scatter_ids_ptr, out_ptr, M, N, K,
+    x_ptr, w_ptr, x_desc, w_desc, weight_ids_ptr, x_scale_ptr, w_scale_ptr, bias_ptr,
+    row_weights_ptr, scatter_ids_ptr, out_ptr, M, N, K, NB, KB, SPLIT,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    USE_TMA: tl.constexpr, SWAP_AB: tl.constexpr, FP8: tl.constexpr,
+    USE_TMA: tl.constexpr, SWAP_AB: tl.constexpr, QUANT: tl.constexpr, HAS_BIAS: tl.constexpr,
     HAS_WEIGHT_IDS: tl.constexpr, HAS_ROW_WEIGHTS: tl.constexpr, SCATTER: tl.constexpr,
     UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr,
 ):
@@ -115,6 +196,11 @@ def _tile(
     row_ok = (rows < row_stop) & (rows < M)
     col_ok = cols < N
     w_rows = wid.to(tl.int64) * N + cols  # [BLOCK_N] rows of w viewed as [W*N, K]
+    if QUANT == "fp8_block":  # each column's scale-block row; blocks restart at SPLIT (up half)
+        blk = tl.where(cols < SPLIT, cols // 128, tl.cdiv(SPLIT, 128) + (cols - SPLIT) // 128)
+        ws_rows = wid.to(tl.int64) * NB + blk
+    else:
+        ws_rows = w_rows
 
     if SWAP_AB:
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -123,20 +209,20 @@ def _tile(
     if INTERPRET:
         k0 = 0
         while k0 < K:
-            acc = _k_step(acc, k0, row0, wid * N + n0, rows, row_ok, w_rows, col_ok, x_ptr, w_ptr,
-                          x_desc, w_desc, K, BLOCK_K, USE_TMA, SWAP_AB, UPCAST, DOT_PRECISION)
+            acc = _k_step(acc, k0, row0, wid * N + n0, rows, row_ok, w_rows, col_ok, ws_rows,
+                          x_ptr, w_ptr, x_desc, w_desc, x_scale_ptr, w_scale_ptr, K, KB, BLOCK_N,
+                          BLOCK_K, USE_TMA, SWAP_AB, QUANT, UPCAST, DOT_PRECISION)
             k0 += BLOCK_K
     else:
         for k0 in range(0, K, BLOCK_K):
-            acc = _k_step(acc, k0, row0, wid * N + n0, rows, row_ok, w_rows, col_ok, x_ptr, w_ptr,
-                          x_desc, w_desc, K, BLOCK_K, USE_TMA, SWAP_AB, UPCAST, DOT_PRECISION)
+            acc = _k_step(acc, k0, row0, wid * N + n0, rows, row_ok, w_rows, col_ok, ws_rows,
+                          x_ptr, w_ptr, x_desc, w_desc, x_scale_ptr, w_scale_ptr, K, KB, BLOCK_N,
+                          BLOCK_K, USE_TMA, SWAP_AB, QUANT, UPCAST, DOT_PRECISION)
     if SWAP_AB:
         acc = acc.T
 
-    if FP8:
-        xs = tl.load(x_scale_ptr + rows, mask=row_ok, other=0.0)
-        ws = tl.load(w_scale_ptr + w_rows, mask=col_ok, other=0.0)
-        acc = acc * xs[:, None] * ws[None, :]
+    acc = _epilogue_scale_bias(acc, rows, row_ok, w_rows, col_ok, x_scale_ptr, w_scale_ptr,
+                               bias_ptr, QUANT, HAS_BIAS)
     if HAS_ROW_WEIGHTS:
         acc = acc * tl.load(row_weights_ptr + rows, mask=row_ok, other=0.0)[:, None]
     val = acc.to(out_ptr.dtype.element_ty)
@@ -156,23 +242,27 @@ def _tile(
 @triton.jit
 def _grouped_gemm_kernel(
     x_ptr,  # [M, K] rows sorted by group
-    w_ptr,  # [W, N, K] weights, K contiguous
+    w_ptr,  # [W, N, K] weights, K contiguous ([W, N, K / 2] bytes for mxfp4)
     m_sizes_ptr,  # [G] rows per group (int32/int64, on the device)
     weight_ids_ptr,  # [G] weight matrix of each group (HAS_WEIGHT_IDS)
-    x_scale_ptr,  # [M] fp32 per-row scales (FP8)
-    w_scale_ptr,  # [W, N] fp32 per-output-channel scales (FP8)
+    x_scale_ptr,  # fp32 [M] (fp8_rowwise) or [M, KB] (fp8_block)
+    w_scale_ptr,  # fp32 [W, N] (fp8_rowwise, fp8_w8a16), [W, NB, KB] (fp8_block), e8m0 [W, N, K/32]
+    bias_ptr,  # [W, N] added to each output row of group g with bias[weight of g] (HAS_BIAS)
     row_weights_ptr,  # [M] fp32 (HAS_ROW_WEIGHTS)
     scatter_ids_ptr,  # [M] destination row in out (SCATTER != "none")
     out_ptr,  # [M, N], or [T, N] accumulated into (SCATTER != "none")
     x_host_desc,  # TensorDescriptor over x [M, K] (TMA == "host"), else None
-    w_host_desc,  # TensorDescriptor over w [W*N, K] (TMA == "host"), else None
+    w_host_desc,  # TensorDescriptor over w [W*N, K] (or [W*N, K/2]) (TMA == "host"), else None
     M, N, K, G, W,
+    NB, KB,  # fp8_block: scale blocks per weight matrix along N, along K
+    SPLIT,  # fp8_block: output rows restart their scale blocks here (N: no restart)
     num_programs,  # persistent programs in the grid
     BLOCK_G: tl.constexpr,  # next power of two >= G
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     TMA: tl.constexpr,  # "device" | "host" | "none"
-    SWAP_AB: tl.constexpr, FLATTEN: tl.constexpr, FP8: tl.constexpr,
-    HAS_WEIGHT_IDS: tl.constexpr, HAS_ROW_WEIGHTS: tl.constexpr,
+    SWAP_AB: tl.constexpr, FLATTEN: tl.constexpr,
+    QUANT: tl.constexpr,  # "none" | "fp8_rowwise" | "fp8_w8a16" | "fp8_block" | "mxfp4"
+    HAS_BIAS: tl.constexpr, HAS_WEIGHT_IDS: tl.constexpr, HAS_ROW_WEIGHTS: tl.constexpr,
     SCATTER: tl.constexpr,  # "none" (store), "atomic" (add), "unique" (read-add-store)
     UPCAST: tl.constexpr,  # cast tiles to fp32 before tl.dot (interpreter)
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs (tf32 would drop 13 mantissa bits)
@@ -190,8 +280,12 @@ def _grouped_gemm_kernel(
     if TMA == "device":
         x_desc = tl.make_tensor_descriptor(x_ptr, shape=[M, K], strides=[K, 1],
                                            block_shape=[BLOCK_M, BLOCK_K])
-        w_desc = tl.make_tensor_descriptor(w_ptr, shape=[W * N, K], strides=[K, 1],
-                                           block_shape=[BLOCK_N, BLOCK_K])
+        if QUANT == "mxfp4":
+            w_desc = tl.make_tensor_descriptor(w_ptr, shape=[W * N, K // 2], strides=[K // 2, 1],
+                                               block_shape=[BLOCK_N, BLOCK_K // 2])
+        else:
+            w_desc = tl.make_tensor_descriptor(w_ptr, shape=[W * N, K], strides=[K, 1],
+                                               block_shape=[BLOCK_N, BLOCK_K])
     else:
         x_desc = x_host_desc
         w_desc = w_host_desc
@@ -200,16 +294,18 @@ def _grouped_gemm_kernel(
         t = pid
         while t < total:
             _tile(t, m, tiles, tile_end, row_end, x_ptr, w_ptr, x_desc, w_desc, weight_ids_ptr,
-                  x_scale_ptr, w_scale_ptr, row_weights_ptr, scatter_ids_ptr, out_ptr, M, N, K,
-                  BLOCK_M, BLOCK_N, BLOCK_K, TMA != "none", SWAP_AB, FP8, HAS_WEIGHT_IDS,
-                  HAS_ROW_WEIGHTS, SCATTER, UPCAST, DOT_PRECISION, INTERPRET)
+                  x_scale_ptr, w_scale_ptr, bias_ptr, row_weights_ptr, scatter_ids_ptr, out_ptr,
+                  M, N, K, NB, KB, SPLIT, BLOCK_M, BLOCK_N, BLOCK_K, TMA != "none", SWAP_AB,
+                  QUANT, HAS_BIAS, HAS_WEIGHT_IDS, HAS_ROW_WEIGHTS, SCATTER, UPCAST,
+                  DOT_PRECISION, INTERPRET)
             t += num_programs
     else:
         for t in tl.range(pid, total, num_programs, flatten=FLATTEN):
             _tile(t, m, tiles, tile_end, row_end, x_ptr, w_ptr, x_desc, w_desc, weight_ids_ptr,
-                  x_scale_ptr, w_scale_ptr, row_weights_ptr, scatter_ids_ptr, out_ptr, M, N, K,
-                  BLOCK_M, BLOCK_N, BLOCK_K, TMA != "none", SWAP_AB, FP8, HAS_WEIGHT_IDS,
-                  HAS_ROW_WEIGHTS, SCATTER, UPCAST, DOT_PRECISION, INTERPRET)
+                  x_scale_ptr, w_scale_ptr, bias_ptr, row_weights_ptr, scatter_ids_ptr, out_ptr,
+                  M, N, K, NB, KB, SPLIT, BLOCK_M, BLOCK_N, BLOCK_K, TMA != "none", SWAP_AB,
+                  QUANT, HAS_BIAS, HAS_WEIGHT_IDS, HAS_ROW_WEIGHTS, SCATTER, UPCAST,
+                  DOT_PRECISION, INTERPRET)
 
 
 @functools.cache
@@ -229,9 +325,12 @@ def _ensure_allocator() -> None:
 
 def tma_mode(cfg: configs.TileConfig, x: Tensor, w: Tensor) -> str:
     """The TMA mode the kernel will use: cfg.tma when the hardware and the shapes allow, else
-    "none" (TMA needs 16-byte aligned bases and row strides, i.e. K * itemsize % 16 == 0)."""
+    "none" (TMA needs 16-byte aligned bases and row strides: K * itemsize % 16 == 0 for x and
+    for w's stored rows)."""
     K = x.shape[1]
     if cfg.tma == "none" or K == 0 or (K * x.element_size()) % 16:
+        return "none"
+    if (w.shape[-1] * w.element_size()) % 16:
         return "none"
     if x.data_ptr() % 16 or w.data_ptr() % 16:
         return "none"
@@ -240,44 +339,57 @@ def tma_mode(cfg: configs.TileConfig, x: Tensor, w: Tensor) -> str:
     return cfg.tma
 
 
+def _tile_config(M: int, N: int, K: int, G: int, x: Tensor, quantization: str) -> configs.TileConfig:
+    cfg = configs.select(M, N, K, G, x.dtype)
+    if x.dtype == FP8_DTYPE and cfg.block_k < 32:  # fp8 tensor-core dots need K >= 32
+        cfg = cfg.with_(block_k=32)
+    if quantization == "fp8_block" and cfg.block_k > FP8_BLOCK:  # one scale block a K step
+        cfg = cfg.with_(block_k=FP8_BLOCK)
+    if quantization == "mxfp4" and cfg.block_k < MX_GROUP:  # whole e8m0 groups a K step
+        cfg = cfg.with_(block_k=MX_GROUP)
+    return cfg
+
+
 @kernel_op("grouped_gemm", mutates_args=("out",))
 def _grouped_gemm_op(x: Tensor, w: Tensor, m_sizes: Tensor, x_scale: Optional[Tensor],
                      w_scale: Optional[Tensor], weight_ids: Optional[Tensor],
                      row_weights: Optional[Tensor], scatter_ids: Optional[Tensor], out: Tensor,
-                     scatter_unique: bool) -> None:
+                     scatter_unique: bool, quantization: str, bias: Optional[Tensor],
+                     scale_split: Optional[int]) -> None:
     M, K = x.shape
-    W, N, _ = w.shape
+    W, N = w.shape[:2]
     G = m_sizes.shape[0]
     if M == 0 or N == 0 or G == 0:
         return
     if W * N >= 2**31:
         raise ValueError(f"w has {W} x {N} rows; the kernel indexes them with int32 (< 2**31)")
-    cfg = configs.select(M, N, K, G, x.dtype)
-    if x.dtype == FP8_DTYPE and cfg.block_k < 32:  # fp8 tensor-core dots need K >= 32
-        cfg = cfg.with_(block_k=32)
+    cfg = _tile_config(M, N, K, G, x, quantization)
     interpret = interpreting()
     tma = tma_mode(cfg, x, w)
     x_desc = w_desc = None
     if tma == "host":
         x_desc = TensorDescriptor(x, [M, K], [K, 1], [cfg.block_m, cfg.block_k])
-        w2 = w.view(W * N, K)
-        w_desc = TensorDescriptor(w2, [W * N, K], [K, 1], [cfg.block_n, cfg.block_k])
+        Kw = w.shape[-1]  # K, or K / 2 packed mxfp4 bytes
+        w_desc = TensorDescriptor(w.view(W * N, Kw), [W * N, Kw], [Kw, 1],
+                                  [cfg.block_n, cfg.block_k * Kw // K])
     elif tma == "device" and not interpret:
         _ensure_allocator()
     # Tiles can number at most n_tiles * (M // BLOCK_M + nonempty groups): no idle programs.
     max_tiles = triton.cdiv(N, cfg.block_n) * (M // cfg.block_m + min(G, M))
     sms = _INTERPRETER_PROGRAMS if interpret else _sm_count(x.device.index or 0) * cfg.ctas_per_sm
     num_programs = max(1, min(sms, max_tiles))
-    upcast = interpret and x.dtype in (torch.bfloat16, FP8_DTYPE)
+    upcast = interpret and (x.dtype in (torch.bfloat16, FP8_DTYPE) or quantization == "mxfp4")
+    nb = w_scale.shape[1] if quantization == "fp8_block" else 1
     # The interpreter has no 16-bit atomic add: accumulate into an fp32 copy there.
     dst = out.float() if interpret and scatter_ids is not None else out
     with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
         _grouped_gemm_kernel[(num_programs,)](
-            x, w, m_sizes, weight_ids, x_scale, w_scale, row_weights, scatter_ids, dst,
-            x_desc, w_desc, M, N, K, G, W, num_programs,
+            x, w, m_sizes, weight_ids, x_scale, w_scale, bias, row_weights, scatter_ids, dst,
+            x_desc, w_desc, M, N, K, G, W, nb, triton.cdiv(K, FP8_BLOCK),
+            N if scale_split is None else scale_split, num_programs,
             BLOCK_G=triton.next_power_of_2(G), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-            BLOCK_K=cfg.block_k, TMA=tma, SWAP_AB=cfg.swap_ab,
-            FLATTEN=cfg.flatten, FP8=x.dtype == FP8_DTYPE, HAS_WEIGHT_IDS=weight_ids is not None,
+            BLOCK_K=cfg.block_k, TMA=tma, SWAP_AB=cfg.swap_ab, FLATTEN=cfg.flatten,
+            QUANT=quantization, HAS_BIAS=bias is not None, HAS_WEIGHT_IDS=weight_ids is not None,
             HAS_ROW_WEIGHTS=row_weights is not None,
             SCATTER="none" if scatter_ids is None else "unique" if scatter_unique else "atomic",
             UPCAST=upcast, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
@@ -299,11 +411,14 @@ def grouped_gemm(
     out: Tensor | None,
     out_dtype: torch.dtype,
     scatter_unique: bool = False,
+    quantization: str = "none",
+    bias: Tensor | None = None,
+    scale_split: int | None = None,
 ) -> Tensor:
-    """Arguments already validated by ``ops.grouped_gemm``: x [M, K], w [W, N, K], m_sizes [G]
-    -> out [M, N] (or out [T, N] += scattered rows)."""
+    """Arguments already validated by ``ops.grouped_gemm``: x [M, K], w [W, N, K] (mxfp4: [W, N,
+    K / 2] bytes), m_sizes [G] -> out [M, N] (or out [T, N] += scattered rows)."""
     if out is None:
         out = torch.empty((x.shape[0], w.shape[1]), dtype=out_dtype, device=x.device)
     _grouped_gemm_op(x, w, m_sizes, x_scale, w_scale, weight_ids, row_weights, scatter_ids, out,
-                     scatter_unique)
+                     scatter_unique, quantization, bias, scale_split)
     return out

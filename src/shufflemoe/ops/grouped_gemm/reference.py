@@ -1,7 +1,8 @@
 """Grouped GEMM in torch ops: rows of x are split into consecutive groups by m_sizes (on the
 device); group g is multiplied by its weight matrix. Sync-free on CUDA: torch._grouped_mm where it
 takes the shapes, else one masked matmul per group (G times the FLOPs; odd shapes in tests). On
-the CPU the sizes already live on the host, so odd shapes are sliced per group."""
+the CPU the sizes already live on the host, so odd shapes are sliced per group. Quantized inputs
+are dequantized to float32 first (ops/quantize/reference.py), which is exact."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from torch import Tensor
 
 from .._common import store_rows
 from .._impl import inplace_op
+from ..quantize import reference as q
+from ..quantize.formats import FORMATS
 
 
 def _grouped_mm_supported(x: Tensor, w: Tensor) -> bool:
@@ -48,18 +51,22 @@ def _grouped_mm(x: Tensor, w: Tensor, ends: Tensor) -> Tensor:
 def _grouped_gemm(x: Tensor, w: Tensor, m_sizes: Tensor, x_scale: Optional[Tensor],
                   w_scale: Optional[Tensor], weight_ids: Optional[Tensor],
                   row_weights: Optional[Tensor], scatter_ids: Optional[Tensor], out: Tensor,
-                  keep_tail: bool) -> None:
+                  keep_tail: bool, quantization: str, bias: Optional[Tensor],
+                  scale_split: Optional[int]) -> None:
     """keep_tail: rows of out past sum(m_sizes) keep their values (else they may be written)."""
     M = x.shape[0]
     if weight_ids is not None:
         w = w.index_select(0, weight_ids)
         w_scale = None if w_scale is None else w_scale.index_select(0, weight_ids)
-    if x_scale is not None:  # fp8 rowwise: dequantize, multiply in float32
-        x = x.float() * x_scale.unsqueeze(1)
-        w = w.float() * w_scale.unsqueeze(2)
+        bias = None if bias is None else bias.index_select(0, weight_ids)
+    x, w = _dequantized(x, w, x_scale, w_scale, quantization, scale_split)
     ends = torch.cumsum(m_sizes, 0, dtype=torch.int32)
     total = ends[-1:] if ends.shape[0] else torch.zeros(1, dtype=torch.int32, device=x.device)
     y = _grouped_mm(x, w, ends)  # [M, N]
+    if bias is not None:  # bias of each row's group (rows past the groups: the last one's)
+        group = torch.searchsorted(ends, torch.arange(M, device=x.device, dtype=ends.dtype),
+                                   right=True)
+        y = y.float() + bias.float()[group.clamp(max=w.shape[0] - 1)]
     if row_weights is not None:
         y = y.float() * row_weights.unsqueeze(1)
     if scatter_ids is None:
@@ -86,11 +93,28 @@ def grouped_gemm(
     out: Tensor | None,
     out_dtype: torch.dtype,
     scatter_unique: bool = False,
+    quantization: str = "none",
+    bias: Tensor | None = None,
+    scale_split: int | None = None,
 ) -> Tensor:
     """As ops.grouped_gemm (scatter_unique changes nothing here: the sum is the same)."""
     keep_tail = out is not None
     if out is None:
         out = torch.empty(x.shape[0], w.shape[1], dtype=out_dtype, device=x.device)
     _grouped_gemm(x, w, m_sizes, x_scale, w_scale, weight_ids, row_weights, scatter_ids, out,
-                  keep_tail)
+                  keep_tail, quantization, bias, scale_split)
     return out
+
+
+def _dequantized(x: Tensor, w: Tensor, x_scale: Tensor | None, w_scale: Tensor | None,
+                 quantization: str, split: int | None) -> tuple[Tensor, Tensor]:
+    """(x, w) as float32 values (or unchanged when not quantized)."""
+    fmt = FORMATS[quantization]
+    if not fmt.quantized:
+        return x, w
+    x = _ACTIVATIONS[fmt.activation](x, x_scale)
+    return x, fmt.dequantize(w, w_scale, split)
+
+
+_ACTIVATIONS = {"none": lambda x, s: x.float(), "rowwise": q.dequantize_fp8_rowwise,
+                "groups": q.dequantize_fp8_groups}

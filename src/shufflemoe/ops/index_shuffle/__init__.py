@@ -26,14 +26,18 @@ def index_shuffle(
     renormalize: bool = False,
     scaling: float = 1.0,
     capacity: int | None = None,
+    batch_invariant: bool = False,
     impl: str | None = None,
 ) -> Routing:
     """Fused top-k + histogram + sort. scores [T, E] (logits or scores) -> Routing, A = T * k.
 
     scoring: how a chosen expert's weight is computed from the row ("none": the score itself,
-    "softmax": softmax over all E, "sigmoid"); renormalize: divide by the sum of the k weights;
-    scaling: multiply the weights; capacity: keep at most this many pairs per expert (in token
-    order), the rest move past ``num_valid``.
+    "softmax": softmax over all E, "sigmoid"); renormalize: divide by the sum of the k weights
+    (before capacity dropping: routing.py renormalizes over the kept pairs itself); scaling:
+    multiply the weights; capacity: keep at most this many pairs per expert (in token order),
+    the rest move past ``num_valid``. batch_invariant: the kernel tiles a row's reductions the
+    same way whatever T, so a row's weights are the same bits in any batch (the reference
+    computes row by row already).
     """
     check_tensor("scores", scores, dim=2, dtypes=SCORE_DTYPES)
     T, E = scores.shape
@@ -44,8 +48,9 @@ def index_shuffle(
     if scoring not in SCORINGS:
         raise ValueError(f"scoring must be one of {SCORINGS}, got {scoring!r}")
     _check_capacity(capacity)
-    return ops_for(resolve(impl, scores)).index_shuffle(scores, top_k, scoring, renormalize,
-                                                        float(scaling), capacity)
+    return ops_for(resolve(impl, scores)).index_shuffle(
+        scores, top_k, scoring, renormalize, float(scaling), capacity,
+        batch_invariant=batch_invariant)
 
 
 def sort_by_expert(

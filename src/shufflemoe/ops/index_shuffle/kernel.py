@@ -227,7 +227,7 @@ def _route_kernel(
         tl.store(skey_ptr + base + lane, skey)
         tl.store(sid_ptr + base + lane, raw)
         tl.store(sw_ptr + base + lane, w)
-        tl.store(hist_ptr + blk * NB + tl.arange(0, NB), hist)
+        tl.store(hist_ptr + blk.to(tl.int64) * NB + tl.arange(0, NB), hist)
 
 
 @triton.jit
@@ -258,8 +258,8 @@ def _place_kernel(
     r0 = 0
     while r0 < nb:  # (a range() over a runtime bound fails in the interpreter)
         rows = r0 + tl.arange(0, RB)
-        tile = tl.load(hist_ptr + rows[:, None] * NB + nbr[None, :], mask=(rows < nb)[:, None],
-                       other=0)
+        tile = tl.load(hist_ptr + rows.to(tl.int64)[:, None] * NB + nbr[None, :],
+                       mask=(rows < nb)[:, None], other=0)
         tot += tl.sum(tile, 0)
         before += tl.sum(tl.where((rows < first)[:, None], tile, 0), 0)
         r0 += RB
@@ -270,7 +270,7 @@ def _place_kernel(
         sb = skey // P
         sp = skey % P
         valid = sb < NB
-        own = tl.load(hist_ptr + blk * NB + nbr)
+        own = tl.load(hist_ptr + blk.to(tl.int64) * NB + nbr)
         shift = before - (tl.cumsum(own, 0) - own)  # rank = shift[bucket] + sorted position
         rank = tl.gather(shift, tl.minimum(sb, NB - 1), 0) + lane
         raw = tl.load(sid_ptr + base + sp, mask=valid, other=0)
@@ -321,6 +321,16 @@ def route_config(T: int, E: int, k: int, from_scores: bool = True, single_pairs:
     return RouteConfig(bt, bec, single, 8 if bt * kp >= 128 else 4)
 
 
+def invariant_route_config(T: int, E: int, k: int, block_pairs: int = 256) -> RouteConfig:
+    """batch_invariant: the tiling that computes a row's weights (block_tokens, expert_chunk,
+    num_warps; they set the order of the softmax and renormalization sums) fixed whatever T, at
+    ``block_pairs`` pairs a block; only ``single`` follows T, and it changes no value."""
+    kp = triton.next_power_of_2(k)
+    bt = max(1, block_pairs // kp)
+    bec = min(max(16, triton.next_power_of_2(E)), max(16, 2048 // bt))
+    return RouteConfig(bt, bec, T <= bt, 8)
+
+
 @kernel_op(
     "route",
     mutates_args=("counts", "token_ids", "expert_ids", "weights", "num_valid", "positions",
@@ -363,6 +373,13 @@ def _route(src: Tensor, topk_weights: Tensor | None, E: int, k: int, from_scores
            config: RouteConfig | None) -> Routing:
     T = src.shape[0]
     A, dev = T * k, src.device
+    if A >= 2**31:
+        raise ValueError(f"T * k = {A} pairs: Routing indexes pairs with int32 (< 2**31)")
+    # The kernel reads rows with a stride (any, int64-safe) and columns at unit stride.
+    if src.shape[1] > 1 and src.stride(1) != 1:
+        src = src.contiguous()
+    if topk_weights is not None and topk_weights.shape[1] > 1 and topk_weights.stride(1) != 1:
+        topk_weights = topk_weights.contiguous()
     cfg = config or route_config(T, E, k, from_scores)
     if cfg.single and cfg.block_tokens < T:
         raise ValueError(f"a single-program config needs block_tokens >= T={T}")
@@ -387,9 +404,13 @@ def _route(src: Tensor, topk_weights: Tensor | None, E: int, k: int, from_scores
 
 
 def index_shuffle(scores: Tensor, top_k: int, scoring: str, renormalize: bool, scaling: float,
-                  capacity: int | None, config: RouteConfig | None = None) -> Routing:
+                  capacity: int | None, config: RouteConfig | None = None,
+                  batch_invariant: bool = False) -> Routing:
     """scores [T, E] -> Routing (A = T * top_k pairs). Arguments were checked by the public
-    function; ``config`` overrides route_config (tests, tuning)."""
+    function; ``config`` overrides route_config (tests, tuning); batch_invariant: the tiling
+    of invariant_route_config."""
+    if config is None and batch_invariant:
+        config = invariant_route_config(scores.shape[0], scores.shape[1], top_k)
     return _route(scores, None, scores.shape[1], top_k, True, scoring, renormalize, scaling,
                   capacity, config)
 

@@ -133,10 +133,12 @@ def index_shuffle(
     renormalize: bool = False,
     scaling: float = 1.0,
     capacity: int | None = None,
+    batch_invariant: bool = False,
 ) -> Routing:
     """scores [T, E] -> Routing. Experts are chosen on the raw scores; the weight of a pair is
     softmax(scores)[t, e] | sigmoid(scores[t, e]) | scores[t, e], renormalized over the k chosen
-    if asked, times ``scaling``."""
+    if asked, times ``scaling``. batch_invariant changes nothing here: torch's softmax and sum
+    reduce each row the same way whatever T."""
     r = _empty_routing(scores.shape[0] * top_k, scores.shape[1], scores.device)
     _index_shuffle(scores, top_k, scoring, renormalize, float(scaling), capacity, *_fields(r))
     return r

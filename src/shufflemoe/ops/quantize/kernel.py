@@ -16,12 +16,14 @@ even, cvt.rn.satfinite for e4m3). Both agree with torch bit for bit.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
-from .._impl import interpreting
+from .._impl import interpreting, kernel_op
 
 
 @triton.jit
@@ -93,3 +95,50 @@ def quant_block(n: int, limit: int = 16384) -> tuple[int, bool]:
     amax needs every value) up to ``limit`` values; longer rows are read twice."""
     block = triton.next_power_of_2(max(n, 16))
     return (block, True) if block <= limit else (4096, False)
+
+
+@triton.jit
+def store_fp8_group(ptr, v, mask, INTERPRET: tl.constexpr):
+    """Quantize one group of values v (masked lanes 0) with its own scale: store e4m3 at ptr,
+    return the float32 scale (the rowwise formula on the group)."""
+    inv, scale = row_scales(tl.max(tl.abs(v), 0))
+    store_fp8(ptr, v, inv, mask, INTERPRET)
+    return scale
+
+
+@triton.jit
+def _quantize_fp8_groups_kernel(
+    x_ptr,  # [M, K] float rows
+    nv_ptr,  # [1] number of valid rows (unused when not HAS_NV)
+    q_ptr,  # [M, K] e4m3 output (uint8 view when INTERPRET)
+    scale_ptr,  # [M, G] float32 group scales
+    K, G,
+    HAS_NV: tl.constexpr,
+    INTERPRET: tl.constexpr,
+    GROUP: tl.constexpr,  # columns per scale (one program per row and group)
+):
+    row = tl.program_id(0)
+    grp = tl.program_id(1)
+    if HAS_NV:
+        valid = row < tl.load(nv_ptr)
+    else:
+        valid = row >= 0
+    cols = grp * GROUP + tl.arange(0, GROUP)
+    mask = (cols < K) & valid
+    base = row.to(tl.int64) * K
+    v = tl.load(x_ptr + base + cols, mask=mask, other=0.0).to(tl.float32)
+    scale = store_fp8_group(q_ptr + base + cols, v, mask, INTERPRET)
+    tl.store(scale_ptr + row.to(tl.int64) * G + grp, scale, mask=valid)
+
+
+@kernel_op("quantize_fp8_groups", mutates_args=("q", "scale"))
+def quantize_fp8_groups_into(x: Tensor, num_valid: Optional[Tensor], q: Tensor, scale: Tensor,
+                             group: int) -> None:
+    """q [M, K] e4m3, scale [M, G] float32 <- x [M, K] (arguments checked by the public op)."""
+    M, K = x.shape
+    if M == 0 or K == 0:
+        return
+    target, interpret = fp8_target(q)
+    _quantize_fp8_groups_kernel[(M, scale.shape[1])](
+        x, num_valid, target, scale, K, scale.shape[1], HAS_NV=num_valid is not None,
+        INTERPRET=interpret, GROUP=group, num_warps=1 if group <= 128 else 4)

@@ -1,5 +1,8 @@
 """SwiGLU's non-linearity in Triton: a = silu(h[:, :I]) * h[:, I:] for rows below num_valid,
-optionally fused with fp8 rowwise quantization (the input of the second grouped GEMM).
+optionally fused with fp8 quantization, one scale per row or per group of 128 columns (the input
+of the second grouped GEMM). Variants are constexpr flags of the same kernels: ACT "silu" or
+"swiglu_oai" (gpt-oss: (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g), g = min(gate,
+limit)), HAS_LIMIT (clamp gate above and up on both sides at ``limit`` first).
 
 Computed in float32 as x / (1 + exp(-x)) * up, like torch's CPU and CUDA kernels; the exp differs
 from torch's by an ulp or two, so the result matches the reference within the dtype tolerance
@@ -23,8 +26,9 @@ import triton.language as tl
 from torch import Tensor
 
 from .._impl import interpreting, kernel_op
-from ..quantize.kernel import cast_to, fp8_target, row_scales, store_fp8
-from ..quantize.reference import FP8_DTYPE
+from ..quantize.kernel import cast_to, fp8_target, row_scales, store_fp8, store_fp8_group
+from ..quantize.reference import FP8_BLOCK, FP8_DTYPE
+from .reference import QUANTIZE_MODES
 
 
 @triton.jit
@@ -36,16 +40,27 @@ def _load_pair(src, offs, I, mask):
 
 
 @triton.jit
-def _silu_mul_f32(g, u):
+def _glu_f32(g, u, ACT: tl.constexpr, HAS_LIMIT: tl.constexpr, alpha, limit):
+    """float32 act(gate, up): silu(g) * u, or gpt-oss's (u + 1) * g * sigmoid(alpha * g); with
+    HAS_LIMIT, g = min(g, limit) and u = clamp(u, -limit, limit) first."""
     g = g.to(tl.float32)
-    return tl.math.div_rn(g, 1.0 + tl.exp(-g)) * u.to(tl.float32)
+    u = u.to(tl.float32)
+    if HAS_LIMIT:
+        g = tl.minimum(g, limit)
+        u = tl.clamp(u, -limit, limit)
+    if ACT == "swiglu_oai":
+        a = tl.math.div_rn(g, 1.0 + tl.exp(-alpha * g)) * (u + 1.0)
+    else:
+        a = tl.math.div_rn(g, 1.0 + tl.exp(-g)) * u
+    return a
 
 
 @triton.jit
-def _silu_mul_chunk(src, offs, I, mask):
-    """float32 silu(gate) * up for columns offs of the rows starting at src ([gate | up])."""
+def _silu_mul_chunk(src, offs, I, mask, ACT: tl.constexpr, HAS_LIMIT: tl.constexpr, alpha,
+                    limit):
+    """float32 act(gate, up) for columns offs of the rows starting at src ([gate | up])."""
     g, u = _load_pair(src, offs, I, mask)
-    return _silu_mul_f32(g, u)
+    return _glu_f32(g, u, ACT, HAS_LIMIT, alpha, limit)
 
 
 @triton.jit
@@ -61,24 +76,34 @@ def _row_valid(nv_ptr, row, HAS_NV: tl.constexpr):
 def _silu_mul_kernel(
     h_ptr,  # [A, 2I] gate columns then up columns
     nv_ptr,  # [1] number of valid rows (unused when not HAS_NV)
-    out_ptr,  # [A, I] output, h's dtype
+    out_ptr,  # [A, I] output in h's dtype, or e4m3 (uint8 view when INTERPRET) with GROUPS
+    scale_ptr,  # [A, cdiv(I, BLOCK)] float32 group scales (GROUPS)
     I,  # intermediate size
+    alpha, limit,  # swiglu_oai's alpha; the clamp limit (HAS_LIMIT)
     HAS_NV: tl.constexpr,
     INTERPRET: tl.constexpr,  # round with integer arithmetic (interpreter casts are wrong)
-    BLOCK: tl.constexpr,  # columns per program (grid axis 1 covers I)
+    BLOCK: tl.constexpr,  # columns per program (grid axis 1 covers I); the group with GROUPS
+    GROUPS: tl.constexpr,  # quantize each program's BLOCK columns to e4m3 with their own scale
+    ACT: tl.constexpr, HAS_LIMIT: tl.constexpr,
 ):
     row = tl.program_id(0)
     valid = _row_valid(nv_ptr, row, HAS_NV)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = (offs < I) & valid
-    a = _silu_mul_chunk(h_ptr + row.to(tl.int64) * (2 * I), offs, I, mask)
-    tl.store(out_ptr + row.to(tl.int64) * I + offs, cast_to(a, out_ptr.dtype.element_ty, INTERPRET),
-             mask=mask)
+    a = _silu_mul_chunk(h_ptr + row.to(tl.int64) * (2 * I), offs, I, mask, ACT, HAS_LIMIT, alpha,
+                        limit)
+    dst = out_ptr + row.to(tl.int64) * I + offs
+    if GROUPS:
+        scale = store_fp8_group(dst, a, mask, INTERPRET)
+        tl.store(scale_ptr + row.to(tl.int64) * tl.num_programs(1) + tl.program_id(1), scale,
+                 mask=valid)
+    else:
+        tl.store(dst, cast_to(a, out_ptr.dtype.element_ty, INTERPRET), mask=mask)
 
 
 @triton.jit
-def _one_pass(src, dst, valid, I, INTERPRET: tl.constexpr, BLOCK: tl.constexpr,
-              BLOCK_B: tl.constexpr):
+def _one_pass(src, dst, valid, I, alpha, limit, INTERPRET: tl.constexpr, BLOCK: tl.constexpr,
+              BLOCK_B: tl.constexpr, ACT: tl.constexpr, HAS_LIMIT: tl.constexpr):
     """Quantize a [1, I] row held in registers as two power-of-two pieces, columns [0, BLOCK)
     and [BLOCK, BLOCK + BLOCK_B) (BLOCK_B = 0: none), every load issued before the amax; returns
     the row scale [1]."""
@@ -89,10 +114,10 @@ def _one_pass(src, dst, valid, I, INTERPRET: tl.constexpr, BLOCK: tl.constexpr,
         offs_b = BLOCK + tl.arange(0, BLOCK_B)[None, :]
         mask_b = valid[:, None] & (offs_b < I)
         g_b, u_b = _load_pair(src, offs_b, I, mask_b)
-    a_a = _silu_mul_f32(g_a, u_a)
+    a_a = _glu_f32(g_a, u_a, ACT, HAS_LIMIT, alpha, limit)
     amax = tl.max(tl.abs(a_a), 1)
     if BLOCK_B > 0:
-        a_b = _silu_mul_f32(g_b, u_b)
+        a_b = _glu_f32(g_b, u_b, ACT, HAS_LIMIT, alpha, limit)
         amax = tl.maximum(amax, tl.max(tl.abs(a_b), 1))
     inv, scale = row_scales(amax)
     store_fp8(dst + offs_a, a_a, inv[:, None], mask_a, INTERPRET)
@@ -102,8 +127,8 @@ def _one_pass(src, dst, valid, I, INTERPRET: tl.constexpr, BLOCK: tl.constexpr,
 
 
 @triton.jit
-def _two_pass(src, dst, valid, I, INTERPRET: tl.constexpr, BLOCK: tl.constexpr,
-              CHUNKS: tl.constexpr):
+def _two_pass(src, dst, valid, I, alpha, limit, INTERPRET: tl.constexpr, BLOCK: tl.constexpr,
+              CHUNKS: tl.constexpr, ACT: tl.constexpr, HAS_LIMIT: tl.constexpr):
     """Quantize a row in CHUNKS = cdiv(I, BLOCK) chunks: pass 1 takes the amax, pass 2 recomputes
     the same float32 values from h (an L2 hit) and stores them; returns the row scale."""
     offs = tl.arange(0, BLOCK)[None, :]
@@ -111,12 +136,14 @@ def _two_pass(src, dst, valid, I, INTERPRET: tl.constexpr, BLOCK: tl.constexpr,
     for k in range(0, CHUNKS):  # a constexpr bound: the interpreter runs it too
         cols = k * BLOCK + offs
         mask = valid[:, None] & (cols < I)
-        amax = tl.maximum(amax, tl.abs(_silu_mul_chunk(src, cols, I, mask)))
+        amax = tl.maximum(amax, tl.abs(_silu_mul_chunk(src, cols, I, mask, ACT, HAS_LIMIT, alpha,
+                                                       limit)))
     inv, scale = row_scales(tl.max(amax, 1))
     for k in range(0, CHUNKS):
         cols = k * BLOCK + offs
         mask = valid[:, None] & (cols < I)
-        store_fp8(dst + cols, _silu_mul_chunk(src, cols, I, mask), inv[:, None], mask, INTERPRET)
+        a = _silu_mul_chunk(src, cols, I, mask, ACT, HAS_LIMIT, alpha, limit)
+        store_fp8(dst + cols, a, inv[:, None], mask, INTERPRET)
     return scale
 
 
@@ -127,21 +154,25 @@ def _silu_mul_fp8_kernel(
     q_ptr,  # [A, I] e4m3 output (uint8 view when INTERPRET)
     scale_ptr,  # [A] float32 row scales
     I,  # intermediate size
+    alpha, limit,  # swiglu_oai's alpha; the clamp limit (HAS_LIMIT)
     HAS_NV: tl.constexpr,
     INTERPRET: tl.constexpr,  # round with integer arithmetic (interpreter casts are wrong)
     ONE_PASS: tl.constexpr,  # the row is held in registers and read once
     BLOCK: tl.constexpr,  # ONE_PASS: first piece of the row; else the chunk width
     BLOCK_B: tl.constexpr,  # ONE_PASS: second piece of the row, 0 when BLOCK covers I
     CHUNKS: tl.constexpr,  # two passes: cdiv(I, BLOCK)
+    ACT: tl.constexpr, HAS_LIMIT: tl.constexpr,
 ):
     rows = tl.program_id(0) + tl.arange(0, 1)  # [1]: one row a program, as a 1-row tile
     valid = _row_valid(nv_ptr, rows, HAS_NV)
     src = h_ptr + rows[:, None].to(tl.int64) * (2 * I)
     dst = q_ptr + rows[:, None].to(tl.int64) * I
     if ONE_PASS:
-        scale = _one_pass(src, dst, valid, I, INTERPRET, BLOCK, BLOCK_B)
+        scale = _one_pass(src, dst, valid, I, alpha, limit, INTERPRET, BLOCK, BLOCK_B, ACT,
+                          HAS_LIMIT)
     else:
-        scale = _two_pass(src, dst, valid, I, INTERPRET, BLOCK, CHUNKS)
+        scale = _two_pass(src, dst, valid, I, alpha, limit, INTERPRET, BLOCK, CHUNKS, ACT,
+                          HAS_LIMIT)
     tl.store(scale_ptr + rows, scale, mask=valid)
 
 
@@ -154,14 +185,29 @@ def _block(I: int) -> int:
 
 
 @kernel_op("silu_mul", mutates_args=("out",))
-def _silu_mul_op(h: Tensor, num_valid: Optional[Tensor], out: Tensor) -> None:
+def _silu_mul_op(h: Tensor, num_valid: Optional[Tensor], out: Tensor, act: str, alpha: float,
+                 limit: Optional[float]) -> None:
     A, I = out.shape
     if A == 0 or I == 0:
         return
     block = _block(I)
     _silu_mul_kernel[(A, triton.cdiv(I, block))](
-        h, num_valid, out, I, HAS_NV=num_valid is not None, INTERPRET=interpreting(), BLOCK=block,
-        num_warps=4 if block <= 1024 else 8)
+        h, num_valid, out, None, I, alpha, 0.0 if limit is None else limit,
+        HAS_NV=num_valid is not None, INTERPRET=interpreting(), BLOCK=block, GROUPS=False,
+        ACT=act, HAS_LIMIT=limit is not None, num_warps=4 if block <= 1024 else 8)
+
+
+@kernel_op("silu_mul_fp8_groups", mutates_args=("q", "scale"))
+def _silu_mul_groups_op(h: Tensor, num_valid: Optional[Tensor], q: Tensor, scale: Tensor,
+                        act: str, alpha: float, limit: Optional[float]) -> None:
+    A, I = q.shape
+    if A == 0 or I == 0:
+        return
+    target, interpret = fp8_target(q)
+    _silu_mul_kernel[(A, scale.shape[1])](
+        h, num_valid, target, scale, I, alpha, 0.0 if limit is None else limit,
+        HAS_NV=num_valid is not None, INTERPRET=interpret, BLOCK=FP8_BLOCK, GROUPS=True,
+        ACT=act, HAS_LIMIT=limit is not None, num_warps=1)
 
 
 @dataclass(frozen=True)
@@ -219,9 +265,10 @@ def fp8_launch(I: int) -> Fp8Launch:
 
 
 def launch_silu_mul_fp8(h: Tensor, num_valid: Optional[Tensor], q: Tensor, scale: Tensor,
-                        launch: Fp8Launch | str | None = None) -> None:
+                        launch: Fp8Launch | str | None = None,
+                        act: tuple[str, float, float | None] = ("silu", 1.0, None)) -> None:
     """q [A, I] e4m3, scale [A] float32 <- silu_mul(h [A, 2I]) with a given launch (an Fp8Launch,
-    a name from fp8_variants(I), or None: fp8_launch(I))."""
+    a name from fp8_variants(I), or None: fp8_launch(I)); act = (activation, alpha, limit)."""
     A, I = q.shape
     if A == 0 or I == 0:
         return
@@ -231,38 +278,47 @@ def launch_silu_mul_fp8(h: Tensor, num_valid: Optional[Tensor], q: Tensor, scale
         launch = fp8_variants(I)[launch]
     target, interpret = fp8_target(q)
     c = launch
+    kind, alpha, limit = act
     _silu_mul_fp8_kernel[(A,)](
-        h, num_valid, target, scale, I, HAS_NV=num_valid is not None, INTERPRET=interpret,
-        ONE_PASS=c.one_pass, BLOCK=c.block, BLOCK_B=c.block_b, CHUNKS=c.chunks,
+        h, num_valid, target, scale, I, alpha, 0.0 if limit is None else limit,
+        HAS_NV=num_valid is not None, INTERPRET=interpret, ONE_PASS=c.one_pass, BLOCK=c.block,
+        BLOCK_B=c.block_b, CHUNKS=c.chunks, ACT=kind, HAS_LIMIT=limit is not None,
         num_warps=c.num_warps)
 
 
 @kernel_op("silu_mul_fp8", mutates_args=("q", "scale"))
-def _silu_mul_fp8_op(h: Tensor, num_valid: Optional[Tensor], q: Tensor, scale: Tensor) -> None:
-    launch_silu_mul_fp8(h, num_valid, q, scale)
+def _silu_mul_fp8_op(h: Tensor, num_valid: Optional[Tensor], q: Tensor, scale: Tensor, act: str,
+                     alpha: float, limit: Optional[float]) -> None:
+    launch_silu_mul_fp8(h, num_valid, q, scale, act=(act, alpha, limit))
 
 
 def silu_mul(
     h: Tensor,
     num_valid: Tensor | None,
-    quantize: bool,
+    quantize: bool | str,
     out: Tensor | tuple[Tensor, Tensor] | None,
+    act: tuple[str, float, float | None] = ("silu", 1.0, None),
     fp8_variant: Fp8Launch | str | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
-    """h [A, 2I] -> a [A, I] in h's dtype, or (q [A, I] e4m3, scale [A] float32). Arguments were
-    checked by the public function. fp8_variant (tests and probes) picks the quantized launch,
-    bypassing the custom op."""
+    """h [A, 2I] -> a [A, I] in h's dtype, or (q [A, I] e4m3, scale [A] float32) with quantize
+    "rowwise", or (q, scale [A, ceil(I / 128)]) with "groups"; act = (activation, alpha, limit).
+    Arguments were checked by the public function. fp8_variant (tests and probes) picks the
+    rowwise launch, bypassing the custom op."""
     A, I = h.shape[0], h.shape[1] // 2
-    if quantize:
+    quantize = QUANTIZE_MODES[quantize]
+    if quantize != "none":
         if out is None:
+            scale_shape = (A,) if quantize == "rowwise" else (A, triton.cdiv(I, FP8_BLOCK))
             out = (torch.empty(A, I, dtype=FP8_DTYPE, device=h.device),
-                   torch.empty(A, dtype=torch.float32, device=h.device))
-        if fp8_variant is None:
-            _silu_mul_fp8_op(h, num_valid, out[0], out[1])
+                   torch.empty(scale_shape, dtype=torch.float32, device=h.device))
+        if quantize == "groups":
+            _silu_mul_groups_op(h, num_valid, out[0], out[1], *act)
+        elif fp8_variant is None:
+            _silu_mul_fp8_op(h, num_valid, out[0], out[1], *act)
         else:
-            launch_silu_mul_fp8(h, num_valid, out[0], out[1], fp8_variant)
+            launch_silu_mul_fp8(h, num_valid, out[0], out[1], fp8_variant, act)
         return out
     if out is None:
         out = torch.empty(A, I, dtype=h.dtype, device=h.device)
-    _silu_mul_op(h, num_valid, out)
+    _silu_mul_op(h, num_valid, out, *act)
     return out

@@ -1,4 +1,12 @@
-"""SwiGLU's non-linearity in torch ops: a = silu(gate) * up, computed in float32."""
+"""SwiGLU's non-linearity in torch ops: a = act(gate, up), computed in float32.
+
+| activation | a                                                              | models          |
+| ---------- | -------------------------------------------------------------- | --------------- |
+| silu       | silu(gate) * up                                                | most MoE models |
+| swiglu_oai | (up + 1) * gate * sigmoid(alpha * gate)                        | gpt-oss         |
+
+With a limit, gate = min(gate, limit) and up = clamp(up, -limit, limit) first (gpt-oss: 7.0).
+"""
 
 from __future__ import annotations
 
@@ -10,43 +18,79 @@ from torch import Tensor
 
 from .._common import store_rows
 from .._impl import inplace_op
-from ..quantize.reference import FP8_DTYPE, quantize_fp8_rowwise
+from ..quantize.reference import FP8_BLOCK, FP8_DTYPE, quantize_fp8_groups, quantize_fp8_rowwise
+
+ACTIVATIONS = {
+    "silu": lambda g, u, alpha: F.silu(g) * u,
+    "swiglu_oai": lambda g, u, alpha: (u + 1.0) * (g * torch.sigmoid(g * alpha)),
+}
+QUANTIZERS = {"rowwise": quantize_fp8_rowwise, "groups": quantize_fp8_groups}
+# quantize= as the public op takes it -> the fp8 scale layout ("none": not quantized)
+QUANTIZE_MODES = {False: "none", True: "rowwise", "none": "none", "rowwise": "rowwise",
+                  "groups": "groups"}
+Act = tuple  # (activation, alpha, limit): (str, float, float | None)
 
 
-def _silu_mul_f32(h: Tensor) -> Tensor:
-    """h [A, 2I] -> silu(h[:, :I]) * h[:, I:] [A, I] in float32."""
+def glu(gate: Tensor, up: Tensor, activation: str = "silu", alpha: float = 1.0,
+        limit: float | None = None) -> Tensor:
+    """gate, up [..., I] -> act(gate, up) in their dtype (float32 or float64)."""
+    if limit is not None:
+        gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
+    return ACTIVATIONS[activation](gate, up, alpha)
+
+
+def _glu_f32(h: Tensor, act: str, alpha: float, limit: Optional[float]) -> Tensor:
+    """h [A, 2I] -> act(h[:, :I], h[:, I:]) [A, I] in float32."""
     inter = h.shape[1] // 2
-    return F.silu(h[:, :inter].float()) * h[:, inter:].float()
+    return glu(h[:, :inter].float(), h[:, inter:].float(), act, alpha, limit)
 
 
 @inplace_op("silu_mul_ref", mutates_args=("out",))
-def _silu_mul(h: Tensor, num_valid: Optional[Tensor], out: Tensor) -> None:
-    store_rows(out, _silu_mul_f32(h), num_valid)
+def _silu_mul(h: Tensor, num_valid: Optional[Tensor], out: Tensor, act: str, alpha: float,
+              limit: Optional[float]) -> None:
+    store_rows(out, _glu_f32(h, act, alpha, limit), num_valid)
+
+
+def _quantized(mode: str, h: Tensor, num_valid: Optional[Tensor], q: Tensor, scale: Tensor,
+               act: str, alpha: float, limit: Optional[float]) -> None:
+    new_q, new_scale = QUANTIZERS[mode](_glu_f32(h, act, alpha, limit))
+    store_rows(q, new_q, num_valid)
+    store_rows(scale, new_scale, num_valid)
 
 
 @inplace_op("silu_mul_fp8_ref", mutates_args=("q", "scale"))
-def _silu_mul_fp8(h: Tensor, num_valid: Optional[Tensor], q: Tensor, scale: Tensor) -> None:
-    new_q, new_scale = quantize_fp8_rowwise(_silu_mul_f32(h))
-    store_rows(q, new_q, num_valid)
-    store_rows(scale, new_scale, num_valid)
+def _silu_mul_fp8(h: Tensor, num_valid: Optional[Tensor], q: Tensor, scale: Tensor, act: str,
+                  alpha: float, limit: Optional[float]) -> None:
+    _quantized("rowwise", h, num_valid, q, scale, act, alpha, limit)
+
+
+@inplace_op("silu_mul_fp8_groups_ref", mutates_args=("q", "scale"))
+def _silu_mul_fp8_groups(h: Tensor, num_valid: Optional[Tensor], q: Tensor, scale: Tensor,
+                         act: str, alpha: float, limit: Optional[float]) -> None:
+    _quantized("groups", h, num_valid, q, scale, act, alpha, limit)
 
 
 def silu_mul(
     h: Tensor,
     num_valid: Tensor | None,
-    quantize: bool,
+    quantize: bool | str,
     out: Tensor | tuple[Tensor, Tensor] | None,
+    act: Act = ("silu", 1.0, None),
 ) -> Tensor | tuple[Tensor, Tensor]:
     """As ops.silu_mul. Rows of a new output past num_valid may hold anything: computed, not
     masked."""
+    mode = QUANTIZE_MODES[quantize]
     A, inter = h.shape[0], h.shape[1] // 2
     if out is None:
         num_valid = None
+        scale_shape = (A,) if mode == "rowwise" else (A, -(-inter // FP8_BLOCK))
         out = ((torch.empty(A, inter, dtype=FP8_DTYPE, device=h.device),
-                torch.empty(A, dtype=torch.float32, device=h.device)) if quantize
+                torch.empty(scale_shape, dtype=torch.float32, device=h.device)) if mode != "none"
                else torch.empty(A, inter, dtype=h.dtype, device=h.device))
-    if quantize:
-        _silu_mul_fp8(h, num_valid, *out)
+    if mode == "groups":
+        _silu_mul_fp8_groups(h, num_valid, *out, *act)
+    elif mode == "rowwise":
+        _silu_mul_fp8(h, num_valid, *out, *act)
     else:
-        _silu_mul(h, num_valid, out)
+        _silu_mul(h, num_valid, out, *act)
     return out

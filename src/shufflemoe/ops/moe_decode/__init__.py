@@ -1,0 +1,140 @@
+"""The routed experts at decode in two fused launches (after index_shuffle), for small A = T * k:
+
+    decode_gate_up: a = SwiGLU(gather(x) (* w_in) @ W13^T)     [A, I]  (+ fp8 rowwise quant)
+    decode_down:    out[t] += sum of t's pairs' (a @ W2^T) (* w_out)   [T, D]
+
+Split-K spreads a few experts' weights over every SM; see kernel.py for the schedule and
+configs.py for when the ``shuffled`` strategy uses it. fp8 rowwise keeps the layer's w8a8
+contract: x and a are quantized per row with ops.quantize's formula.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..._checks import INDEX_DTYPES, check_same_device, check_tensor
+from .._impl import ops_for, resolve
+from ..quantize import FP8_DTYPE
+from . import configs
+
+X_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _check_routing(counts: Tensor, token_ids: Tensor, E: int) -> int:
+    check_tensor("counts", counts, shape=[E], dtypes=INDEX_DTYPES, contiguous=True)
+    check_tensor("token_ids", token_ids, dim=1, dtypes=INDEX_DTYPES, contiguous=True)
+    return token_ids.shape[0]
+
+
+def _check_scales(w: Tensor, w_scale: Tensor | None, name: str, x_dtype: torch.dtype) -> None:
+    if w.dtype == FP8_DTYPE:
+        check_tensor(f"{name}_scale", w_scale, shape=list(w.shape[:2]), dtypes=(torch.float32,),
+                     contiguous=True)
+    elif w_scale is not None:
+        raise ValueError(f"{name}_scale is only for float8_e4m3fn {name}")
+    elif w.dtype != x_dtype:
+        raise TypeError(f"{name} must have the activations' dtype {x_dtype} or be "
+                        f"float8_e4m3fn, got {w.dtype}")
+
+
+def _outputs(out, A: int, I: int, dtype: torch.dtype, fp8: bool, dev: torch.device):
+    """decode_gate_up's outputs: a [A, I] in x's dtype, or fp8 (q [A, I], scale [A]), checked
+    when given, else allocated."""
+    if fp8:
+        if out is None:
+            return (torch.empty(A, I, dtype=FP8_DTYPE, device=dev),
+                    torch.empty(A, dtype=torch.float32, device=dev))
+        if not isinstance(out, tuple) or len(out) != 2:
+            raise TypeError("out must be a (q, scale) tuple for float8_e4m3fn w13")
+        check_tensor("out[0]", out[0], shape=[A, I], dtypes=(FP8_DTYPE,), device=dev,
+                     contiguous=True)
+        check_tensor("out[1]", out[1], shape=[A], dtypes=(torch.float32,), device=dev,
+                     contiguous=True)
+        return out
+    if out is None:
+        return torch.empty(A, I, dtype=dtype, device=dev)
+    return check_tensor("out", out, shape=[A, I], dtypes=(dtype,), device=dev, contiguous=True)
+
+
+def decode_gate_up(
+    x: Tensor,
+    w13: Tensor,
+    counts: Tensor,
+    token_ids: Tensor,
+    row_weights: Tensor | None = None,
+    *,
+    w13_scale: Tensor | None = None,
+    out: Tensor | tuple[Tensor, Tensor] | None = None,
+    impl: str | None = None,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """x [T, D], w13 [E, 2I, D] (gate rows then up rows), counts [E] and token_ids [A] of a
+    Routing (pairs sorted by expert, sum(counts) <= A routed), row_weights [A] float32 applied to
+    the input rows (Llama 4) -> a = silu(gate) * up [A, I] in x's dtype; with float8_e4m3fn w13
+    and w13_scale [E, 2I], (q [A, I] e4m3, scale [A] float32), x quantized per row first. Rows
+    past sum(counts) are not written (out: preallocated outputs)."""
+    check_tensor("x", x, dim=2, dtypes=X_DTYPES, contiguous=True)
+    check_tensor("w13", w13, dim=3, dtypes=X_DTYPES + (FP8_DTYPE,), contiguous=True)
+    E, two_i, D = w13.shape
+    if D != x.shape[1] or two_i % 2:
+        raise ValueError(f"w13 must be [E, 2I, {x.shape[1]}], got {list(w13.shape)}")
+    A = _check_routing(counts, token_ids, E)
+    _check_scales(w13, w13_scale, "w13", x.dtype)
+    if w13.dtype == FP8_DTYPE and x.dtype == torch.float32:
+        raise TypeError("float8_e4m3fn w13 needs bfloat16 or float16 x")
+    if row_weights is not None:
+        check_tensor("row_weights", row_weights, shape=[A], dtypes=(torch.float32,),
+                     contiguous=True)
+    dev = check_same_device(x=x, w13=w13, counts=counts, token_ids=token_ids,
+                            row_weights=row_weights, w13_scale=w13_scale)
+    out = _outputs(out, A, two_i // 2, x.dtype, w13.dtype == FP8_DTYPE, dev)
+    return ops_for(resolve(impl, x)).decode_gate_up(x, w13, w13_scale, counts, token_ids,
+                                                     row_weights, out)
+
+
+def decode_down(
+    a: Tensor | tuple[Tensor, Tensor],
+    w2: Tensor,
+    counts: Tensor,
+    token_ids: Tensor,
+    positions: Tensor,
+    out: Tensor,
+    row_weights: Tensor | None = None,
+    *,
+    w2_scale: Tensor | None = None,
+    impl: str | None = None,
+) -> Tensor:
+    """a [A, I] (or fp8 (q, scale) from decode_gate_up), w2 [E, D, I], counts [E], token_ids
+    [A], positions [A = T * k] of a Routing; out [T, D] += for each token the sum of its routed
+    pairs' a @ w2[e]^T (times row_weights [A] float32, the output weights), in float32, rounded
+    once, in a fixed order (no atomics). Returns out."""
+    q, a_scale = a if isinstance(a, tuple) else (a, None)
+    check_tensor("a", q, dim=2, dtypes=X_DTYPES + (FP8_DTYPE,), contiguous=True)
+    check_tensor("w2", w2, dim=3, dtypes=X_DTYPES + (FP8_DTYPE,), contiguous=True)
+    E, D, I = w2.shape
+    A = _check_routing(counts, token_ids, E)
+    if list(q.shape) != [A, I]:
+        raise ValueError(f"a must be [A={A}, I={I}], got {list(q.shape)}")
+    if (q.dtype == FP8_DTYPE) != (a_scale is not None) or (q.dtype == FP8_DTYPE) != (
+            w2.dtype == FP8_DTYPE):
+        raise TypeError("fp8 needs a = (q, scale) and float8_e4m3fn w2 together")
+    if a_scale is not None:
+        check_tensor("a scale", a_scale, shape=[A], dtypes=(torch.float32,), contiguous=True)
+    check_tensor("out", out, dim=2, dtypes=X_DTYPES, contiguous=True)
+    T = out.shape[0]
+    if out.shape[1] != D:
+        raise ValueError(f"out must be [T, {D}], got {list(out.shape)}")
+    _check_scales(w2, w2_scale, "w2", q.dtype)
+    check_tensor("positions", positions, shape=[A], dtypes=INDEX_DTYPES, contiguous=True)
+    if (T == 0) != (A == 0) or (T and A % T):
+        raise ValueError(f"positions must have T * k entries for out's T={T} rows, got {A}")
+    if row_weights is not None:
+        check_tensor("row_weights", row_weights, shape=[A], dtypes=(torch.float32,),
+                     contiguous=True)
+    check_same_device(a=q, w2=w2, counts=counts, token_ids=token_ids, positions=positions,
+                      out=out, row_weights=row_weights, a_scale=a_scale, w2_scale=w2_scale)
+    return ops_for(resolve(impl, q)).decode_down(q, a_scale, w2, w2_scale, counts, token_ids,
+                                                  positions, row_weights, out)
+
+
+__all__ = ["configs", "decode_down", "decode_gate_up"]

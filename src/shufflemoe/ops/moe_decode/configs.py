@@ -1,0 +1,122 @@
+"""When the fused decode path runs, and with which tiles: deterministic heuristics, no autotuning.
+
+Two choices, each a frozen dataclass that tests and benchmarks replace with ``override``:
+
+- ``Switch``: the ``shuffled`` strategy takes the fused path while A = T * k <= max_pairs. Below
+  it the layer is weight-bound and latency-bound (a few rows per expert, about seven dependent
+  launches of 2-17 us on an H100, benchmarks/notes/layer.md); above it the persistent grouped
+  GEMM's prefill schedule (TMA, wide token tiles) wins and the serial token-major combine of the
+  fused down GEMM would grow. The default is a first guess; benchmarks/decode_check.py sweeps it.
+- ``DecodeConfig``: tiles and split-K factors of the two fused GEMMs. The host knows A, E, D, I
+  and the dtype, never the group sizes, so it plans for min(E, A) active experts: weight tiles =
+  active experts x cdiv(N, block_n). With fewer tiles than SMs, K is split until every SM streams
+  weights (Llama 4 Scout TP8 at T = 1: one expert, 16 tiles of 64 gate + 64 up rows for 132 SMs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+from dataclasses import dataclass, replace
+from typing import Callable, Iterator
+
+import torch
+
+from ..quantize.reference import FP8_DTYPE
+
+
+@dataclass(frozen=True)
+class Switch:
+    max_pairs: int = 64  # fused while A = T * k <= max_pairs
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    block_n: int  # output columns of a tile (gate_up: block_n gate rows + block_n up rows)
+    block_k: int  # reduction step
+    split_k: int = 1  # K is cut into this many ranges, each its own program (capped by K steps)
+    num_warps: int = 4
+    num_stages: int = 3  # software-pipeline depth of the K loop
+
+    def with_(self, **changes) -> "GemmConfig":
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    gate_up: GemmConfig  # x [A, D] gathered -> a [A, I]
+    down: GemmConfig  # a [A, I] -> out [T, D]
+    block_m: int = 16  # pairs per tile: the MMA's N side (weights are its M side, swap-AB)
+    # Programmatic dependent launch (Hopper): each kernel may start while its predecessor drains
+    # and waits (griddepcontrol.wait) before touching memory. Off until measured on a GPU
+    # (benchmarks/decode_check.py times both); the interpreter never uses it.
+    pdl: bool = False
+
+    def with_(self, **changes) -> "DecodeConfig":
+        return replace(self, **changes)
+
+
+Key = tuple[int, int, int, int, torch.dtype, int]  # (A, E, D, I, weight dtype, SMs)
+_switch: contextvars.ContextVar[Switch] = contextvars.ContextVar("shufflemoe_decode_switch",
+                                                                 default=Switch())
+_override: contextvars.ContextVar[DecodeConfig | Callable[[Key], DecodeConfig] | None] = (
+    contextvars.ContextVar("shufflemoe_decode_config", default=None))
+
+
+@contextlib.contextmanager
+def override(config: DecodeConfig | Switch | Callable[[Key], DecodeConfig]) -> Iterator[None]:
+    """Inside the block use ``config``: a Switch (when to fuse), or a DecodeConfig (or a function
+    of the key returning one) instead of the tile heuristic."""
+    var = _switch if isinstance(config, Switch) else _override
+    token = var.set(config)
+    try:
+        yield
+    finally:
+        var.reset(token)
+
+
+@torch._dynamo.assume_constant_result
+def _max_pairs() -> int:
+    """The switch in force; a constant to torch.compile, which cannot trace a ContextVar."""
+    return _switch.get().max_pairs
+
+
+def use_fused(num_pairs: int, batch_invariant: bool = False) -> bool:
+    """Whether ``shuffled`` runs A = num_pairs pairs through the fused decode kernels. Never in
+    batch-invariant mode: the split-K factor follows A, and with it the sum order."""
+    return not batch_invariant and num_pairs <= _max_pairs()
+
+
+def select(A: int, E: int, D: int, I: int, dtype: torch.dtype, sms: int) -> DecodeConfig:
+    """Tiles for A pairs over E experts (w13 [E, 2I, D], w2 [E, D, I] in ``dtype``) on ``sms``
+    SMs."""
+    key = (A, E, D, I, dtype, sms)
+    chosen = _override.get()
+    if chosen is not None:
+        return chosen if isinstance(chosen, DecodeConfig) else chosen(key)
+    return _heuristic(*key)
+
+
+MIN_STEPS_PER_SPLIT = 2  # a split shorter than this spends more on its fixup than it streams
+
+
+def split_for(tiles: int, k_steps: int, sms: int) -> int:
+    """The smallest split that gives every SM a program (tiles * split >= sms), at least
+    MIN_STEPS_PER_SPLIT K steps per split."""
+    want = -(-sms // max(tiles, 1))
+    return max(1, min(want, k_steps // MIN_STEPS_PER_SPLIT))
+
+
+@functools.lru_cache(maxsize=None)
+def _heuristic(A: int, E: int, D: int, I: int, dtype: torch.dtype, sms: int) -> DecodeConfig:
+    # 256 bytes of K per weight row and step; 3 stages keep 96 KB (gate_up: 2 x 64 rows) of one
+    # program's weights in flight and leave room for two programs per SM.
+    size = 1 if dtype == FP8_DTYPE else torch.empty((), dtype=dtype).element_size()
+    bk = 256 // size
+    active = min(E, A)
+    configs = []
+    for N, K in ((I, D), (D, I)):
+        tiles = active * -(-N // 64)
+        configs.append(GemmConfig(64, bk, split_for(tiles, -(-K // bk), sms)))
+    return DecodeConfig(*configs)

@@ -1,0 +1,552 @@
+"""The routed experts at decode in two Triton launches (after index_shuffle):
+
+    gate_up: a[p] = SwiGLU(x[token_ids[p]] (* w_in[p]) @ W13[e(p)]^T)  [A, I]  (+ fp8 rowwise)
+    down:    out[t] += sum over t's pairs p of (a[p] @ W2[e(p)]^T) (* w_out[p])    [T, D]
+
+Pairs are sorted by expert (Routing); an m-tile is up to BLOCK_M consecutive pairs of one expert,
+found on the device from counts as in the grouped GEMM (no host sync). Program pid covers m-tile
+u, n-tile n and K range s (pid = (u * n_tiles + n) * SPLIT + s); the grid is planned for the
+most m-tiles A pairs can form, and programs past the real ones return at once.
+
+Weights stream as the MMA's M side (swap-AB: acc [BLOCK_N, BLOCK_M]); gate_up holds two
+accumulators (gate rows n, up rows I + n) so SwiGLU runs in registers. The gather (and Llama 4's
+input weight, rounded to x's dtype once as gather_scale does) happens in the K loop's loads.
+
+Split-K fixup, no memset launch: each split stores its fp32 partial to a workspace, then (after a
+CTA barrier, so every thread's stores precede the release) adds one to its tile's arrival word
+with acq_rel. The program that sees SPLIT - 1 is last: it sums the partials in split order (a
+fixed order, so the result does not depend on which program came last), runs the epilogue and
+puts the word back to 0, so the words are zero between launches (CUDA-graph safe). The
+interpreter runs programs one after another; the same code is then trivially ordered.
+
+fp8 rowwise keeps the layer's w8a8 contract (activations quantized per row with the formula of
+ops.quantize, as gather_scale and silu_mul do): gate_up quantizes its rows of x in the K loop
+from the rows' amax (a pass over the rows before the loop); its epilogue stores a in fp32, and
+the last tile of each m-tile (a second arrival word) quantizes the m-tile's whole rows of a into
+(q, scale), which down reads like any fp8 GEMM input.
+
+down's combine is token-major and deterministic. Top-1 (k == 1): a token has one pair, so the
+tile's last program adds into out[token] in fp32 and rounds once. k > 1: the tile's last program
+stores its fp32 rows, and the last m-tile of each n-tile (a column arrival word) sums every
+token's k rows through Routing.positions, in the token's choice order, into out in fp32 and
+rounds once: no atomics on out.
+
+Indexing: products that can pass 2^31 (token * D, expert * rows * K, pair * N) are int64.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from .._impl import interpreting, kernel_op
+from ..quantize.kernel import cast_to, e4m3_bits, fp8_target, row_scales, store_fp8
+from ..quantize.reference import FP8_DTYPE
+from . import configs
+
+_INTERPRETER_SMS = 8  # the SM count the heuristic plans for under the interpreter
+_COMBINE_TOKENS = 16  # tokens per step of down's token-major combine
+
+
+@triton.jit
+def _locate(counts_ptr, u, E, BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr):
+    """m-tile u -> (exists, expert, first row, row stop, m-tiles in all, rows in all). Plain sums
+    over a one-hot of u's expert (the grouped GEMM's 4-way tl.reduce costs 120 ms a program in
+    the interpreter at E = 256; on the GPU both are a few shuffles)."""
+    offs = tl.arange(0, BLOCK_E)
+    m = tl.maximum(tl.load(counts_ptr + offs, mask=offs < E, other=0).to(tl.int32), 0)
+    tiles = tl.cdiv(m, BLOCK_M)
+    tile_end = tl.cumsum(tiles, 0)
+    before = tile_end <= u
+    mine = (tile_end > u) & (tile_end - tiles <= u)  # empty experts never hold a tile
+    g = tl.sum(tl.where(mine, offs, 0), 0)
+    row_start = tl.sum(tl.where(before, m, 0), 0)
+    row0 = row_start + (u - tl.sum(tl.where(before, tiles, 0), 0)) * BLOCK_M
+    row_stop = row_start + tl.sum(tl.where(mine, m, 0), 0)
+    total_tiles = tl.sum(tiles, 0)
+    return u < total_tiles, g, row0, row_stop, total_tiles, tl.sum(m, 0)
+
+
+@triton.jit
+def _fp8_value(v, INTERPRET: tl.constexpr):
+    """v (already scaled into [-448, 448]) rounded to e4m3: the fp8 tensor on the GPU; its exact
+    float32 value under the interpreter, whose fp8 casts are wrong (the dot is float32 there)."""
+    if INTERPRET:
+        bits = e4m3_bits(v)
+        e = (bits >> 3) & 0xF
+        m = (bits & 7).to(tl.float32)
+        mag = tl.where(e == 0, m * 0.001953125, (8.0 + m) * tl.exp2((e - 10).to(tl.float32)))
+        out = tl.where((bits & 0x80) != 0, -mag, mag)
+        out = tl.where(v != v, v, out)
+    else:
+        out = v.to(tl.float8e4nv)
+    return out
+
+
+@triton.jit
+def _dot(acc, w, xt, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """acc [BN, BM] += w [BN, BK] @ xt [BK, BM]."""
+    if UPCAST:  # interpreter: its bf16 dot is wrong (Triton 3.6); fp32 of bf16/fp8 is exact
+        w = w.to(tl.float32)
+        xt = xt.to(tl.float32)
+    return tl.dot(w, xt, acc, input_precision=DOT_PRECISION)
+
+
+@triton.jit
+def _arrive(word_ptr, expected):
+    """After this program's stores: count its arrival; True for the last of ``expected``, which
+    also puts the word back to zero (after it, nobody else touches the word in this launch)."""
+    tl.debug_barrier()  # every thread's stores happen before the release below
+    last = tl.atomic_add(word_ptr, 1, sem="acq_rel") == expected - 1
+    if last:
+        tl.atomic_xchg(word_ptr, 0)
+    return last
+
+
+@triton.jit
+def _partials_sum(part_ptr, at, mask, SPLIT: tl.constexpr, stride_split):
+    """Sum of the SPLIT partials at ``at`` in split order (a fixed order: the result does not
+    depend on which program arrived last); .cg: they were written by other programs."""
+    acc = tl.zeros(at.shape, tl.float32)
+    for j in tl.static_range(SPLIT):
+        acc += tl.load(part_ptr + at + j * stride_split, mask=mask, other=0.0,
+                       cache_modifier=".cg")
+    return acc
+
+
+@triton.jit
+def _program(counts_ptr, E, n_tiles, SPLIT: tl.constexpr, BLOCK_E: tl.constexpr,
+             BLOCK_M: tl.constexpr, PDL: tl.constexpr):
+    """This program's work: (split s, tile, m-tile u, n-tile) from its id, then _locate's
+    (exists, expert, first row, row stop, m-tiles, rows). With programmatic dependent launch it
+    first waits for the previous kernel's memory, then lets the next kernel launch (whose
+    programs wait in turn before they touch memory)."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    pid = tl.program_id(0)
+    tile = pid // SPLIT
+    u = tile // n_tiles
+    exists, g, row0, row_stop, total_tiles, num_valid = _locate(counts_ptr, u, E, BLOCK_E,
+                                                                BLOCK_M)
+    return (pid % SPLIT, tile, u, tile % n_tiles, exists, g, row0, row_stop, total_tiles,
+            num_valid)
+
+
+@triton.jit
+def _row_amax(x_ptr, ids_ptr, rw_ptr, row0, n_rows, D, HAS_RW: tl.constexpr,
+              BLOCK_M: tl.constexpr, ROW_BLOCK: tl.constexpr, ROW_CHUNKS: tl.constexpr):
+    """max |x[token] * w| of each of the m-tile's n_rows rows (float32, as gather_scale's fp8
+    path); [BLOCK_M], 0 past n_rows. Row by row (decode tiles hold a few), each row in
+    ROW_CHUNKS independent loads of ROW_BLOCK lanes: one round trip a row, not one per K step."""
+    lanes = tl.arange(0, BLOCK_M)
+    offs = tl.arange(0, ROW_BLOCK)
+    amax = tl.zeros([BLOCK_M], tl.float32)
+    r = 0
+    while r < n_rows:
+        src = x_ptr + tl.load(ids_ptr + row0 + r).to(tl.int64) * D
+        w = 1.0
+        if HAS_RW:
+            w = tl.load(rw_ptr + row0 + r)
+        m = 0.0
+        for c in tl.static_range(ROW_CHUNKS):
+            cols = c * ROW_BLOCK + offs
+            v = tl.load(src + cols, mask=cols < D, other=0.0)
+            m = tl.maximum(m, tl.max(tl.abs(v.to(tl.float32) * w), 0))
+        amax = tl.where(lanes == r, m, amax)
+        r += 1
+    return amax
+
+
+@triton.jit
+def _x_tile(x_ptr, tok, rw, inv, row_ok, ks, D, HAS_RW: tl.constexpr, FP8: tl.constexpr,
+            INTERPRET: tl.constexpr):
+    """Gathered rows x[tok, ks] as the dot's input [BM, BK]: times rw rounded to x's dtype (as
+    gather_scale), or for fp8 quantized with the rows' multipliers inv."""
+    v = tl.load(x_ptr + tok[:, None] * D + ks[None, :], mask=row_ok[:, None] & (ks < D)[None, :],
+                other=0.0)
+    if FP8:
+        y = tl.clamp(v.to(tl.float32) * rw[:, None] * inv[:, None], -448.0, 448.0,
+                     propagate_nan=tl.PropagateNan.ALL)
+        v = _fp8_value(y, INTERPRET)
+    elif HAS_RW:
+        v = cast_to(v.to(tl.float32) * rw[:, None], x_ptr.dtype.element_ty, INTERPRET)
+    return v
+
+
+@triton.jit
+def _gate_up_step(acc_g, acc_u, k0, k_hi, x_ptr, w_ptr, tok, rw, inv, row_ok, gate_rows, col_ok,
+                  D, I, BLOCK_K: tl.constexpr, HAS_RW: tl.constexpr, FP8: tl.constexpr,
+                  UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    """One K step of gate_up: both accumulators += weights [BN, BK] @ gathered x^T [BK, BM]."""
+    kk = k0 + tl.arange(0, BLOCK_K)
+    xt = tl.trans(_x_tile(x_ptr, tok, rw, inv, row_ok, kk, D, HAS_RW, FP8, INTERPRET))
+    w_mask = col_ok[:, None] & (kk < k_hi)[None, :]
+    wg = tl.load(w_ptr + gate_rows[:, None] * D + kk[None, :], mask=w_mask, other=0.0)
+    wu = tl.load(w_ptr + (gate_rows + I)[:, None] * D + kk[None, :], mask=w_mask, other=0.0)
+    return (_dot(acc_g, wg, xt, UPCAST, DOT_PRECISION),
+            _dot(acc_u, wu, xt, UPCAST, DOT_PRECISION))
+
+
+@triton.jit
+def _gate_up_kernel(
+    x_ptr,  # [T, D] tokens
+    w_ptr,  # [E, 2I, D] gate rows then up rows
+    w_scale_ptr,  # [E, 2I] fp32 (FP8)
+    counts_ptr,  # [E] pairs per expert
+    ids_ptr,  # [A] token of each pair
+    rw_ptr,  # [A] fp32 input weight of each pair (HAS_RW)
+    a_ptr,  # [A, I] SwiGLU output: x's dtype, or fp32 (FP8: quantized by the last m-tile)
+    q_ptr,  # [A, I] e4m3 output (FP8; uint8 view under the interpreter)
+    scale_ptr,  # [A] fp32 row scales (FP8)
+    part_ptr,  # [SPLIT, A, 2I] fp32 partials (SPLIT > 1)
+    words_ptr,  # int32 arrival words: [m-tiles max * n_tiles] tiles, then [m-tiles max] rows
+    E, D, I, n_tiles, k_split,  # k_split: K elements per split, a multiple of BLOCK_K
+    A,  # pairs (rows of a)
+    words_rows,  # offset of the per-m-tile words in words_ptr
+    BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    SPLIT: tl.constexpr, FP8: tl.constexpr, HAS_RW: tl.constexpr, UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr, PDL: tl.constexpr,
+    QUANT_BLOCK: tl.constexpr,  # columns per step when the last m-tile quantizes rows of a
+    ROW_BLOCK: tl.constexpr, ROW_CHUNKS: tl.constexpr,  # FP8: lanes and loads per row of x
+):
+    s, tile, u, n_tile, exists, g, row0, row_stop, _, _ = _program(
+        counts_ptr, E, n_tiles, SPLIT, BLOCK_E, BLOCK_M, PDL)
+    if exists:
+        rows = row0 + tl.arange(0, BLOCK_M)
+        row_ok = rows < row_stop
+        tok = tl.load(ids_ptr + rows, mask=row_ok, other=0).to(tl.int64)
+        rw = tl.full([BLOCK_M], 1.0, tl.float32)
+        if HAS_RW:
+            rw = tl.load(rw_ptr + rows, mask=row_ok, other=0.0)
+        inv = rw
+        if FP8:
+            n_rows = tl.minimum(row_stop - row0, BLOCK_M)
+            inv, x_scale = row_scales(_row_amax(x_ptr, ids_ptr, rw_ptr, row0, n_rows, D, HAS_RW,
+                                                BLOCK_M, ROW_BLOCK, ROW_CHUNKS))
+        cols = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
+        col_ok = cols < I
+        gate_rows = g.to(tl.int64) * (2 * I) + cols  # [BN] rows of w viewed as [E*2I, D]
+        acc_g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        acc_u = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        k_lo = s * k_split
+        k_hi = tl.minimum(k_lo + k_split, D)
+        if INTERPRET:  # range() over a tensor bound fails in the interpreter
+            k0 = k_lo
+            while k0 < k_hi:
+                acc_g, acc_u = _gate_up_step(acc_g, acc_u, k0, k_hi, x_ptr, w_ptr, tok, rw, inv,
+                                             row_ok, gate_rows, col_ok, D, I, BLOCK_K, HAS_RW,
+                                             FP8, UPCAST, DOT_PRECISION, INTERPRET)
+                k0 += BLOCK_K
+        else:
+            for k0 in range(k_lo, k_hi, BLOCK_K):
+                acc_g, acc_u = _gate_up_step(acc_g, acc_u, k0, k_hi, x_ptr, w_ptr, tok, rw, inv,
+                                             row_ok, gate_rows, col_ok, D, I, BLOCK_K, HAS_RW,
+                                             FP8, UPCAST, DOT_PRECISION, INTERPRET)
+
+        mask = col_ok[:, None] & row_ok[None, :]  # [BN, BM]
+        if SPLIT > 1:  # store both partials, arrive once; the last split sums them all
+            at = rows.to(tl.int64)[None, :] * (2 * I) + cols[:, None]
+            stride = tl.cast(A, tl.int64) * (2 * I)  # one split's partials: may pass 2^31
+            mine = part_ptr + s * stride
+            tl.store(mine + at, acc_g, mask=mask)
+            tl.store(mine + at + I, acc_u, mask=mask)
+            last = _arrive(words_ptr + tile, SPLIT)
+            if last:
+                acc_g = _partials_sum(part_ptr, at, mask, SPLIT, stride)
+                acc_u = _partials_sum(part_ptr, at + I, mask, SPLIT, stride)
+        else:
+            last = True
+        if last:
+            if FP8:
+                ws_g = tl.load(w_scale_ptr + gate_rows, mask=col_ok, other=0.0)
+                ws_u = tl.load(w_scale_ptr + gate_rows + I, mask=col_ok, other=0.0)
+                acc_g = acc_g * x_scale[None, :] * ws_g[:, None]
+                acc_u = acc_u * x_scale[None, :] * ws_u[:, None]
+            a = tl.math.div_rn(acc_g, 1.0 + tl.exp(-acc_g)) * acc_u  # silu(gate) * up, fp32
+            a_at = rows.to(tl.int64)[None, :] * I + cols[:, None]
+            if FP8:
+                tl.store(a_ptr + a_at, a, mask=mask)
+                if _arrive(words_ptr + words_rows + u, n_tiles):
+                    _quantize_rows(a_ptr, q_ptr, scale_ptr, rows, row_ok, I, BLOCK_M, QUANT_BLOCK,
+                                   INTERPRET)
+            else:
+                tl.store(a_ptr + a_at, cast_to(a, a_ptr.dtype.element_ty, INTERPRET), mask=mask)
+
+
+@triton.jit
+def _quantize_rows(a_ptr, q_ptr, scale_ptr, rows, row_ok, I, BLOCK_M: tl.constexpr,
+                   QUANT_BLOCK: tl.constexpr, INTERPRET: tl.constexpr):
+    """(q, scale) of whole rows of a (fp32, written by this m-tile's programs): two passes over
+    them (L2), amax then quantize, with the formula of ops.quantize."""
+    offs = tl.arange(0, QUANT_BLOCK)
+    base = rows.to(tl.int64)[:, None] * I
+    amax = tl.zeros([BLOCK_M], tl.float32)
+    c = 0
+    while c < I:
+        m = row_ok[:, None] & (c + offs < I)[None, :]
+        v = tl.load(a_ptr + base + c + offs[None, :], mask=m, other=0.0, cache_modifier=".cg")
+        amax = tl.maximum(amax, tl.max(tl.abs(v), 1))
+        c += QUANT_BLOCK
+    inv, scale = row_scales(amax)
+    c = 0
+    while c < I:
+        m = row_ok[:, None] & (c + offs < I)[None, :]
+        v = tl.load(a_ptr + base + c + offs[None, :], mask=m, other=0.0, cache_modifier=".cg")
+        store_fp8(q_ptr + base + c + offs[None, :], v, inv[:, None], m, INTERPRET)
+        c += QUANT_BLOCK
+    tl.store(scale_ptr + rows, scale, mask=row_ok)
+
+
+@triton.jit
+def _down_step(acc, k0, k_hi, a_ptr, w_ptr, rows, row_ok, w_rows, col_ok, I,
+               BLOCK_K: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """One K step of down: acc += w2 rows [BN, BK] @ a^T [BK, BM]."""
+    kk = k0 + tl.arange(0, BLOCK_K)
+    k_ok = kk < k_hi
+    at = tl.load(a_ptr + rows.to(tl.int64)[:, None] * I + kk[None, :],
+                 mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+    w = tl.load(w_ptr + w_rows[:, None] * I + kk[None, :], mask=col_ok[:, None] & k_ok[None, :],
+                other=0.0)
+    return _dot(acc, w, tl.trans(at), UPCAST, DOT_PRECISION)
+
+
+@triton.jit
+def _down_kernel(
+    a_ptr,  # [A, I] activations (x's dtype, or e4m3 with a_scale)
+    a_scale_ptr,  # [A] fp32 (FP8)
+    w_ptr,  # [E, D, I]
+    w_scale_ptr,  # [E, D] fp32 (FP8)
+    counts_ptr,  # [E] pairs per expert
+    ids_ptr,  # [A] token of each pair (TOP1)
+    pos_ptr,  # [T * K] Routing.positions (not TOP1)
+    rw_ptr,  # [A] fp32 output weight of each pair (HAS_RW)
+    out_ptr,  # [T, D] accumulated into
+    y_ptr,  # [A, D] fp32 rows for the combine (not TOP1)
+    part_ptr,  # [SPLIT, A, D] fp32 partials (SPLIT > 1)
+    words_ptr,  # int32 arrival words: [m-tiles max * n_tiles] tiles, then [n_tiles] columns
+    E, D, I, n_tiles, k_split, A, T,
+    words_cols,  # offset of the per-n-tile words in words_ptr
+    K: tl.constexpr,  # pairs per token (positions has T * K entries)
+    TOP1: tl.constexpr,  # K == 1: each pair owns its token's row
+    BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_T: tl.constexpr,  # tokens per step of the combine
+    SPLIT: tl.constexpr, FP8: tl.constexpr, HAS_RW: tl.constexpr, UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr, PDL: tl.constexpr,
+):
+    s, tile, u, n_tile, exists, g, row0, row_stop, total_tiles, num_valid = _program(
+        counts_ptr, E, n_tiles, SPLIT, BLOCK_E, BLOCK_M, PDL)
+    if exists:
+        rows = row0 + tl.arange(0, BLOCK_M)
+        row_ok = rows < row_stop
+        cols = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
+        col_ok = cols < D
+        w_rows = g.to(tl.int64) * D + cols  # [BN] rows of w viewed as [E*D, I]
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        k_lo = s * k_split
+        k_hi = tl.minimum(k_lo + k_split, I)
+        if INTERPRET:  # range() over a tensor bound fails in the interpreter
+            k0 = k_lo
+            while k0 < k_hi:
+                acc = _down_step(acc, k0, k_hi, a_ptr, w_ptr, rows, row_ok, w_rows, col_ok, I,
+                                 BLOCK_K, UPCAST, DOT_PRECISION)
+                k0 += BLOCK_K
+        else:
+            for k0 in range(k_lo, k_hi, BLOCK_K):
+                acc = _down_step(acc, k0, k_hi, a_ptr, w_ptr, rows, row_ok, w_rows, col_ok, I,
+                                 BLOCK_K, UPCAST, DOT_PRECISION)
+
+        mask = col_ok[:, None] & row_ok[None, :]  # [BN, BM]
+        at_y = rows.to(tl.int64)[None, :] * D + cols[:, None]
+        if SPLIT > 1:
+            stride = tl.cast(A, tl.int64) * D
+            tl.store(part_ptr + s * stride + at_y, acc, mask=mask)
+            last = _arrive(words_ptr + tile, SPLIT)
+            if last:
+                acc = _partials_sum(part_ptr, at_y, mask, SPLIT, stride)
+        else:
+            last = True
+        if last:
+            if FP8:
+                acc = (acc * tl.load(a_scale_ptr + rows, mask=row_ok, other=0.0)[None, :]
+                       * tl.load(w_scale_ptr + w_rows, mask=col_ok, other=0.0)[:, None])
+            if HAS_RW:
+                acc = acc * tl.load(rw_ptr + rows, mask=row_ok, other=0.0)[None, :]
+            if TOP1:  # the pair's token has no other pair: read, add in fp32, round once
+                tok = tl.load(ids_ptr + rows, mask=row_ok, other=0).to(tl.int64)
+                dst = out_ptr + tok[None, :] * D + cols[:, None]
+                old = tl.load(dst, mask=mask, other=0.0).to(tl.float32)
+                tl.store(dst, cast_to(old + acc, out_ptr.dtype.element_ty, INTERPRET), mask=mask)
+            else:
+                tl.store(y_ptr + at_y, acc, mask=mask)
+                if _arrive(words_ptr + words_cols + n_tile, total_tiles):
+                    _combine(out_ptr, y_ptr, pos_ptr, cols, col_ok, num_valid, T, D, K, BLOCK_T,
+                             INTERPRET)
+
+
+@triton.jit
+def _combine(out_ptr, y_ptr, pos_ptr, cols, col_ok, num_valid, T, D, K: tl.constexpr,
+             BLOCK_T: tl.constexpr, INTERPRET: tl.constexpr):
+    """out[t, cols] += sum over j < K of y[positions[t * K + j], cols] for pairs below num_valid,
+    for every token, in fp32 in choice order, rounded once."""
+    t0 = 0
+    while t0 < T:
+        ts = t0 + tl.arange(0, BLOCK_T)
+        t_ok = ts < T
+        dst = out_ptr + ts.to(tl.int64)[:, None] * D + cols[None, :]
+        m = t_ok[:, None] & col_ok[None, :]
+        acc = tl.load(dst, mask=m, other=0.0).to(tl.float32)  # [BT, BN]
+        for j in tl.static_range(K):
+            p = tl.load(pos_ptr + ts.to(tl.int64) * K + j, mask=t_ok, other=0).to(tl.int64)
+            ok = t_ok & (p >= 0) & (p < num_valid)
+            acc += tl.load(y_ptr + p[:, None] * D + cols[None, :],
+                           mask=ok[:, None] & col_ok[None, :], other=0.0, cache_modifier=".cg")
+        tl.store(dst, cast_to(acc, out_ptr.dtype.element_ty, INTERPRET), mask=m)
+        t0 += BLOCK_T
+
+
+# ---------------------------------------------------------------------------------------- host
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    """SMs the plan spreads weights over (a small number under the interpreter)."""
+    if device.type != "cuda":
+        return _INTERPRETER_SMS
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+_WORDS: dict[torch.device, list[Tensor]] = {}
+
+
+def arrival_words(device: torch.device, n: int) -> Tensor:
+    """n zeroed int32 arrival words on ``device``. The kernels leave them zero, so one buffer
+    per device serves every call in stream order (the layer's kernels run on one stream). Old
+    buffers are kept alive: a captured CUDA graph may still point at them. Inside a capture a
+    new buffer cannot be zeroed before the replay, so warm up (as graphed() does) first."""
+    buffers = _WORDS.setdefault(device, [])
+    if buffers and buffers[-1].numel() >= n:
+        return buffers[-1][:n]
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError("the fused decode kernels need a larger arrival buffer inside a CUDA "
+                           "graph capture; run the layer once at this size before capturing")
+    buffers.append(torch.zeros(max(n, 1024), dtype=torch.int32, device=device))
+    return buffers[-1][:n]
+
+
+def max_m_tiles(A: int, E: int, block_m: int) -> int:
+    """The most m-tiles A pairs over E experts can form: sum of cdiv(count, BM) over non-empty
+    experts <= A // BM + min(E, A)."""
+    return A // block_m + min(E, A)
+
+
+def _launch_options(cfg: configs.GemmConfig, pdl: bool) -> dict:
+    opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if pdl:
+        opts["launch_pdl"] = True
+    return opts
+
+
+def _k_split(K: int, cfg: configs.GemmConfig) -> tuple[int, int]:
+    """(K elements per split, a multiple of block_k; splits that are not empty)."""
+    steps = triton.cdiv(K, cfg.block_k)
+    per = triton.cdiv(steps, max(1, min(cfg.split_k, steps)))
+    return per * cfg.block_k, triton.cdiv(steps, per)
+
+
+@kernel_op("decode_gate_up", mutates_args=("a", "q", "scale"))
+def _gate_up_op(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Tensor,
+                token_ids: Tensor, row_weights: Optional[Tensor], a: Optional[Tensor],
+                q: Optional[Tensor], scale: Optional[Tensor]) -> None:
+    """a [A, I] (x's dtype), or for fp8 w13 (q [A, I], scale [A]) <- SwiGLU of the gathered rows.
+    The tiles are planned here, inside the op, so torch.compile never traces the host logic."""
+    (T, D), (E, two_i, _), A = x.shape, w13.shape, token_ids.shape[0]
+    I = two_i // 2
+    if A == 0 or I == 0:
+        return
+    plan = configs.select(A, E, D, I, w13.dtype, sm_count(x.device))
+    cfg = plan.gate_up
+    k_split, split = _k_split(D, cfg)
+    n_tiles = triton.cdiv(I, cfg.block_n)
+    m_tiles = max_m_tiles(A, E, plan.block_m)
+    fp8 = w13.dtype == FP8_DTYPE
+    words = arrival_words(x.device, m_tiles * n_tiles + m_tiles)
+    part = torch.empty(split, A, 2 * I, dtype=torch.float32, device=x.device) if split > 1 else None
+    if fp8:  # a in fp32 first; each m-tile's last program quantizes its rows into (q, scale)
+        a = torch.empty(A, I, dtype=torch.float32, device=x.device)
+    interpret = interpreting()
+    pdl = plan.pdl and not interpret
+    row_block = min(4096, triton.next_power_of_2(D))
+    with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
+        _gate_up_kernel[(m_tiles * n_tiles * split,)](
+            x, w13, w13_scale, counts, token_ids, row_weights, a,
+            fp8_target(q)[0] if fp8 else None, scale, part, words,
+            E, D, I, n_tiles, k_split, A, m_tiles * n_tiles,
+            BLOCK_E=triton.next_power_of_2(E), BLOCK_M=plan.block_m, BLOCK_N=cfg.block_n,
+            BLOCK_K=cfg.block_k, SPLIT=split, FP8=fp8, HAS_RW=row_weights is not None,
+            UPCAST=interpret and w13.dtype in (torch.bfloat16, FP8_DTYPE),
+            DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", INTERPRET=interpret,
+            PDL=pdl, QUANT_BLOCK=min(1024, triton.next_power_of_2(I)),
+            ROW_BLOCK=row_block, ROW_CHUNKS=triton.cdiv(D, row_block),
+            **_launch_options(cfg, pdl))
+
+
+@kernel_op("decode_down", mutates_args=("out",))
+def _down_op(a: Tensor, a_scale: Optional[Tensor], w2: Tensor, w2_scale: Optional[Tensor],
+             counts: Tensor, token_ids: Tensor, positions: Tensor, row_weights: Optional[Tensor],
+             out: Tensor) -> None:
+    """out [T, D] += the routed rows of a [A, I] through w2 [E, D, I], token-major."""
+    (A, I), (E, D, _), T = a.shape, w2.shape, out.shape[0]
+    if A == 0 or D == 0:
+        return
+    k = A // T
+    plan = configs.select(A, E, D, I, w2.dtype, sm_count(a.device))
+    cfg = plan.down
+    k_split, split = _k_split(I, cfg)
+    n_tiles = triton.cdiv(D, cfg.block_n)
+    m_tiles = max_m_tiles(A, E, plan.block_m)
+    words = arrival_words(a.device, m_tiles * n_tiles + n_tiles)
+    part = torch.empty(split, A, D, dtype=torch.float32, device=a.device) if split > 1 else None
+    y = torch.empty(A, D, dtype=torch.float32, device=a.device) if k > 1 else None
+    interpret = interpreting()
+    pdl = plan.pdl and not interpret
+    # The interpreter runs programs in order, so out can be read-modify-written in its dtype;
+    # its bf16 rounding is done by cast_to (the interpreter's own cast truncates).
+    with torch.cuda.device(a.device) if a.is_cuda else contextlib.nullcontext():
+        _down_kernel[(m_tiles * n_tiles * split,)](
+            a, a_scale, w2, w2_scale, counts, token_ids, positions, row_weights, out, y, part,
+            words, E, D, I, n_tiles, k_split, A, T, m_tiles * n_tiles,
+            K=k, TOP1=k == 1, BLOCK_E=triton.next_power_of_2(E), BLOCK_M=plan.block_m,
+            BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_T=_COMBINE_TOKENS, SPLIT=split,
+            FP8=a.dtype == FP8_DTYPE, HAS_RW=row_weights is not None,
+            UPCAST=interpret and w2.dtype in (torch.bfloat16, FP8_DTYPE),
+            DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32", INTERPRET=interpret,
+            PDL=pdl, **_launch_options(cfg, pdl))
+
+
+def gate_up(x: Tensor, w13: Tensor, w13_scale: Tensor | None, counts: Tensor, token_ids: Tensor,
+            row_weights: Tensor | None,
+            out: Tensor | tuple[Tensor, Tensor]) -> Tensor | tuple[Tensor, Tensor]:
+    """x [T, D], w13 [E, 2I, D] -> out: a [A, I] in x's dtype, or (q [A, I] e4m3, scale [A])
+    for fp8 w13. Arguments were checked by the public function."""
+    a, q, scale = (None, *out) if isinstance(out, tuple) else (out, None, None)
+    _gate_up_op(x, w13, w13_scale, counts, token_ids, row_weights, a, q, scale)
+    return out
+
+
+def down(a: Tensor, a_scale: Tensor | None, w2: Tensor, w2_scale: Tensor | None, counts: Tensor,
+         token_ids: Tensor, positions: Tensor, row_weights: Tensor | None, out: Tensor) -> Tensor:
+    """out [T, D] += the routed rows of a [A, I] through w2 [E, D, I]; returns out. Arguments
+    were checked by the public function."""
+    _down_op(a, a_scale, w2, w2_scale, counts, token_ids, positions, row_weights, out)
+    return out

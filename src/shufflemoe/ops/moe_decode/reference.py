@@ -1,0 +1,63 @@
+"""The fused decode path in torch ops: the composition of the existing references (gather_scale,
+grouped_gemm, silu_mul, scatter_add's token-major sum), with the gate/up product kept in float32
+as the fused kernel keeps it in registers (the unfused path rounds it to the model dtype)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from .._impl import inplace_op
+from ..gather_scale.reference import gather_scale
+from ..grouped_gemm.reference import grouped_gemm
+from ..quantize.reference import FP8_DTYPE
+from ..scatter_add.reference import token_sum
+from ..silu_mul.reference import silu_mul
+
+
+def _num_valid(counts: Tensor) -> Tensor:
+    return counts.sum().reshape(1).to(torch.int32)
+
+
+def _format(fp8: bool) -> str:
+    return "fp8_rowwise" if fp8 else "none"  # the fused kernels' two formats
+
+
+@inplace_op("decode_gate_up_ref", mutates_args=("a", "q", "scale"))
+def _gate_up(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Tensor,
+             token_ids: Tensor, row_weights: Optional[Tensor], a: Optional[Tensor],
+             q: Optional[Tensor], scale: Optional[Tensor]) -> None:
+    fp8 = w13.dtype == FP8_DTYPE
+    nv = _num_valid(counts)
+    xs = gather_scale(x, token_ids, row_weights, nv, fp8, None)
+    xq, x_scale = xs if fp8 else (xs, None)
+    h = grouped_gemm(xq, w13, counts, x_scale, w13_scale, None, None, None, None,
+                     torch.float32, quantization=_format(fp8))  # [A, 2I]
+    silu_mul(h, nv, fp8, (q, scale) if fp8 else a)  # rows past num_valid keep their values
+
+
+@inplace_op("decode_down_ref", mutates_args=("out",))
+def _down(a: Tensor, a_scale: Optional[Tensor], w2: Tensor, w2_scale: Optional[Tensor],
+          counts: Tensor, token_ids: Tensor, positions: Tensor, row_weights: Optional[Tensor],
+          out: Tensor) -> None:
+    y = grouped_gemm(a, w2, counts, a_scale, w2_scale, None, None, None, None,
+                     torch.float32, quantization=_format(w2.dtype == FP8_DTYPE))  # [A, D]
+    token_sum(out, y, positions, row_weights, _num_valid(counts))
+
+
+def gate_up(x: Tensor, w13: Tensor, w13_scale: Tensor | None, counts: Tensor, token_ids: Tensor,
+            row_weights: Tensor | None,
+            out: Tensor | tuple[Tensor, Tensor]) -> Tensor | tuple[Tensor, Tensor]:
+    """As ops.decode_gate_up (out allocated by the public function)."""
+    a, q, scale = (None, *out) if isinstance(out, tuple) else (out, None, None)
+    _gate_up(x, w13, w13_scale, counts, token_ids, row_weights, a, q, scale)
+    return out
+
+
+def down(a: Tensor, a_scale: Tensor | None, w2: Tensor, w2_scale: Tensor | None, counts: Tensor,
+         token_ids: Tensor, positions: Tensor, row_weights: Tensor | None, out: Tensor) -> Tensor:
+    """As ops.decode_down."""
+    _down(a, a_scale, w2, w2_scale, counts, token_ids, positions, row_weights, out)
+    return out

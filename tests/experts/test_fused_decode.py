@@ -1,0 +1,94 @@
+"""The ``shuffled`` strategy's fused decode path (ops.moe_decode) through the Triton kernels (the
+interpreter on the CPU), against the float64 naive_moe: every router kind, fp32 / bf16 / fp8,
+k up to 8 of E = 128, capacity drops, T = 1 and odd T, split-K forced on; and the switch: which
+A takes the fused path, and that the layer's output does not depend on it beyond rounding."""
+
+import pytest
+import torch
+
+from factories import make_input, make_layer
+from shufflemoe import MoEConfig, naive_moe
+from shufflemoe.experts import shuffled
+from shufflemoe.ops import use_impl
+from shufflemoe.ops.moe_decode import configs
+from shufflemoe.testing import assert_close, tolerance_key
+
+SPLIT = configs.DecodeConfig(configs.GemmConfig(16, 16, 2), configs.GemmConfig(16, 16, 3))
+
+CONFIGS = {
+    "llama4 (weights on input)": MoEConfig(hidden_size=40, intermediate_size=24, num_experts=16,
+                                          router="llama4", scoring="sigmoid",
+                                          apply_router_weight_on_input=True,
+                                          shared_intermediate_size=24),
+    "qwen3 (k=8 of 128)": MoEConfig(hidden_size=32, intermediate_size=16, num_experts=128,
+                                    top_k=8, renormalize=True),
+    "deepseek (group-limited)": MoEConfig(hidden_size=32, intermediate_size=16, num_experts=32,
+                                          top_k=4, router="group_limited", scoring="sigmoid",
+                                          correction_bias=True, n_group=4, topk_group=2,
+                                          routed_scaling_factor=2.5, renormalize=True),
+    "mixtral fp8": MoEConfig(hidden_size=48, intermediate_size=40, num_experts=8, top_k=2,
+                             renormalize=True, quantization="fp8_rowwise"),
+    "llama4 fp8": MoEConfig(hidden_size=40, intermediate_size=24, num_experts=16,
+                            router="llama4", scoring="sigmoid",
+                            apply_router_weight_on_input=True, quantization="fp8_rowwise"),
+    "mixtral fp32 with capacity drops": MoEConfig(hidden_size=24, intermediate_size=20,
+                                                  num_experts=8, top_k=2, dtype=torch.float32,
+                                                  capacity_factor=0.5),
+}
+
+
+@pytest.fixture
+def fused_calls(monkeypatch):
+    """Counts the strategy's calls into the fused kernels' entry point."""
+    calls = []
+    real = shuffled.decode_gate_up
+    monkeypatch.setattr(shuffled, "decode_gate_up",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    return calls
+
+
+CASES = [(name, 5) for name in CONFIGS] + [
+    ("llama4 (weights on input)", 1), ("qwen3 (k=8 of 128)", 1), ("llama4 fp8", 1)]
+
+
+@pytest.mark.parametrize("name,T", CASES, ids=[f"{n}-T={t}" for n, t in CASES])
+def test_layer_through_fused_kernels(name, T, fused_calls):
+    cfg = CONFIGS[name]
+    layer = make_layer(cfg, seed=T)
+    x = make_input(cfg, T, seed=T + 1)
+    r = layer.route(x)
+    ref, mag = naive_moe(layer, x, r, with_magnitude=True)
+    with use_impl("triton"), configs.override(SPLIT):
+        y = layer(x)
+    assert fused_calls, "the fused path was not taken"
+    assert_close(y, ref, tolerance_key(cfg), name=f"{name} T={T}", magnitude=mag)
+
+
+def test_switch_picks_the_path(fused_calls):
+    cfg = CONFIGS["qwen3 (k=8 of 128)"]
+    layer = make_layer(cfg)
+    for T, fused in ((8, True), (9, False)):  # A = 64 fuses, A = 72 does not
+        fused_calls.clear()
+        layer(make_input(cfg, T))
+        assert bool(fused_calls) == fused, T
+    fused_calls.clear()
+    with configs.override(configs.Switch(max_pairs=0)):
+        layer(make_input(cfg, 1))
+    assert not fused_calls
+    layer(make_input(cfg, 0))  # T = 0 never launches anything
+    assert not fused_calls
+
+
+@pytest.mark.parametrize("name", ["llama4 (weights on input)", "mixtral fp8"])
+def test_fused_and_unfused_paths_agree(name):
+    """The two paths differ only in rounding (the fused one keeps gate/up in float32)."""
+    cfg = CONFIGS[name]
+    layer = make_layer(cfg)
+    x = make_input(cfg, 6)
+    r = layer.route(x)
+    _, mag = naive_moe(layer, x, r, with_magnitude=True)
+    with use_impl("triton"), configs.override(SPLIT):
+        fused = layer(x)
+        with configs.override(configs.Switch(max_pairs=0)):
+            unfused = layer(x)
+    assert_close(fused, unfused.double(), tolerance_key(cfg), magnitude=mag)

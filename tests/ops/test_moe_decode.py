@@ -1,0 +1,277 @@
+"""Fused decode kernels (decode_gate_up, decode_down): the torch reference and the Triton kernels
+(interpreter on the CPU, the GPU when there is one) against float64 of the same rounded or
+quantized inputs, on routings from sort_by_expert: T = 0 and 1, odd sizes, k up to 8, E up to
+256, empty experts, every token on one expert (two m-tiles), pairs past num_valid (capacity
+drops, ids routed nowhere), every split-K factor (ones that do not divide K, more than K steps).
+Outputs start as NaN, down's out as random values, and the inputs' rows past num_valid are NaN,
+so a row written, read or summed where it should not be fails."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from shufflemoe.ops import FP8_DTYPE, gather_scale, quantize_fp8_rowwise, sort_by_expert
+from shufflemoe.ops.moe_decode import configs, decode_down, decode_gate_up, kernel
+from shufflemoe.testing import assert_close, poisoned
+
+CUDA = torch.cuda.is_available()
+DEV = "cuda" if CUDA else "cpu"
+needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+D, I = 40, 24  # K steps of 16: gate_up 3 (the last partial), down 2 (the last partial)
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp8": FP8_DTYPE}
+
+
+def gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def small(split: int, fp8: bool = False) -> configs.DecodeConfig:
+    """16-wide tiles (fp8 dots need K steps of 32 on the GPU), ``split`` for both GEMMs."""
+    bk = 32 if fp8 and CUDA else 16
+    gemm = configs.GemmConfig(16, bk, split)
+    return configs.DecodeConfig(gemm, gemm)
+
+
+# (expert ids [T, k] (ids outside [0, E) are routed nowhere), E, capacity)
+ROUTINGS = {
+    "T=0": lambda: (torch.zeros(0, 2, dtype=torch.int64), 8, None),
+    "T=1 k=1 E=16": lambda: (torch.tensor([[5]]), 16, None),
+    "odd T=9 k=3 E=7": lambda: (torch.stack([torch.randperm(7, generator=gen(t))[:3]
+                                             for t in range(9)]), 7, None),
+    "k=8 E=256": lambda: (torch.stack([torch.randperm(256, generator=gen(t))[:8]
+                                       for t in range(2)]), 256, None),
+    "all tokens on one expert": lambda: (torch.full((21, 1), 2), 4, None),
+    "most experts empty": lambda: (torch.tensor([[0, 15], [15, 0], [7, 0]]), 16, None),
+    "capacity drops": lambda: (torch.randint(0, 3, (11, 2), generator=gen(1)).sort(1).values
+                               + torch.tensor([0, 3]), 6, 2),
+    "ids routed nowhere": lambda: (torch.tensor([[1, -1], [9, 1], [2, 1]]), 4, None),
+}
+
+
+def routing(case: str, seed: int = 3):
+    ids, E, cap = ROUTINGS[case]()
+    w = torch.rand(ids.shape, generator=gen(seed)) + 0.25
+    r = sort_by_expert(ids.to(DEV), E, w.to(DEV), capacity=cap, impl="torch")
+    return r, ids.shape[0], E
+
+
+def weights(E: int, dtype: torch.dtype, seed: int = 0):
+    """(w13, w2, w13_scale, w2_scale) and their float64 values."""
+    g = gen(seed)
+    w13 = torch.randn(E, 2 * I, D, generator=g) / D**0.5
+    w2 = torch.randn(E, D, I, generator=g) / I**0.5
+    if dtype == FP8_DTYPE:
+        (q13, s13), (q2, s2) = quantize_fp8_rowwise(w13), quantize_fp8_rowwise(w2)
+        w64 = (q13.double() * s13.double()[..., None], q2.double() * s2.double()[..., None])
+        return (q13.to(DEV), q2.to(DEV), s13.to(DEV), s2.to(DEV)), w64
+    w13, w2 = w13.to(dtype), w2.to(dtype)
+    return (w13.to(DEV), w2.to(DEV), None, None), (w13.double(), w2.double())
+
+
+def act_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.bfloat16 if dtype == FP8_DTYPE else dtype
+
+
+def tol(dtype: torch.dtype) -> str:
+    return "fp8_rowwise" if dtype == FP8_DTYPE else str(dtype).replace("torch.", "")
+
+
+def pairs(r):
+    """(valid pair count, expert of each valid pair) on the host."""
+    n = int(r.num_valid)
+    return n, r.expert_ids[:n].cpu().long()
+
+
+def gate_up64(x, r, w13_64, on_input: bool, fp8: bool):
+    """float64 silu(gate) * up of the valid pairs, from the rows the kernel multiplies: x
+    gathered and scaled (rounded to x's dtype, or quantized) exactly as gather_scale does."""
+    n, experts = pairs(r)
+    xs = gather_scale(x, r.token_ids, r.weights if on_input else None, quantize=fp8,
+                      impl="torch")
+    x64 = (xs[0].double() * xs[1].double()[:, None] if fp8 else xs.double()).cpu()[:n]
+    h = torch.einsum("pd,pnd->pn", x64, w13_64[experts])
+    g, u = h.chunk(2, dim=1)
+    return g / (1 + torch.exp(-g)) * u
+
+
+def run_gate_up(case, dtype, split, on_input=True, impl="triton", seed=0):
+    r, T, E = routing(case, seed + 3)
+    (w13, _, s13, _), (w13_64, _) = weights(E, dtype, seed)
+    fp8 = dtype == FP8_DTYPE
+    x = torch.randn(T, D, generator=gen(seed + 1)).to(DEV, act_dtype(dtype))
+    A = r.num_pairs
+    out = ((poisoned(A, I, dtype=torch.uint8, device=DEV).view(FP8_DTYPE),
+            poisoned(A, dtype=torch.float32, device=DEV)) if fp8
+           else poisoned(A, I, dtype=dtype, device=DEV))
+    if fp8:
+        out[0].view(torch.uint8).fill_(0x7F)  # e4m3 NaN
+    with configs.override(small(split, fp8)):
+        got = decode_gate_up(x, w13, r.counts, r.token_ids, r.weights if on_input else None,
+                             w13_scale=s13, out=out, impl=impl)
+    assert got is out
+    n, _ = pairs(r)
+    a = got[0].double() * got[1].double()[:, None] if fp8 else got.double()
+    assert_close(a[:n], gate_up64(x, r, w13_64, on_input, fp8), tol(dtype))
+    assert torch.isnan(a[n:]).all(), "rows past num_valid were written"
+
+
+def run_down(case, dtype, split, on_output=True, impl="triton", seed=0):
+    r, T, E = routing(case, seed + 3)
+    (_, w2, _, s2), (_, w2_64) = weights(E, dtype, seed)
+    n, experts = pairs(r)
+    A, fp8 = r.num_pairs, dtype == FP8_DTYPE
+    a = torch.randn(A, I, generator=gen(seed + 2)) * 2
+    if fp8:
+        q, s = quantize_fp8_rowwise(a)
+        q.view(torch.uint8)[n:] = 0x7F  # NaN rows past num_valid: never read
+        a64, inp = q.double() * s.double()[:, None], (q.to(DEV), s.to(DEV))
+    else:
+        a = a.to(dtype)
+        a[n:] = float("nan")
+        a64, inp = a.double(), a.to(DEV)
+    out_dtype = act_dtype(dtype)
+    base = torch.randn(T, D, generator=gen(seed + 4)).to(out_dtype)
+    out = base.clone().to(DEV)
+    rw = r.weights if on_output else None
+    with configs.override(small(split, fp8)):
+        got = decode_down(inp, w2, r.counts, r.token_ids, r.positions, out, rw, w2_scale=s2,
+                          impl=impl)
+    assert got is out
+    y = torch.einsum("pi,pdi->pd", a64[:n], w2_64[experts])
+    if on_output:
+        y = y * r.weights[:n].double().cpu()[:, None]
+    ref = base.double().index_add_(0, r.token_ids[:n].long().cpu(), y)
+    assert_close(out, ref, tol(out_dtype))
+
+
+MAIN = [(c, "bf16") for c in ROUTINGS] + [
+    (c, "fp8") for c in ("T=1 k=1 E=16", "odd T=9 k=3 E=7", "k=8 E=256", "capacity drops")] + [
+    ("odd T=9 k=3 E=7", "fp16"), ("ids routed nowhere", "fp32")]
+
+
+@pytest.mark.parametrize("case,dtype", MAIN, ids=[f"{c}-{d}" for c, d in MAIN])
+def test_gate_up_matches_float64(case, dtype):
+    run_gate_up(case, DTYPES[dtype], split=2)
+
+
+@pytest.mark.parametrize("case,dtype", MAIN, ids=[f"{c}-{d}" for c, d in MAIN])
+def test_down_matches_float64(case, dtype):
+    run_down(case, DTYPES[dtype], split=2)
+
+
+@pytest.mark.parametrize("split", [1, 2, 3, 5])  # 3 K steps in gate_up, 2 in down
+@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
+def test_every_split_factor(split, dtype):
+    run_gate_up("odd T=9 k=3 E=7", DTYPES[dtype], split, on_input=False)
+    run_down("all tokens on one expert", DTYPES[dtype], split, on_output=False)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp8", "fp32"])
+def test_reference_matches_float64(dtype):
+    for case in ("odd T=9 k=3 E=7", "capacity drops", "T=0"):
+        run_gate_up(case, DTYPES[dtype], 1, impl="torch")
+        run_down(case, DTYPES[dtype], 1, impl="torch")
+
+
+def test_arrival_words_end_at_zero():
+    """Every launch leaves its arrival words at zero: the next launch (or graph replay) relies
+    on it, with no memset in between."""
+    run_gate_up("odd T=9 k=3 E=7", FP8_DTYPE, 3)
+    run_down("odd T=9 k=3 E=7", torch.bfloat16, 2)
+    words = [w for buffers in kernel._WORDS.values() for w in buffers]
+    assert words and all(int(w.abs().sum()) == 0 for w in words)
+
+
+def test_default_heuristic_runs():
+    """No override: the heuristic's own tiles (64 x 128, wider than these shapes)."""
+    r, T, E = routing("T=1 k=1 E=16")
+    (w13, w2, _, _), _ = weights(E, torch.bfloat16)
+    x = torch.randn(T, D, generator=gen(1)).to(DEV, torch.bfloat16)
+    out = torch.zeros(T, D, dtype=torch.bfloat16, device=DEV)
+    a = decode_gate_up(x, w13, r.counts, r.token_ids, impl="triton")
+    decode_down(a, w2, r.counts, r.token_ids, r.positions, out, r.weights, impl="triton")
+    ref = torch.zeros_like(out)
+    a_ref = decode_gate_up(x, w13, r.counts, r.token_ids, impl="torch")
+    decode_down(a_ref, w2, r.counts, r.token_ids, r.positions, ref, r.weights, impl="torch")
+    assert_close(out, ref.double(), "bfloat16")
+
+
+def test_split_heuristic():
+    """Scout TP8 at T = 1 (one expert, 16 tiles of 64 columns): K is split until 132 SMs have
+    work; Mixtral TP2's 224 tiles are not split; a split keeps at least two K steps."""
+    scout = configs.select(1, 16, 5120, 1024, torch.bfloat16, 132)
+    assert 16 * scout.gate_up.split_k >= 132 and scout.down.split_k == 2
+    assert configs.select(2, 8, 4096, 7168, torch.bfloat16, 132).gate_up.split_k == 1
+    assert configs.split_for(1, 3, 132) == 1 and configs.split_for(1, 40, 132) == 20
+    assert configs.use_fused(64) and not configs.use_fused(65)
+    assert not configs.use_fused(1, batch_invariant=True)
+    with configs.override(configs.Switch(max_pairs=0)):
+        assert not configs.use_fused(1)
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda x, w, r: decode_gate_up(x.float(), w, r.counts, r.token_ids), TypeError,
+     "w13 must have"),
+    (lambda x, w, r: decode_gate_up(x[:, :5], w, r.counts, r.token_ids), ValueError, "contiguous"),
+    (lambda x, w, r: decode_gate_up(x, w[:, :, :8].contiguous(), r.counts, r.token_ids),
+     ValueError, "w13 must be"),
+    (lambda x, w, r: decode_gate_up(x, w, r.counts[:3], r.token_ids), ValueError, "counts must"),
+    (lambda x, w, r: decode_gate_up(x, w, r.counts, r.token_ids, r.weights[:1]), ValueError,
+     "row_weights must"),
+    (lambda x, w, r: decode_gate_up(x, w, r.counts, r.token_ids, w13_scale=r.weights),
+     ValueError, "w13_scale is only"),
+    (lambda x, w, r: decode_down(x[:, :I].contiguous(), w.transpose(1, 2).contiguous()[:, :D],
+                                 r.counts, r.token_ids, r.positions, x), ValueError, "a must be"),
+])
+def test_bad_input_raises(call, error, match):
+    r, T, E = routing("odd T=9 k=3 E=7")
+    (w13, _, _, _), _ = weights(E, torch.bfloat16)
+    x = torch.randn(T, D).to(DEV, torch.bfloat16)
+    with pytest.raises(error, match=match):
+        call(x, w13, r)
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
+def test_graph_replays_with_changing_routing(dtype):
+    """One capture of gate_up + down with split-K, replayed with new tokens and routing: the
+    arrival words must come back to zero every replay, and every replay matches float64."""
+    E, T, k = 16, 4, 2
+    dt = DTYPES[dtype]
+    (w13, w2, s13, s2), (w13_64, w2_64) = weights(E, dt)
+    x = torch.zeros(T, D, dtype=act_dtype(dt), device=DEV)
+    ids = torch.zeros(T, k, dtype=torch.int64, device=DEV)
+    wts = torch.zeros(T, k, device=DEV)
+    out = torch.zeros(T, D, dtype=act_dtype(dt), device=DEV)
+
+    def step():
+        r = sort_by_expert(ids, E, wts)
+        out.zero_()
+        a = decode_gate_up(x, w13, r.counts, r.token_ids, w13_scale=s13)
+        decode_down(a, w2, r.counts, r.token_ids, r.positions, out, r.weights, w2_scale=s2)
+        return r
+
+    with configs.override(small(3, dt == FP8_DTYPE)):
+        step()  # compile and size the arrival words outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step()
+        for rep in range(6):
+            g = gen(50 + rep)
+            x.copy_(torch.randn(T, D, generator=g))
+            ids.copy_(torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)]))
+            wts.copy_(torch.rand(T, k, generator=g) + 0.25)
+            graph.replay()
+            r = sort_by_expert(ids, E, wts, impl="torch")
+            n, experts = pairs(r)
+            a64 = gate_up64(x, r, w13_64, False, dt == FP8_DTYPE)
+            if dt == FP8_DTYPE:  # the kernel's a is quantized; so is its float64 stand-in
+                q, s = quantize_fp8_rowwise(a64.float())
+                a64 = q.double() * s.double()[:, None]
+            y = torch.einsum("pi,pdi->pd", a64, w2_64[experts])
+            y = y * r.weights[:n].double().cpu()[:, None]
+            ref = torch.zeros(T, D, dtype=torch.float64).index_add_(
+                0, r.token_ids[:n].long().cpu(), y)
+            assert_close(out, ref, tol(dt), name=f"replay {rep}")
