@@ -3,7 +3,8 @@ fp8), with any expert strategy, dispatcher and implementation (torch references 
 kernels), matches the float64 reference on the layer's own routing, and (float32) that routing
 matches the float64 one; in batch-invariant mode a row alone is the same bits as in its batch.
 
-Runs for a fixed time budget (BUDGET_S), however fast the machine: examples drawn after it pass
+Runs for a fixed time budget (BUDGET_S; SHUFFLEMOE_PROPERTY_BUDGET_S=600 for a longer local
+run), however fast the machine: examples drawn after it pass
 without running (but never once a failure has been seen, so shrinking still works). On failure
 hypothesis prints the falsifying case, whose ``seed`` draws the weights and tokens, and the
 blob that replays it (@reproduce_failure). The distributed dispatchers run on a one-rank gloo
@@ -13,6 +14,7 @@ On a GPU everything runs there (the group is NCCL).
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -30,7 +32,7 @@ from shufflemoe.testing import compare, tolerance_key
 
 CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
-BUDGET_S = 20.0
+BUDGET_S = float(os.environ.get("SHUFFLEMOE_PROPERTY_BUDGET_S", "20"))
 # running: an example started and has not passed (when the next one starts, it failed);
 # failed: some example failed, so the budget no longer applies (hypothesis shrinks and replays).
 _clock = {"start": None, "running": False, "failed": False}

@@ -11,7 +11,7 @@ from .dispatch import DISPATCHERS
 from .experts import EXPERTS
 from .graph import graphed
 from .layer import MoE
-from .parallel import expert_parallel, tensor_parallel
+from .parallel import expert_parallel, parallel_mesh, parallelize, tensor_parallel
 from .presets import preset
 from .reference import naive_moe
 from .routing import route
@@ -29,6 +29,8 @@ __all__ = [
     "expert_parallel",
     "graphed",
     "naive_moe",
+    "parallel_mesh",
+    "parallelize",
     "preset",
     "route",
     "tensor_parallel",

@@ -6,6 +6,7 @@ and exit with status 2, as argparse does; a missing optional dependency exits wi
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import time
@@ -14,7 +15,8 @@ import torch
 
 from . import EXPERTS, MoE, MoEConfig, __version__, naive_moe, preset
 from .config import QUANTIZATIONS
-from .planner import HARDWARE, expert_bytes, fixed_bytes, plan
+from .planner import (HARDWARE, Layout, expert_bytes, fixed_bytes, layer_cost, layouts, plan,
+                      recommend)
 from .presets import MODELS
 from .testing import compare, tolerance_for, tolerance_key
 
@@ -94,20 +96,49 @@ def _demo(device: torch.device) -> int:
     return 1 if failures else 0
 
 
+def _layout(cfg: MoEConfig, args: argparse.Namespace) -> Layout:
+    """The layout --tp/--ep/--ep-mode/--dedup ask for, if the library can build it."""
+    if args.ep > 1:
+        layout = Layout(f"ep_{args.ep_mode}", args.ep, args.tp, (("dedup", args.dedup),))
+    else:
+        layout = Layout("tp" if args.tp > 1 else "local", 1, args.tp)
+    buildable = layouts(cfg, args.ep * args.tp)
+    if layout not in buildable:
+        raise ValueError(f"{layout.describe()} cannot be built for {args.model} (ep={args.ep} "
+                         f"must divide E={cfg.num_experts}, tp={args.tp} must cut its experts: "
+                         f"I={cfg.intermediate_size}, {cfg.quantization}); buildable on "
+                         f"{args.ep * args.tp} GPUs: "
+                         f"{', '.join(l.describe() for l in buildable) or 'none'}")
+    return layout
+
+
 def plan_cmd(args: argparse.Namespace) -> int:
     quantization = "fp8_rowwise" if args.fp8 else args.quantization
     cfg = preset(args.model, quantization=quantization)
-    hw = HARDWARE[args.hw]
-    costs = plan(cfg, args.tokens, hw, tp=args.tp, ep=args.ep, ep_mode=args.ep_mode)
+    hw = dataclasses.replace(HARDWARE[args.hw], gpus_per_node=args.gpus_per_node)
+    layout = _layout(cfg, args)
     print(f"{args.model}: E={cfg.num_experts} k={cfg.top_k} D={cfg.hidden_size} I={cfg.intermediate_size} "
-          f"shared={cfg.shared_intermediate_size}, {args.tokens} tokens per rank, tp={args.tp} ep={args.ep} "
-          f"({args.ep_mode}), experts {quantization} ({expert_bytes(cfg) / 1e6:.1f} MB each) on "
-          f"{hw.name}\n")
+          f"shared={cfg.shared_intermediate_size}, {args.tokens} tokens per tp group, "
+          f"{layout.describe()}, experts {quantization} ({expert_bytes(cfg) / 1e6:.1f} MB each) "
+          f"on {hw.name}\n")
     print(f"{'strategy':12} {'rows':>9} {'weights MB':>11} {'act. MB':>9} {'GFLOP':>9} {'comm MB':>9} "
           f"{'floor us':>9} {'bound':>8} {'syncs':>6}")
-    for c in costs:
+    for c in plan(cfg, args.tokens, hw, layout=layout):
         print(f"{c.strategy:12} {c.rows:9.0f} {c.weight_bytes / 1e6:11.1f} {c.activation_bytes / 1e6:9.1f} "
               f"{c.flops / 1e9:9.2f} {c.comm_bytes / 1e6:9.2f} {c.floor * 1e6:9.1f} {c.bound:>8} {c.host_syncs:6}")
+    if args.gpus:
+        print(f"\nlayouts on {args.gpus} GPUs ({args.gpus_per_node} per node) for a batch of "
+              f"{args.tokens} tokens, shuffled strategy; skew: the busiest EP rank's worst case")
+        print(f"{'layout':34} {'kind':7} {'comm MB':>9} {'comm us':>9} {'compute us':>11} "
+              f"{'total us':>9} {'skew us':>9}")
+        ranked = recommend(cfg, args.tokens, args.gpus, hw)
+        for lay, c in ranked:
+            worst = layer_cost(cfg, c.tokens, "shuffled", hw, layout=lay, bound=True)
+            print(f"{lay.describe():34} {lay.kind:7} {c.comm_bytes / 1e6:9.2f} {c.t_comm * 1e6:9.1f} "
+                  f"{(c.serial - c.t_comm) * 1e6:11.1f} {c.serial * 1e6:9.1f} {worst.serial * 1e6:9.1f}")
+        if ranked:
+            best = ranked[0][0]
+            print(f"\nrecommended: {best.kind} ({best.describe()})")
     return 0
 
 
@@ -189,7 +220,8 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     p.add_argument("--model", choices=sorted(MODELS), default="llama4-scout", metavar="MODEL",
                    help=f"layer shape: one of {', '.join(sorted(MODELS))} (default: %(default)s)")
     p.add_argument("--tokens", type=_positive_int, default=64,
-                   help="tokens per rank in one step (default: %(default)s)")
+                   help="tokens per rank in one step, per tp group with --tp (with --gpus: the "
+                   "whole batch) (default: %(default)s)")
     p.add_argument("--tp", type=_positive_int, default=1,
                    help="tensor-parallel ranks; must divide the expert widths (default: 1)")
     p.add_argument("--ep", type=_positive_int, default=1,
@@ -197,6 +229,12 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     p.add_argument("--ep-mode", choices=("alltoall", "allgather"), default="alltoall",
                    help="expert-parallel dispatch: eager all-to-all or graph-mode all-gather "
                    "(default: %(default)s)")
+    p.add_argument("--dedup", action="store_true",
+                   help="EP x TP: the spec's communication deduplication across tp ranks")
+    p.add_argument("--gpus", type=int, default=0,
+                   help="rank every buildable layout on this many GPUs and recommend one")
+    p.add_argument("--gpus-per-node", type=_positive_int, default=8,
+                   help="GPUs per node: links inside a node are faster (default: %(default)s)")
     p.add_argument("--hw", choices=sorted(HARDWARE), default="h100",
                    help="device whose bandwidth and FLOP/s set the floor (default: %(default)s)")
     p.add_argument("--quantization", choices=QUANTIZATIONS, default="none",

@@ -62,6 +62,9 @@ class GraphedMoE:
         for part in (layer.experts, layer.dispatch):
             if not part.graph_safe:
                 raise ValueError(f"{part.name} syncs with the host and cannot be captured")
+        why = layer.dispatch.graph_error(token_buckets)
+        if why:
+            raise ValueError(f"{layer.dispatch.name}: {why}")
         if cfg.capacity_factor is not None:
             raise ValueError("graphed() pads the batch, which would change capacity-factor drops")
         if not token_buckets or any(not isinstance(b, int) or b <= 0 for b in token_buckets):

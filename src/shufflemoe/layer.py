@@ -98,6 +98,7 @@ class MoE(nn.Module):
         self.shared_gate = param(1, D) if cfg.shared_expert_gate else None
         if cfg.quantized:
             self._quantize_experts()
+        self.shared_split = 0  # > 0: shared weights in two parts (see shared_expert)
         self.dispatch = dispatch or LocalDispatch()
         self.set_experts(experts)
         self._side_stream: torch.cuda.Stream | None = None
@@ -231,31 +232,84 @@ class MoE(nn.Module):
                                self.router_logits_bias, cfg.batch_invariant)
         return route(logits, cfg, self.router_bias)
 
-    def shared_expert(self, x: Tensor, out: Tensor) -> Tensor:
-        """out [T, D] = shared SwiGLU(x) (times sigmoid(x @ gate) for Qwen2-MoE)."""
-        hot = self._hot()
+    def shared_expert(self, x: Tensor, out: Tensor, part: int | None = None) -> Tensor:
+        """out [T, D] = shared SwiGLU(x) (times sigmoid(x @ gate) for Qwen2-MoE). With
+        ``shared_split`` = h > 0 the weights hold two parts (columns [0, h) and [h, Is), rows of
+        shared_w13 part by part, each gate rows then up rows): ``part`` 0 writes the first part's
+        output, part 1 adds the second's (eager expert parallelism runs them around its host sync
+        and its combine); part None runs both. Batch-invariant (local dispatch only, never
+        split): every product through batch_invariant.linear."""
+        hot, h, Is = self._hot(), self.shared_split, self.config.shared_intermediate_size
         if self.config.batch_invariant:
             return batch_invariant.shared_expert(x, hot.shared_w13, hot.shared_w2,
                                                  hot.shared_gate, out)
-        h = F.linear(x, hot.shared_w13)  # [T, 2Is]
-        torch.mm(backend_for(h).silu_mul(h, None, False, None), hot.shared_w2.t(), out=out)
-        if hot.shared_gate is not None:
-            out.mul_(torch.sigmoid(F.linear(x, hot.shared_gate)))
-        return out
+        if part is None and h:
+            self.shared_expert(x, out, 0)
+            return self.shared_expert(x, out, 1)
+        lo, hi = (0, h or Is) if part in (None, 0) else (h, Is)
+        w13, w2 = hot.shared_w13, hot.shared_w2
+        if (lo, hi) != (0, Is):
+            w13, w2 = w13[2 * lo : 2 * hi], w2[:, lo:hi]
+        h13 = F.linear(x, w13)  # [T, 2 * (hi - lo)]
+        a = backend_for(h13).silu_mul(h13, None, False, None)
+        gate = None if hot.shared_gate is None else torch.sigmoid(F.linear(x, hot.shared_gate))
+        if part == 1:
+            y = torch.mm(a, w2.t())
+            return out.add_(y if gate is None else y.mul_(gate))
+        torch.mm(a, w2.t(), out=out)
+        return out if gate is None else out.mul_(gate)
 
-    def _check_input(self, x: Tensor) -> None:
+    def start_shared(self, x: Tensor, out: Tensor | None = None
+                     ) -> tuple[Tensor, Callable[[], None]]:
+        """(out [T, D] holding the shared expert's output, or zeros without one; join): for small
+        T on CUDA the shared expert runs on a side stream, overlapping routing and GEMM13, and
+        join() makes the current stream wait for it (call it before anything adds into out).
+        ``out``: written instead of a new tensor."""
+        if self.shared_w13 is None:
+            return (torch.zeros_like(x) if out is None else out.zero_()), _noop
+        out = torch.empty_like(x) if out is None else out
+        if not self._uses_side_stream(x):  # prefill: one stream, overlapping would only contend
+            self.shared_expert(x, out)
+            return out, _noop
+        main = torch.cuda.current_stream(x.device)
+        if self._side_stream is None:
+            self._side_stream = torch.cuda.Stream(x.device)
+        side = self._side_stream
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            self.shared_expert(x, out)
+        return out, lambda: main.wait_stream(side)
+
+    def _uses_side_stream(self, x: Tensor) -> bool:
+        return (x.is_cuda and self.shared_w13 is not None
+                and x.shape[0] <= self.config.shared_stream_max_tokens
+                and not torch.compiler.is_compiling())  # compiled: the compiler schedules
+
+    def input_error(self, x: object) -> Exception | None:
+        """The error a bad input raises (None when x is a valid [T, D] or [B, S, D] input)."""
         cfg = self.config
-        check_tensor("x", x, dtypes=(cfg.dtype,), device=self.w13.device)
-        if x.dim() not in (2, 3) or x.shape[-1] != cfg.hidden_size:
-            raise ValueError(f"x must be [T, {cfg.hidden_size}] or [B, S, {cfg.hidden_size}], "
-                             f"got {list(x.shape)}")
+        try:
+            check_tensor("x", x, dtypes=(cfg.dtype,), device=self.w13.device)
+            if x.dim() not in (2, 3) or x.shape[-1] != cfg.hidden_size:
+                raise ValueError(f"x must be [T, {cfg.hidden_size}] or [B, S, {cfg.hidden_size}], "
+                                 f"got {list(x.shape)}")
+        except (TypeError, ValueError) as e:
+            return e
+        return None
 
     def forward(self, x: Tensor) -> Tensor:
         hot, cfg = self._hot(), self.config
+        if self.dispatch.name != "local":
+            # A parallel dispatcher agrees on sizes with the other ranks before any collective,
+            # and raises the same error on every rank when one of them got a bad input.
+            sizes = self.dispatch.admit(self, x, self.input_error(x))
+            with torch.no_grad(), batch_invariant.scope(cfg, x):
+                flat = x.reshape(-1, cfg.hidden_size).contiguous()
+                return self.dispatch.forward(self, flat, sizes).view(x.shape)
         w13 = hot.weights.w13
         if not (isinstance(x, Tensor) and x.dtype == cfg.dtype and x.device == w13.device
                 and x.dim() in (2, 3) and x.shape[-1] == cfg.hidden_size):
-            self._check_input(x)  # raises, naming what is wrong
+            raise self.input_error(x)  # names what is wrong
         flat = x.reshape(-1, cfg.hidden_size).contiguous()  # [T, D]
         if cfg.batch_invariant:  # its scope (a context variable) breaks a compiled graph
             with torch.no_grad(), batch_invariant.scope(cfg, flat):
@@ -269,29 +323,14 @@ class MoE(nn.Module):
         """x [T, D] contiguous in config.dtype -> out [T, D] (overwritten), unchecked: how graph.py
         captures the layer into static buffers shared with other layers' graphs."""
         with torch.no_grad(), batch_invariant.scope(self.config, x):
+            if self.dispatch.name != "local":
+                return out.copy_(self.dispatch.forward(self, x, self.dispatch.admit(self, x, None)))
             return self._forward(x, self._hot(), out)
 
-    def _forward(self, x: Tensor, hot: _Hot, out: Tensor | None = None) -> Tensor:  # x [T, D]
-        cfg = self.config
-        has_shared = hot.shared_w13 is not None
-        if out is None:
-            out = torch.empty_like(x) if has_shared else torch.zeros_like(x)  # [T, D]
-        elif not has_shared:
-            out.zero_()  # the experts add into it
-        join = _noop
-        if (has_shared and x.is_cuda and x.shape[0] <= cfg.shared_stream_max_tokens
-                and not torch.compiler.is_compiling()):  # compiled: the compiler schedules
-            # decode: the shared expert on its own stream overlaps routing and GEMM13
-            main = torch.cuda.current_stream(x.device)
-            if self._side_stream is None:
-                self._side_stream = torch.cuda.Stream(x.device)
-            side = self._side_stream
-            side.wait_stream(main)
-            with torch.cuda.stream(side):
-                self.shared_expert(x, out)
-            join = lambda: main.wait_stream(side)  # noqa: E731
-        elif has_shared:  # prefill: one stream, overlapping would only contend for SMs and L2
-            self.shared_expert(x, out)
+    def _forward(self, x: Tensor, hot: _Hot | None = None,
+                 out: Tensor | None = None) -> Tensor:  # x [T, D]: the single-device flow
+        hot, cfg = hot or self._hot(), self.config
+        out, join = self.start_shared(x, out)  # decode: shared expert overlaps routing and GEMM13
         logits = router_logits(x, hot.router_weight, cfg.router_logits_dtype,
                                hot.router_logits_bias, cfg.batch_invariant)
         routing = hot.route(logits, cfg, hot.router_bias)

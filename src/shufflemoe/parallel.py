@@ -1,165 +1,98 @@
 """Parallelism as a transform of a finished single-device layer (gpt-fast's apply_tp habit).
 
-    full = MoE(cfg, experts="shuffled")                 # the same weights on every rank
-    tp_layer = tensor_parallel(full, group)             # I / tp of every expert, same tokens
-    ep_layer = expert_parallel(full, group, "allgather")  # E / ep whole experts, own tokens
+    full = MoE(cfg)                                        # the same weights on every rank
+    mesh = parallel_mesh(ep=2, tp=4)                       # a DeviceMesh ("ep", "tp")
+    layer = parallelize(full, "ep_allgather", mesh, dedup=True, max_tokens=64)
 
-The given layer is not modified; the new layer shares its replicated tensors (router, and under
-expert parallelism the shared expert) and owns copies of its shards, so the full layer's expert
-weights can be freed.
-
-tensor_parallel: rank r keeps rows [r * Il, (r + 1) * Il) of the gate half and of the up half of
-w13 (Il = I / tp; the halves are cut separately so SwiGLU pairs gate and up of the same columns),
-the same columns of w2, and likewise for the shared expert (its sigmoid gate, [1, D], whole). Under
-fp8_rowwise, w13_scale is cut with w13's rows; w2_scale (one scale per output row of w2) is kept
-whole: a column slice of a row dequantizes with the row's scale, so the shard holds exactly the
-full layer's values. One numerical difference remains: the SwiGLU output is quantized per row
-over the rank's I / tp columns instead of all I (as vLLM does), so each rank rounds with its own
-scale; measured on the 2-rank fp8 case of tests/dispatch: max error 0.045 rms, relative L2 0.013
-against the full layer's float64 reference (single device: 0.015, 0.0042; tolerance 0.25, 0.05).
-The new layer's config is the shard's (intermediate sizes / tp, as
-presets.preset(tp=...) gives), with num_experts = E.
-
-expert_parallel: rank r keeps experts [r * El, (r + 1) * El) (El = E / ep) and everything else
-whole; its config stays the model's (num_experts = E: the router picks among all E experts) while
-w13/w2 hold El experts (MoE.from_weights(num_local_experts=El)).
+Every dispatcher of DISPATCHERS builds its own layer (``Dispatch.build``): "tp" and "tp_sp" on a
+tp mesh, "ep_alltoall" and "ep_allgather" on any (ep >= 2, tp) mesh, crossed with tp when tp > 1
+(``dedup`` chooses the spec's communication deduplication), with ``redundant`` experts (EPLB).
+The full layer is not modified: the new layer shares its replicated tensors and owns copies of
+its shards, so the full layer's expert weights can be freed. Building is collective: it checks
+that every rank holds the same weights (a checksum) and raises the same error on every rank.
 """
 
 from __future__ import annotations
-
-import functools
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from .dispatch import AllGatherDispatch, AllToAllDispatch, TensorParallelDispatch
+from .dispatch import DISPATCHERS, Placement, balanced
+from .dispatch.ep import ExpertParallelDispatch
+from .dispatch.mesh import Mesh, as_mesh, parallel_mesh
 from .layer import MoE
 
-_WEIGHTS = ("router_weight", "router_bias", "router_logits_bias", "w13", "w2", "w13_scale",
-            "w2_scale", "w13_bias", "w2_bias", "shared_w13", "shared_w2", "shared_gate")
-_EXPERT_SHARDED = ("w13", "w2", "w13_scale", "w2_scale", "w13_bias", "w2_bias")
-# Formats whose scales are one per output row: a shard of rows (w13) or of columns (w2, whose
-# scale is kept whole) holds exactly the full layer's values. Block and MXFP4 scales would have
-# to be cut on their block boundaries.
-_TP_FORMATS = ("none", "fp8_rowwise", "fp8_w8a16")
 EP_MODES = ("alltoall", "allgather")
 
 
-def _group_size_rank(layer: MoE, group: dist.ProcessGroup | None, what: str) -> tuple[int, int]:
-    if not dist.is_available() or not dist.is_initialized():
-        raise RuntimeError(f"{what} needs torch.distributed to be initialized "
-                           "(torch.distributed.init_process_group)")
-    if layer.dispatch.name != "local":
-        raise ValueError(f"{what} transforms a single-device layer (dispatch 'local'), got one "
-                         f"with dispatch {layer.dispatch.name!r}")
-    return dist.get_world_size(group), dist.get_rank(group)
+def parallelize(layer: MoE, dispatch: str, mesh=None, **options) -> MoE:
+    """This rank's layer for the dispatcher named ``dispatch`` ("local" returns the layer itself).
+    mesh: a shufflemoe Mesh, a DeviceMesh with dimensions "ep"/"tp", or None (every rank along
+    the dispatcher's dimension). options go to the dispatcher (max_tokens, dedup, redundant,
+    placement for the expert-parallel ones)."""
+    return DISPATCHERS.get(dispatch).build(layer, mesh, **options)
 
 
-def _own(t: Tensor) -> Tensor:
-    """A contiguous copy that does not keep the full tensor's storage alive."""
-    return t.clone(memory_format=torch.contiguous_format)
+def tensor_parallel(layer: MoE, mesh=None, *, sequence_parallel: bool = False) -> MoE:
+    """The layer's tensor-parallel shard (w13 [E, 2I/tp, D], w2 [E, D, I/tp], shared likewise):
+    every rank runs the same tokens and the output is all-reduced ("tp"), or, with
+    sequence_parallel, every rank passes its slice of the tokens and gets its slice of the
+    output back ("tp_sp": all-gather in, reduce-scatter out, the router on the slice)."""
+    return parallelize(layer, "tp_sp" if sequence_parallel else "tp", mesh)
 
 
-def _gate_up_rows(t: Tensor, n: int, rank: int, dim: int) -> Tensor:
-    """Rows [rank * n, (rank + 1) * n) of the gate half and of the up half of t along dim (whose
-    length is 2 * I: gate rows then up rows), as one new tensor."""
-    gate, up = t.chunk(2, dim=dim)
-    return torch.cat([gate.narrow(dim, rank * n, n), up.narrow(dim, rank * n, n)], dim=dim)
+def expert_parallel(layer: MoE, mesh=None, mode: str = "alltoall", *,
+                    max_tokens: int | None = None, dedup: bool = True, redundant: int = 0,
+                    placement: Placement | None = None) -> MoE:
+    """The layer's expert-parallel shard: E / ep whole experts per rank (cut by tp too on an
+    (ep, tp) mesh), router and shared expert whole. Each ep rank routes its own tokens.
 
-
-def tensor_parallel(layer: MoE, group: dist.ProcessGroup | None = None) -> MoE:
-    """The layer's tensor-parallel shard for this rank of ``group`` (dispatch "tp"): w13 [E, 2I/tp,
-    D], w2 [E, D, I/tp], shared_w13 [2Is/tp, D], shared_w2 [D, Is/tp]; every rank runs the same
-    tokens and the outputs are all-reduced."""
-    tp, rank = _group_size_rank(layer, group, "tensor_parallel")
-    cfg = layer.config
-    I, Is = cfg.intermediate_size, cfg.shared_intermediate_size
-    if I % tp or Is % tp:
-        raise ValueError(f"the group size ({tp}) must divide intermediate_size ({I}) and "
-                         f"shared_intermediate_size ({Is})")
-    if cfg.quantization not in _TP_FORMATS:
-        raise ValueError(f"tensor_parallel shards quantization in {_TP_FORMATS}, got "
-                         f"{cfg.quantization!r} (use expert_parallel, which keeps experts whole)")
-    Il, Isl = I // tp, Is // tp
-
-    def columns(t: Tensor, n: int) -> Tensor:  # [..., I] -> [..., rank's n columns]
-        return _own(t.narrow(-1, rank * n, n))
-
-    shard = dict(router_weight=layer.router_weight, router_bias=layer.router_bias,
-                 w13=_gate_up_rows(layer.w13, Il, rank, dim=1), w2=columns(layer.w2, Il),
-                 router_logits_bias=layer.router_logits_bias, shared_gate=layer.shared_gate)
-    if layer.w13_bias is not None:  # w2's bias is added once: by rank 0, after the all-reduce's sum
-        shard.update(w13_bias=_gate_up_rows(layer.w13_bias, Il, rank, dim=1),
-                     w2_bias=_own(layer.w2_bias) if rank == 0 else torch.zeros_like(layer.w2_bias))
-    if layer.w13_scale is not None:
-        shard.update(w13_scale=_gate_up_rows(layer.w13_scale, Il, rank, dim=1),
-                     w2_scale=layer.w2_scale)
-    if layer.shared_w13 is not None:
-        shard.update(shared_w13=_gate_up_rows(layer.shared_w13, Isl, rank, dim=0),
-                     shared_w2=columns(layer.shared_w2, Isl))
-    local = cfg.replace(intermediate_size=Il, shared_intermediate_size=Isl)
-    return MoE.from_weights(local, experts=layer.experts.name,
-                            dispatch=TensorParallelDispatch(group), **shard)
-
-
-def expert_parallel(
-    layer: MoE,
-    group: dist.ProcessGroup | None = None,
-    mode: str = "alltoall",
-    *,
-    max_tokens: int | None = None,
-) -> MoE:
-    """The layer's expert-parallel shard for this rank of ``group``: w13 [E/ep, 2I, D], w2 [E/ep,
-    D, I] (experts [rank * E/ep, (rank + 1) * E/ep)), router and shared expert whole. Each rank
-    routes its own tokens over all E experts.
-
-    mode "alltoall": dispatch "ep_alltoall" (eager, exact sizes, one host sync per layer);
-    "allgather": dispatch "ep_allgather" (static padded shapes, no sync) with every rank padded to
-    ``max_tokens`` tokens (None: each call's T, which must then be equal on every rank). Under
-    graph.graphed(), give max_tokens >= the largest bucket unless every rank always runs the
-    same bucket: the captured collectives must have the same sizes on all ranks."""
+    mode "alltoall": "ep_alltoall" (eager, exact sizes, one host sync per layer); "allgather":
+    "ep_allgather" (static padded shapes, no sync) with every rank padded to ``max_tokens`` (None:
+    the largest T of each call, agreed on the host; graph.graphed() with several buckets needs
+    max_tokens >= the largest, since ranks may replay different buckets)."""
     if mode not in EP_MODES:
         raise ValueError(f"mode must be one of {EP_MODES}, got {mode!r}")
-    ep, rank = _group_size_rank(layer, group, "expert_parallel")
-    cfg = layer.config
-    E = cfg.num_experts
-    if E % ep:
-        raise ValueError(f"the group size ({ep}) must divide num_experts ({E})")
-    if mode == "alltoall":
-        if max_tokens is not None:
-            raise ValueError("max_tokens is only used by mode='allgather'")
-        dispatch = AllToAllDispatch(E, group)
-    else:
-        dispatch = AllGatherDispatch(E, group, max_tokens)
-    El = E // ep
-    weights = {name: getattr(layer, name) for name in _WEIGHTS}
-    for name in _EXPERT_SHARDED:
-        if weights[name] is not None:
-            weights[name] = _own(weights[name][rank * El : (rank + 1) * El])
-    return MoE.from_weights(cfg, **{n: None if t is None else t.data for n, t in weights.items()},
-                            num_local_experts=El, experts=layer.experts.name, dispatch=dispatch)
+    options = dict(dedup=dedup, redundant=redundant, placement=placement)
+    if mode == "allgather":
+        options["max_tokens"] = max_tokens
+    elif max_tokens is not None:
+        raise ValueError("max_tokens is only used by mode='allgather'")
+    return parallelize(layer, f"ep_{mode}", mesh, **options)
 
 
-def _identity(layer: MoE, group: dist.ProcessGroup | None = None) -> MoE:
-    return layer
+def _ep_dispatch(layer: MoE) -> ExpertParallelDispatch:
+    if not isinstance(layer.dispatch, ExpertParallelDispatch):
+        raise ValueError(f"an expert-parallel layer is needed, got dispatch {layer.dispatch.name!r}")
+    return layer.dispatch
 
 
-# Dispatcher name -> the transform that builds a layer using it (the combination test walks
-# DISPATCHERS and fails on a dispatcher missing here).
-TRANSFORMS = {
-    "local": _identity,
-    "tp": tensor_parallel,
-    "ep_alltoall": functools.partial(expert_parallel, mode="alltoall"),
-    "ep_allgather": functools.partial(expert_parallel, mode="allgather"),
-}
+def observed_load(layer: MoE) -> Tensor:
+    """[E] int64 pairs routed to each logical expert by every rank's forwards so far (collective:
+    summed over the mesh; each token counted once)."""
+    d = _ep_dispatch(layer)
+    m = d.mesh
+    load = d.observed if d.observed is not None else torch.zeros(
+        d.num_experts, dtype=torch.int64, device=layer.w13.device)
+    total = load.clone()
+    if m.size > 1:
+        dist.all_reduce(total, group=m.groups["all"])
+    return total if d.dedup else total // m.tp  # without dedup, a tp group routes the same tokens
 
 
-def parallelize(layer: MoE, dispatch: str, group: dist.ProcessGroup | None = None,
-                **options) -> MoE:
-    """The layer transformed for the dispatcher named ``dispatch`` (a DISPATCHERS name; "local"
-    returns the layer itself). options go to the transform (max_tokens for "ep_allgather")."""
-    if dispatch not in TRANSFORMS:
-        raise ValueError(f"no parallel transform for dispatcher {dispatch!r}; "
-                         f"choose one of {sorted(TRANSFORMS)}")
-    return TRANSFORMS[dispatch](layer, group, **options)
+def rebalance(full: MoE, layer: MoE, redundant: int | None = None) -> MoE:
+    """The layer rebuilt from ``full`` with redundant experts placed for the load it observed
+    (``redundant``: extra slots, default the layer's). Collective."""
+    d = _ep_dispatch(layer)
+    load = observed_load(layer).tolist()
+    extra = d.num_physical - d.num_experts if redundant is None else redundant
+    placement = balanced(load, d.num_experts, d.mesh.ep, extra)
+    options = dict(dedup=d.dedup, placement=placement)
+    if hasattr(d, "max_tokens"):
+        options["max_tokens"] = d.max_tokens
+    return parallelize(full, d.name, d.mesh, **options)
+
+
+__all__ = ["EP_MODES", "Mesh", "Placement", "as_mesh", "balanced", "expert_parallel",
+           "observed_load", "parallel_mesh", "parallelize", "rebalance", "tensor_parallel"]

@@ -69,7 +69,7 @@ def _renormalize_kept(r: Routing, top_k: int, scaling: float, eps: float = 0.0) 
     return dataclasses.replace(r, weights=weights)
 
 
-def _drops_before_normalizing(cfg: MoEConfig) -> bool:
+def drops_before_normalizing(cfg: MoEConfig) -> bool:
     """Renormalize over the kept experts, after capacity dropping (a pass over the Routing)."""
     return cfg.renormalize and cfg.capacity_factor is not None and cfg.renormalize_over == "kept"
 
@@ -79,7 +79,7 @@ def _drops_before_normalizing(cfg: MoEConfig) -> bool:
 def _topk(logits: Tensor, cfg: MoEConfig, bias: Tensor | None) -> Routing:
     ops = backend_for(logits)
     capacity = cfg.capacity(logits.shape[0])
-    if _drops_before_normalizing(cfg):
+    if drops_before_normalizing(cfg):
         r = ops.index_shuffle(logits, cfg.top_k, cfg.scoring, False, 1.0, capacity,
                               batch_invariant=cfg.batch_invariant)
         return _renormalize_kept(r, cfg.top_k, cfg.routed_scaling_factor)
@@ -130,7 +130,7 @@ _DEEPSEEK_EPS = 1e-20  # DeepSeek-V3's renormalization epsilon (HF transformers)
 @ROUTERS.register("group_limited")
 def _group_limited(logits: Tensor, cfg: MoEConfig, bias: Tensor | None) -> Routing:
     capacity = cfg.capacity(logits.shape[0])
-    if _drops_before_normalizing(cfg):
+    if drops_before_normalizing(cfg):
         ids, weights = group_limited_topk(logits, cfg, bias, raw=True)
         r = backend_for(ids).sort_by_expert(ids, cfg.num_experts, weights, capacity, True)
         return _renormalize_kept(r, cfg.top_k, cfg.routed_scaling_factor, _DEEPSEEK_EPS)

@@ -9,5 +9,15 @@ from .base import DISPATCHERS, Dispatch
 class LocalDispatch(Dispatch):
     name = "local"
 
+    @classmethod
+    def build(cls, layer, mesh=None, **options):
+        if options:
+            raise ValueError(f"dispatch 'local' takes no options, got {sorted(options)}")
+        return layer
+
+    @classmethod
+    def layouts(cls, cfg, ep, tp):
+        return [{}] if ep == tp == 1 else []
+
     def run(self, experts, x, routing, weights, out, cfg, before_combine=lambda: None):
         experts.forward(x, routing, weights, out, cfg, before_combine)

@@ -13,6 +13,7 @@ tensor here is made by the layer.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, ClassVar
 
 import torch
@@ -20,12 +21,48 @@ from torch import Tensor
 
 from .._registry import Registry
 from ..config import MoEConfig
-from ..ops import Ops
+from ..ops import Ops, gather_scale
 from ..ops.quantize import FP8_BLOCK, FP8_DTYPE
 from ..ops.quantize.formats import FORMATS
 from ..types import ExpertWeights, Routing
 
 Activation = Tensor | tuple[Tensor, Tensor]  # rows in the model dtype, or fp8 (q, scale) rows
+
+
+@dataclass(frozen=True)
+class QuantizedRows:
+    """An expert input already quantized fp8 rowwise (expert parallelism quantizes before it
+    communicates, so fp8 layers send 1 byte per value): strategies take it where they take x."""
+
+    q: Tensor  # [N, D] float8_e4m3fn
+    scale: Tensor  # [N] float32
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.q.shape
+
+    @property
+    def device(self) -> torch.device:
+        return self.q.device
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.q.is_cuda
+
+
+def gather_rows(src: Tensor, index: Tensor, num_valid: Tensor | None = None,
+                out: Tensor | None = None) -> Tensor:
+    """out [M, W] = src [N, W][index [M]], only rows below num_valid written, for any dtype:
+    bytes that are not a float type move as 16-bit words through gather_scale (a pure copy, bit
+    for bit, when no weight is given); an odd row of bytes falls back to index_select."""
+    if src.dtype in (torch.bfloat16, torch.float16, torch.float32):
+        return gather_scale(src, index, num_valid=num_valid, out=out)
+    if src.shape[1] * src.element_size() % 2:
+        rows = src.index_select(0, index.long().clamp(0, max(src.shape[0] - 1, 0)))
+        return rows if out is None else out.copy_(rows)
+    words = gather_scale(src.view(torch.float16), index, num_valid=num_valid,
+                         out=None if out is None else out.view(torch.float16))
+    return words.view(src.dtype)
 
 
 class Experts:
@@ -57,11 +94,25 @@ def register(cls: type[Experts]) -> type[Experts]:
     return cls
 
 
-def gather_input(ops: Ops, x: Tensor, token_ids: Tensor, row_weights: Tensor | None,
+def quantizes_rows(quantization: str) -> bool:
+    """Whether a format's expert input is fp8 rowwise, which expert parallelism quantizes before
+    it communicates (QuantizedRows); the other formats' rows travel in the model dtype."""
+    return FORMATS[quantization].activation == "rowwise"
+
+
+def gather_input(ops: Ops, x: Tensor | QuantizedRows, token_ids: Tensor,
+                 row_weights: Tensor | None,
                  w: ExpertWeights, num_valid: Tensor | None = None) -> Activation:
     """xs = x[token_ids] (* row_weights) [A, D], quantized as the weight format's first GEMM
-    takes it: fp8 rowwise fused into gather_scale, fp8 groups of 128 (fp8_block) right after."""
+    takes it: fp8 rowwise fused into gather_scale, fp8 groups of 128 (fp8_block) right after.
+    Rows already quantized (QuantizedRows, fp8_rowwise only) are gathered as they are."""
     act = FORMATS[w.quantization].activation
+    if isinstance(x, QuantizedRows):
+        if act != "rowwise" or row_weights is not None:
+            raise ValueError(f"quantized rows feed fp8_rowwise experts only (got "
+                             f"{w.quantization!r}), and cannot be scaled again")
+        return (gather_rows(x.q, token_ids, num_valid),
+                gather_rows(x.scale.view(-1, 1), token_ids, num_valid).view(-1))
     xs = ops.gather_scale(x, token_ids, row_weights, num_valid, act == "rowwise", None)
     if act != "groups":
         return xs

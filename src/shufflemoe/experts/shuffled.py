@@ -12,7 +12,7 @@ from __future__ import annotations
 from ..ops import backend_for
 from ..ops.moe_decode import configs as decode_configs
 from ..ops.moe_decode import gate_up_outputs
-from .base import Experts, expert_gemm, gather_input, glu, pair_weights, register
+from .base import Experts, QuantizedRows, expert_gemm, gather_input, glu, pair_weights, register
 
 
 @register
@@ -26,7 +26,7 @@ class Shuffled(Experts):
         w_in, w_out = pair_weights(r, cfg)
         # fused kernels only: the torch reference of the fused path composes the same ops as
         # below plus a token-major sum (on the CPU at T = 1, ~100 us more per call)
-        if (x.shape[0] and ops.name == "triton" and _fusable(w, cfg)
+        if (x.shape[0] and ops.name == "triton" and _fusable(x, w, cfg)
                 and decode_configs.use_fused(r.num_pairs, cfg.top_k, w.quantized,
                                                   cfg.batch_invariant)):
             # unchecked like the rest: the layer made every tensor
@@ -54,9 +54,10 @@ class Shuffled(Experts):
                     all_rows=r.all_routed)
 
 
-def _fusable(w, cfg) -> bool:
+def _fusable(x, w, cfg) -> bool:
     """The fused decode kernels take bf16/fp16/fp32 and fp8 rowwise w8a8 weights with plain
-    SwiGLU (no clamp) and no expert biases; the other formats run the four-launch pipeline."""
-    return (w.quantization in ("none", "fp8_rowwise") and cfg.activation == "silu"
-            and cfg.swiglu_limit is None and w.w13_bias is None and w.w2_bias is None)
-
+    SwiGLU (no clamp) and no expert biases, on rows in the model dtype (not rows expert
+    parallelism quantized before sending); the other cases run the four-launch pipeline."""
+    return (not isinstance(x, QuantizedRows) and w.quantization in ("none", "fp8_rowwise")
+            and cfg.activation == "silu" and cfg.swiglu_limit is None
+            and w.w13_bias is None and w.w2_bias is None)

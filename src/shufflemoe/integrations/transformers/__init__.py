@@ -7,6 +7,8 @@
     patch_model_type("qwen3_moe")         # or before building: new models get shufflemoe blocks
     model = AutoModelForCausalLM.from_pretrained(path)
 
+    patch_distributed(model, "ep_alltoall")  # under torchrun: MoE blocks across the ranks
+
     register_experts_implementation()     # or only the experts, transformers keeps routing:
     model = AutoModelForCausalLM.from_pretrained(path, experts_implementation="shufflemoe")
 
@@ -21,6 +23,7 @@ blocks are for inference: they run under no_grad. state_dict keys and shapes are
 checkpoints load unchanged.
 """
 
+from .distributed import patch_distributed
 from .experts import register_experts_implementation, shufflemoe_experts_forward
 from .patch import block_layer, patch, patch_model_type, unpatch, unpatch_model_type
 from .quantized import Mxfp4Experts, load_as_stored
@@ -34,6 +37,7 @@ __all__ = [
     "block_layer",
     "load_as_stored",
     "patch",
+    "patch_distributed",
     "patch_model_type",
     "register_experts_implementation",
     "shufflemoe_experts_forward",

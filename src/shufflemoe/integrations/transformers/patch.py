@@ -79,6 +79,7 @@ class _State:
     experts_at: tuple[dict, str]  # (the owner's module dict, name) of the routed experts
     experts_module: nn.Module | None = None  # the one ``sources`` were resolved in
     sources: list[tuple[dict, str]] = ()  # (the owner's parameter or buffer dict, name) per tensor
+    transform: Callable[[MoE], MoE] | None = None  # e.g. parallelize, applied after each build
     layer: MoE | None = None
     run: Callable[[Tensor], Tensor] | None = None  # the layer, or its CUDA graphs
     key: tuple = ()  # (data_ptr, version) of each source tensor when the layer was built
@@ -168,7 +169,8 @@ def _build(block: nn.Module, state: _State) -> MoE:
         cfg = MoEConfig(**state.options, dtype=dtype, quantization=quantization)
     except ValueError as e:
         raise ValueError(f"{state.spec.block}: weights in {dtype} ({quantization}): {e}") from None
-    return MoE.from_weights(cfg, experts=state.experts, **weights)
+    layer = MoE.from_weights(cfg, experts=state.experts, **weights)
+    return layer if state.transform is None else state.transform(layer)
 
 
 def _graph_buckets(state: _State, layer: MoE) -> tuple[int, ...] | None:

@@ -41,6 +41,9 @@ class WeightFormat:
     quantize: Quantize | None = None  # w [..., N, K] in the model dtype -> (weights, scales)
     dequantize: Dequantize | None = None  # (weights, scales) -> float32 [..., N, K]
     k_multiple: int = 1  # K must be a multiple of this
+    # (rows, columns along K) one scale covers; columns 0: the whole row. Tensor parallelism cuts
+    # w13's rows and w2's columns on these boundaries.
+    scale_block: tuple[int, int] = (1, 0)
     summary: str = ""
 
     @property
@@ -105,13 +108,14 @@ FORMATS: dict[str, WeightFormat] = {f.name: f for f in (
                          "model dtype (weight-only)"),
     WeightFormat("fp8_block", **FP8, scales=_block_scales, activation="groups",
                  quantize=ref.quantize_fp8_blockwise, dequantize=ref.dequantize_fp8_blockwise,
+                 scale_block=(ref.FP8_BLOCK, ref.FP8_BLOCK),
                  summary="e4m3 weights in 128 x 128 blocks, activations in groups of 128 "
                          "columns, fp32 scales (DeepSeek-V3 / Qwen3 FP8 checkpoints)"),
     WeightFormat("mxfp4", weight_dtype=torch.uint8, k_per_element=2, scale_dtype=torch.uint8,
                  scales=_mx_scales, activation="none",
                  quantize=lambda w, split: ref.quantize_mxfp4(w),
                  dequantize=lambda q, s, split: ref.dequantize_mxfp4(q, s),
-                 k_multiple=ref.MX_GROUP,
+                 k_multiple=ref.MX_GROUP, scale_block=(1, ref.MX_GROUP),
                  summary="e2m1 weights, two a byte, one e8m0 scale per 32 along K; activations "
                          "in the model dtype (gpt-oss checkpoints)"),
 )}
