@@ -439,10 +439,10 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit("needs a CUDA GPU (or --dry-run)")
     run = Run(dry=dry, start=time.monotonic(), budget=args.budget,
               device="cpu" if dry else "cuda")
-    meta = dict(torch=torch.__version__, device=("cpu (dry run)" if dry
-                                                  else torch.cuda.get_device_name()),
-                commit=os.popen("git rev-parse --short HEAD 2>/dev/null").read().strip(),
-                date=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    from shufflemoe.bench.report import metadata
+
+    # versions, GPU, commit (SHUFFLEMOE_COMMIT on the device, whose copy has no git history)
+    meta = dict(metadata(), device="cpu (dry run)" if dry else torch.cuda.get_device_name())
     presets = {n: tiny(c) if dry else c for n, c in PRESETS.items()}
     quant = {"bf16": "none", "fp8": "fp8_rowwise"}
     with use_impl("triton"):

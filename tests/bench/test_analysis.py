@@ -77,6 +77,16 @@ def test_ratios_pair_only_the_same_mode():
     assert best == {"torch"}  # the fastest peer of the mode
 
 
+def test_rows_that_failed_their_check_make_no_ratio():
+    wrong = dict(row("ours", "ours", "graph", 10.0), check="logits rel L2 0.12")
+    rows = [wrong, dict(row("torch", "peer", "graph", 20.0), check="ok"),
+            dict(row("ours", "ours", "eager", 30.0), check="ok (reference)"),
+            dict(row("loop", "peer", "eager", 60.0), check="max err 3.0")]
+    assert ratios(rows, ["case"]) == []
+    rows[0]["check"] = "ok"
+    assert [round(r["ratio"], 3) for r in ratios(rows, ["case"])] == [2.0]
+
+
 def test_ratio_spread_is_the_bounds_of_the_spreads():
     rs = ratios([row("ours", "ours", "graph", 10.0), row("torch", "peer", "graph", 20.0)], ["case"])
     assert rs[0]["ratio_lo"] == pytest.approx(18 / 11) and rs[0]["ratio_hi"] == pytest.approx(22 / 9)

@@ -84,6 +84,9 @@ def test_readme_section_from_results(tmp_path):
         d["headlines"] = [dict(what=f"{suite} headline", result="1.20-1.50x")]
         d["targets"] = [dict(target="a: >= 1x", measured=2.0, met=True),
                         dict(target="b: >= 1x", measured=0.5, met=False)]
+        if suite == "e2e_hf":
+            d["rows"].append(dict(model="m", phase="decode", batch=64, impl="o", us=5.0,
+                                  check="logits rel L2 0.12"))
         (results / f"{suite}.json").write_text(json.dumps(d))
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n{mod.BEGIN}\nold\n{mod.END}\nrest\n")
@@ -92,6 +95,8 @@ def test_readme_section_from_results(tmp_path):
     assert text.startswith("intro\n") and text.endswith("rest\n") and "old" not in text
     assert "layer headline" in text and "e2e_hf headline" in text
     assert "met 1 of 2; missed: b" in text  # misses listed next to hits
+    failed = [line for line in text.splitlines() if "failed checks" in line]
+    assert len(failed) == 1 and "m decode 64 o: logits rel L2 0.12" in failed[0]
     with pytest.raises(SystemExit):
         mod.main(["--results", str(tmp_path / "none"), "--readme", str(readme)])
 

@@ -30,6 +30,11 @@ def time_key(row: dict) -> str:
     return "ms" if "ms" in row else "us"
 
 
+def failed_check(row: dict) -> bool:
+    """A row whose timed path gave a wrong answer: its time proves nothing, so no ratio uses it."""
+    return "check" in row and not str(row["check"]).startswith("ok")
+
+
 def apply_ceilings(rows: Iterable[dict], c: Ceilings) -> None:
     """Add the floor columns a row's byte and FLOP counts imply under ceilings ``c``:
     floor (memory: reads at the read ceiling, writes at what a copy leaves for them; compute: the
@@ -70,11 +75,11 @@ def ratios(rows: Sequence[dict], keys: Sequence[str],
     (ours mode, peer mode, label), e.g. each library's default path; like_for_like says which is
     which. best_peer marks, per ours row and pairing, the comparison with the fastest peer."""
     out = []
-    peers = [p for p in rows if p.get("side") == "peer" and p.get(time_key(p))]
+    peers = [p for p in rows if p.get("side") == "peer" and p.get(time_key(p)) and not failed_check(p)]
     pairings = {(m, m): f"{m} vs {m}" for m in MODES} | {(a, b): label for a, b, label in cross}
     for o in rows:
         key = time_key(o)
-        if o.get("side") != "ours" or not o.get(key):
+        if o.get("side") != "ours" or not o.get(key) or failed_check(o):
             continue
         group = []
         for p in peers:
