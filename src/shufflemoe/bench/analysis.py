@@ -68,18 +68,21 @@ def apply_ceilings(rows: Iterable[dict], c: Ceilings) -> None:
 
 
 def ratios(rows: Sequence[dict], keys: Sequence[str],
-           cross: Sequence[tuple[str, str, str]] = ()) -> list[dict]:
+           cross: Sequence[tuple[str, str, str]] = (), keep_failed: bool = False) -> list[dict]:
     """Every ours row against every peer row of the same case (``keys``) issued the same way:
     ratio = peer time / ours (> 1: ours faster), ratio_lo / ratio_hi from the spreads (peer's low
     over ours' high, and the reverse). ``cross`` adds labelled cross-mode pairs
     (ours mode, peer mode, label), e.g. each library's default path; like_for_like says which is
-    which. best_peer marks, per ours row and pairing, the comparison with the fastest peer."""
+    which. best_peer marks, per ours row and pairing, the comparison with the fastest peer. Rows
+    that failed their check make no ratio unless ``keep_failed`` (for targets that then report
+    such a case as not measured)."""
     out = []
-    peers = [p for p in rows if p.get("side") == "peer" and p.get(time_key(p)) and not failed_check(p)]
+    usable = (lambda r: True) if keep_failed else (lambda r: not failed_check(r))  # noqa: E731
+    peers = [p for p in rows if p.get("side") == "peer" and p.get(time_key(p)) and usable(p)]
     pairings = {(m, m): f"{m} vs {m}" for m in MODES} | {(a, b): label for a, b, label in cross}
     for o in rows:
         key = time_key(o)
-        if o.get("side") != "ours" or not o.get(key) or failed_check(o):
+        if o.get("side") != "ours" or not o.get(key) or not usable(o):
             continue
         group = []
         for p in peers:
