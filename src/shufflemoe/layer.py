@@ -298,14 +298,15 @@ class MoE(nn.Module):
         return None
 
     def forward(self, x: Tensor) -> Tensor:
-        hot, cfg = self._hot(), self.config
-        if self.dispatch.name != "local":
+        cfg = self.config
+        if self.dispatch.mesh is not None:
             # A parallel dispatcher agrees on sizes with the other ranks before any collective,
             # and raises the same error on every rank when one of them got a bad input.
             sizes = self.dispatch.admit(self, x, self.input_error(x))
             with torch.no_grad(), batch_invariant.scope(cfg, x):
                 flat = x.reshape(-1, cfg.hidden_size).contiguous()
                 return self.dispatch.forward(self, flat, sizes).view(x.shape)
+        hot = self._hot()
         w13 = hot.weights.w13
         if not (isinstance(x, Tensor) and x.dtype == cfg.dtype and x.device == w13.device
                 and x.dim() in (2, 3) and x.shape[-1] == cfg.hidden_size):
@@ -323,7 +324,7 @@ class MoE(nn.Module):
         """x [T, D] contiguous in config.dtype -> out [T, D] (overwritten), unchecked: how graph.py
         captures the layer into static buffers shared with other layers' graphs."""
         with torch.no_grad(), batch_invariant.scope(self.config, x):
-            if self.dispatch.name != "local":
+            if self.dispatch.mesh is not None:
                 return out.copy_(self.dispatch.forward(self, x, self.dispatch.admit(self, x, None)))
             return self._forward(x, self._hot(), out)
 
