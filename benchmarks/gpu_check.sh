@@ -1,24 +1,25 @@
 #!/usr/bin/env bash
 # The one GPU script: the test suite on the GPU (kernels compiled for the device, GPU-only tests
-# enabled) and the benchmark suites, in two device calls of at most 10 minutes each:
+# enabled) and the benchmark suites, in three device calls of at most 10 minutes each:
 #
-#   bash benchmarks/gpu_check.sh part1   # tests, then the suites of part 1 (layer)
+#   bash benchmarks/gpu_check.sh tests   # the whole test suite, 8 workers (its own call)
+#   bash benchmarks/gpu_check.sh part1   # the suites of part 1 (layer)
 #   bash benchmarks/gpu_check.sh part2   # the suites of part 2 (index_shuffle, token_movement,
 #                                        # grouped_gemm, grouped_gemm_sweep, e2e_hf)
-#   bash benchmarks/gpu_check.sh quick | tests | bench [suite ...]
+#   bash benchmarks/gpu_check.sh quick | bench [suite ...]
 #
 # Estimated H100 time per suite (`shufflemoe bench --list`), from the suite times of the last two
 # full runs (8c6cb20, 8aca447: index_shuffle ~40 s with tiling variants, now dropped;
 # token_movement 38-44 s; grouped_gemm 5-23 s; grouped_gemm_sweep 14-31 s; layer ~240 s; e2e_hf
 # 64-89 s at twice the depth) plus what this version adds (ceilings after each suite ~5 s; eager
 # and compiled rows; decode at T = 2 and 4; weight copies; the e2e compile paths, ~15-25 s per
-# compile of the reduced-depth models): part 1 = tests (~150-240 s) + layer ~280 s; part 2 ~385 s
+# compile of the reduced-depth models): tests ~270 s with 8 workers (run them alone: `tests`), layer ~280 s; part 2 ~385 s
 # (index_shuffle 30, token_movement 50, grouped_gemm 30, grouped_gemm_sweep 35, e2e_hf 240). These
 # are estimates, not measurements: each part runs under a deadline (BENCH_BUDGET_S) that skips late
 # cases (rows say "skipped: time budget") rather than lose the call, and the results of finished
 # suites are packed even when a suite fails.
 #
-# $OUT receives 4 files: gpu.txt, tests.log, bench.log, results.tgz. results.tgz holds
+# $OUT receives up to 5 files: gpu.txt, tests.log, gpu_tests.json, bench.log, results.tgz. results.tgz holds
 # <suite>.json/.md/.png and history/<suite>.jsonl (the committed history plus this run's line).
 # The device's copy of the tree has no .git: pass SHUFFLEMOE_COMMIT=<commit> so results name it.
 # To publish: tar xzf results.tgz -C benchmarks/results (both parts), then
@@ -38,10 +39,15 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,te
   --format=csv | tee "$OUT/gpu.txt"
 echo "run $SHUFFLEMOE_RUN_ID, mode $MODE" | tee -a "$OUT/gpu.txt"
 status=0
-if [ "$MODE" = part1 ] || [ "$MODE" = tests ] || [ "$MODE" = quick ]; then
-  timeout ${TEST_TIMEOUT:-240} python -m pytest tests -q -x -p no:cacheprovider --durations=15 \
-    2>&1 | tee "$OUT/tests.log" | tail -40
+if [ "$MODE" = tests ] || [ "$MODE" = quick ]; then
+  # Every test file, 8 xdist workers sharing the GPU (the whole suite: ~270 s on an H100);
+  # gpu_tests.json summarises the run for benchmarks/results/.
+  t0=$(date +%s)
+  timeout ${TEST_TIMEOUT:-540} python -m pytest tests -q -n ${TEST_WORKERS:-8} -p no:cacheprovider \
+    --durations=15 2>&1 | tee "$OUT/tests.log" | tail -60
   status=${PIPESTATUS[0]}
+  python benchmarks/gpu_tests_summary.py "$OUT/tests.log" $(( $(date +%s) - t0 )) $status \
+    > "$OUT/gpu_tests.json"
 fi
 if [ "$MODE" != tests ]; then
   args=(--out "$RES")

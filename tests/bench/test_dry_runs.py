@@ -14,6 +14,9 @@ from shufflemoe.bench.suites import SUITES, Context
 from shufflemoe.bench.suites import grouped_gemm as gg
 from shufflemoe.bench.suites import layer, token_ops
 
+# On a GPU machine the suites' tensors go to the GPU, where impl="triton" rows run their kernels
+# (CPU tensors there have no interpreter to run them).
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
 C = Ceilings(read_gbps=3200.0, copy_gbps=2900.0, bf16_tflops=750.0, fp8_tflops=1300.0)
 
 
@@ -23,7 +26,7 @@ def eager_time_fn(run, n_sets, *, graph=True, reps=40, warmup=3, mode=None, **kw
 
 def dry(name: str, monkeypatch, module, quick=True, **patches):
     monkeypatch.setattr(module, "time_fn", eager_time_fn)
-    monkeypatch.setattr(module, "DEVICE", "cpu")
+    monkeypatch.setattr(module, "DEVICE", DEV)
     for k, v in patches.items():
         monkeypatch.setattr(module, k, v)
     result = SUITES.get(name).run(Context(ceilings=C, quick=quick, suite=name))

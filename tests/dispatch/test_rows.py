@@ -13,16 +13,18 @@ from shufflemoe.ops import FP8_DTYPE, use_impl
 from shufflemoe.testing import poisoned
 from shufflemoe.types import ExpertWeights
 
+DEV = "cuda" if torch.cuda.is_available() else "cpu"  # the kernels run on the GPU when there is one
+
 
 @pytest.mark.parametrize("impl", ["torch", "triton"])
 @pytest.mark.parametrize("width", [32, 7])  # 7 bytes: an odd row falls back to index_select
 def test_fp8_rows_move_bit_for_bit(impl, width):
     every_byte = torch.arange(256, dtype=torch.uint8).repeat(width)[: 40 * width]
-    src = every_byte.view(40, width).view(FP8_DTYPE)  # NaN and signaling-NaN-like patterns too
-    index = torch.randperm(40, generator=torch.Generator().manual_seed(0))[:24].int()
-    out = poisoned(24, width, dtype=torch.uint8).view(FP8_DTYPE)
+    src = every_byte.view(40, width).view(FP8_DTYPE).to(DEV)  # NaN-like patterns too
+    index = torch.randperm(40, generator=torch.Generator().manual_seed(0))[:24].int().to(DEV)
+    out = poisoned(24, width, dtype=torch.uint8, device=DEV).view(FP8_DTYPE)
     with use_impl(impl):
-        got = gather_rows(src, index, torch.tensor([17]), out=out)
+        got = gather_rows(src, index, torch.tensor([17], device=DEV), out=out)
     want = src.view(torch.uint8)[index.long()]
     assert torch.equal(got.view(torch.uint8)[:17], want[:17])
     if width % 2 == 0:  # rows past num_valid are not written
@@ -49,9 +51,9 @@ def test_quantized_rows_feed_fp8_rowwise_experts_only():
 
 @pytest.mark.parametrize("impl", ["torch", "triton"])
 def test_zero_rows_writes_only_the_valid_rows(impl):
-    buf = poisoned(9, 5, dtype=torch.float32)
+    buf = poisoned(9, 5, dtype=torch.float32, device=DEV)
     with use_impl(impl):
-        zero_rows(buf, torch.tensor([4]))
+        zero_rows(buf, torch.tensor([4], device=DEV))
     assert (buf[:4] == 0).all() and buf[4:].isnan().all()
 
 

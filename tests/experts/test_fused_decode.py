@@ -79,11 +79,12 @@ def test_layer_through_fused_kernels(name, T, fused_calls):
 
 
 def test_switch_picks_the_path(fused_calls):
-    """With the kernels, by default: bf16 top-1 layers while T * k <= 64; top-8 and fp8 layers
-    never (measured slower, configs.Switch); a Switch in force decides otherwise. The torch
+    """With the kernels, by default: bf16 layers of any k while T * k <= 64; fp8 layers never
+    (measured slower, configs.Switch); a Switch in force decides otherwise. The torch
     references always run the unfused ops."""
     cases = [("llama4 (weights on input)", 64, True), ("llama4 (weights on input)", 65, False),
-             ("qwen3 (k=8 of 128)", 1, False), ("llama4 fp8", 1, False)]
+             ("qwen3 (k=8 of 128)", 1, True), ("qwen3 (k=8 of 128)", 9, False),
+             ("llama4 fp8", 1, False)]
     qwen, llama4 = CONFIGS["qwen3 (k=8 of 128)"], CONFIGS["llama4 (weights on input)"]
     layer = make_layer(qwen, device=DEV)
     with use_impl("triton"):
@@ -94,7 +95,7 @@ def test_switch_picks_the_path(fused_calls):
             assert bool(fused_calls) == fused, (name, T)
         for T, fused in ((8, True), (9, False)):  # A = 64 fuses, A = 72 does not
             fused_calls.clear()
-            with configs.override(configs.Switch(max_top_k=8)):
+            with configs.override(configs.Switch(max_top_k=8)):  # in force: it decides
                 layer(make_input(qwen, T, device=DEV))
             assert bool(fused_calls) == fused, T
         fused_calls.clear()

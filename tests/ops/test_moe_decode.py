@@ -206,7 +206,7 @@ def test_split_heuristic():
     assert configs.split_for(1, 3, 132) == 1 and configs.split_for(1, 40, 132) == 20
     assert configs.use_fused(64) and not configs.use_fused(65)
     assert not configs.use_fused(1, batch_invariant=True)
-    assert not configs.use_fused(8, top_k=8) and not configs.use_fused(1, fp8=True)
+    assert configs.use_fused(8, top_k=8) and not configs.use_fused(1, fp8=True)
     with configs.override(configs.ALWAYS):
         assert configs.use_fused(72, top_k=8, fp8=True)
     with configs.override(configs.NEVER):

@@ -88,8 +88,6 @@ class ExpertParallelDispatch(ParallelDispatch):
     @classmethod
     def build(cls, layer, mesh=None, *, dedup: bool = True, redundant: int = 0,
               placement: Placement | None = None, **options):
-        from ..layer import MoE
-
         m = as_mesh(mesh, "ep")
         what = f"expert_parallel({cls.name})"
         require_local(layer, m, what)
@@ -122,8 +120,8 @@ class ExpertParallelDispatch(ParallelDispatch):
         split = dispatch.shared_split(local)
         if split:
             weights["shared_w13"] = _two_parts(weights["shared_w13"], split)
-        new = MoE.from_weights(local, num_local_experts=El, experts=layer.experts.name,
-                               dispatch=dispatch, **weights)
+        new = type(layer).from_weights(local, num_local_experts=El,
+                                       experts=layer.experts.name, dispatch=dispatch, **weights)
         new.shared_split = split
         return new
 

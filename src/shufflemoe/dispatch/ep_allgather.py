@@ -179,8 +179,9 @@ class AllGatherDispatch(ExpertParallelDispatch):
         dest_rank = r.expert_ids.long().clamp(0, self.num_physical - 1) // El
         j = torch.arange(r.num_pairs, device=x.device)
         rows = torch.where(r.valid_mask(), dest_rank * P + j - r.offsets()[dest_rank * El], 0)
-        scatter_add(own, recv, r.token_ids, self.output_weights(r, cfg), num_valid=r.num_valid,
-                    rows=rows)
+        # each token's rows in a fixed order; own may hold padding rows past the slice's n tokens
+        scatter_add(own[:n], recv, r.token_ids, self.output_weights(r, cfg),
+                    num_valid=r.num_valid, rows=rows, positions=r.positions)
         if self.dedup:
             full = alloc(self.slices * own.shape[0], D, dtype=x.dtype, device=x.device)
             return all_gather(full, own, m.groups["tp"], m.tp)[:T]

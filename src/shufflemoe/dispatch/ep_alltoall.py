@@ -90,14 +90,17 @@ class AllToAllDispatch(ExpertParallelDispatch):
         else:
             returned = to_send
             own = shared if shared is not None else torch.zeros_like(x)
-        back = alloc(n_send, D, dtype=x.dtype, device=dev)
-        work = all_to_all(back, returned, m.groups["ep"], EP, send_sizes, mine, async_op=True)
+        back = alloc(r.num_pairs, D, dtype=x.dtype, device=dev)  # rows past n_send: not read
+        work = all_to_all(back[:n_send], returned, m.groups["ep"], EP, send_sizes, mine, async_op=True)
         if second_half and not self.dedup:
             second_half()  # overlaps the 3rd all-to-all
         if work is not None:
             work.wait()
         w_out = self.output_weights(r, cfg)
-        scatter_add(own, back, ids, None if w_out is None else w_out[:n_send])
+        # back's row p is pair p (routed pairs come first): each token's rows in a fixed order
+        # own may hold padding rows past this slice's n tokens (dedup): the routing covers n
+        scatter_add(own[:n], back, r.token_ids, w_out, num_valid=r.num_valid,
+                    positions=r.positions)
         if self.dedup:
             full = alloc(TPd * own.shape[0], D, dtype=x.dtype, device=dev)
             return all_gather(full, own, m.groups["tp"], m.tp)[:T]

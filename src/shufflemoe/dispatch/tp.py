@@ -47,8 +47,6 @@ class _TensorParallel(ParallelDispatch):
 
     @classmethod
     def build(cls, layer, mesh=None, **options):
-        from ..layer import MoE
-
         if options:
             raise ValueError(f"dispatch {cls.name!r} takes no options, got {sorted(options)}")
         dispatch = cls(as_mesh(mesh, "tp"))
@@ -57,8 +55,8 @@ class _TensorParallel(ParallelDispatch):
         if cls._routing_error(layer.config):
             raise ValueError(f"{cls.what}: {cls._routing_error(layer.config)}")
         weights = tp_cut(layer, layer_weights(layer), m.tp, m.tp_rank)
-        return MoE.from_weights(tp_config(layer.config, m.tp), experts=layer.experts.name,
-                                dispatch=dispatch, **weights)
+        return type(layer).from_weights(tp_config(layer.config, m.tp),
+                                        experts=layer.experts.name, dispatch=dispatch, **weights)
 
     @classmethod
     def layouts(cls, cfg, ep, tp):

@@ -5,6 +5,13 @@ output, or zeros): out[t] += sum over t's pairs of w * expert(x[t]) (or expert(w
 router weight is applied on the input). ``before_combine`` is called before the first write into
 ``out``, so the layer can join the shared expert's stream as late as possible.
 
+Same input, same bits: no strategy adds into ``out`` with atomics. A token's k rows are written
+as pair rows and summed by ``ops.token_sum`` in ascending pair position (= ascending expert id),
+in float32 from out's value on, rounded once; a top-1 pair (the only one of its token) is added
+by the second GEMM's epilogue, also rounded once. Atomic adds made the order of a token's k
+additions, each rounded to bf16, vary from run to run (0.27-0.50% relative difference at k = 8
+on an H100).
+
 Every strategy multiplies through ``ops.grouped_gemm``; they differ in grouping, padding and host
 syncs, which is what the spec compares (padding / slicing / concatenation / shuffling). They call
 the ops unchecked (``ops.backend_for``): the layer checked its weights once, and every other

@@ -40,14 +40,16 @@ class Blockwise(Experts):
         # zero is zero), as output weights they add nothing.
         row_token = torch.zeros(N * B + 1, dtype=torch.int32, device=dev)
         row_token = row_token.index_copy_(0, row, r.token_ids)[: N * B]
-        row_weight = torch.zeros(N * B + 1, dtype=torch.float32, device=dev)
-        row_weight = row_weight.index_copy_(0, row, r.weights)[: N * B]
+        on_input = cfg.apply_router_weight_on_input
+        row_weight = None
+        if on_input:
+            row_weight = torch.zeros(N * B + 1, dtype=torch.float32, device=dev)
+            row_weight = row_weight.index_copy_(0, row, r.weights)[: N * B]
         sizes = (blocks * B).int()  # whole blocks per expert
         used = sizes.sum().reshape(1)
-        on_input = cfg.apply_router_weight_on_input
-        xb = gather_input(ops, x, row_token, row_weight if on_input else None, w, num_valid=used)
+        xb = gather_input(ops, x, row_token, row_weight, w, num_valid=used)
         hb = expert_gemm(ops, xb, w, "w13", sizes, cfg.dtype)  # [N * B, 2I]
         ab = glu(ops, hb, w, cfg, num_valid=used)
-        before_combine()
-        expert_gemm(ops, ab, w, "w2", sizes, cfg.dtype,
-                    row_weights=None if on_input else row_weight, scatter_ids=row_token, out=out)
+        yb = expert_gemm(ops, ab, w, "w2", sizes, cfg.dtype)  # [N * B, D]
+        before_combine()  # pair p's row is row[p]
+        ops.token_sum(out, yb, r.positions, None if on_input else r.weights, r.num_valid, row)

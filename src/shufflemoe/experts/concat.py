@@ -29,7 +29,7 @@ class Concat(Experts):
         xs = gather_input(ops, x, tokens, None if w_in is None else w_in[:n], w)
         h = expert_gemm(ops, xs, w, "w13", sizes, cfg.dtype)  # [n, 2I]
         a = glu(ops, h, w, cfg)
+        y = expert_gemm(ops, a, w, "w2", sizes, cfg.dtype,
+                        row_weights=None if w_out is None else w_out[:n])  # [n, D] pair rows
         before_combine()
-        expert_gemm(ops, a, w, "w2", sizes, cfg.dtype,
-                    row_weights=None if w_out is None else w_out[:n], scatter_ids=tokens, out=out,
-                    scatter_unique=cfg.top_k == 1)
+        ops.token_sum(out, y, r.positions, None, r.num_valid, None)

@@ -31,9 +31,13 @@ def _dense_experts(x, r, w, out, cfg, slot_expert: Tensor, slot_sizes: Tensor, b
     xb = gather_input(ops, x, rows, slot_w if on_input else None, w, num_valid=valid)
     hb = expert_gemm(ops, xb, w, "w13", slot_sizes, cfg.dtype, weight_ids=slot_expert)
     ab = glu(ops, hb, w, cfg, num_valid=valid)
+    yb = expert_gemm(ops, ab, w, "w2", slot_sizes, cfg.dtype, weight_ids=slot_expert,
+                     row_weights=None if on_input else slot_w)  # [U * T, D]
+    # token t's rows u * T + t, summed in slot order (ascending expert id among loaded experts)
+    positions = (rows.view(U, T).t() + torch.arange(0, U * T, T, device=x.device,
+                                                      dtype=torch.int32)).reshape(U * T)
     before_combine()
-    expert_gemm(ops, ab, w, "w2", slot_sizes, cfg.dtype, weight_ids=slot_expert,
-                row_weights=None if on_input else slot_w, scatter_ids=rows, out=out)
+    ops.token_sum(out, yb, positions, None, valid, None)
 
 
 @register

@@ -38,5 +38,5 @@ class Padded(Experts):
         hb = expert_gemm(ops, xb, w, "w13", sizes, cfg.dtype)
         ab = glu(ops, hb, w, cfg)
         yb = expert_gemm(ops, ab, w, "w2", sizes, cfg.dtype)  # [E * C, D]
-        before_combine()
-        ops.scatter_add(out, yb, r.token_ids, None if on_input else r.weights, r.num_valid, slot)
+        before_combine()  # pair p's row is slot[p]
+        ops.token_sum(out, yb, r.positions, None if on_input else r.weights, r.num_valid, slot)

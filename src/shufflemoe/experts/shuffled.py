@@ -1,6 +1,7 @@
 """MetaShuffling: pairs already sorted by expert -> gather-scale, one grouped GEMM for all experts
-(sizes read on the device), SwiGLU, a second grouped GEMM whose epilogue scatter-adds into the
-output. No padding, no host sync, static shapes.
+(sizes read on the device), SwiGLU, a second grouped GEMM whose epilogue adds into the output
+(top-1) or writes pair rows that one token-major sum combines (k > 1). No padding, no host sync,
+static shapes.
 
 At decode (A = T * k <= ops.moe_decode.configs.Switch.max_pairs) the same pipeline runs as two
 fused launches instead of four: gather (+ input weights) in the first GEMM's loads and SwiGLU
@@ -41,17 +42,17 @@ class Shuffled(Experts):
         xs = gather_input(ops, x, r.token_ids, w_in, w, nv)  # [A, D]
         h = expert_gemm(ops, xs, w, "w13", r.counts, cfg.dtype)  # [A, 2I]
         a = glu(ops, h, w, cfg, nv)  # [A, I]
-        before_combine()
-        if cfg.batch_invariant and cfg.top_k > 1:
-            # a fixed order: each token's pairs summed in ascending position (= expert id)
-            y = expert_gemm(ops, a, w, "w2", r.counts, cfg.dtype, row_weights=w_out,
-                            all_rows=r.all_routed)
-            ops.token_sum(out, y, r.positions, None, nv)
+        if cfg.top_k == 1:  # one pair a token: the epilogue adds it into out, no atomics
+            before_combine()
+            expert_gemm(ops, a, w, "w2", r.counts, cfg.dtype, row_weights=w_out,
+                        scatter_ids=r.token_ids, out=out, scatter_unique=True,
+                        all_rows=r.all_routed)
             return
-        # top-1: each token has one pair, so the scatter needs no atomics
-        expert_gemm(ops, a, w, "w2", r.counts, cfg.dtype, row_weights=w_out,
-                    scatter_ids=r.token_ids, out=out, scatter_unique=cfg.top_k == 1,
-                    all_rows=r.all_routed)
+        # k > 1: pair rows, then each token's rows summed in a fixed order (base.py)
+        y = expert_gemm(ops, a, w, "w2", r.counts, cfg.dtype, row_weights=w_out,
+                        all_rows=r.all_routed)  # [A, D]
+        before_combine()
+        ops.token_sum(out, y, r.positions, None, nv, None)
 
 
 def _fusable(x, w, cfg) -> bool:

@@ -19,7 +19,8 @@ class Sliced(Experts):
         w_in, w_out = pair_weights(r, cfg)
         ops = backend_for(x)
         xs = gather_input(ops, x, r.token_ids, w_in, w, num_valid=r.num_valid)
-        joined, start = False, 0
+        y = out.new_empty(r.num_pairs, out.shape[1])  # [A, D] pair rows, combined below
+        start = 0
         for e, c in enumerate(counts):
             if c == 0:
                 continue
@@ -30,10 +31,7 @@ class Sliced(Experts):
             we = w.experts(e, e + 1)
             h = expert_gemm(ops, inp, we, "w13", size, cfg.dtype)
             a = glu(ops, h, we, cfg)
-            if not joined:
-                before_combine()
-                joined = True
-            # one expert's rows reach distinct tokens, and launches run in order: no atomics
             expert_gemm(ops, a, we, "w2", size, cfg.dtype,
-                        row_weights=None if w_out is None else w_out[rows],
-                        scatter_ids=r.token_ids[rows], out=out, scatter_unique=True)
+                        row_weights=None if w_out is None else w_out[rows], out=y[rows])
+        before_combine()
+        ops.token_sum(out, y, r.positions, None, r.num_valid, None)

@@ -4,10 +4,11 @@ Two choices, each a frozen dataclass that tests and benchmarks replace with ``ov
 
 - ``Switch``: the ``shuffled`` strategy takes the fused path while A = T * k <= max_pairs, for
   layers with k <= max_top_k, and for fp8 layers only if ``fp8``. Measured on an H100
-  (benchmarks/decode_check.py, CUDA-graph replays, fused vs the four-launch path, T = 1..64): bf16
-  top-1 Llama 4 Scout TP8 1.02-1.08x faster, Maverick TP8 1.01-1.03x at T >= 2 (0.94x at T = 1);
-  bf16 top-8 Qwen3-30B-A3B 0.95-0.99x; fp8 0.77-0.95x everywhere (its in-kernel quantization of
-  a's rows costs more than the launch it saves). So the default fuses bf16 top-1 layers only.
+  (benchmarks/results/probe_combine.json, CUDA-graph replays, fused vs the unfused path with
+  its deterministic token-major combine, T = 1..8): bf16 Llama 4 Scout TP8 1.02-1.05x faster,
+  Qwen3-30B-A3B (k = 8) 1.01-1.02x, Mixtral TP2 (k = 2) 1.00-1.03x, and the eager call costs the
+  host 0.48-0.78x; fp8 rowwise 0.86-0.90x (its in-kernel quantization of a's rows costs more
+  than the launches it saves). So the default fuses every bf16 layer, not fp8 ones.
 - ``DecodeConfig``: tiles and split-K factors of the two fused GEMMs. The host knows A, E, D, I
   and the dtype, never the group sizes, so it plans for min(E, A) active experts: weight tiles =
   active experts x cdiv(N, block_n). With fewer tiles than SMs, K is split until every SM streams
@@ -30,7 +31,7 @@ from ..quantize.reference import FP8_DTYPE
 @dataclass(frozen=True)
 class Switch:
     max_pairs: int = 64  # fused while A = T * k <= max_pairs
-    max_top_k: int = 1  # ... for layers with k <= max_top_k
+    max_top_k: int = 1 << 30  # ... for layers with k <= max_top_k
     fp8: bool = False  # ... and fp8 layers only when True
 
 

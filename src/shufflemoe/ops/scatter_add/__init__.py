@@ -3,8 +3,9 @@
 out[token_ids[i]] += y[rows[i]] * weights[i] for every pair i < num_valid. ``rows`` (default:
 i) is the padded form used by expert parallelism, where pair i's output sits at another row.
 With ``positions`` (Routing.positions, the inverse of the pair order) the sum is token-major:
-out[t] += sum over j of y[p] * weights[p], p = positions[t * k + j] < num_valid, in ascending p,
-in float32 with one rounding: no atomics, deterministic, the reference's result bit for bit.
+out[t] += sum over j of y[rows[p]] * weights[p], p = positions[t * k + j] < num_valid, in
+ascending p, in float32 with one rounding: no atomics, deterministic, the reference's result bit
+for bit. Every expert strategy combines this way.
 """
 
 from __future__ import annotations
@@ -33,9 +34,9 @@ def scatter_add(
     or None, rows [A] or None (then R >= A and pair i reads row i), positions [A = T * k]
     int32/int64 or None. Only rows of valid pairs are read.
 
-    With positions (rows must be None), token t's pairs are found through positions: token_ids
-    must be their inverse (token_ids[positions[t * k + j]] == t, as in a Routing), is checked for
-    shape only and its values are not read."""
+    With positions, token t's pairs are found through positions: token_ids must be their
+    inverse (token_ids[positions[t * k + j]] == t, as in a Routing), is checked for shape only
+    and its values are not read."""
     check_tensor("out", out, dim=2, dtypes=DTYPES, contiguous=True)
     check_tensor("y", y, dim=2, dtypes=DTYPES, contiguous=True)
     check_tensor("token_ids", token_ids, dim=1, dtypes=INDEX_DTYPES)
@@ -49,22 +50,20 @@ def scatter_add(
     elif y.shape[0] < A:
         raise ValueError(f"y must have at least A={A} rows when rows is None, got {y.shape[0]}")
     if positions is not None:
-        _check_positions(positions, A, out.shape[0], rows)
+        _check_positions(positions, A, out.shape[0])
     dev = check_same_device(out=out, y=y, token_ids=token_ids, weights=weights, rows=rows,
                             num_valid=num_valid, positions=positions)
     check_num_valid(num_valid, dev)
     ops = ops_for(resolve(impl, out))
     if positions is not None:
-        return ops.token_sum(out, y, positions, weights, num_valid)
+        return ops.token_sum(out, y, positions, weights, num_valid, rows)
     return ops.scatter_add(out, y, token_ids, weights, num_valid, rows)
 
 
-def _check_positions(positions: Tensor, A: int, T: int, rows: Tensor | None) -> None:
+def _check_positions(positions: Tensor, A: int, T: int) -> None:
     check_tensor("positions", positions, shape=[A], dtypes=INDEX_DTYPES, contiguous=True)
     if A % max(T, 1) or (T == 0 and A):
         raise ValueError(f"positions must have T * k entries for out's T={T} rows, got {A}")
-    if rows is not None:
-        raise ValueError("rows must be None when positions is given: positions index y's rows")
 
 
 __all__ = ["scatter_add"]

@@ -13,8 +13,9 @@ The interpreter has no bf16 atomics; it runs programs one at a time, so there a 
 read-modify-write with the same roundings stands in for the atomic.
 
 The token-major form (``token_sum``, given Routing.positions) needs no atomics: a program owns
-one token and BLOCK_D columns, sorts the token's k positions, and adds its valid pairs' rows to
-out[t] in float32 in ascending position order, rounding once. Each y row is read once and each
+one token and BLOCK_D columns, sorts the token's k positions, and adds its valid pairs' rows
+(through ``rows`` when pair p sits at another row) to out[t] in float32 in ascending position
+order, rounding once. Every strategy combines this way, so a rerun gives the same bits. Each y row is read once and each
 out row read and written once, with full-width stores; FMA contraction is off, so the result is
 the reference's bit for bit (and the atomic reference's on the CPU, whose index_add_ adds a
 token's pairs in that order too).
@@ -75,16 +76,19 @@ def _scatter_add_kernel(
 @triton.jit
 def _token_sum_kernel(
     out_ptr,  # [T, D] added to in place
-    y_ptr,  # [R, D] pair rows, R >= A
-    pos_ptr,  # [T * K] int32/int64: row of token t's j-th pair (Routing.positions)
-    w_ptr,  # [A] float32 weights, by row (unused when not HAS_W)
-    nv_ptr,  # [1] number of valid pairs (unused when not HAS_NV: A)
-    A,  # pairs
+    y_ptr,  # [R, D] pair rows
+    pos_ptr,  # [T * K] int32/int64: pair p of token t's j-th choice (Routing.positions)
+    w_ptr,  # [P] float32 weights, by pair (unused when not HAS_W)
+    nv_ptr,  # [1] number of valid pairs (unused when not HAS_NV: P)
+    rows_ptr,  # [P] row of y holding pair p (unused when not HAS_ROWS: row p)
+    P,  # pairs p can address
     D,  # row length
     K: tl.constexpr,  # pairs per token
     KP: tl.constexpr,  # K rounded up to a power of two
+    UNROLL: tl.constexpr,  # unroll the K adds (K <= 16); a loop for the dense strategies' K = E
     HAS_W: tl.constexpr,
     HAS_NV: tl.constexpr,
+    HAS_ROWS: tl.constexpr,
     INTERPRET: tl.constexpr,  # integer bf16 rounding
     BLOCK_D: tl.constexpr,  # columns per program (grid axis 1 covers D)
 ):
@@ -92,23 +96,40 @@ def _token_sum_kernel(
     if HAS_NV:
         n = tl.load(nv_ptr)
     else:
-        n = A
-    jj = tl.arange(0, KP)
-    pos = tl.load(pos_ptr + t * K + jj, mask=jj < K, other=2**31 - 1).to(tl.int32)  # [KP]
-    if K > 1:
-        pos = tl.sort(pos)  # ascending: a fixed sum order; padding lanes last
+        n = P
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     cmask = cols < D
     dst = out_ptr + t * D + cols
     acc = tl.load(dst, mask=cmask, other=0.0).to(tl.float32)  # [BLOCK_D]
-    for j in tl.static_range(K):
-        p = tl.sum(tl.where(jj == j, pos, 0), 0)  # the j-th smallest position
-        ok = (p >= 0) & (p < n)  # rows of pairs past num_valid are never read
-        v = tl.load(y_ptr + p.to(tl.int64) * D + cols, mask=cmask & ok, other=0.0).to(tl.float32)
-        if HAS_W:
-            v = v * tl.load(w_ptr + p, mask=ok, other=0.0)
-        acc += v
+    jj = tl.arange(0, KP)
+    pos = tl.load(pos_ptr + t * K + jj, mask=jj < K, other=2**31 - 1).to(tl.int32)  # [KP]
+    if K > 1:
+        pos = tl.sort(pos)  # ascending: a fixed sum order; padding lanes last
+    if UNROLL:
+        for j in tl.static_range(K):
+            p = tl.sum(tl.where(jj == j, pos, 0), 0)  # the j-th smallest position
+            acc += _pair_row(y_ptr, w_ptr, rows_ptr, p, n, cols, cmask, D, HAS_W, HAS_ROWS)
+    else:
+        for j in range(K):
+            p = tl.sum(tl.where(jj == j, pos, 0), 0)
+            acc += _pair_row(y_ptr, w_ptr, rows_ptr, p, n, cols, cmask, D, HAS_W, HAS_ROWS)
     tl.store(dst, cast_to(acc, out_ptr.dtype.element_ty, INTERPRET), mask=cmask)
+
+
+@triton.jit
+def _pair_row(y_ptr, w_ptr, rows_ptr, p, n, cols, cmask, D, HAS_W: tl.constexpr,
+              HAS_ROWS: tl.constexpr):
+    """Pair p's row of y (times its weight) in float32; zeros for a pair past num_valid (or a
+    negative one), whose row is never read."""
+    ok = (p >= 0) & (p < n)
+    if HAS_ROWS:
+        row = tl.load(rows_ptr + p, mask=ok, other=0).to(tl.int64)
+    else:
+        row = p.to(tl.int64)
+    v = tl.load(y_ptr + row * D + cols, mask=cmask & ok, other=0.0).to(tl.float32)
+    if HAS_W:
+        v = v * tl.load(w_ptr + p, mask=ok, other=0.0)
+    return v
 
 
 def _block(D: int) -> int:
@@ -134,16 +155,18 @@ def _scatter_add_op(out: Tensor, y: Tensor, token_ids: Tensor, weights: Optional
 
 @kernel_op("scatter_add_token_major", mutates_args=("out",))
 def _token_sum_op(out: Tensor, y: Tensor, positions: Tensor, weights: Optional[Tensor],
-                  num_valid: Optional[Tensor]) -> None:
+                  num_valid: Optional[Tensor], rows: Optional[Tensor]) -> None:
     (T, D), A = out.shape, positions.shape[0]
     if A == 0 or D == 0:
         return
     k, block = A // T, _block(D)
     # 8 columns a thread: one 16-byte bf16 vector per row (1024 columns: 4 warps, as above).
     _token_sum_kernel[(T, triton.cdiv(D, block))](
-        out, y, positions, weights, num_valid, A, D, K=k, KP=triton.next_power_of_2(k),
-        HAS_W=weights is not None, HAS_NV=num_valid is not None, INTERPRET=interpreting(),
-        BLOCK_D=block, num_warps=max(1, min(8, block // 256)), enable_fp_fusion=False)
+        out, y, positions, weights, num_valid, rows,
+        y.shape[0] if rows is None else rows.shape[0], D, K=k, KP=triton.next_power_of_2(k),
+        UNROLL=k <= 16, HAS_W=weights is not None, HAS_NV=num_valid is not None,
+        HAS_ROWS=rows is not None, INTERPRET=interpreting(), BLOCK_D=block,
+        num_warps=max(1, min(8, block // 256)), enable_fp_fusion=False)
 
 
 def scatter_add(
@@ -166,8 +189,9 @@ def token_sum(
     positions: Tensor,
     weights: Tensor | None,
     num_valid: Tensor | None,
+    rows: Tensor | None = None,
 ) -> Tensor:
     """out [T, D] += the valid pairs of each token, found through positions [T * k]; returns out.
     Arguments were checked by the public function."""
-    _token_sum_op(out, y, positions, weights, num_valid)
+    _token_sum_op(out, y, positions, weights, num_valid, rows)
     return out

@@ -30,15 +30,17 @@ def _scatter_add(out: Tensor, y: Tensor, token_ids: Tensor, weights: Optional[Te
 
 @inplace_op("scatter_add_token_major_ref", mutates_args=("out",))
 def _token_sum(out: Tensor, y: Tensor, positions: Tensor, weights: Optional[Tensor],
-               num_valid: Optional[Tensor]) -> None:
+               num_valid: Optional[Tensor], rows: Optional[Tensor]) -> None:
     T, A = out.shape[0], positions.shape[0]
     if A == 0:
         return
+    P = y.shape[0] if rows is None else rows.shape[0]  # pairs p can address
     pos = positions.long().view(T, A // T).sort(dim=1).values  # [T, k]
-    n = A if num_valid is None else num_valid.long()
+    n = P if num_valid is None else num_valid.long()
     valid = (pos >= 0) & (pos < n)  # [T, k]
-    pos = pos.clamp(0, A - 1)
-    terms = y.index_select(0, pos.flatten()).float().view(T, A // T, -1)  # [T, k, D]
+    pos = pos.clamp(0, max(P - 1, 0))
+    row = pos if rows is None else rows.long()[pos].clamp(0, max(y.shape[0] - 1, 0))
+    terms = y.index_select(0, row.flatten()).float().view(T, A // T, -1)  # [T, k, D]
     if weights is not None:
         terms = terms * weights[pos].unsqueeze(2)
     terms = torch.where(valid.unsqueeze(2), terms, 0.0)  # also clears poisoned (NaN) rows
@@ -67,8 +69,10 @@ def token_sum(
     positions: Tensor,
     weights: Tensor | None,
     num_valid: Tensor | None,
+    rows: Tensor | None = None,
 ) -> Tensor:
-    """out [T, D] += sum over j of y[p] * weights[p], p = positions [T * k] in ascending order per
-    token, only p < num_valid. Float32 from out on, one rounding: the kernel's order exactly."""
-    _token_sum(out, y, positions, weights, num_valid)
+    """out [T, D] += sum over j of y[rows[p]] * weights[p], p = positions [T * k] in ascending
+    order per token, only 0 <= p < num_valid. Float32 from out on, one rounding: the kernel's
+    order exactly."""
+    _token_sum(out, y, positions, weights, num_valid, rows)
     return out
