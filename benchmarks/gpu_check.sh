@@ -43,8 +43,8 @@ if [ "$MODE" = tests ] || [ "$MODE" = quick ]; then
   # Every test file, 8 xdist workers sharing the GPU (the whole suite: ~270 s on an H100);
   # gpu_tests.json summarises the run for benchmarks/results/.
   t0=$(date +%s)
-  timeout ${TEST_TIMEOUT:-540} python -m pytest tests -q -n ${TEST_WORKERS:-8} -p no:cacheprovider \
-    --durations=15 2>&1 | tee "$OUT/tests.log" | tail -60
+  timeout ${TEST_TIMEOUT:-540} python -m pytest tests -v -n ${TEST_WORKERS:-8} -p no:cacheprovider \
+    --durations=15 2>&1 | tee "$OUT/tests.log" | grep -v " PASSED \| SKIPPED " | tail -60
   status=${PIPESTATUS[0]}
   python benchmarks/gpu_tests_summary.py "$OUT/tests.log" $(( $(date +%s) - t0 )) $status \
     > "$OUT/gpu_tests.json"
