@@ -3,9 +3,8 @@ $OUT/probe_combine.json:
 
 1. What the deterministic combine costs. `shuffled` k > 1 layers write pair rows and sum each
    token's rows in a fixed order (ops.token_sum); before, GEMM2's epilogue added each row into the
-   output with bf16 atomics. Here the atomic epilogue is put back for the measurement only
-   (``atomic_combine``), on the unfused path (configs.NEVER, so the combine is all that differs),
-   CUDA-graph replays, weights and inputs rotating (bench.suites.layer's copies), every output
+   output with bf16 atomics, which ``MoEConfig(deterministic=False)`` keeps as an option. Both on
+   the unfused path (configs.NEVER, so the combine is all that differs), CUDA-graph replays, weights and inputs rotating (bench.suites.layer's copies), every output
    checked against the float64 reference. Qwen3-30B-A3B (k = 8), Mixtral-8x7B TP2 (k = 2),
    DeepSeek-V3 TP8 (k = 8, shared expert), bf16, decode T = 1, 8, 64 and prefill 2048, 16384.
    Also the layer as shipped ("default": the fused decode kernels where the Switch takes them,
@@ -22,7 +21,6 @@ $OUT/probe_combine.json:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import pathlib
@@ -38,9 +36,6 @@ from shufflemoe import MoE, naive_moe, preset  # noqa: E402
 from shufflemoe.bench.report import metadata  # noqa: E402
 from shufflemoe.bench.suites.layer import _copies, expert_bytes, fixed_bytes  # noqa: E402
 from shufflemoe.bench.timing import time_fn  # noqa: E402
-from shufflemoe.experts import shuffled as shuffled_mod  # noqa: E402
-from shufflemoe.experts.base import expert_gemm, gather_input, glu, pair_weights  # noqa: E402
-from shufflemoe.ops import backend_for  # noqa: E402
 from shufflemoe.ops.moe_decode import configs  # noqa: E402
 from shufflemoe.testing import compare, tolerance_key  # noqa: E402
 
@@ -53,27 +48,11 @@ SWITCH_T = (1, 2, 4, 8)
 N_SETS = 8
 
 
-def _atomic_forward(self, x, routing, weights, out, cfg, before_combine=lambda: None):
-    """The k > 1 combine as it was: GEMM2's epilogue adds each pair's row into out with atomics."""
-    r, w, ops = routing, weights, backend_for(x)
-    w_in, w_out = pair_weights(r, cfg)
-    nv = None if r.all_routed else r.num_valid
-    xs = gather_input(ops, x, r.token_ids, w_in, w, nv)
-    h = expert_gemm(ops, xs, w, "w13", r.counts, cfg.dtype)
-    a = glu(ops, h, w, cfg, nv)
-    before_combine()
-    expert_gemm(ops, a, w, "w2", r.counts, cfg.dtype, row_weights=w_out, scatter_ids=r.token_ids,
-                out=out, scatter_unique=cfg.top_k == 1, all_rows=r.all_routed)
-
-
-@contextlib.contextmanager
-def atomic_combine():
-    saved = shuffled_mod.Shuffled.forward
-    shuffled_mod.Shuffled.forward = _atomic_forward
-    try:
-        yield
-    finally:
-        shuffled_mod.Shuffled.forward = saved
+def _atomic(layers):
+    """The same weights with MoEConfig(deterministic=False): GEMM2's epilogue adds k > 1 rows
+    into the output with atomics (the combine before the token-major sum)."""
+    return [MoE.from_weights(layer.config.replace(deterministic=False),
+                             **{n: t for n, t in layer.named_parameters()}) for layer in layers]
 
 
 def _layers(cfg, device, dry):
@@ -137,9 +116,9 @@ def combine_rows(device, dry, deadline) -> list[dict]:
             with configs.override(configs.NEVER):
                 row["check_token_sum"] = _check(layers[0], xs[0])
                 row["token_sum"] = _graph_us(layers, xs, dry)
-                with atomic_combine():
-                    row["check_atomic"] = _check(layers[0], xs[0])
-                    row["atomic"] = _graph_us(layers, xs, dry)
+                atomic = _atomic(layers)
+                row["check_atomic"] = _check(atomic[0], xs[0])
+                row["atomic"] = _graph_us(atomic, xs, dry)
                 row["token_sum_again"] = _graph_us(layers, xs, dry)  # interleaved: drift shows
             row["default"] = _graph_us(layers, xs, dry)  # the layer as shipped (fused at decode)
             if not dry:

@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from factories import QUANTIZED, make_input, make_layer
-from shufflemoe import EXPERTS, MoEConfig, graphed
+from shufflemoe import EXPERTS, MoEConfig, graphed, naive_moe
 from shufflemoe.ops import triton_available, use_impl
+from shufflemoe.testing import assert_close, tolerance_key
 
 CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
@@ -71,3 +72,19 @@ def test_eager_graph_and_compiled_agree_bit_for_bit(top_k, quantization):
         want = layer(x)
         assert torch.equal(decode(x), want), f"graph T={T}"
         assert torch.equal(compiled(x), want), f"compiled T={T}"
+
+
+def test_atomic_combine_is_an_explicit_option():
+    """MoEConfig(deterministic=False): shuffled k > 1 adds rows with atomics (faster at decode
+    T = 1, any order), still within the dtype's tolerance of the float64 reference; refused
+    where it would change nothing (other strategies) or break a promise (batch invariance)."""
+    cfg = _config("none", big=False).replace(deterministic=False)
+    layer = make_layer(cfg, device=DEV)
+    x = make_input(cfg, 7, device=DEV)
+    ref, mag = naive_moe(layer, x, layer.route(x), with_magnitude=True)
+    with use_impl("triton" if triton_available() else "torch"):
+        assert_close(layer(x), ref, tolerance_key(cfg), magnitude=mag)
+    with pytest.raises(ValueError, match="deterministic"):
+        make_layer(cfg, experts="padded", device=DEV)
+    with pytest.raises(ValueError, match="deterministic"):
+        cfg.replace(batch_invariant=True)

@@ -64,6 +64,12 @@ class MoEConfig:
     # the same fixed-config GEMM. Needs the Triton kernels, the shuffled strategy and local
     # dispatch, and no capacity factor (dropping depends on the batch by definition).
     batch_invariant: bool = False
+    # Same input, same bits (the default): each token's k rows summed in a fixed order, float32,
+    # one rounding. False lets `shuffled` add k > 1 rows into the output with atomics in GEMM2's
+    # epilogue instead (unfused, any order: outputs differ run to run in the last bits), which
+    # saved 1-9% of the layer's GPU time at decode T = 1 on an H100
+    # (benchmarks/results/probe_combine.md); the other strategies always combine in order.
+    deterministic: bool = True
     # Routed experts' GLU (ops/silu_mul): "silu" (silu(gate) * up) or "swiglu_oai" (gpt-oss:
     # (up + 1) * gate * sigmoid(swiglu_alpha * gate)); swiglu_limit clamps gate above and up on
     # both sides first (gpt-oss: 7.0). The shared expert is plain SwiGLU.
@@ -139,6 +145,8 @@ class MoEConfig:
         if self.renormalize_over != "kept" and not (self.renormalize and self.capacity_factor):
             raise ValueError("MoEConfig.renormalize_over only matters with renormalize=True and "
                              "a capacity_factor; leave it at 'kept' otherwise")
+        if self.batch_invariant and not self.deterministic:
+            raise ValueError("MoEConfig.batch_invariant needs deterministic=True")
         if self.batch_invariant and self.capacity_factor is not None:
             raise ValueError("MoEConfig.batch_invariant cannot hold with a capacity_factor: which "
                              "pairs are dropped depends on the rest of the batch")

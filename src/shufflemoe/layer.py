@@ -201,6 +201,9 @@ class MoE(nn.Module):
         ok, why = batch_invariant.supports(self.config, strategy, self.dispatch)
         if not ok:
             raise ValueError(why)
+        if not self.config.deterministic and name != "shuffled":
+            raise ValueError(f"MoEConfig.deterministic=False only changes experts='shuffled' "
+                             f"(the atomic combine), got {name!r}")
         self.experts = strategy
 
     def __setattr__(self, name: str, value) -> None:

@@ -27,7 +27,8 @@ class Shuffled(Experts):
         w_in, w_out = pair_weights(r, cfg)
         # fused kernels only: the torch reference of the fused path composes the same ops as
         # below plus a token-major sum (on the CPU at T = 1, ~100 us more per call)
-        if (x.shape[0] and ops.name == "triton" and _fusable(x, w, cfg)
+        atomic = not cfg.deterministic and cfg.top_k > 1  # opt-in: any order of a token's adds
+        if (x.shape[0] and ops.name == "triton" and not atomic and _fusable(x, w, cfg)
                 and decode_configs.use_fused(r.num_pairs, cfg.top_k, w.quantized,
                                                   cfg.batch_invariant)):
             # unchecked like the rest: the layer made every tensor
@@ -42,10 +43,10 @@ class Shuffled(Experts):
         xs = gather_input(ops, x, r.token_ids, w_in, w, nv)  # [A, D]
         h = expert_gemm(ops, xs, w, "w13", r.counts, cfg.dtype)  # [A, 2I]
         a = glu(ops, h, w, cfg, nv)  # [A, I]
-        if cfg.top_k == 1:  # one pair a token: the epilogue adds it into out, no atomics
+        if cfg.top_k == 1 or atomic:  # one pair a token: the epilogue adds it, no atomics
             before_combine()
             expert_gemm(ops, a, w, "w2", r.counts, cfg.dtype, row_weights=w_out,
-                        scatter_ids=r.token_ids, out=out, scatter_unique=True,
+                        scatter_ids=r.token_ids, out=out, scatter_unique=cfg.top_k == 1,
                         all_rows=r.all_routed)
             return
         # k > 1: pair rows, then each token's rows summed in a fixed order (base.py)
