@@ -67,7 +67,7 @@ class MoEConfig:
     # Same input, same bits (the default): each token's k rows summed in a fixed order, float32,
     # one rounding. False lets `shuffled` add k > 1 rows into the output with atomics in GEMM2's
     # epilogue instead (unfused, any order: outputs differ run to run in the last bits), which
-    # saved 1-9% of the layer's GPU time at decode T = 1 on an H100
+    # saved 1-11% of the layer's GPU time at decode T = 1 on an H100
     # (benchmarks/results/probe_combine.md); the other strategies always combine in order.
     deterministic: bool = True
     # Routed experts' GLU (ops/silu_mul): "silu" (silu(gate) * up) or "swiglu_oai" (gpt-oss:
