@@ -91,7 +91,8 @@ class AllToAllDispatch(ExpertParallelDispatch):
             returned = to_send
             own = shared if shared is not None else torch.zeros_like(x)
         back = alloc(r.num_pairs, D, dtype=x.dtype, device=dev)  # rows past n_send: not read
-        work = all_to_all(back[:n_send], returned, m.groups["ep"], EP, send_sizes, mine, async_op=True)
+        work = all_to_all(back[:n_send], returned, m.groups["ep"], EP, send_sizes, mine,
+                          async_op=True)
         if second_half and not self.dedup:
             second_half()  # overlaps the 3rd all-to-all
         if work is not None:

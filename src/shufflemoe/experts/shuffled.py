@@ -43,7 +43,9 @@ class Shuffled(Experts):
         xs = gather_input(ops, x, r.token_ids, w_in, w, nv)  # [A, D]
         h = expert_gemm(ops, xs, w, "w13", r.counts, cfg.dtype)  # [A, 2I]
         a = glu(ops, h, w, cfg, nv)  # [A, I]
-        if cfg.top_k == 1 or atomic:  # one pair a token: the epilogue adds it, no atomics
+        # top-1: one pair a token, the epilogue adds it without atomics; the opt-in atomic
+        # combine adds k > 1 rows in any order
+        if cfg.top_k == 1 or atomic:
             before_combine()
             expert_gemm(ops, a, w, "w2", r.counts, cfg.dtype, row_weights=w_out,
                         scatter_ids=r.token_ids, out=out, scatter_unique=cfg.top_k == 1,
