@@ -71,8 +71,9 @@ def test_suite_dry_run_on_cpu(tiny_suite):
         mine = [r for r in rows if r["model"] == shape.name]
         assert {r["mode"] for r in mine} == {"eager", "layer_graphs", "step_graph", "compile", "compiled_generate"}
         for r in mine:
-            if r["mode"] != "step_graph":  # timed paths are checked against transformers' logits
+            if r["mode"] != "step_graph":  # timed paths are checked against the float32 model
                 assert r["check"].startswith("ok"), r
+                assert r["hf_rel_l2_vs_fp32"] > 0  # bf16 is not float32: the reference is not the model itself
             if r["phase"] == "decode" and r.get("ms"):
                 assert r["repeats"] >= 3 and r["ms_lo"] <= r["ms"] <= r["ms_hi"]
     apply_ceilings(rows, CEILINGS)
@@ -80,6 +81,34 @@ def test_suite_dry_run_on_cpu(tiny_suite):
     assert a.targets and a.headlines
     assert any(not r["like_for_like"] for r in a.ratios)  # the default-path pair, labelled
     assert all(r["modes"].split(" vs ")[0] == r["modes"].split(" vs ")[1] for r in a.ratios if r["like_for_like"])
+
+
+def test_fp32_references_restore_the_bf16_model(tiny_suite):
+    """The float32 reference runs the same weights upcast and leaves the bf16 model bit-identical
+    (dtype and values of every parameter; buffers such as rotary frequencies untouched)."""
+    from shufflemoe.integrations.transformers.models import build_model
+
+    model = build_model(tiny_suite[0].config(quick=True), torch.bfloat16, "cpu")
+    before = {n: t.clone() for n, t in list(model.named_parameters()) + list(model.named_buffers())}
+    with torch.no_grad():
+        refs = e2e_hf.fp32_references(model, (1, 3))
+        bf16 = e2e_paths.Decoder(model, 3, 2, graph=False).checked_logits()
+    after = dict(list(model.named_parameters()) + list(model.named_buffers()))
+    assert all(after[n].dtype == t.dtype and torch.equal(after[n], t) for n, t in before.items())
+    assert refs[("decode", 3)].shape == bf16.shape == (3, model.config.vocab_size)
+    err = e2e_hf._rel_l2(bf16, refs[("decode", 3)])
+    assert 1e-4 < err < 0.1  # bf16 rounding against float32, not a different model
+    assert set(refs) == {("prefill", 1), ("decode", 1), ("decode", 3), ("first token", 1), ("first token", 3),
+                         ("generate", 1), ("generate", 3)}
+
+
+@pytest.mark.parametrize("err, hf_err, ok", [
+    (0.0125, 0.01, True), (0.0125 + e2e_hf.ACCURACY_FLOOR, 0.01, True),
+    (0.0126 + e2e_hf.ACCURACY_FLOOR, 0.01, False), (0.9, 0.02, False),
+    (e2e_hf.ACCURACY_FLOOR, 0.0, True), (0.005, 0.0, False), (None, None, False),
+])
+def test_accuracy_check_against_fp32(err, hf_err, ok):
+    assert e2e_hf.accuracy_check(err, hf_err).startswith("ok") == ok
 
 
 def _row(impl, side, mode, ms, phase="decode", batch=1, **extra):

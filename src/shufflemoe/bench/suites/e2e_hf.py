@@ -24,8 +24,11 @@ batch 1 and 64 after a 128-token prompt. Decode times are medians of >= 3 repeat
 min / max); tokens/s = batch / step time. floor_ms (decode): the bytes a step must read (weights
 but the embedding table, routed experts in expected use, the prompt's KV cache) over the read
 ceiling; x_floor = ms / floor_ms. check: logits of the timed path (prefill; one decode step with
-fixed input tokens; generate's second position, over the sequences whose first token matches)
-against transformers' eager default, relative L2 <= LOGITS_REL_L2.
+fixed input tokens; generate's second position, over the sequences whose first token matches
+the reference's) against the same model in float32 (the same weights upcast, transformers' eager
+code): a row passes when its relative L2 error is at most ACCURACY_RATIO x transformers' bf16
+eager error against that reference, + ACCURACY_FLOOR. logits_rel_l2_vs_hf: against transformers'
+bf16 eager logits, for information.
 """
 
 from __future__ import annotations
@@ -46,13 +49,15 @@ BATCHES = (1, 64)
 COMPILE_BATCHES = (1,)
 COMPILE_OPTIONS: dict = {}  # torch.compile's defaults (a CPU dry run uses backend="eager")
 GENERATE_TOKENS = (8, 40)  # per-step time of compiled generate from these two lengths
-# Whole-model bf16 logits at real widths: transformers' own CUDA-graph step differed from its
-# eager one by 0.022 relative L2 (8aca447, Scout); a wrong model gives ~1.
-LOGITS_REL_L2 = 0.05
+# A row's logits error against the float32 model may be this many times transformers' bf16 eager
+# error, plus the floor: about one bf16 rounding of the logits (2^-8), for paths whose reference
+# error is tiny. A wrong model gives ~1.
+ACCURACY_RATIO = 1.25
+ACCURACY_FLOOR = 2.0 ** -8
 KEYS = ["model", "phase", "batch"]
 CROSS = [("layer_graphs", "eager", "default path vs default path (ours: per-layer graphs; transformers: eager)")]
 COLUMNS = ["model", "phase", "batch", "impl", "mode", "ms", "tokens_per_s", "floor_ms", "x_floor",
-           "logits_rel_l2_vs_hf", "check", "note"]
+           "logits_rel_l2_vs_fp32", "hf_rel_l2_vs_fp32", "logits_rel_l2_vs_hf", "check", "note"]
 
 
 @dataclass(frozen=True)
@@ -178,31 +183,61 @@ def _rel_l2(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-30)).item()
 
 
+def accuracy_check(err: float | None, hf_err: float | None) -> str:
+    """'ok' when a row's error against the float32 model is within ACCURACY_RATIO x transformers'
+    bf16 error (+ ACCURACY_FLOOR), else why not."""
+    if err is None or hf_err is None:
+        return "no sequences to check (no first token agrees with the float32 model's)"
+    limit = ACCURACY_RATIO * hf_err + ACCURACY_FLOOR
+    return "ok" if err <= limit else f"logits rel L2 vs fp32 {err:.4g} > {limit:.4g} ({ACCURACY_RATIO} x transformers' {hf_err:.4g} + floor)"
+
+
+def fp32_references(model, batches) -> dict:
+    """The float32 model's logits for every check (keys as _Run.refs): its parameters upcast in
+    place, run through transformers' eager code, then cast back (bf16 -> fp32 -> bf16 is exact)."""
+    dtypes = {name: p.dtype for name, p in model.named_parameters()}
+    for p in model.parameters():
+        p.data = p.data.float()
+    try:
+        refs = {("prefill", 1): e2e_paths.prefill_logits(model)}
+        for batch in batches:
+            refs[("decode", batch)] = e2e_paths.Decoder(model, batch, 2, graph=False).checked_logits()
+            refs[("first token", batch)], refs[("generate", batch)] = e2e_paths.greedy_step(model, batch)
+    finally:
+        for name, p in model.named_parameters():
+            p.data = p.data.to(dtypes[name])
+    return refs
+
+
 @dataclass
 class _Run:
     shape: Shape
     ctx: Context
+    fp32: dict  # (phase, batch) -> the float32 model's logits (and ("first token", batch))
     rows: list[dict] = field(default_factory=list)
-    refs: dict = field(default_factory=dict)  # (phase, batch) -> transformers' eager logits
+    refs: dict = field(default_factory=dict)  # the same keys -> transformers' bf16 eager logits
     compiled: object = None  # torch.compile(model) of the current compile path
 
     def add(self, path: Path, phase: str, batch: int, timing: dict | None, note: str = "",
-            logits: torch.Tensor | None = None, ref_key: tuple | None = None, mask=None) -> None:
+            logits: torch.Tensor | None = None, ref_key: tuple | None = None, first=None) -> None:
         row = dict(model=self.shape.name, phase=phase, batch=batch, impl=path.impl, side=path.side,
                    mode=path.mode, **(timing or {}), note=note)
         ref_key = ref_key or (phase, batch)
-        if logits is not None and ref_key not in self.refs:  # the first row is the reference
-            self.refs[ref_key] = logits
-        elif logits is not None:
-            ref = self.refs[ref_key]
-            if mask is not None:
-                logits, ref = logits[mask], ref[mask]
+        if logits is not None:
+            reference = ref_key not in self.refs  # the first row is transformers' eager
+            if reference:
+                self.refs[ref_key] = logits
+            fp32, hf = self.fp32[ref_key], self.refs[ref_key]
+            if first is not None:  # generate: sequences whose first tokens agree with the fp32 model's
+                fp32_first = self.fp32[("first token", batch)]
+                hf_first = self.refs.get(("first token", batch), fp32_first)
+                mask = (first == fp32_first) & (hf_first == fp32_first)
+                logits, fp32, hf = logits[mask], fp32[mask], hf[mask]
                 row["note"] = (note + f" check over {int(mask.sum())} of {batch} sequences (same first token)").strip()
-            err = _rel_l2(logits, ref) if logits.numel() else None
-            row.update(logits_rel_l2_vs_hf=err,
-                       check="ok" if err is not None and err <= LOGITS_REL_L2 else f"logits rel L2 {err}")
-        if logits is not None and "check" not in row:
-            row["check"] = "ok (reference)"
+            err, hf_err = ((_rel_l2(logits, fp32), _rel_l2(hf, fp32)) if logits.numel() else (None, None))
+            row.update(logits_rel_l2_vs_fp32=err, hf_rel_l2_vs_fp32=hf_err,
+                       logits_rel_l2_vs_hf=_rel_l2(logits, hf) if logits.numel() else None,
+                       check="ok (reference)" if reference else accuracy_check(err, hf_err))
         if row.get("ms"):
             row["tokens_per_s"] = (e2e_paths.PREFILL_TOKENS if phase == "prefill" else batch) / row["ms"] * 1e3
         self.rows.append(row)
@@ -224,9 +259,7 @@ def _measure_one(run: _Run, model, path: Path, phase: str, batch: int) -> None:
         run.add(path, phase, batch, timing, logits=logits)
     elif path.mode == "compiled_generate":
         timing, logits, first = e2e_paths.time_generate(model, batch, *GENERATE_TOKENS, repeats)
-        ref_first = run.refs.get(("first token", batch))
-        mask = None if ref_first is None else first == ref_first
-        run.add(path, phase, batch, timing, logits=logits, ref_key=("generate", batch), mask=mask)
+        run.add(path, phase, batch, timing, logits=logits, ref_key=("generate", batch), first=first)
     else:
         timing, logits = e2e_paths.time_decode(model, batch, steps, repeats, graph, step_call)
         run.add(path, phase, batch, timing, logits=logits)
@@ -255,8 +288,11 @@ def _measure(run: _Run, model, path: Path) -> None:
 
 
 def _bench_shape(shape: Shape, ctx: Context) -> list[dict]:
-    run = _Run(shape, ctx)
     model = build_model(shape.config(ctx.quick), torch.bfloat16, e2e_paths.DEVICE)
+    with torch.no_grad():
+        run = _Run(shape, ctx, fp32_references(model, BATCHES))
+    if e2e_paths.DEVICE == "cuda":
+        torch.cuda.empty_cache()
     floors = {b: decode_bytes(model, b) for b in BATCHES}
     reference, *rest = paths(shape.model_type)
     order = [reference] + sorted(rest, key=lambda p: PRIORITY[p.mode])

@@ -78,7 +78,7 @@ def captured(fn: Callable[[], torch.Tensor | None]) -> Callable[[], torch.Tensor
 def time_prefill(model, call, reps: int, graph: bool) -> tuple[dict, torch.Tensor]:
     """(stats, last-token logits [1, V] float) of one PREFILL_TOKENS forward through ``call``
     (the model or its torch.compile'd wrapper; replayed from one CUDA graph when ``graph``)."""
-    ids = tokens(model.config.vocab_size, 1, PREFILL_TOKENS, seed=0)
+    ids = prefill_ids(model)
     run = lambda: call(ids, use_cache=False, logits_to_keep=1).logits  # noqa: E731
     if graph:
         run = captured(run)
@@ -86,6 +86,15 @@ def time_prefill(model, call, reps: int, graph: bool) -> tuple[dict, torch.Tenso
         run()
     samples = [elapsed_ms(run) for _ in range(reps)]
     return stats(samples), run()[:, -1].float()
+
+
+def prefill_ids(model) -> torch.Tensor:
+    return tokens(model.config.vocab_size, 1, PREFILL_TOKENS, seed=0)
+
+
+def prefill_logits(model) -> torch.Tensor:
+    """Last-token logits [1, V] float of the prefill that time_prefill times, eager."""
+    return model(prefill_ids(model), use_cache=False, logits_to_keep=1).logits[:, -1].float()
 
 
 class Decoder:
