@@ -89,3 +89,23 @@ def test_layer_copies_rotate_weights(fmt):
     lay = layer.MoE(cfg)
     assert layer._copies(lay, 1 << 20) == 4  # 1 MB a call: capped at 4 copies
     assert layer._copies(lay, 1 << 30) == 1
+
+
+def test_layer_check_is_against_float64(monkeypatch):
+    """A timed path's outputs are judged against naive_moe's float64 output for their own set and
+    layer copy: the layer's own outputs pass, one wrong element of the second set fails, and at
+    T >= LARGE_T only the first CHECKED_LARGE sets are compared."""
+    monkeypatch.setattr(layer, "DEVICE", "cpu")
+    torch.manual_seed(0)
+    cfg = MoEConfig(hidden_size=32, intermediate_size=24, num_experts=8, top_k=2, renormalize=True)
+    copies = [layer.MoE(cfg), layer.MoE(cfg)]
+    xs = [torch.randn(5, 32, dtype=cfg.dtype) for _ in range(3)]
+    case = layer._Case(copies, xs)
+    outs = [case.layer(i)(x) for i, x in enumerate(xs)]
+    assert case.check(outs) == "ok"
+    outs[1] = outs[1].clone()
+    outs[1][2, 3] += 0.5 * outs[1].float().abs().max().to(outs[1].dtype)
+    assert case.check(outs).startswith("set 1 vs float64")
+    monkeypatch.setattr(layer, "LARGE_T", 5)
+    monkeypatch.setattr(layer, "CHECKED_LARGE", 1)
+    assert case.check(outs) == "ok"
