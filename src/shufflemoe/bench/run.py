@@ -22,7 +22,7 @@ from .report import REPO_RESULTS, metadata, run_id, write_results
 from .suites import SUITES, Context
 
 # Each module registers its suites in SUITES when imported.
-SUITE_MODULES = ("token_ops", "grouped_gemm", "layer", "e2e_hf")
+SUITE_MODULES = ("token_ops", "grouped_gemm", "layer", "e2e_hf", "host_cost")
 
 
 def load_suites() -> list[str]:
