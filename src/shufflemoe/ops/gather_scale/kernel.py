@@ -17,7 +17,6 @@ import triton.language as tl
 from torch import Tensor
 
 from .._impl import interpreting, kernel_op
-from .._launch import fast_launch
 from ..quantize.kernel import cast_to, fp8_target, quant_block, row_scales, store_fp8
 from ..quantize.reference import FP8_DTYPE
 
@@ -36,7 +35,6 @@ def _row_source(ids_ptr, w_ptr, nv_ptr, row, HAS_W: tl.constexpr, HAS_NV: tl.con
     return valid, tok, w
 
 
-@fast_launch
 @triton.jit
 def _gather_scale_kernel(
     x_ptr,  # [T, D] source rows
@@ -61,7 +59,6 @@ def _gather_scale_kernel(
     tl.store(out_ptr + row.to(tl.int64) * D + cols, v, mask=mask)
 
 
-@fast_launch
 @triton.jit
 def _gather_scale_fp8_kernel(
     x_ptr,  # [T, D] source rows

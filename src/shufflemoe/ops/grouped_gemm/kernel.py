@@ -43,6 +43,7 @@ tf32 would silently round them to 10 mantissa bits.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Optional
 
@@ -53,7 +54,6 @@ from torch import Tensor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .._impl import interpreting, kernel_op
-from .._launch import fast_launch, on_device
 from ..quantize import FP8_BLOCK, FP8_DTYPE, MX_GROUP
 from . import configs
 
@@ -239,7 +239,6 @@ def _tile(
         tl.store(out_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :], val, mask=mask)
 
 
-@fast_launch
 @triton.jit
 def _grouped_gemm_kernel(
     x_ptr,  # [M, K] rows sorted by group
@@ -383,7 +382,7 @@ def _grouped_gemm_op(x: Tensor, w: Tensor, m_sizes: Tensor, x_scale: Optional[Te
     nb = w_scale.shape[1] if quantization == "fp8_block" else 1
     # The interpreter has no 16-bit atomic add: accumulate into an fp32 copy there.
     dst = out.float() if interpret and scatter_ids is not None else out
-    with on_device(x):
+    with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
         _grouped_gemm_kernel[(num_programs,)](
             x, w, m_sizes, weight_ids, x_scale, w_scale, bias, row_weights, scatter_ids, dst,
             x_desc, w_desc, M, N, K, G, W, nb, triton.cdiv(K, FP8_BLOCK),

@@ -31,7 +31,6 @@ from torch import Tensor
 
 from ...types import Routing
 from .._impl import kernel_op
-from .._launch import fast_launch
 
 SCORING_IDS = {"none": 0, "softmax": 1, "sigmoid": 2}
 # Below the key of every float (canonical NaN aside): marks taken experts and padding columns.
@@ -160,7 +159,6 @@ def _emit(sb, r, raw, w, tok, pair, valid, tot, cap, n_pairs, write_counts, coun
     tl.store(nv_ptr, n_kept, mask=write_counts)
 
 
-@fast_launch
 @triton.jit
 def _route_kernel(
     src_ptr,  # scores [T, E] (FROM_SCORES) or topk_ids [T, K] int32/int64
@@ -232,7 +230,6 @@ def _route_kernel(
         tl.store(hist_ptr + blk.to(tl.int64) * NB + tl.arange(0, NB), hist)
 
 
-@fast_launch
 @triton.jit
 def _place_kernel(
     counts_ptr, tok_ptr, exp_ptr, w_ptr, nv_ptr, pos_ptr,  # outputs: [E], [A] x3, [1], [A]

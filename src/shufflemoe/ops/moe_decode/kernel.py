@@ -36,6 +36,7 @@ Indexing: products that can pass 2^31 (token * D, expert * rows * K, pair * N) a
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Optional
 
@@ -46,7 +47,6 @@ from torch import Tensor
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .._impl import interpreting, kernel_op
-from .._launch import fast_launch, on_device
 from ..quantize.kernel import cast_to, e4m3_bits, fp8_target, row_scales, store_fp8
 from ..quantize.reference import FP8_DTYPE
 from . import configs
@@ -195,7 +195,6 @@ def _gate_up_step(acc_g, acc_u, k0, k_hi, x_ptr, w_ptr, tok, rw, inv, row_ok, ga
             _dot(acc_u, wu, xt, UPCAST, DOT_PRECISION))
 
 
-@fast_launch
 @triton.jit
 def _gate_up_kernel(
     x_ptr,  # [T, D] tokens
@@ -319,7 +318,6 @@ def _down_step(acc, k0, k_hi, a_ptr, w_ptr, rows, row_ok, w_rows, col_ok, I,
     return _dot(acc, w, tl.trans(at), UPCAST, DOT_PRECISION)
 
 
-@fast_launch
 @triton.jit
 def _down_kernel(
     a_ptr,  # [A, I] activations (x's dtype, or e4m3 with a_scale)
@@ -489,7 +487,7 @@ def _gate_up_op(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Ten
     interpret = interpreting()
     pdl = plan.pdl and not interpret
     row_block = min(4096, triton.next_power_of_2(D))
-    with on_device(x):
+    with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
         _gate_up_kernel[(m_tiles * n_tiles * split,)](
             x, w13, w13_scale, counts, token_ids, row_weights, a,
             fp8_target(q)[0] if fp8 else None, scale, part, words,
@@ -524,7 +522,7 @@ def _down_op(a: Tensor, a_scale: Optional[Tensor], w2: Tensor, w2_scale: Optiona
     pdl = plan.pdl and not interpret
     # The interpreter runs programs in order, so out can be read-modify-written in its dtype;
     # its bf16 rounding is done by cast_to (the interpreter's own cast truncates).
-    with on_device(a):
+    with torch.cuda.device(a.device) if a.is_cuda else contextlib.nullcontext():
         _down_kernel[(m_tiles * n_tiles * split,)](
             a, a_scale, w2, w2_scale, counts, token_ids, positions, row_weights, out, y, part,
             words, E, D, I, n_tiles, k_split, A, T, m_tiles * n_tiles,

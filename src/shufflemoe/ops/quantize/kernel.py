@@ -24,7 +24,6 @@ import triton.language as tl
 from torch import Tensor
 
 from .._impl import interpreting, kernel_op
-from .._launch import fast_launch
 
 
 @triton.jit
@@ -107,7 +106,6 @@ def store_fp8_group(ptr, v, mask, INTERPRET: tl.constexpr):
     return scale
 
 
-@fast_launch
 @triton.jit
 def _quantize_fp8_groups_kernel(
     x_ptr,  # [M, K] float rows

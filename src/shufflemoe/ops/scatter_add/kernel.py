@@ -31,11 +31,9 @@ import triton.language as tl
 from torch import Tensor
 
 from .._impl import interpreting, kernel_op
-from .._launch import fast_launch
 from ..quantize.kernel import cast_to
 
 
-@fast_launch
 @triton.jit
 def _scatter_add_kernel(
     out_ptr,  # [T, D] added to in place
@@ -75,7 +73,6 @@ def _scatter_add_kernel(
         tl.atomic_add(dst, v, mask=mask, sem="relaxed")
 
 
-@fast_launch
 @triton.jit
 def _token_sum_kernel(
     out_ptr,  # [T, D] added to in place

@@ -18,10 +18,8 @@ import triton.language as tl
 from torch import Tensor
 
 from .._impl import kernel_op
-from .._launch import fast_launch
 
 
-@fast_launch
 @triton.jit
 def _shuffle_kernel(
     src_ptr,  # [n_src, D] rows to move

@@ -26,7 +26,6 @@ import triton.language as tl
 from torch import Tensor
 
 from .._impl import interpreting, kernel_op
-from .._launch import fast_launch
 from ..quantize.kernel import cast_to, fp8_target, row_scales, store_fp8, store_fp8_group
 from ..quantize.reference import FP8_BLOCK, FP8_DTYPE
 from .reference import QUANTIZE_MODES
@@ -73,7 +72,6 @@ def _row_valid(nv_ptr, row, HAS_NV: tl.constexpr):
     return valid
 
 
-@fast_launch
 @triton.jit
 def _silu_mul_kernel(
     h_ptr,  # [A, 2I] gate columns then up columns
@@ -149,7 +147,6 @@ def _two_pass(src, dst, valid, I, alpha, limit, INTERPRET: tl.constexpr, BLOCK: 
     return scale
 
 
-@fast_launch
 @triton.jit
 def _silu_mul_fp8_kernel(
     h_ptr,  # [A, 2I] gate columns then up columns
