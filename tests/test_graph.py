@@ -131,3 +131,20 @@ def test_lazy_capture_and_a_callers_capture():
     outer.replay()
     ref, mag = naive_moe(layer, fresh, layer.route(fresh), with_magnitude=True)
     assert_close(out, ref, tolerance_key(cfg), magnitude=mag)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA streams")
+def test_shared_expert_forks_a_stream_only_under_capture():
+    """Eager decode is host-bound, so the shared expert stays on the caller's stream there; a
+    captured graph forks it onto the side stream (free at replay), with the same result."""
+    from shufflemoe import MoE, MoEConfig, graphed
+
+    layer = MoE(MoEConfig(hidden_size=128, intermediate_size=64, num_experts=4, top_k=1, router="llama4",
+                          scoring="sigmoid", apply_router_weight_on_input=True,
+                          shared_intermediate_size=96), device="cuda")
+    x = torch.randn(2, 128, device="cuda", dtype=torch.bfloat16)
+    assert not layer._uses_side_stream(x)
+    eager = layer(x)
+    assert layer._side_stream is None
+    assert torch.equal(graphed(layer, (2,))(x), eager)
+    assert layer._side_stream is not None

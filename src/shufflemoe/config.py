@@ -58,7 +58,7 @@ class MoEConfig:
     # Strategy knobs (one config object, so every strategy reads its settings from here).
     block_size: int = 128  # blockwise: tokens per block (Neuron BWMM)
     decode_switch_alpha: float = 0.9  # selective while T * k <= alpha * E, else all_experts
-    shared_stream_max_tokens: int = 512  # shared expert on its own CUDA stream up to this T
+    shared_stream_max_tokens: int = 512  # in a CUDA graph, shared expert on its own stream to this T
     # Each output row bit-identical whatever else is in the batch (batch_invariant.py): fixed
     # tile configurations, token-major combine in a fixed order, router and shared expert through
     # the same fixed-config GEMM. Needs the Triton kernels, the shuffled strategy and local

@@ -265,9 +265,9 @@ class MoE(nn.Module):
     def start_shared(self, x: Tensor, out: Tensor | None = None
                      ) -> tuple[Tensor, Callable[[], None]]:
         """(out [T, D] holding the shared expert's output, or zeros without one; join): for small
-        T on CUDA the shared expert runs on a side stream, overlapping routing and GEMM13, and
-        join() makes the current stream wait for it (call it before anything adds into out).
-        ``out``: written instead of a new tensor."""
+        T captured in a CUDA graph the shared expert runs on a side stream, overlapping routing
+        and GEMM13, and join() makes the current stream wait for it (call it before anything adds
+        into out). ``out``: written instead of a new tensor."""
         if self.shared_w13 is None:
             return (torch.zeros_like(x) if out is None else out.zero_()), _noop
         out = torch.empty_like(x) if out is None else out
@@ -284,9 +284,15 @@ class MoE(nn.Module):
         return out, lambda: main.wait_stream(side)
 
     def _uses_side_stream(self, x: Tensor) -> bool:
+        """Only while a CUDA graph captures the layer, where the fork and join are free at replay.
+        Launched from Python a decode call is bound by the host (Llama 4 Scout TP8 at T = 1 on an
+        H100: ~600 us of host time for ~185 us of GPU work, benchmarks/results/host_cost.md), so
+        the overlap gains nothing there and the stream switch and its waits cost ~40 us a call.
+        Compiled, the compiler schedules."""
         return (x.is_cuda and self.shared_w13 is not None
                 and x.shape[0] <= self.config.shared_stream_max_tokens
-                and not torch.compiler.is_compiling())  # compiled: the compiler schedules
+                and not torch.compiler.is_compiling()
+                and torch.cuda.is_current_stream_capturing())
 
     def input_error(self, x: object) -> Exception | None:
         """The error a bad input raises (None when x is a valid [T, D] or [B, S, D] input)."""

@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from .._common import cdiv, next_power_of_2
 from .._impl import interpreting, kernel_op
 from ..quantize.kernel import cast_to, fp8_target, quant_block, row_scales, store_fp8
 from ..quantize.reference import FP8_DTYPE
@@ -109,7 +110,7 @@ def _copy_block(D: int) -> int:
     block = 2048
     while block > 256 and D % block:
         block //= 2
-    return min(block, triton.next_power_of_2(D))
+    return min(block, next_power_of_2(D))
 
 
 @kernel_op("gather_scale", mutates_args=("out",))
@@ -119,7 +120,7 @@ def _gather_scale_op(x: Tensor, token_ids: Tensor, weights: Optional[Tensor],
     if A == 0 or D == 0:
         return
     block = _copy_block(D)
-    _gather_scale_kernel[(A, triton.cdiv(D, block))](
+    _gather_scale_kernel[(A, cdiv(D, block))](
         x, token_ids, weights, num_valid, out, D,
         HAS_W=weights is not None, HAS_NV=num_valid is not None, INTERPRET=interpreting(),
         BLOCK_D=block, num_warps=4 if block <= 1024 else 8)

@@ -43,7 +43,6 @@ tf32 would silently round them to 10 mantissa bits.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from typing import Optional
 
@@ -53,6 +52,7 @@ import triton.language as tl
 from torch import Tensor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from .._common import cdiv, next_power_of_2, on_device
 from .._impl import interpreting, kernel_op
 from ..quantize import FP8_BLOCK, FP8_DTYPE, MX_GROUP
 from . import configs
@@ -375,19 +375,19 @@ def _grouped_gemm_op(x: Tensor, w: Tensor, m_sizes: Tensor, x_scale: Optional[Te
     elif tma == "device" and not interpret:
         _ensure_allocator()
     # Tiles can number at most n_tiles * (M // BLOCK_M + nonempty groups): no idle programs.
-    max_tiles = triton.cdiv(N, cfg.block_n) * (M // cfg.block_m + min(G, M))
+    max_tiles = cdiv(N, cfg.block_n) * (M // cfg.block_m + min(G, M))
     sms = _INTERPRETER_PROGRAMS if interpret else _sm_count(x.device.index or 0) * cfg.ctas_per_sm
     num_programs = max(1, min(sms, max_tiles))
     upcast = interpret and (x.dtype in (torch.bfloat16, FP8_DTYPE) or quantization == "mxfp4")
     nb = w_scale.shape[1] if quantization == "fp8_block" else 1
     # The interpreter has no 16-bit atomic add: accumulate into an fp32 copy there.
     dst = out.float() if interpret and scatter_ids is not None else out
-    with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
+    with on_device(x):
         _grouped_gemm_kernel[(num_programs,)](
             x, w, m_sizes, weight_ids, x_scale, w_scale, bias, row_weights, scatter_ids, dst,
-            x_desc, w_desc, M, N, K, G, W, nb, triton.cdiv(K, FP8_BLOCK),
+            x_desc, w_desc, M, N, K, G, W, nb, cdiv(K, FP8_BLOCK),
             N if scale_split is None else scale_split, num_programs,
-            BLOCK_G=triton.next_power_of_2(G), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+            BLOCK_G=next_power_of_2(G), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
             BLOCK_K=cfg.block_k, TMA=tma, SWAP_AB=cfg.swap_ab, FLATTEN=cfg.flatten,
             QUANT=quantization, HAS_BIAS=bias is not None, HAS_WEIGHT_IDS=weight_ids is not None,
             HAS_ROW_WEIGHTS=row_weights is not None,

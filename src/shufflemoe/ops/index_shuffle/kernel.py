@@ -30,6 +30,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ...types import Routing
+from .._common import cdiv, next_power_of_2
 from .._impl import kernel_op
 
 SCORING_IDS = {"none": 0, "softmax": 1, "sigmoid": 2}
@@ -284,7 +285,7 @@ def _place_kernel(
 
 def _num_buckets(E: int, from_scores: bool) -> int:
     """Buckets: a power of two above every bucket id, at least 32."""
-    return max(32, triton.next_power_of_2(E if from_scores else E + 1))
+    return max(32, next_power_of_2(E if from_scores else E + 1))
 
 
 @dataclass(frozen=True)
@@ -308,14 +309,14 @@ def route_config(T: int, E: int, k: int, from_scores: bool = True, single_pairs:
     reads scores in tiles of about ``score_tile`` values. Register counts from ptxas (sm_90):
     a [128, 128] score tile spilled; [128, 16] took 76-118 registers with 8 warps, [64, 32] 118
     with 4."""
-    kp = triton.next_power_of_2(k)
-    be = max(16, triton.next_power_of_2(E)) if from_scores else 16
-    t2 = triton.next_power_of_2(max(T, 1))
+    kp = next_power_of_2(k)
+    be = max(16, next_power_of_2(E)) if from_scores else 16
+    t2 = next_power_of_2(max(T, 1))
     single = t2 * kp <= single_pairs
     if single:
         bt = max(t2, 16 // kp)
     else:
-        pairs = max(min_block_pairs, triton.next_power_of_2(triton.cdiv(T * kp, 128)), kp)
+        pairs = max(min_block_pairs, next_power_of_2(cdiv(T * kp, 128)), kp)
         bt = min(pairs, max_block_pairs) // kp
     bec = min(be, max(16, score_tile // bt))
     return RouteConfig(bt, bec, single, 8 if bt * kp >= 128 else 4)
@@ -325,9 +326,9 @@ def invariant_route_config(T: int, E: int, k: int, block_pairs: int = 256) -> Ro
     """batch_invariant: the tiling that computes a row's weights (block_tokens, expert_chunk,
     num_warps; they set the order of the softmax and renormalization sums) fixed whatever T, at
     ``block_pairs`` pairs a block; only ``single`` follows T, and it changes no value."""
-    kp = triton.next_power_of_2(k)
+    kp = next_power_of_2(k)
     bt = max(1, block_pairs // kp)
-    bec = min(max(16, triton.next_power_of_2(E)), max(16, 2048 // bt))
+    bec = min(max(16, next_power_of_2(E)), max(16, 2048 // bt))
     return RouteConfig(bt, bec, T <= bt, 8)
 
 
@@ -347,8 +348,8 @@ def _route_op(src: Tensor, topk_weights: Optional[Tensor], counts: Tensor, token
         num_valid.zero_()
         return
     E, k = num_experts, top_k
-    kp = triton.next_power_of_2(k)
-    nb = triton.cdiv(T, block_tokens)
+    kp = next_power_of_2(k)
+    nb = cdiv(T, block_tokens)
     nbins = _num_buckets(E, from_scores)
     cap = 0 if capacity is None else capacity
     meta = dict(E=E, NB=nbins, FROM_SCORES=from_scores, HAS_CAP=capacity is not None)
@@ -360,8 +361,8 @@ def _route_op(src: Tensor, topk_weights: Optional[Tensor], counts: Tensor, token
         HAS_W=topk_weights is not None, SINGLE=single, num_warps=num_warps, **meta)
     if not single:
         # At most one wave of place programs; each reads the histogram table once.
-        per_prog = triton.cdiv(nb, min(nb, place_programs))
-        _place_kernel[(triton.cdiv(nb, per_prog),)](
+        per_prog = cdiv(nb, min(nb, place_programs))
+        _place_kernel[(cdiv(nb, per_prog),)](
             counts, token_ids, expert_ids, weights, num_valid, positions, scratch_i[0],
             scratch_i[1], scratch_w, hist, nb, per_prog, T * k, cap, K=k, KP=kp, BT=block_tokens,
             RB=max(1, min(64, 8192 // nbins)), num_warps=4 if block_tokens * kp <= 256 else 8,
@@ -383,8 +384,8 @@ def _route(src: Tensor, topk_weights: Tensor | None, E: int, k: int, from_scores
     cfg = config or route_config(T, E, k, from_scores)
     if cfg.single and cfg.block_tokens < T:
         raise ValueError(f"a single-program config needs block_tokens >= T={T}")
-    kp = triton.next_power_of_2(k)
-    nb = 0 if cfg.single else triton.cdiv(T, cfg.block_tokens)
+    kp = next_power_of_2(k)
+    nb = 0 if cfg.single else cdiv(T, cfg.block_tokens)
     nbins = _num_buckets(E, from_scores)
     counts = torch.empty(E, dtype=torch.int32, device=dev)
     token_ids = torch.empty(A, dtype=torch.int32, device=dev)

@@ -36,7 +36,6 @@ Indexing: products that can pass 2^31 (token * D, expert * rows * K, pair * N) a
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from typing import Optional
 
@@ -46,6 +45,7 @@ import triton.language as tl
 from torch import Tensor
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from .._common import cdiv, next_power_of_2, on_device
 from .._impl import interpreting, kernel_op
 from ..quantize.kernel import cast_to, e4m3_bits, fp8_target, row_scales, store_fp8
 from ..quantize.reference import FP8_DTYPE
@@ -459,9 +459,9 @@ def _launch_options(cfg: configs.GemmConfig, pdl: bool) -> dict:
 
 def _k_split(K: int, cfg: configs.GemmConfig) -> tuple[int, int]:
     """(K elements per split, a multiple of block_k; splits that are not empty)."""
-    steps = triton.cdiv(K, cfg.block_k)
-    per = triton.cdiv(steps, max(1, min(cfg.split_k, steps)))
-    return per * cfg.block_k, triton.cdiv(steps, per)
+    steps = cdiv(K, cfg.block_k)
+    per = cdiv(steps, max(1, min(cfg.split_k, steps)))
+    return per * cfg.block_k, cdiv(steps, per)
 
 
 @kernel_op("decode_gate_up", mutates_args=("a", "q", "scale"))
@@ -477,7 +477,7 @@ def _gate_up_op(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Ten
     plan = configs.select(A, E, D, I, w13.dtype, sm_count(x.device))
     cfg = plan.gate_up
     k_split, split = _k_split(D, cfg)
-    n_tiles = triton.cdiv(I, cfg.block_n)
+    n_tiles = cdiv(I, cfg.block_n)
     m_tiles = max_m_tiles(A, E, plan.block_m)
     fp8 = w13.dtype == FP8_DTYPE
     words = arrival_words(x.device, m_tiles * n_tiles + m_tiles)
@@ -486,18 +486,18 @@ def _gate_up_op(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Ten
         a = torch.empty(A, I, dtype=torch.float32, device=x.device)
     interpret = interpreting()
     pdl = plan.pdl and not interpret
-    row_block = min(4096, triton.next_power_of_2(D))
-    with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
+    row_block = min(4096, next_power_of_2(D))
+    with on_device(x):
         _gate_up_kernel[(m_tiles * n_tiles * split,)](
             x, w13, w13_scale, counts, token_ids, row_weights, a,
             fp8_target(q)[0] if fp8 else None, scale, part, words,
             E, D, I, n_tiles, k_split, A, m_tiles * n_tiles,
-            BLOCK_E=triton.next_power_of_2(E), BLOCK_M=plan.block_m, BLOCK_N=cfg.block_n,
+            BLOCK_E=next_power_of_2(E), BLOCK_M=plan.block_m, BLOCK_N=cfg.block_n,
             BLOCK_K=cfg.block_k, SPLIT=split, FP8=fp8, HAS_RW=row_weights is not None,
             UPCAST=interpret and w13.dtype in (torch.bfloat16, FP8_DTYPE),
             DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", INTERPRET=interpret,
-            PDL=pdl, QUANT_BLOCK=min(1024, triton.next_power_of_2(I)),
-            ROW_BLOCK=row_block, ROW_CHUNKS=triton.cdiv(D, row_block),
+            PDL=pdl, QUANT_BLOCK=min(1024, next_power_of_2(I)),
+            ROW_BLOCK=row_block, ROW_CHUNKS=cdiv(D, row_block),
             **_launch_options(cfg, pdl))
 
 
@@ -513,7 +513,7 @@ def _down_op(a: Tensor, a_scale: Optional[Tensor], w2: Tensor, w2_scale: Optiona
     plan = configs.select(A, E, D, I, w2.dtype, sm_count(a.device))
     cfg = plan.down
     k_split, split = _k_split(I, cfg)
-    n_tiles = triton.cdiv(D, cfg.block_n)
+    n_tiles = cdiv(D, cfg.block_n)
     m_tiles = max_m_tiles(A, E, plan.block_m)
     words = arrival_words(a.device, m_tiles * n_tiles + n_tiles)
     part = torch.empty(split, A, D, dtype=torch.float32, device=a.device) if split > 1 else None
@@ -522,11 +522,11 @@ def _down_op(a: Tensor, a_scale: Optional[Tensor], w2: Tensor, w2_scale: Optiona
     pdl = plan.pdl and not interpret
     # The interpreter runs programs in order, so out can be read-modify-written in its dtype;
     # its bf16 rounding is done by cast_to (the interpreter's own cast truncates).
-    with torch.cuda.device(a.device) if a.is_cuda else contextlib.nullcontext():
+    with on_device(a):
         _down_kernel[(m_tiles * n_tiles * split,)](
             a, a_scale, w2, w2_scale, counts, token_ids, positions, row_weights, out, y, part,
             words, E, D, I, n_tiles, k_split, A, T, m_tiles * n_tiles,
-            K=k, TOP1=k == 1, BLOCK_E=triton.next_power_of_2(E), BLOCK_M=plan.block_m,
+            K=k, TOP1=k == 1, BLOCK_E=next_power_of_2(E), BLOCK_M=plan.block_m,
             BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_T=_COMBINE_TOKENS, SPLIT=split,
             FP8=a.dtype == FP8_DTYPE, HAS_RW=row_weights is not None,
             UPCAST=interpret and w2.dtype in (torch.bfloat16, FP8_DTYPE),

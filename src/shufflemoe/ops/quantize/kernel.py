@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from .._common import next_power_of_2
 from .._impl import interpreting, kernel_op
 
 
@@ -93,7 +94,7 @@ def fp8_target(q: Tensor) -> tuple[Tensor, bool]:
 def quant_block(n: int, limit: int = 16384) -> tuple[int, bool]:
     """(BLOCK, ONE_PASS) for a row of n values: one pass holds the whole row in registers (the
     amax needs every value) up to ``limit`` values; longer rows are read twice."""
-    block = triton.next_power_of_2(max(n, 16))
+    block = next_power_of_2(max(n, 16))
     return (block, True) if block <= limit else (4096, False)
 
 

@@ -30,6 +30,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from .._common import cdiv, next_power_of_2
 from .._impl import interpreting, kernel_op
 from ..quantize.kernel import cast_to
 
@@ -137,7 +138,7 @@ def _block(D: int) -> int:
     block = 2048
     while block > 256 and D % block:
         block //= 2
-    return min(block, triton.next_power_of_2(D))
+    return min(block, next_power_of_2(D))
 
 
 @kernel_op("scatter_add", mutates_args=("out",))
@@ -147,7 +148,7 @@ def _scatter_add_op(out: Tensor, y: Tensor, token_ids: Tensor, weights: Optional
     if A == 0 or D == 0 or y.shape[0] == 0:
         return
     block = _block(D)
-    _scatter_add_kernel[(A, triton.cdiv(D, block))](
+    _scatter_add_kernel[(A, cdiv(D, block))](
         out, y, token_ids, weights, num_valid, rows, D,
         HAS_W=weights is not None, HAS_NV=num_valid is not None, HAS_ROWS=rows is not None,
         INTERPRET=interpreting(), BLOCK_D=block, num_warps=4 if block <= 1024 else 8)
@@ -161,9 +162,9 @@ def _token_sum_op(out: Tensor, y: Tensor, positions: Tensor, weights: Optional[T
         return
     k, block = A // T, _block(D)
     # 8 columns a thread: one 16-byte bf16 vector per row (1024 columns: 4 warps, as above).
-    _token_sum_kernel[(T, triton.cdiv(D, block))](
+    _token_sum_kernel[(T, cdiv(D, block))](
         out, y, positions, weights, num_valid, rows,
-        y.shape[0] if rows is None else rows.shape[0], D, K=k, KP=triton.next_power_of_2(k),
+        y.shape[0] if rows is None else rows.shape[0], D, K=k, KP=next_power_of_2(k),
         UNROLL=k <= 16, HAS_W=weights is not None, HAS_NV=num_valid is not None,
         HAS_ROWS=rows is not None, INTERPRET=interpreting(), BLOCK_D=block,
         num_warps=max(1, min(8, block // 256)), enable_fp_fusion=False)

@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from .._common import cdiv, next_power_of_2
 from .._impl import kernel_op
 
 
@@ -75,14 +76,14 @@ def _launch(src: Tensor, dst: Tensor, counts: Tensor, starts: Tensor, totals: Te
             combine: bool) -> None:
     EP, El = counts.shape
     n_dst, D = dst.shape
-    block_d = min(1024, triton.next_power_of_2(max(D, 16)))
+    block_d = min(1024, next_power_of_2(max(D, 16)))
     rows = 4
-    grid = (max(1, triton.cdiv(n_dst, rows)), max(1, triton.cdiv(D, block_d)))
+    grid = (max(1, cdiv(n_dst, rows)), max(1, cdiv(D, block_d)))
     _shuffle_kernel[grid](
         src, dst, counts, starts, totals if totals is not None else counts,
         src.shape[0], n_dst, D, EP, El, counts.stride(0), counts.stride(1),
-        COMBINE=combine, EPP=max(2, triton.next_power_of_2(EP)),
-        ELP=max(2, triton.next_power_of_2(El)), ROWS=rows, BLOCK_D=block_d, num_warps=4)
+        COMBINE=combine, EPP=max(2, next_power_of_2(EP)),
+        ELP=max(2, next_power_of_2(El)), ROWS=rows, BLOCK_D=block_d, num_warps=4)
 
 
 @kernel_op("combine_shuffling", mutates_args=("out", "totals"))

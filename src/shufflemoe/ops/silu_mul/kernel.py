@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from .._common import cdiv, next_power_of_2
 from .._impl import interpreting, kernel_op
 from ..quantize.kernel import cast_to, fp8_target, row_scales, store_fp8, store_fp8_group
 from ..quantize.reference import FP8_BLOCK, FP8_DTYPE
@@ -181,7 +182,7 @@ def _block(I: int) -> int:
     block = 2048
     while block > 256 and I % block:
         block //= 2
-    return min(block, triton.next_power_of_2(I))
+    return min(block, next_power_of_2(I))
 
 
 @kernel_op("silu_mul", mutates_args=("out",))
@@ -191,7 +192,7 @@ def _silu_mul_op(h: Tensor, num_valid: Optional[Tensor], out: Tensor, act: str, 
     if A == 0 or I == 0:
         return
     block = _block(I)
-    _silu_mul_kernel[(A, triton.cdiv(I, block))](
+    _silu_mul_kernel[(A, cdiv(I, block))](
         h, num_valid, out, None, I, alpha, 0.0 if limit is None else limit,
         HAS_NV=num_valid is not None, INTERPRET=interpreting(), BLOCK=block, GROUPS=False,
         ACT=act, HAS_LIMIT=limit is not None, num_warps=4 if block <= 1024 else 8)
@@ -228,21 +229,21 @@ def _pieces(I: int) -> tuple[int, int]:
     if I <= 16:
         return 16, 0
     a = 1 << (I.bit_length() - 1)
-    return a, (max(16, triton.next_power_of_2(I - a)) if I > a else 0)
+    return a, (max(16, next_power_of_2(I - a)) if I > a else 0)
 
 
 def _one_pass_launch(I: int, num_warps: int | None = None) -> Fp8Launch:
     """One pass over two pieces; by default 4 warps up to 4096 lanes, 8 above."""
     a, b = _pieces(I)
     if num_warps is None:
-        num_warps = min(8, max(4, triton.next_power_of_2(a + b) // 1024))
+        num_warps = min(8, max(4, next_power_of_2(a + b) // 1024))
     return Fp8Launch(one_pass=True, block=a, block_b=b, num_warps=num_warps)
 
 
 def _two_pass_launch(I: int, block: int = 1024) -> Fp8Launch:
     """Two passes over chunks of at most ``block`` columns (at least two chunks when I >= 32)."""
     block = max(16, min(block, 1 << (max(I // 2, 1).bit_length() - 1)))
-    return Fp8Launch(one_pass=False, block=block, chunks=triton.cdiv(I, block))
+    return Fp8Launch(one_pass=False, block=block, chunks=cdiv(I, block))
 
 
 def fp8_variants(I: int) -> dict[str, Fp8Launch]:
@@ -308,7 +309,7 @@ def silu_mul(
     quantize = QUANTIZE_MODES[quantize]
     if quantize != "none":
         if out is None:
-            scale_shape = (A,) if quantize == "rowwise" else (A, triton.cdiv(I, FP8_BLOCK))
+            scale_shape = (A,) if quantize == "rowwise" else (A, cdiv(I, FP8_BLOCK))
             out = (torch.empty(A, I, dtype=FP8_DTYPE, device=h.device),
                    torch.empty(scale_shape, dtype=torch.float32, device=h.device))
         if quantize == "groups":
