@@ -1,5 +1,6 @@
-"""Host cost of one MoE block on the CPU: the patched transformers block's eager call time over
-transformers' own block, and what one layer forward dispatches.
+"""Host cost of one MoE block on the CPU, through the torch reference path, not the GPU
+launchers (the GPU's host cost is the host_cost benchmark suite): the patched transformers
+block's eager call time over transformers' own block, and what one layer forward dispatches.
 
 For each supported model_type, a tiny random model (models.TINY, float32, one thread); its first
 MoE block is called as [1, T, D] for T = 1 and 64, transformers' block (a copy, same weights)
@@ -11,7 +12,7 @@ aten ops (what eager dispatches: the op references inline), device kernels among
 are neither views nor allocations: each would launch a kernel on a GPU), and the GPU path's
 launches (impl="triton", kernels in the interpreter: Triton launches + kernels of the torch glue).
 
-    PYTHONPATH=src python benchmarks/host_cost.py [--quick] [--out benchmarks/results]
+    PYTHONPATH=src python benchmarks/host_cost_cpu.py [--quick] [--out benchmarks/results]
 """
 
 from __future__ import annotations
@@ -185,7 +186,7 @@ def stamp() -> dict:
 def to_markdown(result: dict) -> str:
     s = result["stamp"]
     lines = [
-        "# Host cost of one MoE block (CPU, eager, float32)",
+        "# Host cost of one MoE block (CPU, eager, float32; the torch reference path, not the GPU launchers)",
         "",
         f"{s['cpu']}, {s['threads']} thread; torch {s['torch']}, triton {s['triton']}, "
         f"transformers {s['transformers']}; commit {s['commit']}, {s['date']}.",
@@ -213,7 +214,7 @@ def to_markdown(result: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer calls (a smoke run)")
-    ap.add_argument("--out", type=Path, help="write host_cost.json and host_cost.md here")
+    ap.add_argument("--out", type=Path, help="write host_cost_cpu.json and host_cost_cpu.md here")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     rows = measure(calls=20 if args.quick else 100, rounds=2 if args.quick else 15)
@@ -222,8 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     print(md)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "host_cost.json").write_text(json.dumps(result, indent=1) + "\n")
-        (args.out / "host_cost.md").write_text(md)
+        (args.out / "host_cost_cpu.json").write_text(json.dumps(result, indent=1) + "\n")
+        (args.out / "host_cost_cpu.md").write_text(md)
     return 0
 
 
