@@ -33,7 +33,6 @@ import importlib.util
 import os
 import pathlib
 import statistics
-import sys
 import time
 from dataclasses import dataclass, replace
 
@@ -44,7 +43,7 @@ import torch.distributed as dist  # noqa: E402
 
 from shufflemoe import MoE, graphed, preset  # noqa: E402
 from shufflemoe.dispatch import DISPATCHERS, comm, ep, ep_allgather, ep_alltoall, tp  # noqa: E402
-from shufflemoe.parallel import parallel_mesh, parallelize  # noqa: E402
+from shufflemoe.parallel import exit_rank, parallel_mesh, parallelize  # noqa: E402
 from shufflemoe.planner import HARDWARE, Layout, comm_time, layouts, traffic  # noqa: E402
 from shufflemoe.testing import compare, tolerance_key  # noqa: E402
 
@@ -359,4 +358,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_rank(main())  # not sys.exit: see exit_rank (gloo threads at interpreter shutdown)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 
 import torch
@@ -26,6 +25,7 @@ import torch.distributed as dist
 
 from shufflemoe.integrations.transformers import patch_distributed, unpatch
 from shufflemoe.integrations.transformers.models import build_model, tiny_config
+from shufflemoe.parallel import exit_rank
 
 LAYOUTS = ("tp", "ep_alltoall", "ep_allgather")
 
@@ -114,4 +114,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_rank(main())  # not sys.exit: see exit_rank (gloo threads at interpreter shutdown)

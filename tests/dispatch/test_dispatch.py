@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -30,6 +29,7 @@ from shufflemoe import DISPATCHERS, EXPERTS, MoE, MoEConfig
 from shufflemoe.dispatch import ep_allgather, ep_alltoall
 from shufflemoe.dispatch import ep as ep_module
 from shufflemoe.ops import use_impl
+from shufflemoe.parallel import exit_rank
 from shufflemoe.testing import poisoned
 
 from dispatch_checks import CASES, FORMAT_SPIES, LAYOUTS, run_checks
@@ -37,9 +37,10 @@ from dispatch_checks import CASES, FORMAT_SPIES, LAYOUTS, run_checks
 DEADLINE_S = {2: 240, 4: 300}  # a hung collective fails the test instead of the CI job
 
 
-def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
+def _worker(rank: int, world: int, out_dir: str) -> None:
     torch.set_num_threads(1)  # ranks x default threads oversubscribe 2 cores: measured 4x slower
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+    # a file in the test's own directory: no port to pick and release for another process to take
+    dist.init_process_group("gloo", init_method=f"file://{out_dir}/rendezvous", rank=rank,
                             world_size=world, timeout=timedelta(seconds=60))
     for module in (ep_module, ep_allgather, ep_alltoall):
         module.alloc = poisoned  # rows a dispatcher leaves unwritten are NaN
@@ -50,12 +51,7 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
         dist.destroy_process_group()
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(results, f)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    exit_rank(0)  # not the interpreter's shutdown, which gloo's threads can abort (see exit_rank)
 
 
 def _run_world(world: int, out_dir: Path) -> list[dict]:
@@ -64,7 +60,7 @@ def _run_world(world: int, out_dir: Path) -> list[dict]:
     old = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1"
     try:
-        ctx = mp.spawn(_worker, args=(world, _free_port(), str(out_dir)), nprocs=world,
+        ctx = mp.spawn(_worker, args=(world, str(out_dir)), nprocs=world,
                        join=False)
         deadline = time.monotonic() + DEADLINE_S[world]
         while not ctx.join(timeout=max(1.0, deadline - time.monotonic())):

@@ -4,7 +4,6 @@ a group of one are copies; benchmarks/multi_gpu.py runs the real two-GPU checks 
 
 from __future__ import annotations
 
-import socket
 
 import pytest
 import torch
@@ -19,12 +18,10 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 
 
 @pytest.fixture(scope="module")
-def nccl():
+def nccl(tmp_path_factory):
     torch.cuda.set_device(0)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    rendezvous = tmp_path_factory.mktemp("nccl") / "rendezvous"
+    dist.init_process_group("nccl", init_method=f"file://{rendezvous}", rank=0, world_size=1)
     yield
     dist.destroy_process_group()
 
