@@ -24,7 +24,7 @@ from ._checks import check_tensor
 from .config import MoEConfig
 from .dispatch import Dispatch, LocalDispatch
 from .experts import EXPERTS, Experts
-from .ops import backend_for
+from .ops import backend_for, moe_decode
 from .ops.quantize.formats import FORMATS, weight_format
 from .routing import ROUTERS, route, router_logits
 from .types import ExpertWeights, Routing
@@ -221,6 +221,8 @@ class MoE(nn.Module):
                        self.router_logits_bias, self.shared_w13, self.shared_w2, self.shared_gate,
                        ROUTERS.get(self.config.router))
             self.__dict__["_hot_parts"] = hot
+            if not torch.compiler.is_compiling():  # compiled: patch() gathers it for real first
+                moe_decode.reserve(self.w13, self.w2)
         return hot
 
     @property

@@ -278,3 +278,21 @@ def test_graph_replays_with_changing_routing(dtype):
             ref = torch.zeros(T, D, dtype=torch.float64).index_add_(
                 0, r.token_ids[:n].long().cpu(), y)
             assert_close(out, ref, tol(dt), name=f"replay {rep}")
+
+
+@pytest.mark.skipif(not CUDA, reason="the workspace is reserved on a GPU only")
+@pytest.mark.parametrize("dims", [(8, 64, 96, 2), (128, 2048, 768, 8), (16, 5120, 8192, 1)])
+def test_layer_reserves_every_fused_calls_arrival_words(dims):
+    """A layer on a GPU allocates the fused kernels' arrival words when it gathers its weights,
+    for every A the default Switch fuses: no later call allocates (a first allocation inside
+    torch.compile's CUDA-graph-tree warm-up would sit in their pool and fail its check)."""
+    from shufflemoe import MoE, MoEConfig
+
+    E, D, I, k = dims
+    layer = MoE(MoEConfig(hidden_size=D, intermediate_size=I, num_experts=E, top_k=k), device="cuda")
+    layer._hot()
+    words = kernel._WORDS[torch.device("cuda", torch.cuda.current_device())]
+    held = (len(words), words[-1].data_ptr())
+    for T in range(1, configs.Switch().max_pairs // k + 1):
+        layer(torch.randn(T, D, device="cuda", dtype=torch.bfloat16))
+    assert (len(words), words[-1].data_ptr()) == held

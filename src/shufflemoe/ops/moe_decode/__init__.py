@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from ..._checks import INDEX_DTYPES, check_same_device, check_tensor
-from .._impl import ops_for, resolve
+from .._impl import ops_for, resolve, triton_available
 from ..quantize import FP8_DTYPE
 from . import configs
 
@@ -137,4 +137,15 @@ def decode_down(
                                                   positions, row_weights, out)
 
 
-__all__ = ["configs", "decode_down", "decode_gate_up"]
+def reserve(w13: Tensor, w2: Tensor) -> None:
+    """Allocate the fused kernels' persistent workspace for these weights now, for every A the
+    default Switch fuses (kernel.reserve_arrival_words): the layer calls it when it gathers its
+    weights on a GPU, outside any CUDA-graph capture and compile trace."""
+    if (w13.is_cuda and triton_available() and w13.dtype in X_DTYPES + (FP8_DTYPE,)
+            and not torch.cuda.is_current_stream_capturing()):
+        from .kernel import reserve_arrival_words  # the kernels' module: it needs triton
+
+        reserve_arrival_words(w13, w2, configs.Switch().max_pairs)
+
+
+__all__ = ["configs", "decode_down", "decode_gate_up", "reserve"]

@@ -444,6 +444,21 @@ def arrival_words(device: torch.device, n: int) -> Tensor:
     return buffers[-1][:n]
 
 
+def reserve_arrival_words(w13: Tensor, w2: Tensor, max_pairs: int) -> None:
+    """Allocate now the arrival words every fused call of a layer (w13 [E, 2I, D], w2 [E, D, I])
+    with up to ``max_pairs`` pairs needs, so that no later call allocates them: not while a CUDA
+    graph captures (which arrival_words refuses), nor while torch.compile's CUDA-graph trees warm
+    up (the buffer would land in their private pool and fail its check). Call it outside both."""
+    (E, two_i, D), I = w13.shape, w2.shape[2]
+    sms, need = sm_count(w13.device), 0
+    for A in range(1, max_pairs + 1):
+        plan = configs.select(A, E, D, I, w13.dtype, sms)
+        m_tiles = max_m_tiles(A, E, plan.block_m)
+        need = max(need, m_tiles * cdiv(I, plan.gate_up.block_n) + m_tiles,
+                   m_tiles * cdiv(D, plan.down.block_n) + cdiv(D, plan.down.block_n))
+    arrival_words(w13.device, need)
+
+
 def max_m_tiles(A: int, E: int, block_m: int) -> int:
     """The most m-tiles A pairs over E experts can form: sum of cdiv(count, BM) over non-empty
     experts <= A // BM + min(E, A)."""
