@@ -3,7 +3,7 @@
 # enabled) and the benchmark suites, in three device calls of at most 10 minutes each:
 #
 #   bash benchmarks/gpu_check.sh tests   # the whole test suite, 8 workers (its own call)
-#   bash benchmarks/gpu_check.sh part1   # the suites of part 1 (layer)
+#   bash benchmarks/gpu_check.sh part1   # the suites of part 1 (layer, host_cost)
 #   bash benchmarks/gpu_check.sh part2   # the suites of part 2 (index_shuffle, token_movement,
 #                                        # grouped_gemm, grouped_gemm_sweep, e2e_hf)
 #   bash benchmarks/gpu_check.sh quick | bench [suite ...]
