@@ -76,6 +76,10 @@ def test_suite_dry_run_on_cpu(tiny_suite):
                 assert r["hf_rel_l2_vs_fp32"] > 0  # bf16 is not float32: the reference is not the model itself
             if r["phase"] == "decode" and r.get("ms"):
                 assert r["repeats"] >= 3 and r["ms_lo"] <= r["ms"] <= r["ms_hi"]
+        # host-bound decode rows are timed in turns (ABAB...), transformers' and ours
+        turns = [r for r in mine if r["phase"] == "decode" and r["mode"] in e2e_hf.INTERLEAVED_MODES]
+        assert {r["side"] for r in turns} == {"ours", "peer"}
+        assert all("interleaved" in r["note"] and r["repeats"] == e2e_hf.INTERLEAVED_REPEATS_QUICK for r in turns)
     apply_ceilings(rows, CEILINGS)
     a = result.analyse(rows)
     assert a.targets and a.headlines

@@ -21,7 +21,9 @@ for both sides.
 
 Phases: prefill of 2048 tokens (batch 1, no cache, logits of the last token only); decode at
 batch 1 and 64 after a 128-token prompt. Decode times are medians of >= 3 repeats (ms, with
-min / max); tokens/s = batch / step time. floor_ms (decode): the bytes a step must read (weights
+min / max); the paths launched from Python (eager, per-layer graphs: bound by the host) take
+their INTERLEAVED_REPEATS samples in turns, ABC ABC ..., each path on its own copy of the model,
+so that a slow spell of the host falls on all of them; tokens/s = batch / step time. floor_ms (decode): the bytes a step must read (weights
 but the embedding table, routed experts in expected use, the prompt's KV cache) over the read
 ceiling; x_floor = ms / floor_ms. check: logits of the timed path (prefill; one decode step with
 fixed input tokens; generate's second position, over the sequences whose first token matches
@@ -49,6 +51,8 @@ BATCHES = (1, 64)
 COMPILE_BATCHES = (1,)
 COMPILE_OPTIONS: dict = {}  # torch.compile's defaults (a CPU dry run uses backend="eager")
 GENERATE_TOKENS = (8, 40)  # per-step time of compiled generate from these two lengths
+INTERLEAVED_MODES = ("eager", "layer_graphs")  # decode launched from Python: timed in turns
+INTERLEAVED_REPEATS, INTERLEAVED_REPEATS_QUICK = 7, 3
 # A row's logits error against the float32 model may be this many times transformers' bf16 eager
 # error, plus the floor: about one bf16 rounding of the logits (2^-8), for paths whose reference
 # error is tiny. A wrong model gives ~1.
@@ -268,8 +272,8 @@ def _measure_one(run: _Run, model, path: Path, phase: str, batch: int) -> None:
             run.refs[("first token", batch)], run.refs[("generate", batch)] = first, step_logits
 
 
-def _measure(run: _Run, model, path: Path) -> None:
-    for phase in path.phases:
+def _measure(run: _Run, model, path: Path, phases: tuple[str, ...] | None = None) -> None:
+    for phase in path.phases if phases is None else phases:
         for batch in ((1,) if phase == "prefill" else path.batches or BATCHES):
             if run.ctx.seconds_left() < 90:
                 run.add(path, phase, batch, None, note="skipped: time budget")
@@ -287,6 +291,74 @@ def _measure(run: _Run, model, path: Path) -> None:
             r["note"] = (r["note"] + " per-layer graphs NOT in use (patch() default is eager in this version)").strip()
 
 
+def interleaved(path: Path) -> bool:
+    """Decode paths launched from Python (host-bound): timed in turns with each other."""
+    return path.mode in INTERLEAVED_MODES and "decode" in path.phases
+
+
+def _interleaved_decode(run: _Run, model, paths: list[Path]) -> None:
+    """The host-bound decode rows, ABAB...: per batch one Decoder per path (transformers' paths on
+    ``model``, switching its experts implementation before each of their samples; ours on two
+    patched copies with the same weights, eager and per-layer graphs), then ``repeats`` rounds in
+    which every path takes one sample of ``steps`` steps, so that a slow spell of the host falls
+    on all of them. Rows are added in ``paths`` order (transformers' eager default first: the
+    reference of the checks)."""
+    ctx = run.ctx
+    steps, repeats = (8, INTERLEAVED_REPEATS_QUICK) if ctx.quick else (16, INTERLEAVED_REPEATS)
+    def copy(graph_buckets):
+        twin = build_model(model.config, torch.bfloat16, e2e_paths.DEVICE)
+        twin.load_state_dict(model.state_dict())
+        return patch(twin, graph_buckets=graph_buckets)
+
+    unpatch(model)
+    ours = {setup: copy(buckets) for setup, buckets in (("patch_eager", None), ("patch", "auto"))
+            if any(p.setup == setup for p in paths)}
+
+    def prepare(path: Path):
+        if path.setup == "hf" and path.experts is not None:
+            model.set_experts_implementation(path.experts)
+        return model if path.setup == "hf" else ours[path.setup]
+
+    for batch in BATCHES:
+        todo = [p for p in paths if batch in (p.batches or BATCHES)]
+        if ctx.seconds_left() < 90:
+            for p in todo:
+                run.add(p, "decode", batch, None, note="skipped: time budget")
+            continue
+        decoders, samples = {}, {p.impl: [] for p in todo}
+        try:
+            with torch.no_grad():
+                for p in todo:
+                    decoders[p.impl] = e2e_paths.Decoder(prepare(p), batch, steps * repeats + 6, graph=False)
+                    for _ in range(3):  # warm-up (captures the per-layer graphs)
+                        decoders[p.impl].advance()
+                for _ in range(repeats):
+                    for p in todo:
+                        prepare(p)
+                        dec = decoders[p.impl]
+                        samples[p.impl].append(e2e_paths.elapsed_ms(lambda: [dec.advance() for _ in range(steps)]) / steps)
+                for p in todo:
+                    note = f"interleaved with {len(todo) - 1} other paths"
+                    if layer_graphs_in_use(prepare(p)) is False and p.mode == "layer_graphs":
+                        note += "; per-layer graphs NOT in use"
+                    run.add(p, "decode", batch, e2e_paths.stats(samples[p.impl]), note=note,
+                            logits=decoders[p.impl].checked_logits())
+                prepare(paths[0])  # the reference of compiled generate's check, eager
+                first, step_logits = e2e_paths.greedy_step(model, batch)
+                run.refs[("first token", batch)], run.refs[("generate", batch)] = first, step_logits
+        except Exception as e:  # noqa: BLE001 - an OOM or a failed capture is a result
+            traceback.print_exc()
+            for p in todo:
+                run.add(p, "decode", batch, None, note=f"failed: {type(e).__name__}: {str(e)[:160]}")
+        del decoders
+    for m in ours.values():
+        unpatch(m)
+    ours.clear()
+    gc.collect()
+    if e2e_paths.DEVICE == "cuda":
+        torch.cuda.empty_cache()
+
+
 def _bench_shape(shape: Shape, ctx: Context) -> list[dict]:
     model = build_model(shape.config(ctx.quick), torch.bfloat16, e2e_paths.DEVICE)
     with torch.no_grad():
@@ -296,10 +368,16 @@ def _bench_shape(shape: Shape, ctx: Context) -> list[dict]:
     floors = {b: decode_bytes(model, b) for b in BATCHES}
     reference, *rest = paths(shape.model_type)
     order = [reference] + sorted(rest, key=lambda p: PRIORITY[p.mode])
+    turns = [p for p in order if interleaved(p)]
+    ctx.progress(0, len(order) + 1, f"{shape.name}: decode, interleaved: {', '.join(p.impl for p in turns)}")
+    _interleaved_decode(run, model, turns)
     for n, path in enumerate(order):
-        ctx.progress(n, len(order), f"{shape.name}: {path.impl} ({path.mode})")
+        phases = tuple(ph for ph in path.phases if not (ph == "decode" and interleaved(path)))
+        if not phases:
+            continue
+        ctx.progress(n + 1, len(order) + 1, f"{shape.name}: {path.impl} ({path.mode})")
         _prepare(model, path)
-        _measure(run, model, path)
+        _measure(run, model, path, phases)
         if path.mode in ("compile", "compiled_generate"):  # drop compiled code and graph pools
             run.compiled = None
             model.__dict__.pop("_compiled_call", None)
