@@ -36,7 +36,8 @@ if __name__ == "__main__":
 import torch  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes  # noqa: E402
 
-from shufflemoe.integrations.transformers import block_layer, patch, spec_for  # noqa: E402
+from shufflemoe.bench.suites.host_cost import first_block  # noqa: E402
+from shufflemoe.integrations.transformers import block_layer, patch  # noqa: E402
 from shufflemoe.integrations.transformers.models import TINY, build_model, tiny_config  # noqa: E402
 from shufflemoe.ops import use_impl  # noqa: E402
 
@@ -113,11 +114,6 @@ def count_layer(layer, T: int) -> dict:
     return row
 
 
-def _first_block(model):
-    base = spec_for(model.config.model_type).block
-    return next(m for m in model.modules() if type(m).__name__.endswith(base))
-
-
 def time_blocks(hf_block, our_block, x, calls: int, rounds: int) -> tuple[float, float]:
     """(transformers us, ours us) per call: CPU time of this thread (time spent descheduled by
     other load is not counted), min over rounds of the mean of ``calls`` calls, the two
@@ -140,9 +136,9 @@ def measure(model_types=tuple(TINY), calls: int = 100, rounds: int = 15) -> list
     rows = []
     for model_type in model_types:
         model = build_model(tiny_config(model_type), torch.float32)
-        hf = copy.deepcopy(_first_block(model))
+        hf = copy.deepcopy(first_block(model))
         patch(model, graph_buckets=None)
-        ours = _first_block(model)
+        ours = first_block(model)
         layer = block_layer(ours)
         for T in TOKENS:
             x = torch.randn(1, T, model.config.hidden_size, generator=torch.Generator().manual_seed(0))

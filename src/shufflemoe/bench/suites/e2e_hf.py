@@ -23,9 +23,9 @@ Phases: prefill of 2048 tokens (batch 1, no cache, logits of the last token only
 batch 1 and 64 after a 128-token prompt. Decode times are medians of >= 3 repeats (ms, with
 min / max); the paths launched from Python (eager, per-layer graphs: bound by the host) take
 their INTERLEAVED_REPEATS samples in turns, ABC ABC ..., each path on its own copy of the model,
-so that a slow spell of the host falls on all of them; tokens/s = batch / step time. floor_ms (decode): the bytes a step must read (weights
-but the embedding table, routed experts in expected use, the prompt's KV cache) over the read
-ceiling; x_floor = ms / floor_ms. check: logits of the timed path (prefill; one decode step with
+so that a slow spell of the host falls on all of them; tokens/s = batch / step time. floor_ms
+(decode): the bytes a step must read (weights but the embedding table, routed experts in
+expected use, the prompt's KV cache) over the read ceiling; x_floor = ms / floor_ms. check: logits of the timed path (prefill; one decode step with
 fixed input tokens; generate's second position, over the sequences whose first token matches
 the reference's) against the same model in float32 (the same weights upcast, transformers' eager
 code): a row passes when its relative L2 error is at most ACCURACY_RATIO x transformers' bf16
@@ -267,9 +267,6 @@ def _measure_one(run: _Run, model, path: Path, phase: str, batch: int) -> None:
     else:
         timing, logits = e2e_paths.time_decode(model, batch, steps, repeats, graph, step_call)
         run.add(path, phase, batch, timing, logits=logits)
-        if ("generate", batch) not in run.refs:  # the reference for compiled generate's check
-            first, step_logits = e2e_paths.greedy_step(model, batch)
-            run.refs[("first token", batch)], run.refs[("generate", batch)] = first, step_logits
 
 
 def _measure(run: _Run, model, path: Path, phases: tuple[str, ...] | None = None) -> None:
@@ -286,9 +283,6 @@ def _measure(run: _Run, model, path: Path, phases: tuple[str, ...] | None = None
                 run.add(path, phase, batch, None, note=f"failed: {type(e).__name__}: {str(e)[:160]}")
                 if e2e_paths.DEVICE == "cuda":
                     torch.cuda.empty_cache()
-    if path.mode == "layer_graphs" and layer_graphs_in_use(model) is False:
-        for r in run.rows[-len(path.batches or BATCHES):]:
-            r["note"] = (r["note"] + " per-layer graphs NOT in use (patch() default is eager in this version)").strip()
 
 
 def interleaved(path: Path) -> bool:
@@ -305,6 +299,7 @@ def _interleaved_decode(run: _Run, model, paths: list[Path]) -> None:
     reference of the checks)."""
     ctx = run.ctx
     steps, repeats = (8, INTERLEAVED_REPEATS_QUICK) if ctx.quick else (16, INTERLEAVED_REPEATS)
+
     def copy(graph_buckets):
         twin = build_model(model.config, torch.bfloat16, e2e_paths.DEVICE)
         twin.load_state_dict(model.state_dict())

@@ -33,6 +33,7 @@ from transformers import AutoConfig
 from ...integrations.transformers import patch, spec_for
 from ...integrations.transformers.models import build_model
 from ..analysis import ratios, select, span, tally, target
+from ..timing import summarize, time_fn
 from . import Analysis, Context, SuiteResult, suite
 
 DEVICE = "cuda"  # a CPU dry run of the logic (tests/bench) patches this
@@ -79,8 +80,9 @@ def config(shape: Shape):
 
 
 def first_block(model):
+    """The model's first MoE block (a patched block's class name ends with the HF one's)."""
     name = spec_for(model.config.model_type).block
-    return next(m for m in model.modules() if type(m).__name__ == name or type(m).__name__.endswith(name))
+    return next(m for m in model.modules() if type(m).__name__.endswith(name))
 
 
 def _sync() -> None:
@@ -100,36 +102,16 @@ def _sample(fn: Callable[[], object], calls: int) -> tuple[float, float]:
     return (t1 - t0) / calls * 1e6, (t2 - t0) / calls * 1e6
 
 
-def _quantiles(v: list[float]) -> tuple[float, float, float]:
-    s = sorted(v)
-    return statistics.median(s), s[int(0.2 * (len(s) - 1))], s[int(round(0.8 * (len(s) - 1)))]
-
-
-def gpu_us(fn: Callable[[], object], reps: int = 20) -> float | None:
+def gpu_us(fn: Callable[[], object]) -> float | None:
     """Median replay time of fn captured in one CUDA graph (None without CUDA or when fn
     cannot be captured, e.g. it synchronizes)."""
     if DEVICE != "cuda":
         return None
     try:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.stream(side), torch.cuda.graph(g):
-            fn()
-        torch.cuda.current_stream().wait_stream(side)
+        return time_fn(lambda i: fn(), 1, graph=True, reps=20).median_us
     except Exception:  # noqa: BLE001 - a block that syncs cannot be captured: no GPU time
         torch.cuda.synchronize()
         return None
-    g.replay()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        g.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times)
 
 
 @dataclass
@@ -201,8 +183,7 @@ def _case(shape: Shape, T: int, models: dict, ctx: Context) -> list[dict]:
                 samples[p.impl][1].append(wall)
     for p in live:
         host, wall = samples[p.impl]
-        us, lo, hi = _quantiles(host)
-        rows.append(dict(base, impl=p.impl, side=p.side, mode=p.mode, us=us, us_lo=lo, us_hi=hi,
+        rows.append(dict(base, impl=p.impl, side=p.side, mode=p.mode, **summarize(host, p.mode).fields(),
                          wall_us=statistics.median(wall), gpu_us=p.gpu_us, samples=len(host), note=p.note))
     return rows
 
