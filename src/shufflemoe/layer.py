@@ -12,7 +12,7 @@ one CUDA graph (see graph.py).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -24,7 +24,8 @@ from ._checks import check_tensor
 from .config import MoEConfig
 from .dispatch import Dispatch, LocalDispatch
 from .experts import EXPERTS, Experts
-from .ops import backend_for, moe_decode
+from .ops import _launch, backend_for, moe_decode
+from .ops._impl import _default_impl
 from .ops.quantize.formats import FORMATS, weight_format
 from .routing import ROUTERS, route, router_logits
 from .types import ExpertWeights, Routing
@@ -53,6 +54,17 @@ class _Hot:
     shared_w2: Tensor | None
     shared_gate: Tensor | None
     route: Callable[[Tensor, MoEConfig, Tensor | None], Routing]
+    plans: dict = field(default_factory=dict)  # (T, stream, impl) -> _launch.Plan | None
+
+
+PLAN_MAX_TOKENS = 256  # launch plans for T up to this (their shared workspace grows with T)
+# Recorded regions, shared by layers of the same config and layouts (see _replay).
+_TEMPLATES: dict[tuple, _launch.Template | None] = {}
+
+
+def _layout(t: Tensor | None) -> tuple | None:
+    return None if t is None else (t.dtype, t.device, tuple(t.shape), t.stride(),
+                                   t.data_ptr() % 16 == 0)
 
 
 class MoE(nn.Module):
@@ -342,13 +354,58 @@ class MoE(nn.Module):
     def _forward(self, x: Tensor, hot: _Hot | None = None,
                  out: Tensor | None = None) -> Tensor:  # x [T, D]: the single-device flow
         hot, cfg = hot or self._hot(), self.config
+        given = out is not None  # graph.py's capture (and its warm-up) into static buffers
         out, join = self.start_shared(x, out)  # decode: shared expert overlaps routing and GEMM13
         logits = router_logits(x, hot.router_weight, cfg.router_logits_dtype,
                                hot.router_logits_bias, cfg.batch_invariant)
-        routing = hot.route(logits, cfg, hot.router_bias)
-        self.dispatch.run(self.experts, x, routing, hot.weights, out, cfg, join)
+        if given or torch.compiler.is_compiling() or not self._replay(hot, x, logits, out):
+            self._route_and_run(hot, x, logits, out, join)
         join()
         return out
+
+    def _route_and_run(self, hot: _Hot, x: Tensor, logits: Tensor, out: Tensor,
+                       join: Callable[[], None] = lambda: None) -> None:
+        """out += the routed experts' output for router logits [T, E]."""
+        routing = hot.route(logits, self.config, hot.router_bias)
+        self.dispatch.run(self.experts, x, routing, hot.weights, out, self.config, join)
+
+    def _replay(self, hot: _Hot, x: Tensor, logits: Tensor, out: Tensor) -> bool:
+        """Run _route_and_run from a launch plan (ops/_launch.py): its Triton launches replayed
+        with no argument binding and no allocation. The first call at a (T, stream, impl)
+        records the plan (or finds that it cannot be made) while running the region for real.
+        False: the caller runs the region (no plan here, or this call's pointers differ)."""
+        if x.is_cuda:
+            if torch.cuda.is_current_stream_capturing():
+                return False
+            stream = torch._C._cuda_getCurrentRawStream(x.get_device())
+        else:
+            stream = 0
+        key = (x.shape[0], stream, _default_impl())
+        plan = hot.plans.get(key, _UNSEEN)
+        if plan is _UNSEEN:
+            return self._first_replay(hot, key, x, logits, out)
+        return plan is not None and plan(x, logits, out)
+
+    def _first_replay(self, hot: _Hot, key: tuple, x: Tensor, logits: Tensor,
+                      out: Tensor) -> bool:
+        T, stream, impl = key
+        if (T > PLAN_MAX_TOKENS or self.dispatch.mesh is not None or not _launch.knobs
+                or backend_for(x).name != "triton" or moe_decode.configs.overridden()):
+            hot.plans[key] = None
+            return False
+        w = hot.weights
+        inputs = (x, logits, out, w.w13, w.w2, w.w13_scale, w.w2_scale, w.w13_bias, w.w2_bias,
+                  hot.router_bias)
+        signature = (self.config, self.experts.name, type(self.dispatch), key,
+                     tuple(_layout(t) for t in inputs))
+        template = _TEMPLATES.get(signature, _UNSEEN)
+        ran = template is _UNSEEN
+        if ran:
+            template = _TEMPLATES[signature] = _launch.record(
+                lambda: self._route_and_run(hot, x, logits, out), inputs, 3)
+        plan = hot.plans[key] = (None if template is None
+                                 else _launch.Plan(template, inputs, 3, x.device, stream))
+        return ran or (plan is not None and plan(x, logits, out))
 
     def extra_repr(self) -> str:
         c = self.config
@@ -360,3 +417,6 @@ class MoE(nn.Module):
 
 def _noop() -> None:
     pass
+
+
+_UNSEEN = object()

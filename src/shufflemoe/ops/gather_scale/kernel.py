@@ -18,6 +18,7 @@ from torch import Tensor
 
 from .._common import cdiv, next_power_of_2
 from .._impl import interpreting, kernel_op
+from .._launch import launch
 from ..quantize.kernel import cast_to, fp8_target, quant_block, row_scales, store_fp8
 from ..quantize.reference import FP8_DTYPE
 
@@ -120,7 +121,7 @@ def _gather_scale_op(x: Tensor, token_ids: Tensor, weights: Optional[Tensor],
     if A == 0 or D == 0:
         return
     block = _copy_block(D)
-    _gather_scale_kernel[(A, cdiv(D, block))](
+    launch(_gather_scale_kernel, (A, cdiv(D, block)),
         x, token_ids, weights, num_valid, out, D,
         HAS_W=weights is not None, HAS_NV=num_valid is not None, INTERPRET=interpreting(),
         BLOCK_D=block, num_warps=4 if block <= 1024 else 8)
@@ -134,7 +135,7 @@ def _gather_scale_fp8_op(x: Tensor, token_ids: Tensor, weights: Optional[Tensor]
         return
     target, interpret = fp8_target(q)
     block, one_pass = quant_block(D)
-    _gather_scale_fp8_kernel[(A,)](
+    launch(_gather_scale_fp8_kernel, (A,),
         x, token_ids, weights, num_valid, target, scale, D,
         HAS_W=weights is not None, HAS_NV=num_valid is not None, INTERPRET=interpret,
         BLOCK_D=block, ONE_PASS=one_pass, num_warps=8 if block >= 4096 else 4)

@@ -54,6 +54,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .._common import cdiv, next_power_of_2, on_device
 from .._impl import interpreting, kernel_op
+from .._launch import launch
 from ..quantize import FP8_BLOCK, FP8_DTYPE, MX_GROUP
 from . import configs
 
@@ -383,7 +384,7 @@ def _grouped_gemm_op(x: Tensor, w: Tensor, m_sizes: Tensor, x_scale: Optional[Te
     # The interpreter has no 16-bit atomic add: accumulate into an fp32 copy there.
     dst = out.float() if interpret and scatter_ids is not None else out
     with on_device(x):
-        _grouped_gemm_kernel[(num_programs,)](
+        launch(_grouped_gemm_kernel, (num_programs,),
             x, w, m_sizes, weight_ids, x_scale, w_scale, bias, row_weights, scatter_ids, dst,
             x_desc, w_desc, M, N, K, G, W, nb, cdiv(K, FP8_BLOCK),
             N if scale_split is None else scale_split, num_programs,

@@ -32,6 +32,7 @@ from torch import Tensor
 from ...types import Routing
 from .._common import cdiv, next_power_of_2
 from .._impl import kernel_op
+from .._launch import launch
 
 SCORING_IDS = {"none": 0, "softmax": 1, "sigmoid": 2}
 # Below the key of every float (canonical NaN aside): marks taken experts and padding columns.
@@ -354,7 +355,7 @@ def _route_op(src: Tensor, topk_weights: Optional[Tensor], counts: Tensor, token
     cap = 0 if capacity is None else capacity
     meta = dict(E=E, NB=nbins, FROM_SCORES=from_scores, HAS_CAP=capacity is not None)
     win = topk_weights if topk_weights is not None else src
-    _route_kernel[(nb,)](
+    launch(_route_kernel, (nb,),
         src, src.stride(0), win, win.stride(0), counts, token_ids, expert_ids, weights, num_valid,
         positions, scratch_i[0], scratch_i[1], scratch_w, hist, T, cap, scaling,
         K=k, KP=kp, BT=block_tokens, BEC=expert_chunk, SCORING=scoring, RENORM=renormalize,
@@ -362,7 +363,7 @@ def _route_op(src: Tensor, topk_weights: Optional[Tensor], counts: Tensor, token
     if not single:
         # At most one wave of place programs; each reads the histogram table once.
         per_prog = cdiv(nb, min(nb, place_programs))
-        _place_kernel[(cdiv(nb, per_prog),)](
+        launch(_place_kernel, (cdiv(nb, per_prog),),
             counts, token_ids, expert_ids, weights, num_valid, positions, scratch_i[0],
             scratch_i[1], scratch_w, hist, nb, per_prog, T * k, cap, K=k, KP=kp, BT=block_tokens,
             RB=max(1, min(64, 8192 // nbins)), num_warps=4 if block_tokens * kp <= 256 else 8,

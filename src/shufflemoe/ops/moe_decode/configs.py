@@ -66,8 +66,9 @@ class DecodeConfig:
 
 
 Key = tuple[int, int, int, int, torch.dtype, int]  # (A, E, D, I, weight dtype, SMs)
+_DEFAULT_SWITCH = Switch()
 _switch: contextvars.ContextVar[Switch] = contextvars.ContextVar("shufflemoe_decode_switch",
-                                                                 default=Switch())
+                                                                 default=_DEFAULT_SWITCH)
 _override: contextvars.ContextVar[DecodeConfig | Callable[[Key], DecodeConfig] | None] = (
     contextvars.ContextVar("shufflemoe_decode_config", default=None))
 
@@ -82,6 +83,11 @@ def override(config: DecodeConfig | Switch | Callable[[Key], DecodeConfig]) -> I
         yield
     finally:
         var.reset(token)
+
+
+def overridden() -> bool:
+    """Whether an ``override`` is in force (the layer records launch plans only outside one)."""
+    return _switch.get() is not _DEFAULT_SWITCH or _override.get() is not None
 
 
 # The switch in force, field by field: constants to torch.compile, which cannot trace a ContextVar.

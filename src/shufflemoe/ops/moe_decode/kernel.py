@@ -47,6 +47,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .._common import cdiv, next_power_of_2, on_device
 from .._impl import interpreting, kernel_op
+from .._launch import launch, persistent_zeros
 from ..quantize.kernel import cast_to, e4m3_bits, fp8_target, row_scales, store_fp8
 from ..quantize.reference import FP8_DTYPE
 from . import configs
@@ -440,7 +441,7 @@ def arrival_words(device: torch.device, n: int) -> Tensor:
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         raise RuntimeError("the fused decode kernels need a larger arrival buffer inside a CUDA "
                            "graph capture; run the layer once at this size before capturing")
-    buffers.append(torch.zeros(max(n, 1024), dtype=torch.int32, device=device))
+    buffers.append(persistent_zeros(max(n, 1024), torch.int32, device))
     return buffers[-1][:n]
 
 
@@ -503,7 +504,7 @@ def _gate_up_op(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Ten
     pdl = plan.pdl and not interpret
     row_block = min(4096, next_power_of_2(D))
     with on_device(x):
-        _gate_up_kernel[(m_tiles * n_tiles * split,)](
+        launch(_gate_up_kernel, (m_tiles * n_tiles * split,),
             x, w13, w13_scale, counts, token_ids, row_weights, a,
             fp8_target(q)[0] if fp8 else None, scale, part, words,
             E, D, I, n_tiles, k_split, A, m_tiles * n_tiles,
@@ -538,7 +539,7 @@ def _down_op(a: Tensor, a_scale: Optional[Tensor], w2: Tensor, w2_scale: Optiona
     # The interpreter runs programs in order, so out can be read-modify-written in its dtype;
     # its bf16 rounding is done by cast_to (the interpreter's own cast truncates).
     with on_device(a):
-        _down_kernel[(m_tiles * n_tiles * split,)](
+        launch(_down_kernel, (m_tiles * n_tiles * split,),
             a, a_scale, w2, w2_scale, counts, token_ids, positions, row_weights, out, y, part,
             words, E, D, I, n_tiles, k_split, A, T, m_tiles * n_tiles,
             K=k, TOP1=k == 1, BLOCK_E=next_power_of_2(E), BLOCK_M=plan.block_m,

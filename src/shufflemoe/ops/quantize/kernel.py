@@ -25,6 +25,7 @@ from torch import Tensor
 
 from .._common import next_power_of_2
 from .._impl import interpreting, kernel_op
+from .._launch import launch
 
 
 @triton.jit
@@ -140,6 +141,6 @@ def quantize_fp8_groups_into(x: Tensor, num_valid: Optional[Tensor], q: Tensor, 
     if M == 0 or K == 0:
         return
     target, interpret = fp8_target(q)
-    _quantize_fp8_groups_kernel[(M, scale.shape[1])](
+    launch(_quantize_fp8_groups_kernel, (M, scale.shape[1]),
         x, num_valid, target, scale, K, scale.shape[1], HAS_NV=num_valid is not None,
         INTERPRET=interpret, GROUP=group, num_warps=1 if group <= 128 else 4)

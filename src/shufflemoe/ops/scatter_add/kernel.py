@@ -32,6 +32,7 @@ from torch import Tensor
 
 from .._common import cdiv, next_power_of_2
 from .._impl import interpreting, kernel_op
+from .._launch import launch
 from ..quantize.kernel import cast_to
 
 
@@ -148,7 +149,7 @@ def _scatter_add_op(out: Tensor, y: Tensor, token_ids: Tensor, weights: Optional
     if A == 0 or D == 0 or y.shape[0] == 0:
         return
     block = _block(D)
-    _scatter_add_kernel[(A, cdiv(D, block))](
+    launch(_scatter_add_kernel, (A, cdiv(D, block)),
         out, y, token_ids, weights, num_valid, rows, D,
         HAS_W=weights is not None, HAS_NV=num_valid is not None, HAS_ROWS=rows is not None,
         INTERPRET=interpreting(), BLOCK_D=block, num_warps=4 if block <= 1024 else 8)
@@ -162,7 +163,7 @@ def _token_sum_op(out: Tensor, y: Tensor, positions: Tensor, weights: Optional[T
         return
     k, block = A // T, _block(D)
     # 8 columns a thread: one 16-byte bf16 vector per row (1024 columns: 4 warps, as above).
-    _token_sum_kernel[(T, cdiv(D, block))](
+    launch(_token_sum_kernel, (T, cdiv(D, block)),
         out, y, positions, weights, num_valid, rows,
         y.shape[0] if rows is None else rows.shape[0], D, K=k, KP=next_power_of_2(k),
         UNROLL=k <= 16, HAS_W=weights is not None, HAS_NV=num_valid is not None,

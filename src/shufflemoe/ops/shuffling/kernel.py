@@ -19,6 +19,7 @@ from torch import Tensor
 
 from .._common import cdiv, next_power_of_2
 from .._impl import kernel_op
+from .._launch import launch
 
 
 @triton.jit
@@ -79,7 +80,7 @@ def _launch(src: Tensor, dst: Tensor, counts: Tensor, starts: Tensor, totals: Te
     block_d = min(1024, next_power_of_2(max(D, 16)))
     rows = 4
     grid = (max(1, cdiv(n_dst, rows)), max(1, cdiv(D, block_d)))
-    _shuffle_kernel[grid](
+    launch(_shuffle_kernel, grid,
         src, dst, counts, starts, totals if totals is not None else counts,
         src.shape[0], n_dst, D, EP, El, counts.stride(0), counts.stride(1),
         COMBINE=combine, EPP=max(2, next_power_of_2(EP)),

@@ -27,6 +27,7 @@ from torch import Tensor
 
 from .._common import cdiv, next_power_of_2
 from .._impl import interpreting, kernel_op
+from .._launch import launch
 from ..quantize.kernel import cast_to, fp8_target, row_scales, store_fp8, store_fp8_group
 from ..quantize.reference import FP8_BLOCK, FP8_DTYPE
 from .reference import QUANTIZE_MODES
@@ -192,7 +193,7 @@ def _silu_mul_op(h: Tensor, num_valid: Optional[Tensor], out: Tensor, act: str, 
     if A == 0 or I == 0:
         return
     block = _block(I)
-    _silu_mul_kernel[(A, cdiv(I, block))](
+    launch(_silu_mul_kernel, (A, cdiv(I, block)),
         h, num_valid, out, None, I, alpha, 0.0 if limit is None else limit,
         HAS_NV=num_valid is not None, INTERPRET=interpreting(), BLOCK=block, GROUPS=False,
         ACT=act, HAS_LIMIT=limit is not None, num_warps=4 if block <= 1024 else 8)
@@ -205,7 +206,7 @@ def _silu_mul_groups_op(h: Tensor, num_valid: Optional[Tensor], q: Tensor, scale
     if A == 0 or I == 0:
         return
     target, interpret = fp8_target(q)
-    _silu_mul_kernel[(A, scale.shape[1])](
+    launch(_silu_mul_kernel, (A, scale.shape[1]),
         h, num_valid, target, scale, I, alpha, 0.0 if limit is None else limit,
         HAS_NV=num_valid is not None, INTERPRET=interpret, BLOCK=FP8_BLOCK, GROUPS=True,
         ACT=act, HAS_LIMIT=limit is not None, num_warps=1)
@@ -266,21 +267,22 @@ def fp8_launch(I: int) -> Fp8Launch:
 
 
 def launch_silu_mul_fp8(h: Tensor, num_valid: Optional[Tensor], q: Tensor, scale: Tensor,
-                        launch: Fp8Launch | str | None = None,
+                        variant: Fp8Launch | str | None = None,
                         act: tuple[str, float, float | None] = ("silu", 1.0, None)) -> None:
-    """q [A, I] e4m3, scale [A] float32 <- silu_mul(h [A, 2I]) with a given launch (an Fp8Launch,
-    a name from fp8_variants(I), or None: fp8_launch(I)); act = (activation, alpha, limit)."""
+    """q [A, I] e4m3, scale [A] float32 <- silu_mul(h [A, 2I]) with a given launch variant (an
+    Fp8Launch, a name from fp8_variants(I), or None: fp8_launch(I)); act = (activation, alpha,
+    limit)."""
     A, I = q.shape
     if A == 0 or I == 0:
         return
-    if launch is None:
-        launch = fp8_launch(I)
-    elif isinstance(launch, str):
-        launch = fp8_variants(I)[launch]
+    if variant is None:
+        variant = fp8_launch(I)
+    elif isinstance(variant, str):
+        variant = fp8_variants(I)[variant]
     target, interpret = fp8_target(q)
-    c = launch
+    c = variant
     kind, alpha, limit = act
-    _silu_mul_fp8_kernel[(A,)](
+    launch(_silu_mul_fp8_kernel, (A,),
         h, num_valid, target, scale, I, alpha, 0.0 if limit is None else limit,
         HAS_NV=num_valid is not None, INTERPRET=interpret, ONE_PASS=c.one_pass, BLOCK=c.block,
         BLOCK_B=c.block_b, CHUNKS=c.chunks, ACT=kind, HAS_LIMIT=limit is not None,

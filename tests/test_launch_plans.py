@@ -1,0 +1,165 @@
+"""Launch plans (ops/_launch.py): the layer's routing and experts recorded once per (T, stream),
+replayed without argument binding or allocation. A replay must give the same bits as running
+the region (the same kernels, the same order), for every layer that shares a template, and fall
+back to running it whenever a replay could be wrong. On the CPU the kernels run in the
+interpreter (use_impl("triton")), which replays through fn[grid] with rebuilt tensors; on a GPU
+replays launch the compiled kernels with integer pointers."""
+
+import pathlib
+import re
+
+import pytest
+import torch
+
+from factories import gpt_oss_config, make_input, make_layer
+from shufflemoe import MoEConfig
+from shufflemoe import layer as moe_layer
+from shufflemoe.ops import _launch, use_impl
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+CONFIGS = {  # every decode flavour: fused (k = 1, k > 1, fp8, a shared expert) and unfused
+    "qwen3-like": MoEConfig(hidden_size=32, intermediate_size=16, num_experts=8, top_k=8,
+                            renormalize=True, dtype=torch.bfloat16),
+    "llama4-like": MoEConfig(hidden_size=32, intermediate_size=16, num_experts=4,
+                             router="llama4", scoring="sigmoid", apply_router_weight_on_input=True,
+                             shared_intermediate_size=16, dtype=torch.bfloat16),
+    "mixtral-fp8": MoEConfig(hidden_size=32, intermediate_size=48, num_experts=8, top_k=2,
+                             renormalize=True, quantization="fp8_rowwise",
+                             dtype=torch.bfloat16),
+    "gpt-oss-like": gpt_oss_config(hidden_size=32, intermediate_size=32, dtype=torch.bfloat16),
+}
+
+
+def unplanned(layer, x):
+    """The layer's output with plans off (the region runs as it always did)."""
+    saved = moe_layer.PLAN_MAX_TOKENS
+    moe_layer.PLAN_MAX_TOKENS = 0
+    layer.__dict__["_hot_parts"] = None
+    try:
+        return layer(x)
+    finally:
+        moe_layer.PLAN_MAX_TOKENS = saved
+        layer.__dict__["_hot_parts"] = None
+
+
+def planned_tokens(layer) -> list[int]:
+    return sorted(k[0] for k, plan in layer._hot().plans.items() if plan is not None)
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_replays_are_bitwise_the_region(name):
+    cfg = CONFIGS[name]
+    a, b = (make_layer(cfg, seed=s, device=DEVICE) for s in (0, 1))
+    Ts = (1, 3, 9)  # qwen3-like: A = 8, 24 (fused), 72 (unfused)
+    with use_impl("triton"), torch.no_grad():
+        want = {(T, i): unplanned(layer, make_input(cfg, T, seed=10 * T + i, device=DEVICE))
+                for T in Ts for i, layer in enumerate((a, b))}
+        for _ in range(2):  # the first pass records (a) and binds (b), the second replays both
+            for T in Ts:
+                for i, layer in enumerate((a, b)):
+                    got = layer(make_input(cfg, T, seed=10 * T + i, device=DEVICE))
+                    assert torch.equal(got, want[T, i]), f"T={T} layer {i}"
+    assert planned_tokens(a) == planned_tokens(b) == list(Ts)
+    assert not torch.equal(want[1, 0], want[1, 1])  # the layers differ: b replays its weights
+
+
+def test_plans_follow_the_weights_they_were_bound_to():
+    cfg = CONFIGS["qwen3-like"]
+    layer = make_layer(cfg, device=DEVICE)
+    x = make_input(cfg, 2, device=DEVICE)
+    with use_impl("triton"), torch.no_grad():
+        layer(x)
+        assert planned_tokens(layer) == [2]
+        plan = layer._hot().plans[next(iter(layer._hot().plans))]
+        layer.w13.data = layer.w13.data.clone().mul_(2)  # moves the weights, keeps _hot
+        assert layer._hot().plans  # the plan is still there: the call must not replay it
+        assert not plan(x, torch.empty(0), torch.empty(0))
+        assert torch.equal(layer(x), unplanned(layer, x))
+
+
+def test_no_plan_where_the_region_computes_with_torch():
+    cfg = CONFIGS["qwen3-like"]
+    layer = make_layer(cfg, device=DEVICE)
+    with torch.no_grad():
+        with use_impl("torch"):  # the references: torch ops throughout
+            layer(make_input(cfg, 1, device=DEVICE))
+        assert planned_tokens(layer) == []
+        grouped = MoEConfig(hidden_size=32, intermediate_size=16, num_experts=8, top_k=2,
+                            router="group_limited", n_group=2, topk_group=1,
+                            dtype=torch.bfloat16)
+        layer = make_layer(grouped, device=DEVICE)
+        with use_impl("triton"):  # DeepSeek's selection runs torch ops before the kernels
+            x = make_input(grouped, 1, device=DEVICE)
+            assert torch.equal(layer(x), unplanned(layer, x))
+        assert planned_tokens(layer) == []
+
+
+def _copy_region(src, dst, extra=None):
+    """A region of one Triton launch (gather_scale copying rows) and optionally a torch op."""
+    from shufflemoe.ops import gather_scale
+
+    def region():
+        ids = torch.empty(src.shape[0], dtype=torch.int32, device=src.device)
+        ids.copy_(torch.arange(src.shape[0], dtype=torch.int32)) if extra == "copy" else None
+        gather_scale(src, extra if isinstance(extra, torch.Tensor) else ids, out=dst)
+
+    return region
+
+
+def test_record_refuses_what_it_cannot_replay():
+    x = torch.randn(4, 16, device=DEVICE)
+    out = torch.empty_like(x)
+    with use_impl("triton"):
+        # a torch op besides allocations and views (here a copy into an allocation)
+        assert _launch.record(_copy_region(x, out, "copy"), (x, out), 2) is None
+        # a tensor that is neither an input, an allocation of the region nor persistent
+        foreign = torch.arange(4, dtype=torch.int32, device=DEVICE)
+        assert _launch.record(_copy_region(x, out, foreign), (x, out), 2) is None
+        # the same launch with the index tensor given as an input: recorded
+        template = _launch.record(_copy_region(x, out, foreign), (x, out, foreign), 2)
+        assert template is not None and len(template.launches) == 1
+        assert _launch.record(lambda: None, (x, out), 2) is None  # nothing launched
+
+
+def test_every_kernel_launch_goes_through_launch():
+    """A launch the recorder cannot see would be missing from every replay."""
+    ops = pathlib.Path(__file__).parents[1] / "src" / "shufflemoe" / "ops"
+    direct = [f"{p.relative_to(ops)}: {m.group(0)}" for p in ops.rglob("*.py")
+              for m in re.finditer(r"\b\w+_kernel\[[^\]]+\]\(", p.read_text())]
+    assert direct == []
+
+
+@gpu
+def test_misaligned_input_falls_back():
+    cfg = CONFIGS["qwen3-like"]
+    layer = make_layer(cfg, device="cuda")
+    with torch.no_grad():
+        layer(make_input(cfg, 1, device="cuda"))  # recorded with an aligned x
+        flat = make_input(cfg, 2, device="cuda").view(-1)
+        x = flat[1:1 + cfg.hidden_size].view(1, -1)  # 2 bytes past an aligned address
+        assert x.data_ptr() % 16 and planned_tokens(layer) == [1]
+        assert torch.equal(layer(x), unplanned(layer, x.clone()))
+
+
+@gpu
+def test_replays_on_a_side_stream_and_never_sync():
+    cfg = CONFIGS["llama4-like"]
+    layer = make_layer(cfg, device="cuda")
+    x = make_input(cfg, 4, device="cuda")
+    with torch.no_grad():
+        want = unplanned(layer, x)
+        layer(x)  # records on the default stream
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            layer(x)  # records its own plan and workspace on this stream
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                got = layer(x)  # replays
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        torch.cuda.current_stream().wait_stream(side)
+        assert len([p for p in layer._hot().plans.values() if p is not None]) == 2
+        assert torch.equal(got, want)
