@@ -44,8 +44,9 @@ def unplanned(layer, x):
         layer.__dict__["_hot_parts"] = None
 
 
-def planned_tokens(layer) -> list[int]:
-    return sorted(k[0] for k, plan in layer._hot().plans.items() if plan is not None)
+def planned_tokens(layer, region: str = "routed") -> list[int]:
+    return sorted(key[1] for key, plan in layer._hot().plans.items()
+                  if plan is not None and key[0] == region)
 
 
 @pytest.mark.parametrize("name", CONFIGS)
@@ -62,6 +63,8 @@ def test_replays_are_bitwise_the_region(name):
                     got = layer(make_input(cfg, T, seed=10 * T + i, device=DEVICE))
                     assert torch.equal(got, want[T, i]), f"T={T} layer {i}"
     assert planned_tokens(a) == planned_tokens(b) == list(Ts)
+    if cfg.shared_intermediate_size:  # the shared expert's SwiGLU between its two GEMMs
+        assert planned_tokens(a, "shared") == planned_tokens(b, "shared") == list(Ts)
     assert not torch.equal(want[1, 0], want[1, 1])  # the layers differ: b replays its weights
 
 
@@ -161,5 +164,5 @@ def test_replays_on_a_side_stream_and_never_sync():
             finally:
                 torch.cuda.set_sync_debug_mode("default")
         torch.cuda.current_stream().wait_stream(side)
-        assert len([p for p in layer._hot().plans.values() if p is not None]) == 2
+        assert len({key[2] for key, plan in layer._hot().plans.items() if plan}) == 2
         assert torch.equal(got, want)

@@ -74,6 +74,8 @@ class GraphedMoE:
         self.warmup = warmup
         self.pool = pool or GraphPool(layer.w13.device)
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        # T -> (graph, static input rows [T, D], static output rows [T, D], rows to zero | None)
+        self._replays: dict[int, tuple] = {}
         if not lazy:
             for b in reversed(self.buckets):  # largest first: the rest fit in its blocks
                 self._capture(b)
@@ -102,16 +104,21 @@ class GraphedMoE:
     def __call__(self, x: Tensor) -> Tensor:
         flat = x.reshape(-1, x.shape[-1])
         T = flat.shape[0]
-        bucket = next((b for b in self.buckets if b >= T), None)
-        if bucket is None or torch.cuda.is_current_stream_capturing():
-            return self.layer(x)
-        graph = self._graphs.get(bucket) or self._capture(bucket)
-        static, out = self.pool.io(bucket, x.shape[-1], x.dtype)
-        static[:T].copy_(flat)
-        if T < bucket:
-            static[T:].zero_()
+        replay = self._replays.get(T)
+        if replay is None or torch.cuda.is_current_stream_capturing():
+            bucket = next((b for b in self.buckets if b >= T), None)
+            if bucket is None or torch.cuda.is_current_stream_capturing():
+                return self.layer(x)
+            graph = self._graphs.get(bucket) or self._capture(bucket)
+            static, out = self.pool.io(bucket, x.shape[-1], x.dtype)
+            replay = self._replays[T] = (graph, static[:T], out[:T],
+                                         static[T:] if T < bucket else None)
+        graph, static, out, pad = replay
+        static.copy_(flat)
+        if pad is not None:
+            pad.zero_()
         graph.replay()
-        return out[:T].clone().view(x.shape)
+        return out.clone().view(x.shape)
 
 
 def graphed(layer: MoE, token_buckets: Sequence[int] = DEFAULT_BUCKETS, warmup: int = 2,

@@ -54,11 +54,11 @@ class _Hot:
     shared_w2: Tensor | None
     shared_gate: Tensor | None
     route: Callable[[Tensor, MoEConfig, Tensor | None], Routing]
-    plans: dict = field(default_factory=dict)  # (T, stream, impl) -> _launch.Plan | None
+    plans: dict = field(default_factory=dict)  # (region, T, stream, impl) -> _launch.Plan | None
 
 
 PLAN_MAX_TOKENS = 256  # launch plans for T up to this (their shared workspace grows with T)
-# Recorded regions, shared by layers of the same config and layouts (see _replay).
+# Recorded regions, shared by layers of the same config and layouts (see MoE._planned).
 _TEMPLATES: dict[tuple, _launch.Template | None] = {}
 
 
@@ -268,7 +268,12 @@ class MoE(nn.Module):
         if (lo, hi) != (0, Is):
             w13, w2 = w13[2 * lo : 2 * hi], w2[:, lo:hi]
         h13 = F.linear(x, w13)  # [T, 2 * (hi - lo)]
-        a = backend_for(h13).silu_mul(h13, None, False, None)
+        ops = backend_for(h13)
+        if (lo, hi) == (0, Is) and not torch.compiler.is_compiling():  # eager: a launch plan
+            a = torch.empty(x.shape[0], Is, dtype=x.dtype, device=x.device)
+            self._planned(hot, "shared", lambda: ops.silu_mul(h13, None, False, a), (h13, a), ())
+        else:
+            a = ops.silu_mul(h13, None, False, None)
         gate = None if hot.shared_gate is None else torch.sigmoid(F.linear(x, hot.shared_gate))
         if part == 1:
             y = torch.mm(a, w2.t())
@@ -358,8 +363,13 @@ class MoE(nn.Module):
         out, join = self.start_shared(x, out)  # decode: shared expert overlaps routing and GEMM13
         logits = router_logits(x, hot.router_weight, cfg.router_logits_dtype,
                                hot.router_logits_bias, cfg.batch_invariant)
-        if given or torch.compiler.is_compiling() or not self._replay(hot, x, logits, out):
+        if given or torch.compiler.is_compiling():
             self._route_and_run(hot, x, logits, out, join)
+        else:  # eager: replayed from a launch plan when one can be made
+            w = hot.weights
+            self._planned(hot, "routed", lambda: self._route_and_run(hot, x, logits, out),
+                          (x, logits, out), (w.w13, w.w2, w.w13_scale, w.w2_scale, w.w13_bias,
+                                             w.w2_bias, hot.router_bias))
         join()
         return out
 
@@ -369,43 +379,40 @@ class MoE(nn.Module):
         routing = hot.route(logits, self.config, hot.router_bias)
         self.dispatch.run(self.experts, x, routing, hot.weights, out, self.config, join)
 
-    def _replay(self, hot: _Hot, x: Tensor, logits: Tensor, out: Tensor) -> bool:
-        """Run _route_and_run from a launch plan (ops/_launch.py): its Triton launches replayed
-        with no argument binding and no allocation. The first call at a (T, stream, impl)
-        records the plan (or finds that it cannot be made) while running the region for real.
-        False: the caller runs the region (no plan here, or this call's pointers differ)."""
-        if x.is_cuda:
-            if torch.cuda.is_current_stream_capturing():
-                return False
-            stream = torch._C._cuda_getCurrentRawStream(x.get_device())
-        else:
-            stream = 0
-        key = (x.shape[0], stream, _default_impl())
+    def _planned(self, hot: _Hot, name: str, region: Callable[[], None],
+                 dynamic: tuple[Tensor, ...], fixed: tuple[Tensor | None, ...]) -> None:
+        """Run region(), replayed from a launch plan (ops/_launch.py: its Triton launches with
+        no argument binding and no allocation) where one can be made. ``dynamic``: the tensors
+        that change per call (the first's rows are the plan's T); ``fixed``: the layer's tensors
+        it reads. The first call at a (name, T, stream, impl) records the plan, or finds that it
+        cannot be made, while running the region for real; layers of one config and layout
+        share what was recorded (_TEMPLATES) and bind their own tensors."""
+        x = dynamic[0]
+        if x.is_cuda and torch.cuda.is_current_stream_capturing():
+            return region()
+        stream = torch._C._cuda_getCurrentRawStream(x.get_device()) if x.is_cuda else 0
+        key = (name, x.shape[0], stream, _default_impl())
         plan = hot.plans.get(key, _UNSEEN)
         if plan is _UNSEEN:
-            return self._first_replay(hot, key, x, logits, out)
-        return plan is not None and plan(x, logits, out)
-
-    def _first_replay(self, hot: _Hot, key: tuple, x: Tensor, logits: Tensor,
-                      out: Tensor) -> bool:
-        T, stream, impl = key
-        if (T > PLAN_MAX_TOKENS or self.dispatch.mesh is not None or not _launch.knobs
-                or backend_for(x).name != "triton" or moe_decode.configs.overridden()):
-            hot.plans[key] = None
-            return False
-        w = hot.weights
-        inputs = (x, logits, out, w.w13, w.w2, w.w13_scale, w.w2_scale, w.w13_bias, w.w2_bias,
-                  hot.router_bias)
-        signature = (self.config, self.experts.name, type(self.dispatch), key,
-                     tuple(_layout(t) for t in inputs))
-        template = _TEMPLATES.get(signature, _UNSEEN)
-        ran = template is _UNSEEN
-        if ran:
-            template = _TEMPLATES[signature] = _launch.record(
-                lambda: self._route_and_run(hot, x, logits, out), inputs, 3)
-        plan = hot.plans[key] = (None if template is None
-                                 else _launch.Plan(template, inputs, 3, x.device, stream))
-        return ran or (plan is not None and plan(x, logits, out))
+            plan, ran = None, False
+            if (x.shape[0] <= PLAN_MAX_TOKENS and self.dispatch.mesh is None and _launch.knobs
+                    and backend_for(x).name == "triton" and not moe_decode.configs.overridden()):
+                inputs = dynamic + fixed
+                signature = (self.config, self.experts.name, type(self.dispatch), key,
+                             tuple(_layout(t) for t in inputs))
+                template = _TEMPLATES.get(signature, _UNSEEN)
+                if template is _UNSEEN:
+                    template = _TEMPLATES[signature] = _launch.record(region, inputs,
+                                                                      len(dynamic))
+                    ran = True
+                if template is not None:
+                    plan = _launch.Plan(template, inputs, len(dynamic), x.device, stream)
+            hot.plans[key] = plan
+            if ran:
+                return None
+        if plan is None or not plan(*dynamic):
+            region()
+        return None
 
     def extra_repr(self) -> str:
         c = self.config

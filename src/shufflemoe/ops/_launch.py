@@ -313,14 +313,19 @@ class Plan:
         alignment differs from the recording's, a fixed input has moved, the tensors' device is
         not the current one, or a launch hook (a profiler) is installed: the caller then runs
         the region itself."""
-        if any(t.data_ptr() != p for t, p in self.fixed):
-            return False
-        if self.pointers:
-            ptrs = [t.data_ptr() for t in tensors]
-            device = tensors[0].get_device()
-            if (any((p % 16 == 0) != a for p, a in zip(ptrs, self.aligned)) or _hooked()
-                    or device != torch._C._cuda_getDevice()):
+        for t, p in self.fixed:
+            if t.data_ptr() != p:
                 return False
+        if self.pointers:
+            device = tensors[0].get_device()
+            if device != torch._C._cuda_getDevice() or _hooked():
+                return False
+            ptrs = []
+            for t, aligned in zip(tensors, self.aligned):
+                p = t.data_ptr()
+                if (p % 16 == 0) != aligned:
+                    return False
+                ptrs.append(p)
             stream = torch._C._cuda_getCurrentRawStream(device)
             for L, args, per_call in self.launches:
                 for pos, i, off, _ in per_call:
