@@ -166,3 +166,29 @@ def test_replays_on_a_side_stream_and_never_sync():
         torch.cuda.current_stream().wait_stream(side)
         assert len({key[2] for key, plan in layer._hot().plans.items() if plan}) == 2
         assert torch.equal(got, want)
+
+
+def test_a_side_stream_join_reaches_the_routed_combine(monkeypatch):
+    """When the shared expert runs on a side stream (inside a capture), its join must reach the
+    routed experts' combine, which then waits before adding into out: never a launch plan,
+    which has no join (a race at e2e_hf's Llama 4 step graph, batch 64, 9c5a82e)."""
+    cfg = CONFIGS["llama4-like"]
+    layer = make_layer(cfg, device=DEVICE)
+    joins = []
+    start = layer.start_shared
+
+    def side_stream_start(x, out=None):
+        out, join = start(x, out)
+        return out, (lambda: joins.append("joined"))
+
+    monkeypatch.setattr(layer, "start_shared", side_stream_start)
+    seen = []
+    run = layer._route_and_run
+    monkeypatch.setattr(layer, "_route_and_run",
+                        lambda hot, x, logits, out, join=None: (seen.append(join),
+                                                                run(hot, x, logits, out, join)))
+    with use_impl("triton"), torch.no_grad():
+        layer(make_input(cfg, 2, device=DEVICE))
+    assert len(seen) == 1 and seen[0] not in (None, moe_layer._noop)
+    assert joins == ["joined"] * 2  # the combine's wait, then the layer's own join
+    assert planned_tokens(layer) == []

@@ -363,9 +363,11 @@ class MoE(nn.Module):
         out, join = self.start_shared(x, out)  # decode: shared expert overlaps routing and GEMM13
         logits = router_logits(x, hot.router_weight, cfg.router_logits_dtype,
                                hot.router_logits_bias, cfg.batch_invariant)
-        if given or torch.compiler.is_compiling():
+        if given or torch.compiler.is_compiling() or join is not _noop:
+            # join: the shared expert runs on a side stream (captured): the routed combine must
+            # wait for it before adding into out
             self._route_and_run(hot, x, logits, out, join)
-        else:  # eager: replayed from a launch plan when one can be made
+        else:  # eager, one stream: replayed from a launch plan when one can be made
             w = hot.weights
             self._planned(hot, "routed", lambda: self._route_and_run(hot, x, logits, out),
                           (x, logits, out), (w.w13, w.w2, w.w13_scale, w.w2_scale, w.w13_bias,
