@@ -192,3 +192,30 @@ def test_a_side_stream_join_reaches_the_routed_combine(monkeypatch):
     assert len(seen) == 1 and seen[0] not in (None, moe_layer._noop)
     assert joins == ["joined"] * 2  # the combine's wait, then the layer's own join
     assert planned_tokens(layer) == []
+
+
+def test_no_replay_under_a_tile_override():
+    """A plan recorded with the default tiles is not replayed inside an override (a tuning run
+    or a benchmark that forces the fused path), and none is recorded there."""
+    from shufflemoe.ops.grouped_gemm import configs as gemm_configs
+    from shufflemoe.ops.moe_decode import configs as decode_configs
+
+    cfg = CONFIGS["qwen3-like"]
+    layer = make_layer(cfg, device=DEVICE)
+    x = make_input(cfg, 9, device=DEVICE)  # A = 72: the unfused path by default
+    with use_impl("triton"), torch.no_grad():
+        layer(x)
+        plan = layer._hot().plans[next(iter(layer._hot().plans))]
+        calls = []
+        plan.__class__.__call__, original = (lambda self, *t: calls.append(t) or False,
+                                             plan.__class__.__call__)
+        try:
+            with decode_configs.override(decode_configs.ALWAYS):
+                fused = layer(x)  # the fused kernels, run as the override says
+            with gemm_configs.override(gemm_configs.TileConfig(16, 32, 32, tma="none")):
+                layer(x)
+        finally:
+            plan.__class__.__call__ = original
+        assert calls == [] and planned_tokens(layer) == [9]
+        assert torch.equal(layer(x), unplanned(layer, x))
+        assert fused.shape == x.shape

@@ -26,6 +26,7 @@ from .dispatch import Dispatch, LocalDispatch
 from .experts import EXPERTS, Experts
 from .ops import _launch, backend_for, moe_decode
 from .ops._impl import _default_impl
+from .ops.grouped_gemm import configs as gemm_configs
 from .ops.quantize.formats import FORMATS, weight_format
 from .routing import ROUTERS, route, router_logits
 from .types import ExpertWeights, Routing
@@ -54,7 +55,8 @@ class _Hot:
     shared_w2: Tensor | None
     shared_gate: Tensor | None
     route: Callable[[Tensor, MoEConfig, Tensor | None], Routing]
-    plans: dict = field(default_factory=dict)  # (region, T, stream, impl) -> _launch.Plan | None
+    # (region, T, stream, impl, batch-invariant tiles) -> _launch.Plan | None
+    plans: dict = field(default_factory=dict)
 
 
 PLAN_MAX_TOKENS = 256  # launch plans for T up to this (their shared workspace grows with T)
@@ -388,17 +390,19 @@ class MoE(nn.Module):
         that change per call (the first's rows are the plan's T); ``fixed``: the layer's tensors
         it reads. The first call at a (name, T, stream, impl) records the plan, or finds that it
         cannot be made, while running the region for real; layers of one config and layout
-        share what was recorded (_TEMPLATES) and bind their own tensors."""
+        share what was recorded (_TEMPLATES) and bind their own tensors. Inside a CUDA-graph
+        capture and under a tile override (decode or grouped-GEMM configs) the region runs."""
         x = dynamic[0]
-        if x.is_cuda and torch.cuda.is_current_stream_capturing():
+        if ((x.is_cuda and torch.cuda.is_current_stream_capturing())
+                or moe_decode.configs.overridden() or gemm_configs.overridden()):
             return region()
         stream = torch._C._cuda_getCurrentRawStream(x.get_device()) if x.is_cuda else 0
-        key = (name, x.shape[0], stream, _default_impl())
+        key = (name, x.shape[0], stream, _default_impl(), gemm_configs.invariant())
         plan = hot.plans.get(key, _UNSEEN)
         if plan is _UNSEEN:
             plan, ran = None, False
             if (x.shape[0] <= PLAN_MAX_TOKENS and self.dispatch.mesh is None and _launch.knobs
-                    and backend_for(x).name == "triton" and not moe_decode.configs.overridden()):
+                    and backend_for(x).name == "triton"):
                 inputs = dynamic + fixed
                 signature = (self.config, self.experts.name, type(self.dispatch), key,
                              tuple(_layout(t) for t in inputs))

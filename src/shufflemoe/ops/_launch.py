@@ -327,14 +327,16 @@ class Plan:
                     return False
                 ptrs.append(p)
             stream = torch._C._cuda_getCurrentRawStream(device)
-            for L, args, per_call in self.launches:
+            for L, bound, per_call in self.launches:
+                args = bound.copy()  # not in place: another thread may replay this plan
                 for pos, i, off, _ in per_call:
                     args[pos] = ptrs[i] + off
                 k = L.compiled
                 k.run(L.grid[0], L.grid[1], L.grid[2], stream, k.function, k.packed_metadata,
                       None, None, None, *args)
             return True
-        for L, args, per_call in self.launches:
+        for L, bound, per_call in self.launches:
+            args = bound.copy()
             for pos, i, off, ref in per_call:
                 args[pos] = _view(tensors[i], off, ref)
             L.fn[L.grid](*args, **L.options)

@@ -61,6 +61,16 @@ def override(config: TileConfig | Callable[[Key], TileConfig]) -> Iterator[None]
         _override.reset(token)
 
 
+def overridden() -> bool:
+    """Whether an ``override`` is in force (the layer records launch plans only outside one)."""
+    return _override.get() is not None
+
+
+def invariant() -> bool:
+    """Whether select() is in batch-invariant mode (``batch_invariant()``)."""
+    return _invariant.get()
+
+
 @contextlib.contextmanager
 def batch_invariant() -> Iterator[None]:
     """Inside the block, select() returns batch_invariant_config(N, K, dtype) whatever M and G
