@@ -148,3 +148,32 @@ def test_shared_expert_forks_a_stream_only_under_capture():
     assert layer._side_stream is None
     assert torch.equal(graphed(layer, (2,))(x), eager)
     assert layer._side_stream is not None
+
+
+@gpu
+def test_a_callers_capture_waits_for_the_shared_expert_stream():
+    """In a graph the caller captures around the layer, the shared expert runs on its side stream
+    and the routed experts' combine must wait for it before adding into the output. A shared
+    expert far heavier than the routed ones makes a missing wait show in every replay (9c5a82e
+    had one: its launch-plan path dropped the wait)."""
+    from shufflemoe import MoE, MoEConfig
+
+    layer = MoE(MoEConfig(hidden_size=1024, intermediate_size=64, num_experts=4, top_k=1,
+                          router="llama4", scoring="sigmoid", apply_router_weight_on_input=True,
+                          shared_intermediate_size=16384), device="cuda")
+    static = torch.randn(64, 1024, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        want = layer(static)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            layer(static)  # warm-up off the capture stream
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = layer(static)
+        assert layer._side_stream is not None
+        for _ in range(3):
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(out, want)
