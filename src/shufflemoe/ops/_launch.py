@@ -16,10 +16,10 @@ nothing it allocated.
 A region can be recorded when, besides Triton launches, it only allocates and views tensors
 (watched by a TorchDispatchMode while recording: anything else, a copy, a fill, a read of a
 value, and no plan is made), and its launches read no tensor but its inputs, its own allocations
-and buffers marked ``persistent`` (which live as long as the process, e.g. the fused decode
-kernels' self-resetting arrival words). Templates are shared by every caller with the same
-``key`` (the layer's config, token count and stream, and its inputs' layouts); each caller binds
-its own fixed inputs (weights) once. Under the interpreter a replay calls ``fn[grid]`` with
+and buffers made by ``persistent_zeros`` (which live as long as the process, e.g. the fused
+decode kernels' self-resetting arrival words). A Template is shared by every caller whose region
+and inputs have the same layouts (the layer keys them: MoE._planned); each caller binds its own
+fixed inputs (weights) once. Under the interpreter a replay calls ``fn[grid]`` with
 tensors rebuilt at the same places, so CI runs the same bookkeeping.
 """
 
@@ -58,7 +58,8 @@ def persistent_zeros(n: int, dtype: torch.dtype, device: torch.device) -> Tensor
 
 def launch(fn, grid: tuple, *args, **kwargs):
     """``fn[grid](*args, **kwargs)``, recorded when a plan is being recorded. Every Triton launch
-    of the ops goes through here (tests/ops/test_launch.py checks), so a recording sees them all."""
+    of the ops goes through here (tests/test_launch_plans.py checks), so a recording sees them
+    all."""
     rec = _recording.get()
     if rec is None:
         return fn[grid](*args, **kwargs)
@@ -190,8 +191,6 @@ def _bound(fn, args: tuple, kwargs: dict) -> tuple[list, dict]:
 
 
 _PLAIN = (int, float, bool, str, type(None), torch.dtype)
-
-
 _UNSAFE = object()
 
 
@@ -214,6 +213,7 @@ def record(region: Callable[[], None], inputs: Sequence[Tensor | None],
     for a in allocated:
         offsets.append(nbytes)
         nbytes += -(-a.untyped_storage().nbytes() // ALIGN) * ALIGN
+
     def arg(v):  # the template of one argument, or _UNSAFE
         if isinstance(v, Tensor):
             owner = _owner(v, inputs, allocated)
