@@ -74,8 +74,7 @@ class GraphedMoE:
         self.warmup = warmup
         self.pool = pool or GraphPool(layer.w13.device)
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        # T -> (graph, static input rows [T, D], static output rows [T, D], rows to zero | None)
-        self._replays: dict[int, tuple] = {}
+        self._replays: dict[int, tuple] = {}  # T -> _replay_for(T)
         if not lazy:
             for b in reversed(self.buckets):  # largest first: the rest fit in its blocks
                 self._capture(b)
@@ -101,18 +100,26 @@ class GraphedMoE:
         self._graphs[bucket] = graph
         return graph
 
+    def _replay_for(self, T: int, width: int, dtype: torch.dtype) -> tuple | None:
+        """(graph, static input rows [T, D], static output rows [T, D], rows to zero | None) of
+        the smallest bucket that holds T tokens (captured now if lazy), or None."""
+        bucket = next((b for b in self.buckets if b >= T), None)
+        if bucket is None:
+            return None
+        graph = self._graphs.get(bucket) or self._capture(bucket)
+        static, out = self.pool.io(bucket, width, dtype)
+        replay = self._replays[T] = (graph, static[:T], out[:T],
+                                     static[T:] if T < bucket else None)
+        return replay
+
     def __call__(self, x: Tensor) -> Tensor:
         flat = x.reshape(-1, x.shape[-1])
         T = flat.shape[0]
-        replay = self._replays.get(T)
-        if replay is None or torch.cuda.is_current_stream_capturing():
-            bucket = next((b for b in self.buckets if b >= T), None)
-            if bucket is None or torch.cuda.is_current_stream_capturing():
-                return self.layer(x)
-            graph = self._graphs.get(bucket) or self._capture(bucket)
-            static, out = self.pool.io(bucket, x.shape[-1], x.dtype)
-            replay = self._replays[T] = (graph, static[:T], out[:T],
-                                         static[T:] if T < bucket else None)
+        if torch.cuda.is_current_stream_capturing():  # captured into the caller's graph
+            return self.layer(x)
+        replay = self._replays.get(T) or self._replay_for(T, x.shape[-1], x.dtype)
+        if replay is None:  # above the largest bucket
+            return self.layer(x)
         graph, static, out, pad = replay
         static.copy_(flat)
         if pad is not None:
