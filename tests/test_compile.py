@@ -72,3 +72,36 @@ def test_inductor_matches_eager():
     torch._dynamo.reset()
     got = torch.compile(layer, fullgraph=True)(x)
     torch.testing.assert_close(got, layer(x), rtol=1e-5, atol=1e-6)
+
+
+KERNEL_CONFIGS = {  # static shapes through Inductor: every kernel family the layer launches
+    "qwen2-fp32": CONFIGS["qwen2-fp32"],  # unfused: route, gather, grouped GEMMs, silu_mul
+    "llama4-bf16": MoEConfig(hidden_size=64, intermediate_size=64, num_experts=8,
+                             router="llama4", scoring="sigmoid",
+                             apply_router_weight_on_input=True, shared_intermediate_size=64),
+    "llama4-fp8": CONFIGS["llama4-fp8"],
+    "gpt-oss-mxfp4": CONFIGS["gpt-oss-mxfp4"],
+    "qwen3-fp8-block": CONFIGS["qwen3-fp8-block"],
+}
+
+
+@pytest.mark.skipif(DEV != "cuda", reason="Inductor traces the kernels on a GPU only")
+@pytest.mark.parametrize("name", KERNEL_CONFIGS)
+def test_inductor_launches_the_kernels_itself(name):
+    """At a static size Inductor sees the layer's Triton kernels (triton_op) and launches them
+    from its own code: no shufflemoe op is called from the compiled code, the index shuffle's
+    kernel is in it, and the result is eager's, bit for bit. A second size (dynamic shapes)
+    takes the opaque ops and still gives eager's bits."""
+    from torch._inductor.utils import run_and_get_code
+
+    layer = make_layer(KERNEL_CONFIGS[name], device=DEV)
+    torch._dynamo.reset()
+    compiled = torch.compile(layer, fullgraph=True)
+    x = make_input(layer.config, 3, seed=3, device=DEV)
+    got, codes = run_and_get_code(compiled, x)
+    code = "\n".join(codes)
+    assert "torch.ops.shufflemoe" not in code and "_route_kernel" in code
+    assert torch.equal(got, layer(x))
+    for T in (1, 6):
+        x = make_input(layer.config, T, seed=T, device=DEV)
+        assert torch.equal(compiled(x), layer(x)), f"T={T}"

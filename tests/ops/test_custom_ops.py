@@ -120,6 +120,11 @@ def _opcheck_cases() -> dict[str, tuple]:
         "quantize_fp8_groups", "scatter_add", "scatter_add_token_major", "combine_shuffling",
         "split_shuffling", "decode_gate_up", "decode_down"}
     cases.update({f"{name}_ref": cases[name] for name in refs})
+    # Outside the interpreter each kernel op is also a triton_op for torch.compile to trace
+    # (ops/_impl.py), with the same arguments.
+    from torch._library.custom_ops import OPDEFS
+    cases.update({f"{name}_kernels": cases[name] for name in list(cases)
+                  if f"shufflemoe::{name}_kernels" in OPDEFS})
     return cases
 
 

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import contextlib
 
+from typing import Sequence
+
 import torch
 from torch import Tensor
+from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.functional_tensor import FunctionalTensor
 
 
 def valid_rows(n_rows: int, num_valid: Tensor | None, device: torch.device) -> Tensor | None:
@@ -46,12 +50,22 @@ def next_power_of_2(n: int) -> int:
 
 
 _CURRENT = contextlib.nullcontext()
+_TRACED = (FakeTensor, FunctionalTensor)
+
+
+def traced(args: Sequence) -> bool:
+    """Whether the first tensor of ``args`` is torch.compile's stand-in (a fake or functional
+    tensor): a launcher is being traced into the graph (ops/_impl.py), nothing runs."""
+    for a in args:
+        if isinstance(a, Tensor):
+            return isinstance(a, _TRACED)
+    return False
 
 
 def on_device(t: Tensor):
     """A context making t's CUDA device current for a launch: nothing to do in the common case
     where it already is (torch.cuda.device costs a few us of host time per launch) or for a CPU
-    tensor (the interpreter)."""
-    if not t.is_cuda or t.get_device() == torch.cuda.current_device():
+    tensor (the interpreter). Traced, nothing: the compiled code places its launches."""
+    if not t.is_cuda or isinstance(t, _TRACED) or t.get_device() == torch.cuda.current_device():
         return _CURRENT
     return torch.cuda.device(t.device)

@@ -80,31 +80,54 @@ def resolve(impl: str | None, x: Tensor) -> str:
 _is_compiling = torch.compiler.is_compiling  # bound once: called for every op in eager
 
 
-def inplace_op(name: str, mutates_args: tuple[str, ...]):
+def inplace_op(name: str, mutates_args: tuple[str, ...], kernels: bool = False):
     """Register ``fn`` (it writes its outputs in place and returns None) as the custom op
     ``torch.ops.shufflemoe.<name>``, and return a callable that skips the op dispatcher outside
     compilation: on an H100 host the eager custom-op path cost about 200 us of CPU a call
-    (cProfile, benchmarks/probe_layer.py), more than the kernels themselves."""
+    (cProfile, benchmarks/probe_layer.py), more than the kernels themselves.
+
+    ``kernels``: fn launches Triton kernels (through ``_launch.launch``). It is then also
+    registered with ``torch.library.triton_op`` as ``<name>_kernels``, which torch.compile
+    traces on fake tensors: each launch becomes a call of its kernel in the graph, and Inductor
+    launches the kernels from its own generated code (no Python launcher, no op dispatch per
+    call). fn picks tiles by size, so that op serves static shapes; a traced call with a
+    symbolic size (dynamic shapes) takes the opaque op, which picks them when it runs. Under the
+    interpreter (CPU CI) kernels cannot be traced: the opaque op only."""
 
     def wrap(fn):
         op = torch.library.custom_op(f"shufflemoe::{name}", fn, mutates_args=mutates_args)
         op.register_fake(_no_output)
+        traced_op = None
+        if kernels and _TRITON and not interpreting():
+            traced_op = torch.library.triton_op(f"shufflemoe::{name}_kernels", fn,
+                                                mutates_args=mutates_args)
 
         def call(*args) -> None:
-            if _is_compiling():
+            if not _is_compiling():
+                fn(*args)
+            elif traced_op is None or _symbolic(args):
                 op(*args)
             else:
-                fn(*args)
+                traced_op(*args)
 
         call.__name__ = call.__qualname__ = fn.__name__
         call.__doc__ = fn.__doc__
         call.op = op
+        call.traced_op = traced_op
         return call
 
     return wrap
 
 
-kernel_op = inplace_op  # the name the Triton launchers register with
+def _symbolic(args) -> bool:
+    """Whether a tensor among ``args`` has a symbolic size (torch.compile's dynamic shapes)."""
+    return any(isinstance(a, Tensor) and not all(isinstance(n, int) for n in a.shape)
+               for a in args)
+
+
+def kernel_op(name: str, mutates_args: tuple[str, ...]):
+    """inplace_op for a Triton launcher (see ``kernels`` there)."""
+    return inplace_op(name, mutates_args, kernels=True)
 
 
 def _no_output(*args, **kwargs) -> None:

@@ -32,6 +32,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 from torch import Tensor
+from torch.library import wrap_triton
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 try:
@@ -39,6 +40,8 @@ try:
     from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError:  # no triton: nothing is ever recorded
     knobs = TensorDescriptor = None
+
+from ._common import traced
 
 ALIGN = 256  # workspace offsets: as the caching allocator aligns (Triton specializes on 16)
 
@@ -59,9 +62,11 @@ def persistent_zeros(n: int, dtype: torch.dtype, device: torch.device) -> Tensor
 def launch(fn, grid: tuple, *args, **kwargs):
     """``fn[grid](*args, **kwargs)``, recorded when a plan is being recorded. Every Triton launch
     of the ops goes through here (tests/test_launch_plans.py checks), so a recording sees them
-    all."""
+    all. Traced by torch.compile (fake tensors), the launch is recorded in the graph instead."""
     rec = _recording.get()
     if rec is None:
+        if traced(args):  # torch.compile tracing a triton_op (ops/_impl.py): a graph node
+            return wrap_triton(fn)[grid](*args, **kwargs)
         return fn[grid](*args, **kwargs)
     with _disable_current_modes():  # the interpreter's own copies are not the region's ops
         compiled = fn[grid](*args, **kwargs)

@@ -52,7 +52,7 @@ import triton.language as tl
 from torch import Tensor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from .._common import cdiv, next_power_of_2, on_device
+from .._common import cdiv, next_power_of_2, on_device, traced
 from .._impl import interpreting, kernel_op
 from .._launch import launch
 from ..quantize import FP8_BLOCK, FP8_DTYPE, MX_GROUP
@@ -327,11 +327,13 @@ def _ensure_allocator() -> None:
 def tma_mode(cfg: configs.TileConfig, x: Tensor, w: Tensor) -> str:
     """The TMA mode the kernel will use: cfg.tma when the hardware and the shapes allow, else
     "none" (TMA needs 16-byte aligned bases and row strides: K * itemsize % 16 == 0 for x and
-    for w's stored rows)."""
+    for w's stored rows). Traced by torch.compile, "none": the same sums through plain loads."""
     K = x.shape[1]
     if cfg.tma == "none" or K == 0 or (K * x.element_size()) % 16:
         return "none"
     if (w.shape[-1] * w.element_size()) % 16:
+        return "none"
+    if traced((x,)):  # torch.compile: descriptors cannot be traced into a triton_op's graph
         return "none"
     if x.data_ptr() % 16 or w.data_ptr() % 16:
         return "none"

@@ -115,7 +115,7 @@ def _topk(s_ptr, stride, t, tmask, scaling, E: tl.constexpr, K: tl.constexpr, KP
     if RENORM:
         total = tl.where(tmask, tl.sum(tl.where(jj < K, w, 0.0), 1), 1.0)
         w = tl.math.div_rn(w, total[:, None])
-    return ids, w * scaling
+    return ids, w * tl.cast(scaling, tl.float32)  # (Inductor passes Python floats as float64)
 
 
 @triton.jit

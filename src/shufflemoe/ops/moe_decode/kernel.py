@@ -45,7 +45,7 @@ import triton.language as tl
 from torch import Tensor
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from .._common import cdiv, next_power_of_2, on_device
+from .._common import cdiv, next_power_of_2, on_device, traced
 from .._impl import interpreting, kernel_op
 from .._launch import launch, persistent_zeros
 from ..quantize.kernel import cast_to, e4m3_bits, fp8_target, row_scales, store_fp8
@@ -430,11 +430,15 @@ def sm_count(device: torch.device) -> int:
 _WORDS: dict[torch.device, list[Tensor]] = {}
 
 
-def arrival_words(device: torch.device, n: int) -> Tensor:
-    """n zeroed int32 arrival words on ``device``. The kernels leave them zero, so one buffer
-    per device serves every call in stream order (the layer's kernels run on one stream). Old
-    buffers are kept alive: a captured CUDA graph may still point at them. Inside a capture a
-    new buffer cannot be zeroed before the replay, so warm up (as graphed() does) first."""
+def arrival_words(like: Tensor, n: int) -> Tensor:
+    """n zeroed int32 arrival words on ``like``'s device. The kernels leave them zero, so one
+    buffer per device serves every call in stream order (the layer's kernels run on one stream).
+    Old buffers are kept alive: a captured CUDA graph may still point at them. Inside a capture a
+    new buffer cannot be zeroed before the replay, so warm up (as graphed() does) first. Traced
+    by torch.compile: fresh zeros in the graph (a buffer of its own, filled each call)."""
+    device = like.device
+    if traced((like,)):
+        return torch.zeros(n, dtype=torch.int32, device=device)
     buffers = _WORDS.setdefault(device, [])
     if buffers and buffers[-1].numel() >= n:
         return buffers[-1][:n]
@@ -457,7 +461,7 @@ def reserve_arrival_words(w13: Tensor, w2: Tensor, max_pairs: int) -> None:
         m_tiles = max_m_tiles(A, E, plan.block_m)
         need = max(need, m_tiles * cdiv(I, plan.gate_up.block_n) + m_tiles,
                    m_tiles * cdiv(D, plan.down.block_n) + cdiv(D, plan.down.block_n))
-    arrival_words(w13.device, need)
+    arrival_words(w13, need)
 
 
 def max_m_tiles(A: int, E: int, block_m: int) -> int:
@@ -496,7 +500,7 @@ def _gate_up_op(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Ten
     n_tiles = cdiv(I, cfg.block_n)
     m_tiles = max_m_tiles(A, E, plan.block_m)
     fp8 = w13.dtype == FP8_DTYPE
-    words = arrival_words(x.device, m_tiles * n_tiles + m_tiles)
+    words = arrival_words(x, m_tiles * n_tiles + m_tiles)
     part = torch.empty(split, A, 2 * I, dtype=torch.float32, device=x.device) if split > 1 else None
     if fp8:  # a in fp32 first; each m-tile's last program quantizes its rows into (q, scale)
         a = torch.empty(A, I, dtype=torch.float32, device=x.device)
@@ -531,7 +535,7 @@ def _down_op(a: Tensor, a_scale: Optional[Tensor], w2: Tensor, w2_scale: Optiona
     k_split, split = _k_split(I, cfg)
     n_tiles = cdiv(D, cfg.block_n)
     m_tiles = max_m_tiles(A, E, plan.block_m)
-    words = arrival_words(a.device, m_tiles * n_tiles + n_tiles)
+    words = arrival_words(a, m_tiles * n_tiles + n_tiles)
     part = torch.empty(split, A, D, dtype=torch.float32, device=a.device) if split > 1 else None
     y = torch.empty(A, D, dtype=torch.float32, device=a.device) if k > 1 else None
     interpret = interpreting()

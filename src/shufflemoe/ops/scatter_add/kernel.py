@@ -16,7 +16,8 @@ The token-major form (``token_sum``, given Routing.positions) needs no atomics: 
 one token and BLOCK_D columns, sorts the token's k positions, and adds its valid pairs' rows
 (through ``rows`` when pair p sits at another row) to out[t] in float32 in ascending position
 order, rounding once. Every strategy combines this way, so a rerun gives the same bits. Each y row is read once and each
-out row read and written once, with full-width stores; FMA contraction is off, so the result is
+out row read and written once, with full-width stores; each weighted row is rounded before it
+is added (mul.rn, never contracted into an FMA, whoever compiles the kernel), so the result is
 the reference's bit for bit (and the atomic reference's on the CPU, whose index_add_ adds a
 token's pairs in that order too).
 """
@@ -28,6 +29,7 @@ from typing import Optional
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import libdevice
 from torch import Tensor
 
 from .._common import cdiv, next_power_of_2
@@ -110,17 +112,19 @@ def _token_sum_kernel(
     if UNROLL:
         for j in tl.static_range(K):
             p = tl.sum(tl.where(jj == j, pos, 0), 0)  # the j-th smallest position
-            acc += _pair_row(y_ptr, w_ptr, rows_ptr, p, n, cols, cmask, D, HAS_W, HAS_ROWS)
+            acc += _pair_row(y_ptr, w_ptr, rows_ptr, p, n, cols, cmask, D, HAS_W, HAS_ROWS,
+                             INTERPRET)
     else:
         for j in range(K):
             p = tl.sum(tl.where(jj == j, pos, 0), 0)
-            acc += _pair_row(y_ptr, w_ptr, rows_ptr, p, n, cols, cmask, D, HAS_W, HAS_ROWS)
+            acc += _pair_row(y_ptr, w_ptr, rows_ptr, p, n, cols, cmask, D, HAS_W, HAS_ROWS,
+                             INTERPRET)
     tl.store(dst, cast_to(acc, out_ptr.dtype.element_ty, INTERPRET), mask=cmask)
 
 
 @triton.jit
 def _pair_row(y_ptr, w_ptr, rows_ptr, p, n, cols, cmask, D, HAS_W: tl.constexpr,
-              HAS_ROWS: tl.constexpr):
+              HAS_ROWS: tl.constexpr, INTERPRET: tl.constexpr):
     """Pair p's row of y (times its weight) in float32; zeros for a pair past num_valid (or a
     negative one), whose row is never read."""
     ok = (p >= 0) & (p < n)
@@ -130,7 +134,11 @@ def _pair_row(y_ptr, w_ptr, rows_ptr, p, n, cols, cmask, D, HAS_W: tl.constexpr,
         row = p.to(tl.int64)
     v = tl.load(y_ptr + row * D + cols, mask=cmask & ok, other=0.0).to(tl.float32)
     if HAS_W:
-        v = v * tl.load(w_ptr + p, mask=ok, other=0.0)
+        w = tl.load(w_ptr + p, mask=ok, other=0.0)
+        if INTERPRET:  # (numpy never fuses)
+            v = v * w
+        else:  # rounded product (mul.rn): never contracted with the add into an FMA
+            v = libdevice.mul_rn(v, w)
     return v
 
 
@@ -168,7 +176,7 @@ def _token_sum_op(out: Tensor, y: Tensor, positions: Tensor, weights: Optional[T
         y.shape[0] if rows is None else rows.shape[0], D, K=k, KP=next_power_of_2(k),
         UNROLL=k <= 16, HAS_W=weights is not None, HAS_NV=num_valid is not None,
         HAS_ROWS=rows is not None, INTERPRET=interpreting(), BLOCK_D=block,
-        num_warps=max(1, min(8, block // 256)), enable_fp_fusion=False)
+        num_warps=max(1, min(8, block // 256)))
 
 
 def scatter_add(

@@ -44,9 +44,12 @@ def _load_pair(src, offs, I, mask):
 @triton.jit
 def _glu_f32(g, u, ACT: tl.constexpr, HAS_LIMIT: tl.constexpr, alpha, limit):
     """float32 act(gate, up): silu(g) * u, or gpt-oss's (u + 1) * g * sigmoid(alpha * g); with
-    HAS_LIMIT, g = min(g, limit) and u = clamp(u, -limit, limit) first."""
+    HAS_LIMIT, g = min(g, limit) and u = clamp(u, -limit, limit) first. alpha and limit are
+    cast to float32 here: Inductor passes Python floats as float64."""
     g = g.to(tl.float32)
     u = u.to(tl.float32)
+    alpha = tl.cast(alpha, tl.float32)
+    limit = tl.cast(limit, tl.float32)
     if HAS_LIMIT:
         g = tl.minimum(g, limit)
         u = tl.clamp(u, -limit, limit)
