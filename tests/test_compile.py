@@ -90,8 +90,10 @@ KERNEL_CONFIGS = {  # static shapes through Inductor: every kernel family the la
 def test_inductor_launches_the_kernels_itself(name):
     """At a static size Inductor sees the layer's Triton kernels (triton_op) and launches them
     from its own code: no shufflemoe op is called from the compiled code, the index shuffle's
-    kernel is in it, and the result is eager's, bit for bit. A second size (dynamic shapes)
-    takes the opaque ops and still gives eager's bits."""
+    kernel is in it, and the result is eager's, bit for bit. Other sizes (T = 1 is specialized
+    again; 6 is dynamic and takes the opaque ops) stay within the dtype's closeness: at T = 1
+    Inductor may turn the router's and shared expert's [1, D] matmuls into reductions of its
+    own (fp32 layer: last-bit differences, measured on an H100)."""
     from torch._inductor.utils import run_and_get_code
 
     layer = make_layer(KERNEL_CONFIGS[name], device=DEV)
@@ -104,4 +106,4 @@ def test_inductor_launches_the_kernels_itself(name):
     assert torch.equal(got, layer(x))
     for T in (1, 6):
         x = make_input(layer.config, T, seed=T, device=DEV)
-        assert torch.equal(compiled(x), layer(x)), f"T={T}"
+        torch.testing.assert_close(compiled(x), layer(x), msg=f"T={T}")
