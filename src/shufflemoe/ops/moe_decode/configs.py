@@ -25,8 +25,6 @@ from typing import Callable, Iterator
 
 import torch
 
-from ..quantize.reference import FP8_DTYPE
-
 
 @dataclass(frozen=True)
 class Switch:
@@ -139,7 +137,7 @@ def split_for(tiles: int, k_steps: int, sms: int) -> int:
 def _heuristic(A: int, E: int, D: int, I: int, dtype: torch.dtype, sms: int) -> DecodeConfig:
     # 256 bytes of K per weight row and step; 3 stages keep 96 KB (gate_up: 2 x 64 rows) of one
     # program's weights in flight and leave room for two programs per SM.
-    size = 1 if dtype == FP8_DTYPE else torch.empty((), dtype=dtype).element_size()
+    size = dtype.itemsize
     bk = 256 // size
     active = min(E, A)
     configs = []
