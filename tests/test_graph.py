@@ -108,6 +108,24 @@ def test_layers_share_one_pool():
 
 
 @gpu
+def test_replays_keep_the_input_shape_and_reject_what_the_layer_rejects():
+    """[B, S, D] replays come back as [B, S, D]; an input the layer would refuse (wrong dtype,
+    width or device) is never copied into a graph's buffer: the layer raises, naming x."""
+    cfg = CONFIGS["llama4-like"]
+    layer = make_layer(cfg, device="cuda")
+    decode = graphed(layer, token_buckets=(4,))
+    x = make_input(cfg, 3, device="cuda")
+    ref, mag = naive_moe(layer, x, layer.route(x), with_magnitude=True)
+    for shaped in (x, x.view(1, 3, -1), x.view(3, 1, -1)):
+        y = decode(shaped)
+        assert y.shape == shaped.shape
+        assert_close(y.reshape(3, -1), ref, tolerance_key(cfg), magnitude=mag)
+    for bad in (x.float(), x[:, :-1], x.cpu(), x.view(-1)):
+        with pytest.raises((TypeError, ValueError), match="x"):
+            decode(bad)
+
+
+@gpu
 def test_lazy_capture_and_a_callers_capture():
     """lazy: a bucket is captured on its first use only. Inside a graph the caller captures, the
     layer runs eagerly (captured into the caller's graph), and that graph replays correctly."""
@@ -136,7 +154,8 @@ def test_lazy_capture_and_a_callers_capture():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA streams")
 def test_shared_expert_forks_a_stream_only_under_capture():
     """Eager decode is host-bound, so the shared expert stays on the caller's stream there; a
-    captured graph forks it onto the side stream (free at replay), with the same result."""
+    captured graph forks it onto the side stream (free at replay), with the same bits: the same
+    fused kernels (MoE._fused_shared), in their own split-K workspace beside the routed ones."""
     from shufflemoe import MoE, MoEConfig, graphed
 
     layer = MoE(MoEConfig(hidden_size=128, intermediate_size=64, num_experts=4, top_k=1, router="llama4",
@@ -148,6 +167,8 @@ def test_shared_expert_forks_a_stream_only_under_capture():
     assert layer._side_stream is None
     assert torch.equal(graphed(layer, (2,))(x), eager)
     assert layer._side_stream is not None
+    ref, mag = naive_moe(layer, x, layer.route(x), with_magnitude=True)
+    assert_close(eager, ref, tolerance_key(layer.config), magnitude=mag)
 
 
 @gpu

@@ -62,9 +62,9 @@ def test_replays_are_bitwise_the_region(name):
                 for i, layer in enumerate((a, b)):
                     got = layer(make_input(cfg, T, seed=10 * T + i, device=DEVICE))
                     assert torch.equal(got, want[T, i]), f"T={T} layer {i}"
-    assert planned_tokens(a) == planned_tokens(b) == list(Ts)
-    if cfg.shared_intermediate_size:  # the shared expert's SwiGLU between its two GEMMs
-        assert planned_tokens(a, "shared") == planned_tokens(b, "shared") == list(Ts)
+    # a plain shared expert joins the routed experts' plan at decode sizes (MoE._fuses_shared)
+    region = "shared+routed" if cfg.shared_intermediate_size else "routed"
+    assert planned_tokens(a, region) == planned_tokens(b, region) == list(Ts)
     assert not torch.equal(want[1, 0], want[1, 1])  # the layers differ: b replays its weights
 
 
@@ -174,6 +174,7 @@ def test_a_side_stream_join_reaches_the_routed_combine(monkeypatch):
     which has no join (a race at e2e_hf's Llama 4 step graph, batch 64, 9c5a82e)."""
     cfg = CONFIGS["llama4-like"]
     layer = make_layer(cfg, device=DEVICE)
+    monkeypatch.setattr(moe_layer, "SHARED_FUSED_MAX_TOKENS", 0)  # the shared expert's own path
     joins = []
     start = layer.start_shared
 

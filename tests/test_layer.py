@@ -6,8 +6,11 @@ import torch
 from factories import make_input, make_layer
 from shufflemoe.testing import tolerance_key
 from shufflemoe import EXPERTS, MoE, MoEConfig, naive_moe
+from shufflemoe.layer import SHARED_FUSED_MAX_TOKENS
+from shufflemoe.ops import use_impl
 from shufflemoe.testing import assert_close
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 CONFIGS = {
     "llama4-like": MoEConfig(hidden_size=40, intermediate_size=24, num_experts=16, router="llama4",
                              scoring="sigmoid", apply_router_weight_on_input=True,
@@ -41,6 +44,21 @@ def check_layer(layer, x):
 def test_layer_matches_reference(name, experts):
     cfg = CONFIGS[name]
     check_layer(make_layer(cfg, experts=experts), make_input(cfg, 61))
+
+
+@pytest.mark.parametrize("name", ["llama4-like", "deepseek-like", "qwen2-like"])
+@pytest.mark.parametrize("T", [1, 5, 16, 17])
+def test_eager_decode_fuses_a_plain_shared_expert(name, T):
+    """Up to SHARED_FUSED_MAX_TOKENS tokens the Triton path runs a plain shared expert through
+    the fused decode kernels, in one launch plan with the routed experts ("shared+routed"); a
+    gated one (Qwen2-MoE) and larger T keep the shared expert's own path. Each against float64."""
+    cfg = CONFIGS[name]
+    layer = make_layer(cfg, device=DEVICE)
+    with use_impl("triton"):
+        for seed in (1, 2):  # the second call replays the plan the first recorded
+            check_layer(layer, make_input(cfg, T, seed=seed, device=DEVICE))
+    fused = any(key[0] == "shared+routed" for key in layer._hot().plans)
+    assert fused == (T <= SHARED_FUSED_MAX_TOKENS and name != "qwen2-like")
 
 
 def test_batched_input_and_tiny_batches():

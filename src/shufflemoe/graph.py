@@ -74,7 +74,7 @@ class GraphedMoE:
         self.warmup = warmup
         self.pool = pool or GraphPool(layer.w13.device)
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self._replays: dict[int, tuple] = {}  # T -> _replay_for(T)
+        self._replays: dict[tuple, tuple] = {}  # (shape, dtype, device) -> _replay_for(x)
         if not lazy:
             for b in reversed(self.buckets):  # largest first: the rest fit in its blocks
                 self._capture(b)
@@ -100,32 +100,41 @@ class GraphedMoE:
         self._graphs[bucket] = graph
         return graph
 
-    def _replay_for(self, T: int, width: int, dtype: torch.dtype) -> tuple | None:
-        """(graph, static input rows [T, D], static output rows [T, D], rows to zero | None) of
-        the smallest bucket that holds T tokens (captured now if lazy), or None."""
+    def _replay_for(self, x: Tensor) -> tuple | None:
+        """(graph, static input rows and static output rows [T, D] viewed in x's shape, rows to
+        zero | None) of the smallest bucket that holds x's T tokens (captured now if lazy), or
+        None: above the largest bucket, or an input the layer must reject (it then raises)."""
+        cfg = self.layer.config
+        if (x.dtype != cfg.dtype or x.device != self.layer.w13.device or x.dim() not in (2, 3)
+                or x.shape[-1] != cfg.hidden_size):
+            return None
+        T = x.numel() // cfg.hidden_size
         bucket = next((b for b in self.buckets if b >= T), None)
         if bucket is None:
             return None
         graph = self._graphs.get(bucket) or self._capture(bucket)
-        static, out = self.pool.io(bucket, width, dtype)
-        replay = self._replays[T] = (graph, static[:T], out[:T],
-                                     static[T:] if T < bucket else None)
+        static, out = self.pool.io(bucket, cfg.hidden_size, cfg.dtype)
+        replay = self._replays[(x.shape, x.dtype, x.device)] = (
+            graph, static[:T].view(x.shape), out[:T].view(x.shape),
+            static[T:] if T < bucket else None)
         return replay
 
     def __call__(self, x: Tensor) -> Tensor:
-        flat = x.reshape(-1, x.shape[-1])
-        T = flat.shape[0]
-        if torch.cuda.is_current_stream_capturing():  # captured into the caller's graph
+        # The host path of a decode step: one dict lookup, a copy in, the replay, a copy out.
+        if _capturing():  # captured into the caller's graph
             return self.layer(x)
-        replay = self._replays.get(T) or self._replay_for(T, x.shape[-1], x.dtype)
-        if replay is None:  # above the largest bucket
+        replay = self._replays.get((x.shape, x.dtype, x.device)) or self._replay_for(x)
+        if replay is None:  # above the largest bucket, or a bad input (the layer says why)
             return self.layer(x)
         graph, static, out, pad = replay
-        static.copy_(flat)
+        static.copy_(x)
         if pad is not None:
             pad.zero_()
         graph.replay()
-        return out.clone().view(x.shape)
+        return out.clone()
+
+
+_capturing = torch._C._cuda_isCurrentStreamCapturing  # torch.cuda's, without its Python frame
 
 
 def graphed(layer: MoE, token_buckets: Sequence[int] = DEFAULT_BUCKETS, warmup: int = 2,

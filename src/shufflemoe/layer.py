@@ -55,11 +55,18 @@ class _Hot:
     shared_w2: Tensor | None
     shared_gate: Tensor | None
     route: Callable[[Tensor, MoEConfig, Tensor | None], Routing]
+    shared_fusable: bool  # a plain shared expert the fused decode kernels can run (_fuses_shared)
     # (region, T, stream, impl, batch-invariant tiles) -> _launch.Plan | None
     plans: dict = field(default_factory=dict)
 
 
 PLAN_MAX_TOKENS = 256  # launch plans for T up to this (their shared workspace grows with T)
+# A plain shared expert runs through the fused decode kernels up to this T, in every mode (eager,
+# CUDA graph, compiled: the same kernels, the same bits): one m-tile of rows (above it each
+# m-tile would stream the shared weights again). Its kernels use their own split-K workspace,
+# so that on a graph's side stream they never share arrival words with the routed experts'.
+SHARED_FUSED_MAX_TOKENS = 16
+SHARED_WORKSPACE = 1
 # Recorded regions, shared by layers of the same config and layouts (see MoE._planned).
 _TEMPLATES: dict[tuple, _launch.Template | None] = {}
 
@@ -231,12 +238,20 @@ class MoE(nn.Module):
     def _hot(self) -> _Hot:
         hot = self.__dict__.get("_hot_parts")
         if hot is None:
+            cfg = self.config
+            fusable = (self.shared_w13 is not None and self.shared_gate is None
+                       and not self.shared_split and not cfg.batch_invariant
+                       and self.shared_w13.is_contiguous() and self.shared_w2.is_contiguous())
             hot = _Hot(self.expert_weights, self.router_weight, self.router_bias,
                        self.router_logits_bias, self.shared_w13, self.shared_w2, self.shared_gate,
-                       ROUTERS.get(self.config.router))
+                       ROUTERS.get(cfg.router), fusable)
             self.__dict__["_hot_parts"] = hot
             if not torch.compiler.is_compiling():  # compiled: patch() gathers it for real first
                 moe_decode.reserve(self.w13, self.w2)
+                if fusable:
+                    Is, D = cfg.shared_intermediate_size, cfg.hidden_size
+                    moe_decode.reserve(self.shared_w13.view(1, 2 * Is, D),
+                                       self.shared_w2.view(1, D, Is), SHARED_WORKSPACE)
         return hot
 
     @property
@@ -257,11 +272,14 @@ class MoE(nn.Module):
         shared_w13 part by part, each gate rows then up rows): ``part`` 0 writes the first part's
         output, part 1 adds the second's (eager expert parallelism runs them around its host sync
         and its combine); part None runs both. Batch-invariant (local dispatch only, never
-        split): every product through batch_invariant.linear."""
+        split): every product through batch_invariant.linear. At decode sizes, a plain shared
+        expert runs in the fused decode kernels (_fused_shared)."""
         hot, h, Is = self._hot(), self.shared_split, self.config.shared_intermediate_size
         if self.config.batch_invariant:
             return batch_invariant.shared_expert(x, hot.shared_w13, hot.shared_w2,
                                                  hot.shared_gate, out)
+        if part is None and self._fuses_shared(x, hot):
+            return self._fused_shared(hot, x, out)
         if part is None and h:
             self.shared_expert(x, out, 0)
             return self.shared_expert(x, out, 1)
@@ -362,6 +380,9 @@ class MoE(nn.Module):
                  out: Tensor | None = None) -> Tensor:  # x [T, D]: the single-device flow
         hot, cfg = hot or self._hot(), self.config
         given = out is not None  # graph.py's capture (and its warm-up) into static buffers
+        if (not given and self._fuses_shared(x, hot) and not torch.compiler.is_compiling()
+                and not (x.is_cuda and torch.cuda.is_current_stream_capturing())):
+            return self._fused_shared_forward(x, hot)  # eager decode: one launch plan
         out, join = self.start_shared(x, out)  # decode: shared expert overlaps routing and GEMM13
         logits = router_logits(x, hot.router_weight, cfg.router_logits_dtype,
                                hot.router_logits_bias, cfg.batch_invariant)
@@ -375,6 +396,52 @@ class MoE(nn.Module):
                           (x, logits, out), (w.w13, w.w2, w.w13_scale, w.w2_scale, w.w13_bias,
                                              w.w2_bias, hot.router_bias))
         join()
+        return out
+
+    def _fuses_shared(self, x: Tensor, hot: _Hot) -> bool:
+        """A plain shared expert (no gate, not split in parts, contiguous weights) at decode
+        sizes on the Triton backend, in a layer whose routed experts take the fused decode
+        kernels there too (configs.Switch: bf16, not fp8 by default): _fused_shared runs it.
+        Beside the unfused fp8 path on a graph's side stream its kernels, which occupy every SM,
+        cost 4-5 us a call more than cuBLAS (Llama 4 Scout TP8 fp8 at T = 1 and 8, H100,
+        benchmarks/probe_timeline.py); beside the fused bf16 path they cost the same."""
+        cfg, T = self.config, x.shape[0]
+        return (hot.shared_fusable and 0 < T <= SHARED_FUSED_MAX_TOKENS
+                and backend_for(x).name == "triton"
+                and moe_decode.configs.use_fused(T * cfg.top_k, cfg.top_k, cfg.quantized))
+
+    def _fused_shared(self, hot: _Hot, x: Tensor, out: Tensor) -> Tensor:
+        """out [T, D] = the shared expert of x [T, D], as a routing of every token to one expert
+        through the fused decode kernels (decode_down writes out): two launches that spread its
+        weights over every SM, instead of two cuBLAS GEMMs and a SwiGLU launch."""
+        cfg, T = self.config, x.shape[0]
+        D, Is = cfg.hidden_size, cfg.shared_intermediate_size
+        counts, ids = _every_token_on_one_expert(T, x.device)
+        ops = backend_for(x)
+        a = torch.empty(T, Is, dtype=x.dtype, device=x.device)
+        ops.decode_gate_up(x, hot.shared_w13.view(1, 2 * Is, D), None, counts, ids, None, a,
+                           SHARED_WORKSPACE)
+        return ops.decode_down(a, None, hot.shared_w2.view(1, D, Is), None, counts, ids, ids,
+                               None, out, False, SHARED_WORKSPACE)
+
+    def _fused_shared_forward(self, x: Tensor, hot: _Hot) -> Tensor:
+        """Eager decode with a fused shared expert, in one launch plan with routing and the
+        routed experts (which add into the out the shared expert wrote): one plan replay instead
+        of two, and no zero fill."""
+        cfg = self.config
+        out = torch.empty_like(x)
+        logits = router_logits(x, hot.router_weight, cfg.router_logits_dtype,
+                               hot.router_logits_bias, cfg.batch_invariant)
+        counts, ids = _every_token_on_one_expert(x.shape[0], x.device)  # made outside the plan
+        w = hot.weights
+
+        def region() -> None:
+            self._fused_shared(hot, x, out)
+            self._route_and_run(hot, x, logits, out)
+
+        self._planned(hot, "shared+routed", region, (x, logits, out, counts, ids),
+                      (w.w13, w.w2, w.w13_scale, w.w2_scale, w.w13_bias, w.w2_bias,
+                       hot.router_bias, hot.shared_w13, hot.shared_w2))
         return out
 
     def _route_and_run(self, hot: _Hot, x: Tensor, logits: Tensor, out: Tensor,
@@ -430,6 +497,27 @@ class MoE(nn.Module):
 
 def _noop() -> None:
     pass
+
+
+_ONE_EXPERT: dict[tuple[int, torch.device], tuple[Tensor, Tensor]] = {}
+
+
+def _every_token_on_one_expert(T: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """(counts [1] = T, token ids = positions [T] = 0..T-1) int32: the fused shared expert's
+    routing, kept per (T, device) when made outside a compile trace and a CUDA-graph capture
+    (graphed()'s warm-up makes them before its capture; a launch plan's inputs must not be
+    filled inside it); made fresh inside those."""
+    if torch.compiler.is_compiling():
+        return (torch.full((1,), T, dtype=torch.int32, device=device),
+                torch.arange(T, dtype=torch.int32, device=device))
+    key = (T, device)
+    made = _ONE_EXPERT.get(key)
+    if made is None:
+        made = (torch.full((1,), T, dtype=torch.int32, device=device),
+                torch.arange(T, dtype=torch.int32, device=device))
+        if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            _ONE_EXPERT[key] = made
+    return made
 
 
 _UNSEEN = object()

@@ -49,11 +49,16 @@ CONFIGS = {
 def fused_calls(monkeypatch):
     """Counts the strategy's calls into the fused kernels' entry point (each implementation's,
     which the strategy calls unchecked; the default switch fuses bf16 top-1 layers only: tests
-    that need the others force it with configs.ALWAYS)."""
+    that need the others force it with configs.ALWAYS). The routed experts' calls only: a
+    shared expert's (MoE.shared_expert at decode sizes) use workspace 1."""
     calls = []
 
     def counted(real):
-        return lambda *a, **k: calls.append(1) or real(*a, **k)
+        def call(*a, **k):
+            if (a[7] if len(a) > 7 else k.get("workspace", 0)) == 0:
+                calls.append(1)
+            return real(*a, **k)
+        return call
 
     for impl, ops in list(_impl._OPS.items()):
         monkeypatch.setitem(_impl._OPS, impl,

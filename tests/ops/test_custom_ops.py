@@ -109,11 +109,11 @@ def _opcheck_cases() -> dict[str, tuple]:
         "combine_shuffling": (h, counts, starts, empty(A, 2 * I), empty(E // 2, dtype=i32)),
         "split_shuffling": (h, counts, starts, empty(A, 2 * I)),
         "decode_gate_up": (d["x"], d["w13"], None, r.counts, r.token_ids, r.weights,
-                           empty(A, I, dtype=torch.bfloat16), None, None),
+                           empty(A, I, dtype=torch.bfloat16), None, None, 0),
         "decode_down": (torch.randn(A, I, device=DEV).to(torch.bfloat16), None,
                         d["w13"][:, :D, :I].contiguous(), None, r.counts, r.token_ids,
                         r.positions, r.weights, torch.zeros(T, D, dtype=torch.bfloat16,
-                                                            device=DEV)),
+                                                            device=DEV), True, 1),
     }
     refs = {  # the references of the kernels above take the same arguments
         "gather_scale", "gather_scale_fp8", "silu_mul", "silu_mul_fp8", "silu_mul_fp8_groups",
@@ -141,6 +141,22 @@ def test_opcheck_every_op():
         fp8 = any(isinstance(a, torch.Tensor) and a.dtype == torch.float8_e4m3fn for a in args)
         utils = ("test_faketensor",) if fp8 else ("test_schema", "test_faketensor")
         torch.library.opcheck(getattr(torch.ops.shufflemoe, name), args, test_utils=utils)
+
+
+def test_traced_kernels_op_has_the_opaque_ops_schema():
+    """Each kernel launcher is also a triton_op whose body is static_sizes_only (made on any
+    machine, registered outside the interpreter): torch.library infers its schema from that
+    body's signature, which must be the opaque op's, its annotations resolved (string
+    annotations would be evaluated in the wrong module: 2026-11-25, every import on a GPU)."""
+    from torch._library.infer_schema import infer_schema
+
+    from shufflemoe.ops._impl import KERNEL_OPS
+
+    assert len(KERNEL_OPS) >= 10
+    for name, call in KERNEL_OPS.items():
+        got = infer_schema(call.static_sizes_only, mutates_args=call.mutates_args)
+        want = str(call.op._opoverload._schema)
+        assert want.endswith(got.split("(", 1)[1]), (name, got, want)
 
 
 @pytest.mark.parametrize("impl", ["torch", "triton"])

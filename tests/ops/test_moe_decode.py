@@ -116,7 +116,7 @@ def run_gate_up(case, dtype, split, on_input=True, impl="triton", seed=0):
     assert torch.isnan(a[n:]).all(), "rows past num_valid were written"
 
 
-def run_down(case, dtype, split, on_output=True, impl="triton", seed=0):
+def run_down(case, dtype, split, on_output=True, impl="triton", seed=0, accumulate=True):
     r, T, E = routing(case, seed + 3)
     (_, w2, _, s2), (_, w2_64) = weights(E, dtype, seed)
     n, experts = pairs(r)
@@ -136,12 +136,16 @@ def run_down(case, dtype, split, on_output=True, impl="triton", seed=0):
     rw = r.weights if on_output else None
     with configs.override(small(split, fp8)):
         got = decode_down(inp, w2, r.counts, r.token_ids, r.positions, out, rw, w2_scale=s2,
-                          impl=impl)
+                          accumulate=accumulate, impl=impl)
     assert got is out
     y = torch.einsum("pi,pdi->pd", a64[:n], w2_64[experts])
     if on_output:
         y = y * r.weights[:n].double().cpu()[:, None]
-    ref = base.double().index_add_(0, r.token_ids[:n].long().cpu(), y)
+    tokens = r.token_ids[:n].long().cpu()
+    ref = base.double()
+    if not accumulate:  # written where a token has a routed pair, kept elsewhere
+        ref[tokens] = 0.0
+    ref = ref.index_add_(0, tokens, y)
     assert_close(out, ref, tol(out_dtype))
 
 
@@ -158,6 +162,19 @@ def test_gate_up_matches_float64(case, dtype):
 @pytest.mark.parametrize("case,dtype", MAIN, ids=[f"{c}-{d}" for c, d in MAIN])
 def test_down_matches_float64(case, dtype):
     run_down(case, DTYPES[dtype], split=2)
+
+
+OVERWRITE = ["T=1 k=1 E=16", "all tokens on one expert", "capacity drops", "ids routed nowhere"]
+
+
+@pytest.mark.parametrize("impl", ["triton", "torch"])
+@pytest.mark.parametrize("case", OVERWRITE)
+def test_down_overwrites_without_accumulate(case, impl):
+    """accumulate=False: out = the sum for tokens with a routed pair (top-1 epilogue and k > 1
+    combine), the other tokens' rows (dropped or routed nowhere) keep their values."""
+    run_down(case, torch.bfloat16, split=2, impl=impl, accumulate=False)
+    if case == "capacity drops":
+        run_down(case, FP8_DTYPE, split=1, impl=impl, accumulate=False)
 
 
 @pytest.mark.parametrize("split", [1, 2, 3, 5])  # 3 K steps in gate_up, 2 in down
@@ -291,7 +308,7 @@ def test_layer_reserves_every_fused_calls_arrival_words(dims):
     E, D, I, k = dims
     layer = MoE(MoEConfig(hidden_size=D, intermediate_size=I, num_experts=E, top_k=k), device="cuda")
     layer._hot()
-    words = kernel._WORDS[torch.device("cuda", torch.cuda.current_device())]
+    words = kernel._WORDS[torch.device("cuda", torch.cuda.current_device()), 0]
     held = (len(words), words[-1].data_ptr())
     for T in range(1, configs.Switch().max_pairs // k + 1):
         layer(torch.randn(T, D, device="cuda", dtype=torch.bfloat16))

@@ -51,7 +51,7 @@ def gate_up(fp8: bool, split: int, rw: bool, pdl: bool):
                         **({"launch_pdl": True} if pdl else {}))
 
 
-def down(fp8: bool, split: int, k: int, pdl: bool):
+def down(fp8: bool, split: int, k: int, pdl: bool, accumulate: bool = True):
     from shufflemoe.ops.moe_decode import kernel
 
     a = "*fp8e4nv" if fp8 else "*bf16"
@@ -60,7 +60,7 @@ def down(fp8: bool, split: int, k: int, pdl: bool):
                pos_ptr="*i32", rw_ptr="*fp32", out_ptr="*bf16", y_ptr="*fp32" if k > 1 else None,
                part_ptr="*fp32" if split > 1 else None, words_ptr="*i32", E="i32", D="i32",
                I="i32", n_tiles="i32", k_split="i32", A="i32", T="i32", words_cols="i32")
-    consts = dict(K=k, TOP1=k == 1, BLOCK_E=128, BLOCK_M=16, BLOCK_N=64,
+    consts = dict(K=k, TOP1=k == 1, ACCUMULATE=accumulate, BLOCK_E=128, BLOCK_M=16, BLOCK_N=64,
                   BLOCK_K=256 if fp8 else 128, BLOCK_T=16, SPLIT=split, FP8=fp8, HAS_RW=True,
                   UPCAST=False, DOT_PRECISION="tf32", INTERPRET=False, PDL=pdl)
     return compile_sm90(kernel._down_kernel, sig, consts, **({"launch_pdl": True} if pdl else {}))
@@ -71,6 +71,8 @@ BUILDS = {
     "gate_up fp8 PDL": lambda: gate_up(True, 1, False, True),
     "down fp8 split-K k=8": lambda: down(True, 3, 8, False),
     "down bf16 top-1 PDL": lambda: down(False, 1, 1, True),
+    "down bf16 top-1 split-K writing out": lambda: down(False, 2, 1, False, accumulate=False),
+    "down bf16 k=4 writing out": lambda: down(False, 1, 4, False, accumulate=False),
 }
 
 

@@ -8,9 +8,9 @@ a block of code, which is how tests and benchmarks compare the two on the same p
 
 Every implementation of every op, kernel launcher and reference alike, is an in-place custom op
 (``inplace_op``): it writes outputs its caller allocated and returns None, so its fake
-implementation allocates nothing and torch.compile traces around it without a graph break. What
-runs inside is never traced: a launcher may read data pointers, a reference may read sizes of
-CPU tensors on the host. ``ops_for(impl)`` bundles one implementation's unvalidated entry points
+implementation allocates nothing and torch.compile traces around it without a graph break. A
+reference runs opaque (it may read sizes of CPU tensors on the host); a kernel launcher is also
+a ``triton_op`` that torch.compile traces at static sizes (see ``inplace_op``'s ``kernels``). ``ops_for(impl)`` bundles one implementation's unvalidated entry points
 (``Ops``): the public functions validate their arguments and call them; the layer validates its
 weights once and calls them directly.
 """
@@ -20,7 +20,9 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import importlib.util
+import inspect
 import os
+import typing
 from dataclasses import dataclass
 from typing import Callable
 
@@ -90,22 +92,27 @@ def inplace_op(name: str, mutates_args: tuple[str, ...], kernels: bool = False):
     registered with ``torch.library.triton_op`` as ``<name>_kernels``, which torch.compile
     traces on fake tensors: each launch becomes a call of its kernel in the graph, and Inductor
     launches the kernels from its own generated code (no Python launcher, no op dispatch per
-    call). fn picks tiles by size, so that op serves static shapes; a traced call with a
-    symbolic size (dynamic shapes) takes the opaque op, which picks them when it runs. Under the
-    interpreter (CPU CI) kernels cannot be traced: the opaque op only."""
+    call). fn picks tiles by size, so that op serves static shapes; traced with a symbolic
+    size (dynamic shapes), its body is the opaque op, which picks them when it runs. The choice
+    is made there, on fake tensors, not in ``call``: Dynamo, which runs ``call``, reports a
+    symbolic size as an int. Under the interpreter (CPU CI) kernels cannot be traced: the
+    opaque op only."""
 
     def wrap(fn):
         op = torch.library.custom_op(f"shufflemoe::{name}", fn, mutates_args=mutates_args)
         op.register_fake(_no_output)
-        traced_op = None
-        if kernels and _TRITON and not interpreting():
-            traced_op = torch.library.triton_op(f"shufflemoe::{name}_kernels", fn,
-                                                mutates_args=mutates_args)
+        traced_op = static_sizes_only = None
+        if kernels:
+            static_sizes_only = _same_signature(fn, lambda *args: (op if _symbolic(args)
+                                                                    else fn)(*args))
+            if _TRITON and not interpreting():
+                traced_op = torch.library.triton_op(f"shufflemoe::{name}_kernels",
+                                                    static_sizes_only, mutates_args=mutates_args)
 
         def call(*args) -> None:
             if not _is_compiling():
                 fn(*args)
-            elif traced_op is None or _symbolic(args):
+            elif traced_op is None:
                 op(*args)
             else:
                 traced_op(*args)
@@ -114,14 +121,36 @@ def inplace_op(name: str, mutates_args: tuple[str, ...], kernels: bool = False):
         call.__doc__ = fn.__doc__
         call.op = op
         call.traced_op = traced_op
+        call.static_sizes_only = static_sizes_only  # traced_op's body (tests check its schema)
+        call.mutates_args = mutates_args
+        if kernels:
+            KERNEL_OPS[name] = call
         return call
 
     return wrap
 
 
+KERNEL_OPS: dict[str, Callable] = {}  # name -> call of every inplace_op(kernels=True)
+
+
+def _same_signature(fn: Callable, body: Callable) -> Callable:
+    """body with fn's name and signature, its annotations resolved (fn's module may write them
+    as strings, which torch.library would evaluate in the wrong module)."""
+    hints = typing.get_type_hints(fn)
+    sig = inspect.signature(fn)
+    ret = hints.get("return")
+    body.__signature__ = sig.replace(
+        parameters=[p.replace(annotation=hints[p.name]) for p in sig.parameters.values()],
+        return_annotation=None if ret is type(None) else ret)
+    body.__name__ = body.__qualname__ = fn.__name__
+    body.__doc__ = fn.__doc__
+    return body
+
+
 def _symbolic(args) -> bool:
-    """Whether a tensor among ``args`` has a symbolic size (torch.compile's dynamic shapes)."""
-    return any(isinstance(a, Tensor) and not all(isinstance(n, int) for n in a.shape)
+    """Whether a tensor among ``args`` has a symbolic size (torch.compile's dynamic shapes), on
+    fake tensors (under Dynamo a SymInt passes for an int)."""
+    return any(isinstance(a, Tensor) and any(isinstance(n, torch.SymInt) for n in a.shape)
                for a in args)
 
 
@@ -155,9 +184,10 @@ class Ops:
     token_sum: Callable  # (out, y, positions, weights, num_valid, rows) -> out
     combine_shuffling: Callable  # (x, counts, starts, out) -> (out, counts per local expert)
     split_shuffling: Callable  # (y, counts, starts, out) -> out
-    # (x, w13, w13_scale, counts, token_ids, row_weights, out) -> a | (q, scale)
+    # (x, w13, w13_scale, counts, token_ids, row_weights, out[, workspace]) -> a | (q, scale)
     decode_gate_up: Callable
-    # (a, a_scale, w2, w2_scale, counts, token_ids, positions, row_weights, out) -> out
+    # (a, a_scale, w2, w2_scale, counts, token_ids, positions, row_weights, out[, accumulate,
+    #  workspace]) -> out
     decode_down: Callable
     quantize_fp8_groups: Callable  # (x, num_valid, q, scale, group) -> None (fills q, scale)
 

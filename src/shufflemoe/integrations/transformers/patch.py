@@ -82,7 +82,7 @@ class _State:
     transform: Callable[[MoE], MoE] | None = None  # e.g. parallelize, applied after each build
     layer: MoE | None = None
     run: Callable[[Tensor], Tensor] | None = None  # the layer, or its CUDA graphs
-    key: tuple = ()  # (data_ptr, version) of each source tensor when the layer was built
+    key: list = ()  # data_ptr, version, data_ptr, ... of the source tensors when it was built
 
 
 def _source_paths(spec: BlockSpec, options: dict) -> list[str]:
@@ -118,9 +118,24 @@ def _sources(block: nn.Module, state: _State) -> list[tuple[dict, str]]:
     return state.sources
 
 
-def _key(block: nn.Module, state: _State) -> tuple:
-    tensors = [d[n] for d, n in _sources(block, state)]
-    return (state.experts_module, *[(t.data_ptr(), t._version) for t in tensors])
+def _key(block: nn.Module, state: _State) -> list:
+    return [v for d, n in _sources(block, state) for v in (d[n].data_ptr(), d[n]._version)]
+
+
+def _stale(block: nn.Module, state: _State) -> bool:
+    """Whether a source tensor was replaced or modified in place (or the experts module
+    replaced) since the layer was built: per eager call, so a plain loop (~1 us) rather than a
+    new key to compare."""
+    d, n = state.experts_at
+    if d[n] is not state.experts_module:
+        return True
+    key, i = state.key, 0
+    for d, n in state.sources:
+        t = d[n]
+        if t.data_ptr() != key[i] or t._version != key[i + 1]:
+            return True
+        i += 2
+    return False
 
 
 def _fused_rows(*parts: Tensor) -> Tensor:
@@ -188,7 +203,7 @@ def _graph_buckets(state: _State, layer: MoE) -> tuple[int, ...] | None:
 def _built(block: nn.Module) -> _State:
     """The state of a patched block with its layer (re)built if a source tensor changed."""
     state: _State = block.__dict__["_shufflemoe"]
-    if state.layer is None or _key(block, state) != state.key:
+    if state.layer is None or _stale(block, state):
         try:
             state.layer = layer = _build(block, state)
         except Exception:

@@ -38,6 +38,11 @@ def _check_scales(w: Tensor, w_scale: Tensor | None, name: str, x_dtype: torch.d
                         f"float8_e4m3fn, got {w.dtype}")
 
 
+def _check_workspace(workspace: int) -> None:
+    if not isinstance(workspace, int) or isinstance(workspace, bool) or workspace < 0:
+        raise ValueError(f"workspace must be an int >= 0, got {workspace!r}")
+
+
 def gate_up_outputs(out, A: int, I: int, dtype: torch.dtype, fp8: bool, dev: torch.device):
     """decode_gate_up's outputs: a [A, I] in x's dtype, or fp8 (q [A, I], scale [A]), checked
     when given, else allocated (the shuffled strategy's unchecked call allocates them here)."""
@@ -66,13 +71,16 @@ def decode_gate_up(
     *,
     w13_scale: Tensor | None = None,
     out: Tensor | tuple[Tensor, Tensor] | None = None,
+    workspace: int = 0,
     impl: str | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """x [T, D], w13 [E, 2I, D] (gate rows then up rows), counts [E] and token_ids [A] of a
     Routing (pairs sorted by expert, sum(counts) <= A routed), row_weights [A] float32 applied to
     the input rows (Llama 4) -> a = silu(gate) * up [A, I] in x's dtype; with float8_e4m3fn w13
     and w13_scale [E, 2I], (q [A, I] e4m3, scale [A] float32), x quantized per row first. Rows
-    past sum(counts) are not written (out: preallocated outputs)."""
+    past sum(counts) are not written (out: preallocated outputs). workspace: which buffer of
+    split-K arrival words the kernel uses (0, 1, ...): calls that may run at the same time on
+    two streams need two."""
     check_tensor("x", x, dim=2, dtypes=X_DTYPES, contiguous=True)
     check_tensor("w13", w13, dim=3, dtypes=X_DTYPES + (FP8_DTYPE,), contiguous=True)
     E, two_i, D = w13.shape
@@ -88,8 +96,9 @@ def decode_gate_up(
     dev = check_same_device(x=x, w13=w13, counts=counts, token_ids=token_ids,
                             row_weights=row_weights, w13_scale=w13_scale)
     out = gate_up_outputs(out, A, two_i // 2, x.dtype, w13.dtype == FP8_DTYPE, dev)
+    _check_workspace(workspace)
     return ops_for(resolve(impl, x)).decode_gate_up(x, w13, w13_scale, counts, token_ids,
-                                                     row_weights, out)
+                                                     row_weights, out, workspace)
 
 
 def decode_down(
@@ -102,12 +111,16 @@ def decode_down(
     row_weights: Tensor | None = None,
     *,
     w2_scale: Tensor | None = None,
+    accumulate: bool = True,
+    workspace: int = 0,
     impl: str | None = None,
 ) -> Tensor:
     """a [A, I] (or fp8 (q, scale) from decode_gate_up), w2 [E, D, I], counts [E], token_ids
     [A], positions [A = T * k] of a Routing; out [T, D] += for each token the sum of its routed
     pairs' a @ w2[e]^T (times row_weights [A] float32, the output weights), in float32, rounded
-    once, in a fixed order (no atomics). Returns out."""
+    once, in a fixed order (no atomics). accumulate=False: out = that sum instead, for the tokens
+    with a routed pair (the others' rows keep their values). workspace: as in decode_gate_up.
+    Returns out."""
     q, a_scale = a if isinstance(a, tuple) else (a, None)
     check_tensor("a", q, dim=2, dtypes=X_DTYPES + (FP8_DTYPE,), contiguous=True)
     check_tensor("w2", w2, dim=3, dtypes=X_DTYPES + (FP8_DTYPE,), contiguous=True)
@@ -133,11 +146,15 @@ def decode_down(
                      contiguous=True)
     check_same_device(a=q, w2=w2, counts=counts, token_ids=token_ids, positions=positions,
                       out=out, row_weights=row_weights, a_scale=a_scale, w2_scale=w2_scale)
+    if not isinstance(accumulate, bool):
+        raise TypeError(f"accumulate must be a bool, got {type(accumulate).__name__}")
+    _check_workspace(workspace)
     return ops_for(resolve(impl, q)).decode_down(q, a_scale, w2, w2_scale, counts, token_ids,
-                                                  positions, row_weights, out)
+                                                  positions, row_weights, out, accumulate,
+                                                  workspace)
 
 
-def reserve(w13: Tensor, w2: Tensor) -> None:
+def reserve(w13: Tensor, w2: Tensor, workspace: int = 0) -> None:
     """Allocate the fused kernels' persistent workspace for these weights now, for every A the
     default Switch fuses (kernel.reserve_arrival_words): the layer calls it when it gathers its
     weights on a GPU, outside any CUDA-graph capture and compile trace."""
@@ -145,7 +162,7 @@ def reserve(w13: Tensor, w2: Tensor) -> None:
             and not torch.cuda.is_current_stream_capturing()):
         from .kernel import reserve_arrival_words  # the kernels' module: it needs triton
 
-        reserve_arrival_words(w13, w2, configs.Switch().max_pairs)
+        reserve_arrival_words(w13, w2, configs.Switch().max_pairs, workspace)
 
 
 __all__ = ["configs", "decode_down", "decode_gate_up", "reserve"]

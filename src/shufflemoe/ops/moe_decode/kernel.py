@@ -1,7 +1,7 @@
 """The routed experts at decode in two Triton launches (after index_shuffle):
 
     gate_up: a[p] = SwiGLU(x[token_ids[p]] (* w_in[p]) @ W13[e(p)]^T)  [A, I]  (+ fp8 rowwise)
-    down:    out[t] += sum over t's pairs p of (a[p] @ W2[e(p)]^T) (* w_out[p])    [T, D]
+    down:    out[t] (+)= sum over t's pairs p of (a[p] @ W2[e(p)]^T) (* w_out[p])    [T, D]
 
 Pairs are sorted by expert (Routing); an m-tile is up to BLOCK_M consecutive pairs of one expert,
 found on the device from counts as in the grouped GEMM (no host sync). Program pid covers m-tile
@@ -29,7 +29,8 @@ down's combine is token-major and deterministic. Top-1 (k == 1): a token has one
 tile's last program adds into out[token] in fp32 and rounds once. k > 1: the tile's last program
 stores its fp32 rows, and the last m-tile of each n-tile (a column arrival word) sums every
 token's k rows through Routing.positions, in the token's choice order, into out in fp32 and
-rounds once: no atomics on out.
+rounds once: no atomics on out. ACCUMULATE False: the sum is written instead of added (the layer's
+fused shared expert writes out first, then the routed experts add into it).
 
 Indexing: products that can pass 2^31 (token * D, expert * rows * K, pair * N) are int64.
 """
@@ -329,7 +330,7 @@ def _down_kernel(
     ids_ptr,  # [A] token of each pair (TOP1)
     pos_ptr,  # [T * K] Routing.positions (not TOP1)
     rw_ptr,  # [A] fp32 output weight of each pair (HAS_RW)
-    out_ptr,  # [T, D] accumulated into
+    out_ptr,  # [T, D] accumulated into (ACCUMULATE), else written
     y_ptr,  # [A, D] fp32 rows for the combine (not TOP1)
     part_ptr,  # [SPLIT, A, D] fp32 partials (SPLIT > 1)
     words_ptr,  # int32 arrival words: [m-tiles max * n_tiles] tiles, then [n_tiles] columns
@@ -337,6 +338,7 @@ def _down_kernel(
     words_cols,  # offset of the per-n-tile words in words_ptr
     K: tl.constexpr,  # pairs per token (positions has T * K entries)
     TOP1: tl.constexpr,  # K == 1: each pair owns its token's row
+    ACCUMULATE: tl.constexpr,  # out += the sum (else out = the sum)
     BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_T: tl.constexpr,  # tokens per step of the combine
     SPLIT: tl.constexpr, FP8: tl.constexpr, HAS_RW: tl.constexpr, UPCAST: tl.constexpr,
@@ -383,32 +385,40 @@ def _down_kernel(
             if TOP1:  # the pair's token has no other pair: read, add in fp32, round once
                 tok = tl.load(ids_ptr + rows, mask=row_ok, other=0).to(tl.int64)
                 dst = out_ptr + tok[None, :] * D + cols[:, None]
-                old = tl.load(dst, mask=mask, other=0.0).to(tl.float32)
-                tl.store(dst, cast_to(old + acc, out_ptr.dtype.element_ty, INTERPRET), mask=mask)
+                if ACCUMULATE:
+                    acc += tl.load(dst, mask=mask, other=0.0).to(tl.float32)
+                tl.store(dst, cast_to(acc, out_ptr.dtype.element_ty, INTERPRET), mask=mask)
             else:
                 tl.store(y_ptr + at_y, acc, mask=mask)
                 if _arrive(words_ptr + words_cols + n_tile, total_tiles):
                     _combine(out_ptr, y_ptr, pos_ptr, cols, col_ok, num_valid, T, D, K, BLOCK_T,
-                             INTERPRET)
+                             ACCUMULATE, INTERPRET)
 
 
 @triton.jit
 def _combine(out_ptr, y_ptr, pos_ptr, cols, col_ok, num_valid, T, D, K: tl.constexpr,
-             BLOCK_T: tl.constexpr, INTERPRET: tl.constexpr):
-    """out[t, cols] += sum over j < K of y[positions[t * K + j], cols] for pairs below num_valid,
-    for every token, in fp32 in choice order, rounded once."""
+             BLOCK_T: tl.constexpr, ACCUMULATE: tl.constexpr, INTERPRET: tl.constexpr):
+    """out[t, cols] (+)= sum over j < K of y[positions[t * K + j], cols] for pairs below num_valid,
+    for every token, in fp32 in choice order, rounded once (not ACCUMULATE: only tokens with a
+    pair below num_valid are written)."""
     t0 = 0
     while t0 < T:
         ts = t0 + tl.arange(0, BLOCK_T)
         t_ok = ts < T
         dst = out_ptr + ts.to(tl.int64)[:, None] * D + cols[None, :]
         m = t_ok[:, None] & col_ok[None, :]
-        acc = tl.load(dst, mask=m, other=0.0).to(tl.float32)  # [BT, BN]
+        acc = tl.zeros([BLOCK_T, cols.shape[0]], tl.float32)  # [BT, BN]
+        if ACCUMULATE:
+            acc += tl.load(dst, mask=m, other=0.0).to(tl.float32)
+        routed = tl.zeros([BLOCK_T], tl.int1)
         for j in tl.static_range(K):
             p = tl.load(pos_ptr + ts.to(tl.int64) * K + j, mask=t_ok, other=0).to(tl.int64)
             ok = t_ok & (p >= 0) & (p < num_valid)
+            routed = routed | ok
             acc += tl.load(y_ptr + p[:, None] * D + cols[None, :],
                            mask=ok[:, None] & col_ok[None, :], other=0.0, cache_modifier=".cg")
+        if not ACCUMULATE:  # written only where the token has a routed pair
+            m = m & routed[:, None]
         tl.store(dst, cast_to(acc, out_ptr.dtype.element_ty, INTERPRET), mask=m)
         t0 += BLOCK_T
 
@@ -427,19 +437,20 @@ def sm_count(device: torch.device) -> int:
     return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
-_WORDS: dict[torch.device, list[Tensor]] = {}
+_WORDS: dict[tuple[torch.device, int], list[Tensor]] = {}
 
 
-def arrival_words(like: Tensor, n: int) -> Tensor:
+def arrival_words(like: Tensor, n: int, workspace: int = 0) -> Tensor:
     """n zeroed int32 arrival words on ``like``'s device. The kernels leave them zero, so one
-    buffer per device serves every call in stream order (the layer's kernels run on one stream).
-    Old buffers are kept alive: a captured CUDA graph may still point at them. Inside a capture a
-    new buffer cannot be zeroed before the replay, so warm up (as graphed() does) first. Traced
-    by torch.compile: fresh zeros in the graph (a buffer of its own, filled each call)."""
+    buffer per (device, workspace) serves every call in stream order: calls that may run at the
+    same time on two streams use two workspaces (the layer's shared expert beside its routed
+    experts). Old buffers are kept alive: a captured CUDA graph may still point at them. Inside
+    a capture a new buffer cannot be zeroed before the replay, so warm up (as graphed() does) or
+    reserve first. Traced by torch.compile: fresh zeros in the graph (filled each call)."""
     device = like.device
     if traced((like,)):
         return torch.zeros(n, dtype=torch.int32, device=device)
-    buffers = _WORDS.setdefault(device, [])
+    buffers = _WORDS.setdefault((device, workspace), [])
     if buffers and buffers[-1].numel() >= n:
         return buffers[-1][:n]
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
@@ -449,7 +460,7 @@ def arrival_words(like: Tensor, n: int) -> Tensor:
     return buffers[-1][:n]
 
 
-def reserve_arrival_words(w13: Tensor, w2: Tensor, max_pairs: int) -> None:
+def reserve_arrival_words(w13: Tensor, w2: Tensor, max_pairs: int, workspace: int = 0) -> None:
     """Allocate now the arrival words every fused call of a layer (w13 [E, 2I, D], w2 [E, D, I])
     with up to ``max_pairs`` pairs needs, so that no later call allocates them: not while a CUDA
     graph captures (which arrival_words refuses), nor while torch.compile's CUDA-graph trees warm
@@ -461,7 +472,7 @@ def reserve_arrival_words(w13: Tensor, w2: Tensor, max_pairs: int) -> None:
         m_tiles = max_m_tiles(A, E, plan.block_m)
         need = max(need, m_tiles * cdiv(I, plan.gate_up.block_n) + m_tiles,
                    m_tiles * cdiv(D, plan.down.block_n) + cdiv(D, plan.down.block_n))
-    arrival_words(w13, need)
+    arrival_words(w13, need, workspace)
 
 
 def max_m_tiles(A: int, E: int, block_m: int) -> int:
@@ -487,7 +498,7 @@ def _k_split(K: int, cfg: configs.GemmConfig) -> tuple[int, int]:
 @kernel_op("decode_gate_up", mutates_args=("a", "q", "scale"))
 def _gate_up_op(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Tensor,
                 token_ids: Tensor, row_weights: Optional[Tensor], a: Optional[Tensor],
-                q: Optional[Tensor], scale: Optional[Tensor]) -> None:
+                q: Optional[Tensor], scale: Optional[Tensor], workspace: int) -> None:
     """a [A, I] (x's dtype), or for fp8 w13 (q [A, I], scale [A]) <- SwiGLU of the gathered rows.
     The tiles are planned here, inside the op, so torch.compile never traces the host logic."""
     (T, D), (E, two_i, _), A = x.shape, w13.shape, token_ids.shape[0]
@@ -500,7 +511,7 @@ def _gate_up_op(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Ten
     n_tiles = cdiv(I, cfg.block_n)
     m_tiles = max_m_tiles(A, E, plan.block_m)
     fp8 = w13.dtype == FP8_DTYPE
-    words = arrival_words(x, m_tiles * n_tiles + m_tiles)
+    words = arrival_words(x, m_tiles * n_tiles + m_tiles, workspace)
     part = torch.empty(split, A, 2 * I, dtype=torch.float32, device=x.device) if split > 1 else None
     if fp8:  # a in fp32 first; each m-tile's last program quantizes its rows into (q, scale)
         a = torch.empty(A, I, dtype=torch.float32, device=x.device)
@@ -524,8 +535,8 @@ def _gate_up_op(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Ten
 @kernel_op("decode_down", mutates_args=("out",))
 def _down_op(a: Tensor, a_scale: Optional[Tensor], w2: Tensor, w2_scale: Optional[Tensor],
              counts: Tensor, token_ids: Tensor, positions: Tensor, row_weights: Optional[Tensor],
-             out: Tensor) -> None:
-    """out [T, D] += the routed rows of a [A, I] through w2 [E, D, I], token-major."""
+             out: Tensor, accumulate: bool, workspace: int) -> None:
+    """out [T, D] (+)= the routed rows of a [A, I] through w2 [E, D, I], token-major."""
     (A, I), (E, D, _), T = a.shape, w2.shape, out.shape[0]
     if A == 0 or D == 0:
         return
@@ -535,7 +546,7 @@ def _down_op(a: Tensor, a_scale: Optional[Tensor], w2: Tensor, w2_scale: Optiona
     k_split, split = _k_split(I, cfg)
     n_tiles = cdiv(D, cfg.block_n)
     m_tiles = max_m_tiles(A, E, plan.block_m)
-    words = arrival_words(a, m_tiles * n_tiles + n_tiles)
+    words = arrival_words(a, m_tiles * n_tiles + n_tiles, workspace)
     part = torch.empty(split, A, D, dtype=torch.float32, device=a.device) if split > 1 else None
     y = torch.empty(A, D, dtype=torch.float32, device=a.device) if k > 1 else None
     interpret = interpreting()
@@ -546,7 +557,7 @@ def _down_op(a: Tensor, a_scale: Optional[Tensor], w2: Tensor, w2_scale: Optiona
         launch(_down_kernel, (m_tiles * n_tiles * split,),
             a, a_scale, w2, w2_scale, counts, token_ids, positions, row_weights, out, y, part,
             words, E, D, I, n_tiles, k_split, A, T, m_tiles * n_tiles,
-            K=k, TOP1=k == 1, BLOCK_E=next_power_of_2(E), BLOCK_M=plan.block_m,
+            K=k, TOP1=k == 1, ACCUMULATE=accumulate, BLOCK_E=next_power_of_2(E), BLOCK_M=plan.block_m,
             BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_T=_COMBINE_TOKENS, SPLIT=split,
             FP8=a.dtype == FP8_DTYPE, HAS_RW=row_weights is not None,
             UPCAST=interpret and w2.dtype in (torch.bfloat16, FP8_DTYPE),
@@ -555,18 +566,20 @@ def _down_op(a: Tensor, a_scale: Optional[Tensor], w2: Tensor, w2_scale: Optiona
 
 
 def gate_up(x: Tensor, w13: Tensor, w13_scale: Tensor | None, counts: Tensor, token_ids: Tensor,
-            row_weights: Tensor | None,
-            out: Tensor | tuple[Tensor, Tensor]) -> Tensor | tuple[Tensor, Tensor]:
+            row_weights: Tensor | None, out: Tensor | tuple[Tensor, Tensor],
+            workspace: int = 0) -> Tensor | tuple[Tensor, Tensor]:
     """x [T, D], w13 [E, 2I, D] -> out: a [A, I] in x's dtype, or (q [A, I] e4m3, scale [A])
     for fp8 w13. Arguments were checked by the public function."""
     a, q, scale = (None, *out) if isinstance(out, tuple) else (out, None, None)
-    _gate_up_op(x, w13, w13_scale, counts, token_ids, row_weights, a, q, scale)
+    _gate_up_op(x, w13, w13_scale, counts, token_ids, row_weights, a, q, scale, workspace)
     return out
 
 
 def down(a: Tensor, a_scale: Tensor | None, w2: Tensor, w2_scale: Tensor | None, counts: Tensor,
-         token_ids: Tensor, positions: Tensor, row_weights: Tensor | None, out: Tensor) -> Tensor:
-    """out [T, D] += the routed rows of a [A, I] through w2 [E, D, I]; returns out. Arguments
-    were checked by the public function."""
-    _down_op(a, a_scale, w2, w2_scale, counts, token_ids, positions, row_weights, out)
+         token_ids: Tensor, positions: Tensor, row_weights: Tensor | None, out: Tensor,
+         accumulate: bool = True, workspace: int = 0) -> Tensor:
+    """out [T, D] += (or, not accumulate, =) the routed rows of a [A, I] through w2 [E, D, I];
+    returns out. Arguments were checked by the public function."""
+    _down_op(a, a_scale, w2, w2_scale, counts, token_ids, positions, row_weights, out, accumulate,
+             workspace)
     return out

@@ -28,7 +28,7 @@ def _format(fp8: bool) -> str:
 @inplace_op("decode_gate_up_ref", mutates_args=("a", "q", "scale"))
 def _gate_up(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Tensor,
              token_ids: Tensor, row_weights: Optional[Tensor], a: Optional[Tensor],
-             q: Optional[Tensor], scale: Optional[Tensor]) -> None:
+             q: Optional[Tensor], scale: Optional[Tensor], workspace: int) -> None:
     fp8 = w13.dtype == FP8_DTYPE
     nv = _num_valid(counts)
     xs = gather_scale(x, token_ids, row_weights, nv, fp8, None)
@@ -41,23 +41,34 @@ def _gate_up(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Tensor
 @inplace_op("decode_down_ref", mutates_args=("out",))
 def _down(a: Tensor, a_scale: Optional[Tensor], w2: Tensor, w2_scale: Optional[Tensor],
           counts: Tensor, token_ids: Tensor, positions: Tensor, row_weights: Optional[Tensor],
-          out: Tensor) -> None:
+          out: Tensor, accumulate: bool, workspace: int) -> None:
     y = grouped_gemm(a, w2, counts, a_scale, w2_scale, None, None, None, None,
                      torch.float32, quantization=_format(w2.dtype == FP8_DTYPE))  # [A, D]
-    token_sum(out, y, positions, row_weights, _num_valid(counts))
+    nv = _num_valid(counts)
+    if accumulate:
+        token_sum(out, y, positions, row_weights, nv)
+        return
+    # out = the sum, for tokens with a routed pair; the other rows keep their values
+    fresh = torch.zeros_like(out)
+    token_sum(fresh, y, positions, row_weights, nv)
+    p = positions.view(out.shape[0], -1)
+    routed = ((p >= 0) & (p < nv)).any(1)
+    out[routed] = fresh[routed]
 
 
 def gate_up(x: Tensor, w13: Tensor, w13_scale: Tensor | None, counts: Tensor, token_ids: Tensor,
-            row_weights: Tensor | None,
-            out: Tensor | tuple[Tensor, Tensor]) -> Tensor | tuple[Tensor, Tensor]:
-    """As ops.decode_gate_up (out allocated by the public function)."""
+            row_weights: Tensor | None, out: Tensor | tuple[Tensor, Tensor],
+            workspace: int = 0) -> Tensor | tuple[Tensor, Tensor]:
+    """As ops.decode_gate_up (out allocated by the public function; no workspace here)."""
     a, q, scale = (None, *out) if isinstance(out, tuple) else (out, None, None)
-    _gate_up(x, w13, w13_scale, counts, token_ids, row_weights, a, q, scale)
+    _gate_up(x, w13, w13_scale, counts, token_ids, row_weights, a, q, scale, workspace)
     return out
 
 
 def down(a: Tensor, a_scale: Tensor | None, w2: Tensor, w2_scale: Tensor | None, counts: Tensor,
-         token_ids: Tensor, positions: Tensor, row_weights: Tensor | None, out: Tensor) -> Tensor:
-    """As ops.decode_down."""
-    _down(a, a_scale, w2, w2_scale, counts, token_ids, positions, row_weights, out)
+         token_ids: Tensor, positions: Tensor, row_weights: Tensor | None, out: Tensor,
+         accumulate: bool = True, workspace: int = 0) -> Tensor:
+    """As ops.decode_down (no workspace here)."""
+    _down(a, a_scale, w2, w2_scale, counts, token_ids, positions, row_weights, out, accumulate,
+          workspace)
     return out

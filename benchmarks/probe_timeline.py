@@ -1,0 +1,109 @@
+"""Where the GPU time of a decode step goes: the layer in a CUDA graph (graphed, as users run it),
+replays profiled with CUPTI (torch.profiler): every kernel's duration and the idle gap before it,
+for the layer suite's decode presets, bf16 and fp8 rowwise, T = 1 and 8; with a shared expert,
+also with it through cuBLAS (MoE._fused_shared off) on its side stream. Each replay gets a new input (new routing); the floor is the
+activated bytes (planner.must_read_bytes) at the measured read bandwidth.
+
+    PYTHONPATH=src python benchmarks/probe_timeline.py > $OUT/timeline.txt
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from shufflemoe import MoE, graphed, preset
+from shufflemoe import layer as moe_layer
+from shufflemoe.bench.ceilings import measure_ceilings
+from shufflemoe.layer import SHARED_FUSED_MAX_TOKENS
+from shufflemoe.planner import must_read_bytes
+
+PRESETS = {
+    "scout-tp8": preset("llama4-scout", tp=8),
+    "qwen3-30b-a3b": preset("qwen3-30b-a3b"),
+    "mixtral-tp2": preset("mixtral-8x7b", tp=2),
+}
+REPLAYS = 9
+
+
+def short(name: str) -> str:
+    for key in ("gate_up", "down", "index_shuffle", "route", "silu_mul", "gemv", "gemm", "Memset",
+                "Memcpy", "copy", "fill", "splitK", "sigmoid"):
+        if key.lower() in name.lower():
+            return f"{key}:{name[:48]}"
+    return name[:60]
+
+
+def timeline(decode, xs) -> tuple[list[list[tuple[str, float, float]]], list[float]]:
+    """Per replay: [(kernel, gap before it us, duration us)] between the input copy and the output
+    clone (excluded), and the replay's span (first kernel start to last kernel end)."""
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for x in xs:
+            decode(x)
+            torch.cuda.synchronize()
+    kernels = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                     key=lambda e: e.time_range.start)
+    groups, group = [], []  # one per replay: between its input copy and its output clone
+    for e in kernels:
+        if "Memcpy" in e.name:
+            if group:
+                groups.append(group)
+                group = []
+            continue
+        group.append(e)
+    if group:
+        groups.append(group)
+    runs, spans = [], []
+    for g in groups:
+        rows, end = [], g[0].time_range.start
+        for e in g:
+            rows.append((short(e.name), e.time_range.start - end, e.time_range.end - e.time_range.start))
+            end = max(end, e.time_range.end)
+        runs.append(rows)
+        spans.append(end - g[0].time_range.start)
+    return runs, spans
+
+
+def main() -> None:
+    ceil = measure_ceilings()
+    print(f"{torch.cuda.get_device_name()}, read {ceil.read_gbps:.0f} GB/s", flush=True)
+    for name, base in PRESETS.items():
+        for fmt in ("none", "fp8_rowwise"):
+            cfg = base.replace(quantization=fmt)
+            layer = MoE(cfg, device="cuda")
+            for T in (1, 8):
+                g = torch.Generator(device="cuda").manual_seed(T)
+                xs = [torch.randn(T, cfg.hidden_size, device="cuda", generator=g).to(cfg.dtype)
+                      for _ in range(REPLAYS)]
+                active = statistics.mean(int((layer.route(x).counts > 0).sum()) for x in xs)
+                floor = must_read_bytes(cfg, active) / ceil.read_gbps / 1e3
+                variants = [("default", SHARED_FUSED_MAX_TOKENS)]
+                if cfg.shared_intermediate_size:
+                    variants.append(("shared expert through cuBLAS", 0))
+                for label, fused_max in variants:
+                    moe_layer.SHARED_FUSED_MAX_TOKENS = fused_max
+                    layer.__dict__["_hot_parts"] = None
+                    with torch.no_grad():
+                        decode = graphed(layer, (T,))
+                        for x in xs:
+                            decode(x)
+                        torch.cuda.synchronize()
+                        runs, spans = timeline(decode, xs)
+                    print(f"\n== {name} {fmt} T={T} {label}: span median "
+                          f"{statistics.median(spans):.1f} us [{min(spans):.1f}, {max(spans):.1f}], "
+                          f"floor {floor:.1f} us ({active:.1f} experts)", flush=True)
+                    for kname, gap, dur in runs[len(runs) // 2]:
+                        print(f"   gap {gap:6.1f}  dur {dur:6.1f}  {kname}")
+                    del decode
+                moe_layer.SHARED_FUSED_MAX_TOKENS = SHARED_FUSED_MAX_TOKENS
+                layer.__dict__["_hot_parts"] = None
+            del layer
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
+    sys.exit(0)
