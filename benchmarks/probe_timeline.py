@@ -1,8 +1,9 @@
 """Where the GPU time of a decode step goes: the layer in a CUDA graph (graphed, as users run it),
 replays profiled with CUPTI (torch.profiler): every kernel's duration and the idle gap before it,
 for the layer suite's decode presets, bf16 and fp8 rowwise, T = 1 and 8; with a shared expert,
-also with it through cuBLAS (MoE._fused_shared off) on its side stream. Each replay gets a new input (new routing); the floor is the
-activated bytes (planner.must_read_bytes) at the measured read bandwidth.
+also with it through cuBLAS (MoE._fused_shared off) on its side stream. Each replay gets a new
+input (new routing); the floor is the activated bytes (planner.must_read_bytes) at the measured
+read bandwidth. Negative gaps: the kernel overlapped the one before (two streams).
 
     PYTHONPATH=src python benchmarks/probe_timeline.py > $OUT/timeline.txt
 """
@@ -60,7 +61,8 @@ def timeline(decode, xs) -> tuple[list[list[tuple[str, float, float]]], list[flo
     for g in groups:
         rows, end = [], g[0].time_range.start
         for e in g:
-            rows.append((short(e.name), e.time_range.start - end, e.time_range.end - e.time_range.start))
+            start, stop = e.time_range.start, e.time_range.end
+            rows.append((short(e.name), start - end, stop - start))
             end = max(end, e.time_range.end)
         runs.append(rows)
         spans.append(end - g[0].time_range.start)
@@ -93,8 +95,9 @@ def main() -> None:
                         torch.cuda.synchronize()
                         runs, spans = timeline(decode, xs)
                     print(f"\n== {name} {fmt} T={T} {label}: span median "
-                          f"{statistics.median(spans):.1f} us [{min(spans):.1f}, {max(spans):.1f}], "
-                          f"floor {floor:.1f} us ({active:.1f} experts)", flush=True)
+                          f"{statistics.median(spans):.1f} us [{min(spans):.1f}, "
+                          f"{max(spans):.1f}], floor {floor:.1f} us ({active:.1f} experts)",
+                          flush=True)
                     for kname, gap, dur in runs[len(runs) // 2]:
                         print(f"   gap {gap:6.1f}  dur {dur:6.1f}  {kname}")
                     del decode
