@@ -10,9 +10,10 @@ Every implementation of every op, kernel launcher and reference alike, is an in-
 (``inplace_op``): it writes outputs its caller allocated and returns None, so its fake
 implementation allocates nothing and torch.compile traces around it without a graph break. A
 reference runs opaque (it may read sizes of CPU tensors on the host); a kernel launcher is also
-a ``triton_op`` that torch.compile traces at static sizes (see ``inplace_op``'s ``kernels``). ``ops_for(impl)`` bundles one implementation's unvalidated entry points
-(``Ops``): the public functions validate their arguments and call them; the layer validates its
-weights once and calls them directly.
+a ``triton_op`` that torch.compile traces at static sizes (see ``inplace_op``'s ``kernels``).
+``ops_for(impl)`` bundles one implementation's unvalidated entry points (``Ops``): the public
+functions validate their arguments and call them; the layer validates its weights once and
+calls them directly.
 """
 
 from __future__ import annotations
