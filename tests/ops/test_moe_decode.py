@@ -95,6 +95,10 @@ def gate_up64(x, r, w13_64, on_input: bool, fp8: bool):
     return g / (1 + torch.exp(-g)) * u
 
 
+def tiles(split: int | configs.DecodeConfig, fp8: bool) -> configs.DecodeConfig:
+    return split if isinstance(split, configs.DecodeConfig) else small(split, fp8)
+
+
 def run_gate_up(case, dtype, split, on_input=True, impl="triton", seed=0):
     r, T, E = routing(case, seed + 3)
     (w13, _, s13, _), (w13_64, _) = weights(E, dtype, seed)
@@ -106,7 +110,7 @@ def run_gate_up(case, dtype, split, on_input=True, impl="triton", seed=0):
            else poisoned(A, I, dtype=dtype, device=DEV))
     if fp8:
         out[0].view(torch.uint8).fill_(0x7F)  # e4m3 NaN
-    with configs.override(small(split, fp8)):
+    with configs.override(tiles(split, fp8)):
         got = decode_gate_up(x, w13, r.counts, r.token_ids, r.weights if on_input else None,
                              w13_scale=s13, out=out, impl=impl)
     assert got is out
@@ -134,7 +138,7 @@ def run_down(case, dtype, split, on_output=True, impl="triton", seed=0, accumula
     base = torch.randn(T, D, generator=gen(seed + 4)).to(out_dtype)
     out = base.clone().to(DEV)
     rw = r.weights if on_output else None
-    with configs.override(small(split, fp8)):
+    with configs.override(tiles(split, fp8)):
         got = decode_down(inp, w2, r.counts, r.token_ids, r.positions, out, rw, w2_scale=s2,
                           accumulate=accumulate, impl=impl)
     assert got is out
@@ -217,9 +221,9 @@ def test_default_heuristic_runs():
 def test_split_heuristic():
     """Scout TP8 at T = 1 (one expert, 16 tiles of 64 columns): K is split until 132 SMs have
     work; Mixtral TP2's 224 tiles are not split; a split keeps at least two K steps."""
-    scout = configs.select(1, 16, 5120, 1024, torch.bfloat16, 132)
+    scout = configs.heuristic((1, 16, 5120, 1024, torch.bfloat16, 132))
     assert 16 * scout.gate_up.split_k >= 132 and scout.down.split_k == 2
-    assert configs.select(2, 8, 4096, 7168, torch.bfloat16, 132).gate_up.split_k == 1
+    assert configs.heuristic((2, 8, 4096, 7168, torch.bfloat16, 132)).gate_up.split_k == 1
     assert configs.split_for(1, 3, 132) == 1 and configs.split_for(1, 40, 132) == 20
     assert configs.use_fused(64) and not configs.use_fused(65)
     assert not configs.use_fused(1, batch_invariant=True)
@@ -228,6 +232,40 @@ def test_split_heuristic():
         assert configs.use_fused(72, top_k=8, fp8=True)
     with configs.override(configs.NEVER):
         assert not configs.use_fused(1)
+
+
+def test_select_reads_the_table_then_the_heuristic(monkeypatch):
+    """A shape the table holds takes its row for every A of its power-of-two bucket; another
+    bucket, SM count or dtype takes the heuristic."""
+    row = ((32, 64, 3, 8, 5), (128, 128, 1, 4, 2))
+    want = configs.DecodeConfig(configs.GemmConfig(*row[0]), configs.GemmConfig(*row[1]))
+    monkeypatch.setitem(configs.TABLE, (132, 16, 5120, 1024, "bfloat16", 4), row)
+    configs._choose.cache_clear()
+    try:
+        assert configs.select(3, 16, 5120, 1024, torch.bfloat16, 132) == want
+        assert configs.select(4, 16, 5120, 1024, torch.bfloat16, 132) == want
+        for key in ((5, 16, 5120, 1024, torch.bfloat16, 132),
+                    (4, 16, 5120, 1024, torch.bfloat16, 114),
+                    (4, 16, 5120, 1024, FP8_DTYPE, 132)):
+            assert configs.select(*key) == configs.heuristic(key) != want
+    finally:
+        configs._choose.cache_clear()
+
+
+# every distinct GEMM tiling of the tuning table, by weight dtype (empty while the table is)
+TUNED = sorted({(key[4], gemm, fields) for key, rows in configs.TABLE.items()
+                for gemm, fields in zip(("gate_up", "down"), rows)})
+
+
+@pytest.mark.parametrize("dtype,gemm,fields", TUNED)
+def test_tuned_tilings_match_float64(dtype, gemm, fields):
+    """The tilings the table picked (wide tiles, deep K steps, their splits) on small shapes:
+    masks past D and I, partial K steps, split-K fixups."""
+    dt = DTYPES["fp8" if dtype == "float8_e4m3fn" else "bf16"]
+    g, other = configs.GemmConfig(*fields), small(1, dt == FP8_DTYPE).down
+    cfg = configs.DecodeConfig(*((g, other) if gemm == "gate_up" else (other, g)))
+    run_gate_up("odd T=9 k=3 E=7", dt, cfg)
+    run_down("odd T=9 k=3 E=7", dt, cfg)
 
 
 @pytest.mark.parametrize("call, error, match", [

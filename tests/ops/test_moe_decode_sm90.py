@@ -34,6 +34,15 @@ def compile_sm90(fn, sig: dict, consts: dict, **options):
                           options=dict(num_warps=4, num_stages=3, **options))
 
 
+def _split_arg(split: int) -> dict:
+    """split is a runtime argument, but the JIT specializes the value 1 into a constant."""
+    return {} if split == 1 else {"split": "i32"}
+
+
+def _split_const(split: int) -> dict:
+    return {"split": 1} if split == 1 else {}
+
+
 def gate_up(fp8: bool, split: int, rw: bool, pdl: bool):
     from shufflemoe.ops.moe_decode import kernel
 
@@ -43,9 +52,9 @@ def gate_up(fp8: bool, split: int, rw: bool, pdl: bool):
                a_ptr="*fp32" if fp8 else "*bf16", q_ptr="*fp8e4nv" if fp8 else None,
                scale_ptr="*fp32" if fp8 else None, part_ptr="*fp32" if split > 1 else None,
                words_ptr="*i32", E="i32", D="i32", I="i32", n_tiles="i32", k_split="i32",
-               A="i32", words_rows="i32")
-    consts = dict(BLOCK_E=16, BLOCK_M=16, BLOCK_N=64, BLOCK_K=256 if fp8 else 128, SPLIT=split,
-                  FP8=fp8, HAS_RW=rw, UPCAST=False, DOT_PRECISION="tf32", INTERPRET=False,
+               A="i32", words_rows="i32", **_split_arg(split))
+    consts = dict(BLOCK_E=16, BLOCK_M=16, BLOCK_N=64, BLOCK_K=256 if fp8 else 128,
+                  **_split_const(split), FP8=fp8, HAS_RW=rw, UPCAST=False, DOT_PRECISION="tf32", INTERPRET=False,
                   PDL=pdl, QUANT_BLOCK=1024, ROW_BLOCK=4096, ROW_CHUNKS=2)
     return compile_sm90(kernel._gate_up_kernel, sig, consts,
                         **({"launch_pdl": True} if pdl else {}))
@@ -59,10 +68,11 @@ def down(fp8: bool, split: int, k: int, pdl: bool, accumulate: bool = True):
                w_scale_ptr="*fp32" if fp8 else None, counts_ptr="*i32", ids_ptr="*i32",
                pos_ptr="*i32", rw_ptr="*fp32", out_ptr="*bf16", y_ptr="*fp32" if k > 1 else None,
                part_ptr="*fp32" if split > 1 else None, words_ptr="*i32", E="i32", D="i32",
-               I="i32", n_tiles="i32", k_split="i32", A="i32", T="i32", words_cols="i32")
+               I="i32", n_tiles="i32", k_split="i32", A="i32", T="i32", words_cols="i32",
+               **_split_arg(split))
     consts = dict(K=k, TOP1=k == 1, ACCUMULATE=accumulate, BLOCK_E=128, BLOCK_M=16, BLOCK_N=64,
-                  BLOCK_K=256 if fp8 else 128, BLOCK_T=16, SPLIT=split, FP8=fp8, HAS_RW=True,
-                  UPCAST=False, DOT_PRECISION="tf32", INTERPRET=False, PDL=pdl)
+                  BLOCK_K=256 if fp8 else 128, BLOCK_T=16, **_split_const(split), FP8=fp8,
+                  HAS_RW=True, UPCAST=False, DOT_PRECISION="tf32", INTERPRET=False, PDL=pdl)
     return compile_sm90(kernel._down_kernel, sig, consts, **({"launch_pdl": True} if pdl else {}))
 
 

@@ -11,8 +11,11 @@ Two choices, each a frozen dataclass that tests and benchmarks replace with ``ov
   than the launches it saves). So the default fuses every bf16 layer, not fp8 ones.
 - ``DecodeConfig``: tiles and split-K factors of the two fused GEMMs. The host knows A, E, D, I
   and the dtype, never the group sizes, so it plans for min(E, A) active experts: weight tiles =
-  active experts x cdiv(N, block_n). With fewer tiles than SMs, K is split until every SM streams
-  weights (Llama 4 Scout TP8 at T = 1: one expert, 16 tiles of 64 gate + 64 up rows for 132 SMs).
+  active experts x cdiv(N, block_n). The choice comes from the tuning table (tuned.py, written by
+  benchmarks/tune_decode.py from a sweep on a GPU with that many SMs) for a shape it holds, A
+  rounded up to a power of two; else from the heuristic: with fewer tiles than SMs, K is split
+  until every SM streams weights (Llama 4 Scout TP8 at T = 1: one expert, 16 tiles of 64 gate +
+  64 up rows for 132 SMs).
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from dataclasses import dataclass, replace
 from typing import Callable, Iterator
 
 import torch
+
+from .tuned import TABLE
 
 
 @dataclass(frozen=True)
@@ -120,6 +125,25 @@ def select(A: int, E: int, D: int, I: int, dtype: torch.dtype, sms: int) -> Deco
     chosen = _override.get()
     if chosen is not None:
         return chosen if isinstance(chosen, DecodeConfig) else chosen(key)
+    return _choose(*key)
+
+
+def table_key(A: int, E: int, D: int, I: int, dtype: torch.dtype, sms: int) -> tuple:
+    """The tuning table's key: (SMs, E, D, I, dtype name, A rounded up to a power of two)."""
+    return (sms, E, D, I, str(dtype).removeprefix("torch."), 1 << max(A - 1, 0).bit_length())
+
+
+@functools.lru_cache(maxsize=None)
+def _choose(A: int, E: int, D: int, I: int, dtype: torch.dtype, sms: int) -> DecodeConfig:
+    row = TABLE.get(table_key(A, E, D, I, dtype, sms))
+    if row is None:
+        return heuristic((A, E, D, I, dtype, sms))
+    return DecodeConfig(GemmConfig(*row[0]), GemmConfig(*row[1]))
+
+
+def heuristic(key: Key) -> DecodeConfig:
+    """The rule for shapes the table does not hold (a function of the key, as ``override``
+    takes: benchmarks compare it with the table)."""
     return _heuristic(*key)
 
 

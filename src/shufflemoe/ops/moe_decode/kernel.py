@@ -5,7 +5,7 @@
 
 Pairs are sorted by expert (Routing); an m-tile is up to BLOCK_M consecutive pairs of one expert,
 found on the device from counts as in the grouped GEMM (no host sync). Program pid covers m-tile
-u, n-tile n and K range s (pid = (u * n_tiles + n) * SPLIT + s); the grid is planned for the
+u, n-tile n and K range s (pid = (u * n_tiles + n) * split + s); the grid is planned for the
 most m-tiles A pairs can form, and programs past the real ones return at once.
 
 Weights stream as the MMA's M side (swap-AB: acc [BLOCK_N, BLOCK_M]); gate_up holds two
@@ -14,7 +14,7 @@ input weight, rounded to x's dtype once as gather_scale does) happens in the K l
 
 Split-K fixup, no memset launch: each split stores its fp32 partial to a workspace, then (after a
 CTA barrier, so every thread's stores precede the release) adds one to its tile's arrival word
-with acq_rel. The program that sees SPLIT - 1 is last: it sums the partials in split order (a
+with acq_rel. The program that sees split - 1 is last: it sums the partials in split order (a
 fixed order, so the result does not depend on which program came last), runs the epilogue and
 puts the word back to 0, so the words are zero between launches (CUDA-graph safe). The
 interpreter runs programs one after another; the same code is then trivially ordered.
@@ -113,19 +113,21 @@ def _arrive(word_ptr, expected):
 
 
 @triton.jit
-def _partials_sum(part_ptr, at, mask, SPLIT: tl.constexpr, stride_split):
-    """Sum of the SPLIT partials at ``at`` in split order (a fixed order: the result does not
+def _partials_sum(part_ptr, at, mask, split, stride_split):
+    """Sum of the split partials at ``at`` in split order (a fixed order: the result does not
     depend on which program arrived last); .cg: they were written by other programs."""
     acc = tl.zeros(at.shape, tl.float32)
-    for j in tl.static_range(SPLIT):
+    j = 0
+    while j < split:  # split is a runtime value: one compiled kernel serves every split > 1
         acc += tl.load(part_ptr + at + j * stride_split, mask=mask, other=0.0,
                        cache_modifier=".cg")
+        j += 1
     return acc
 
 
 @triton.jit
-def _program(counts_ptr, E, n_tiles, SPLIT: tl.constexpr, BLOCK_E: tl.constexpr,
-             BLOCK_M: tl.constexpr, PDL: tl.constexpr):
+def _program(counts_ptr, E, n_tiles, split, BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr,
+             PDL: tl.constexpr):
     """This program's work: (split s, tile, m-tile u, n-tile) from its id, then _locate's
     (exists, expert, first row, row stop, m-tiles, rows). With programmatic dependent launch it
     first waits for the previous kernel's memory, then lets the next kernel launch (whose
@@ -134,11 +136,11 @@ def _program(counts_ptr, E, n_tiles, SPLIT: tl.constexpr, BLOCK_E: tl.constexpr,
         gdc_wait()
         gdc_launch_dependents()
     pid = tl.program_id(0)
-    tile = pid // SPLIT
+    tile = pid // split
     u = tile // n_tiles
     exists, g, row0, row_stop, total_tiles, num_valid = _locate(counts_ptr, u, E, BLOCK_E,
                                                                 BLOCK_M)
-    return (pid % SPLIT, tile, u, tile % n_tiles, exists, g, row0, row_stop, total_tiles,
+    return (pid % split, tile, u, tile % n_tiles, exists, g, row0, row_stop, total_tiles,
             num_valid)
 
 
@@ -208,19 +210,20 @@ def _gate_up_kernel(
     a_ptr,  # [A, I] SwiGLU output: x's dtype, or fp32 (FP8: quantized by the last m-tile)
     q_ptr,  # [A, I] e4m3 output (FP8; uint8 view under the interpreter)
     scale_ptr,  # [A] fp32 row scales (FP8)
-    part_ptr,  # [SPLIT, A, 2I] fp32 partials (SPLIT > 1)
+    part_ptr,  # [split, A, 2I] fp32 partials (split > 1)
     words_ptr,  # int32 arrival words: [m-tiles max * n_tiles] tiles, then [m-tiles max] rows
     E, D, I, n_tiles, k_split,  # k_split: K elements per split, a multiple of BLOCK_K
+    split,  # K ranges (a runtime value: Triton specializes 1, so split 1 drops the fixup)
     A,  # pairs (rows of a)
     words_rows,  # offset of the per-m-tile words in words_ptr
     BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    SPLIT: tl.constexpr, FP8: tl.constexpr, HAS_RW: tl.constexpr, UPCAST: tl.constexpr,
+    FP8: tl.constexpr, HAS_RW: tl.constexpr, UPCAST: tl.constexpr,
     DOT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr, PDL: tl.constexpr,
     QUANT_BLOCK: tl.constexpr,  # columns per step when the last m-tile quantizes rows of a
     ROW_BLOCK: tl.constexpr, ROW_CHUNKS: tl.constexpr,  # FP8: lanes and loads per row of x
 ):
     s, tile, u, n_tile, exists, g, row0, row_stop, _, _ = _program(
-        counts_ptr, E, n_tiles, SPLIT, BLOCK_E, BLOCK_M, PDL)
+        counts_ptr, E, n_tiles, split, BLOCK_E, BLOCK_M, PDL)
     if exists:
         rows = row0 + tl.arange(0, BLOCK_M)
         row_ok = rows < row_stop
@@ -254,16 +257,16 @@ def _gate_up_kernel(
                                              FP8, UPCAST, DOT_PRECISION, INTERPRET)
 
         mask = col_ok[:, None] & row_ok[None, :]  # [BN, BM]
-        if SPLIT > 1:  # store both partials, arrive once; the last split sums them all
+        if split > 1:  # store both partials, arrive once; the last split sums them all
             at = rows.to(tl.int64)[None, :] * (2 * I) + cols[:, None]
             stride = tl.cast(A, tl.int64) * (2 * I)  # one split's partials: may pass 2^31
             mine = part_ptr + s * stride
             tl.store(mine + at, acc_g, mask=mask)
             tl.store(mine + at + I, acc_u, mask=mask)
-            last = _arrive(words_ptr + tile, SPLIT)
+            last = _arrive(words_ptr + tile, split)
             if last:
-                acc_g = _partials_sum(part_ptr, at, mask, SPLIT, stride)
-                acc_u = _partials_sum(part_ptr, at + I, mask, SPLIT, stride)
+                acc_g = _partials_sum(part_ptr, at, mask, split, stride)
+                acc_u = _partials_sum(part_ptr, at + I, mask, split, stride)
         else:
             last = True
         if last:
@@ -332,20 +335,20 @@ def _down_kernel(
     rw_ptr,  # [A] fp32 output weight of each pair (HAS_RW)
     out_ptr,  # [T, D] accumulated into (ACCUMULATE), else written
     y_ptr,  # [A, D] fp32 rows for the combine (not TOP1)
-    part_ptr,  # [SPLIT, A, D] fp32 partials (SPLIT > 1)
+    part_ptr,  # [split, A, D] fp32 partials (split > 1)
     words_ptr,  # int32 arrival words: [m-tiles max * n_tiles] tiles, then [n_tiles] columns
-    E, D, I, n_tiles, k_split, A, T,
+    E, D, I, n_tiles, k_split, split, A, T,
     words_cols,  # offset of the per-n-tile words in words_ptr
     K: tl.constexpr,  # pairs per token (positions has T * K entries)
     TOP1: tl.constexpr,  # K == 1: each pair owns its token's row
     ACCUMULATE: tl.constexpr,  # out += the sum (else out = the sum)
     BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_T: tl.constexpr,  # tokens per step of the combine
-    SPLIT: tl.constexpr, FP8: tl.constexpr, HAS_RW: tl.constexpr, UPCAST: tl.constexpr,
+    FP8: tl.constexpr, HAS_RW: tl.constexpr, UPCAST: tl.constexpr,
     DOT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr, PDL: tl.constexpr,
 ):
     s, tile, u, n_tile, exists, g, row0, row_stop, total_tiles, num_valid = _program(
-        counts_ptr, E, n_tiles, SPLIT, BLOCK_E, BLOCK_M, PDL)
+        counts_ptr, E, n_tiles, split, BLOCK_E, BLOCK_M, PDL)
     if exists:
         rows = row0 + tl.arange(0, BLOCK_M)
         row_ok = rows < row_stop
@@ -368,12 +371,12 @@ def _down_kernel(
 
         mask = col_ok[:, None] & row_ok[None, :]  # [BN, BM]
         at_y = rows.to(tl.int64)[None, :] * D + cols[:, None]
-        if SPLIT > 1:
+        if split > 1:
             stride = tl.cast(A, tl.int64) * D
             tl.store(part_ptr + s * stride + at_y, acc, mask=mask)
-            last = _arrive(words_ptr + tile, SPLIT)
+            last = _arrive(words_ptr + tile, split)
             if last:
-                acc = _partials_sum(part_ptr, at_y, mask, SPLIT, stride)
+                acc = _partials_sum(part_ptr, at_y, mask, split, stride)
         else:
             last = True
         if last:
@@ -522,9 +525,9 @@ def _gate_up_op(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Ten
         launch(_gate_up_kernel, (m_tiles * n_tiles * split,),
             x, w13, w13_scale, counts, token_ids, row_weights, a,
             fp8_target(q)[0] if fp8 else None, scale, part, words,
-            E, D, I, n_tiles, k_split, A, m_tiles * n_tiles,
+            E, D, I, n_tiles, k_split, split, A, m_tiles * n_tiles,
             BLOCK_E=next_power_of_2(E), BLOCK_M=plan.block_m, BLOCK_N=cfg.block_n,
-            BLOCK_K=cfg.block_k, SPLIT=split, FP8=fp8, HAS_RW=row_weights is not None,
+            BLOCK_K=cfg.block_k, FP8=fp8, HAS_RW=row_weights is not None,
             UPCAST=interpret and w13.dtype in (torch.bfloat16, FP8_DTYPE),
             DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", INTERPRET=interpret,
             PDL=pdl, QUANT_BLOCK=min(1024, next_power_of_2(I)),
@@ -556,9 +559,9 @@ def _down_op(a: Tensor, a_scale: Optional[Tensor], w2: Tensor, w2_scale: Optiona
     with on_device(a):
         launch(_down_kernel, (m_tiles * n_tiles * split,),
             a, a_scale, w2, w2_scale, counts, token_ids, positions, row_weights, out, y, part,
-            words, E, D, I, n_tiles, k_split, A, T, m_tiles * n_tiles,
+            words, E, D, I, n_tiles, k_split, split, A, T, m_tiles * n_tiles,
             K=k, TOP1=k == 1, ACCUMULATE=accumulate, BLOCK_E=next_power_of_2(E), BLOCK_M=plan.block_m,
-            BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_T=_COMBINE_TOKENS, SPLIT=split,
+            BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_T=_COMBINE_TOKENS,
             FP8=a.dtype == FP8_DTYPE, HAS_RW=row_weights is not None,
             UPCAST=interpret and w2.dtype in (torch.bfloat16, FP8_DTYPE),
             DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32", INTERPRET=interpret,

@@ -1,0 +1,437 @@
+"""Tune the fused decode kernels' tiles on one GPU and write the table configs.py reads (one call).
+
+    PYTHONPATH=src python benchmarks/tune_decode.py --out $OUT [--budget 540] [--workers 12]
+    PYTHONPATH=src python benchmarks/tune_decode.py --dry-run --out /tmp/x   (CPU, interpreter)
+
+Cases: the routed experts of Llama 4 Scout and Maverick TP8, Qwen3-30B-A3B and Mixtral TP2 in
+bf16 and fp8 rowwise, and the Llama 4 TP8 shared expert (one expert, bf16: the layer runs it
+through the same kernels at T <= 16), at every A = T * k that is a power of two up to the fused
+path's 64 pairs (the table's A buckets); in each, the two GEMMs apart. Candidates: tile shapes
+(block_n, block_k as bytes of a weight row, warps, stages) x split-K factors that give about
+0.5..4 programs per SM, and the heuristic's choice.
+
+1. compile: worker processes run every candidate once (Triton's disk cache), so the timing
+   process only loads kernels;
+2. time: each candidate checked against the torch reference on the first input, then timed in
+   CUDA-graph replays over rotated weight sets and routings (every call routes differently; one
+   pass reads over 2x the L2); the 3 fastest timed again with more replays, the best kept;
+3. layer: the whole layer (graph replays) at each T, fused with the new table, fused with the
+   heuristic, and unfused, as % of the read ceiling for the bytes the routing activates
+   (planner.must_read_bytes), the bytes floor the layer suite uses;
+4. writes $OUT/tune_decode.json, $OUT/tune_decode.md and $OUT/tuned.py (the table: copy it to
+   src/shufflemoe/ops/moe_decode/tuned.py).
+Phases stop at their share of --budget and say what they skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import pathlib
+import sys
+import time
+import traceback
+
+if "--dry-run" in sys.argv and not os.environ.get("TRITON_INTERPRET"):
+    os.environ["TRITON_INTERPRET"] = "1"  # before triton decorates any kernel
+
+import torch  # noqa: E402
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from decode_check import dequant, inputs, layers_for, tiny, weight_sets  # noqa: E402
+
+from shufflemoe import preset  # noqa: E402
+from shufflemoe.ops import decode_down, decode_gate_up, use_impl  # noqa: E402
+from shufflemoe.ops.moe_decode import configs, kernel  # noqa: E402
+from shufflemoe.planner import must_read_bytes  # noqa: E402
+from shufflemoe.testing import compare, tolerance_key  # noqa: E402
+
+PRESETS = {  # the shared expert first: the Llama 4 layers' rows use its entries
+    "llama4-shared-tp8": preset("llama4-scout", tp=8, num_experts=1, shared_intermediate_size=0),
+    "scout-tp8": preset("llama4-scout", tp=8),
+    "maverick-tp8": preset("llama4-maverick", tp=8),
+    "qwen3-30b-a3b": preset("qwen3-30b-a3b"),
+    "mixtral-tp2": preset("mixtral-8x7b", tp=2),
+}
+DTYPES = {"bf16": "none", "fp8": "fp8_rowwise"}
+# (block_n, bytes of K per weight row and step, warps, stages); gate_up streams 2 x block_n rows
+TILES = ((32, 256, 4, 4), (32, 512, 4, 3), (64, 128, 4, 4), (64, 256, 4, 3), (64, 256, 4, 4),
+         (64, 512, 4, 2), (64, 512, 4, 3), (128, 128, 4, 3), (128, 128, 8, 4), (128, 256, 4, 2),
+         (128, 256, 8, 3))
+PROGRAMS_PER_SM = (0.5, 1, 2, 3, 4)  # split-K factors aim at these many programs per SM
+N_INPUTS = 8  # routings (and weight sets) rotated through per timing
+SHARES = {"compile": 0.3, "time": 0.85, "layer": 1.0}  # phases end at these parts of the budget
+
+
+def cases(dry: bool) -> list[tuple[str, str, int]]:
+    """(preset, dtype, A) in the order they are timed: bf16 first (the default path)."""
+    out = []
+    for dtype in DTYPES:
+        for name, cfg in PRESETS.items():
+            if name.startswith("llama4-shared") and dtype != "bf16":
+                continue  # the layer fuses its shared expert in bf16 only
+            k, A = cfg.top_k, 1
+            while A <= configs.Switch().max_pairs:
+                if A % k == 0:
+                    out.append((name, dtype, A))
+                A *= 2
+    if dry:  # one shared-expert case (top-1, E = 1) and Qwen3 (top-8) in bf16 and fp8
+        return [("llama4-shared-tp8", "bf16", 1), ("qwen3-30b-a3b", "bf16", 8),
+                ("qwen3-30b-a3b", "fp8", 8)]
+    return out
+
+
+def layer_config(name: str, dtype: str, dry: bool):
+    cfg = PRESETS[name].replace(quantization=DTYPES[dtype])
+    return tiny(cfg) if dry else cfg  # dry: widths the interpreter gets through
+
+
+def candidates(gemm: str, A: int, cfg, w_dtype: torch.dtype, sms: int,
+               dry: bool) -> dict[str, configs.DecodeConfig]:
+    """label -> DecodeConfig changing one GEMM (the heuristic's choice first)."""
+    E, D, I = cfg.num_experts, cfg.hidden_size, cfg.intermediate_size
+    base = configs.heuristic((A, E, D, I, w_dtype, sms))
+    N, K = (I, D) if gemm == "gate_up" else (D, I)
+    size = w_dtype.itemsize
+    out = {"heuristic": base}
+    seen = {getattr(base, gemm)}
+    for bn, k_bytes, warps, stages in TILES[:2] if dry else TILES:
+        bk = k_bytes // size
+        tiles, steps = min(E, A) * -(-N // bn), -(-K // bk)
+        for f in (0,) + PROGRAMS_PER_SM:
+            want = 1 if f == 0 else max(1, min(steps, round(f * sms / tiles)))
+            split = -(-steps // -(-steps // want))  # the splits _k_split keeps
+            g = configs.GemmConfig(bn, bk, split, warps, stages)
+            if g not in seen:
+                seen.add(g)
+                out[label(g)] = base.with_(**{gemm: g})
+    return out
+
+
+def label(g: configs.GemmConfig) -> str:
+    return f"{g.block_n}x{g.block_k} w{g.num_warps} s{g.num_stages} split{g.split_k}"
+
+
+class Case:
+    """One (preset, dtype, A): inputs, routings, weights and both GEMMs as fn(i)."""
+
+    def __init__(self, name: str, dtype: str, A: int, layers: list, device: str, n: int):
+        cfg = self.cfg = layers[0].config
+        self.name, self.dtype, self.A, self.n = name, dtype, A, n
+        self.xs = inputs(cfg, A // cfg.top_k, device, n)
+        self.routes = [layers[i % len(layers)].route(x) for i, x in enumerate(self.xs)]
+        self.ws = [layers[i % len(layers)].expert_weights for i in range(n)]
+        self.on_input = cfg.apply_router_weight_on_input
+        self.w_dtype = self.ws[0].w13.dtype
+        self.sms = kernel.sm_count(self.xs[0].device)
+        self.acts = [self.gate_up(i) for i in range(n)]
+        self.outs = [torch.zeros_like(x) for x in self.xs]
+        self.active = sum(int((r.counts > 0).sum()) for r in self.routes) / n
+        self.want: dict = {}  # gemm -> the torch reference's output on input 0 (float64)
+
+    def gate_up(self, i: int, impl: str | None = None):
+        r, w = self.routes[i], self.ws[i]
+        return decode_gate_up(self.xs[i], w.w13, r.counts, r.token_ids,
+                              r.weights if self.on_input else None, w13_scale=w.w13_scale,
+                              impl=impl)
+
+    def down(self, i: int, a=None, out=None, impl: str | None = None):
+        r, w = self.routes[i], self.ws[i]
+        decode_down(self.acts[i] if a is None else a, w.w2, r.counts, r.token_ids, r.positions,
+                    self.outs[i] if out is None else out, None if self.on_input else r.weights,
+                    w2_scale=w.w2_scale, impl=impl)
+
+    def fn(self, gemm: str):
+        return self.gate_up if gemm == "gate_up" else self.down
+
+    def nbytes(self, gemm: str) -> float:
+        """Weight bytes the GEMM reads per call (scales left out: under 1%)."""
+        D, I = self.cfg.hidden_size, self.cfg.intermediate_size
+        per_expert = (2 * I * D if gemm == "gate_up" else D * I) * self.w_dtype.itemsize
+        return self.active * per_expert
+
+    def check(self, gemm: str, cand: configs.DecodeConfig) -> None:
+        """The GEMM under ``cand`` against the torch reference on input 0."""
+        if gemm not in self.want:
+            if gemm == "gate_up":
+                self.want[gemm] = dequant(self.gate_up(0, "torch")).double()
+            else:
+                want = torch.zeros_like(self.xs[0])
+                self.down(0, out=want, impl="torch")
+                self.want[gemm] = want.double()
+        with configs.override(cand):
+            if gemm == "gate_up":
+                got = self.gate_up(0)
+            else:
+                got = torch.zeros_like(self.xs[0])
+                self.down(0, out=got)
+        tol = tolerance_key(self.cfg) if gemm == "gate_up" else str(self.cfg.dtype)[6:]
+        c = compare(dequant(got), self.want[gemm], tol)
+        if not c.ok:
+            raise AssertionError(f"{gemm} wrong under {cand}: {c.why}")
+
+
+def time_us(fn, n: int, reps: int) -> float:
+    from shufflemoe.bench.timing import time_fn
+
+    return time_fn(fn, n, graph=True, reps=reps, warmup=1).median_us
+
+
+# ------------------------------------------------------------------------------- compile phase
+
+def compile_job(job: tuple[str, str, int, bool]) -> dict:
+    """Run every candidate of one case once (fills Triton's cache); labels that fail."""
+    name, dtype, A, dry = job
+    failed, n = {}, 0
+    try:
+        torch.manual_seed(0)
+        layers = layers_for(layer_config(name, dtype, dry), 1, "cpu" if dry else "cuda")
+        case = Case(name, dtype, A, layers, "cpu" if dry else "cuda", 1)
+        for gemm in ("gate_up", "down"):
+            for lab, cand in candidates(gemm, A, case.cfg, case.w_dtype, case.sms, dry).items():
+                try:
+                    with configs.override(cand):
+                        case.fn(gemm)(0)
+                    n += 1
+                except Exception as e:  # e.g. out of shared memory: skipped when timing
+                    failed[f"{gemm} {lab}"] = f"{type(e).__name__}: {str(e)[:200]}"
+        if not dry:
+            torch.cuda.synchronize()
+    except Exception as e:
+        failed["case"] = f"{type(e).__name__}: {e}"[:500]
+    return dict(case=[name, dtype, A], ran=n, failed=failed)
+
+
+def compile_all(jobs: list, workers: int, deadline: float, dry: bool) -> list[dict]:
+    if dry or workers <= 1:
+        return [compile_job(j + (dry,)) for j in jobs]
+    ctx = multiprocessing.get_context("spawn")
+    out = []
+    with ctx.Pool(workers) as pool:
+        pending = [pool.apply_async(compile_job, (j + (dry,),)) for j in jobs]
+        for j, p in zip(jobs, pending):
+            left = deadline - time.monotonic()
+            try:
+                out.append(p.get(timeout=max(left, 1)))
+            except multiprocessing.TimeoutError:
+                out.append(dict(case=list(j), ran=0, failed={"case": "compile deadline"}))
+        pool.terminate()
+    return out
+
+
+# ------------------------------------------------------------------------------------ layer
+
+def layer_rows(case_layers: list, name: str, dtype: str, T: int, device: str, dry: bool,
+               read_gbps: float) -> dict:
+    """The layer at T tokens: fused with the table, fused with the heuristic, unfused."""
+    cfg = case_layers[0].config
+    xs = inputs(cfg, T, device, 2 if dry else N_INPUTS)
+    active = sum(int((case_layers[i % len(case_layers)].route(x).counts > 0).sum())
+                 for i, x in enumerate(xs)) / len(xs)
+    nbytes = must_read_bytes(cfg, active)
+    row = dict(preset=name, dtype=dtype, T=T, active_experts=active, must_read_mb=nbytes / 1e6)
+    for lab, managers in (("tuned", (configs.override(configs.ALWAYS),)),
+                          ("heuristic", (configs.override(configs.ALWAYS),
+                                         configs.override(configs.heuristic))),
+                          ("unfused", (configs.override(configs.NEVER),))):
+        run = lambda i: case_layers[i % len(case_layers)](xs[i])  # noqa: E731
+        for m in managers:
+            m.__enter__()
+        try:
+            if dry:
+                for i in range(len(xs)):
+                    run(i)
+                us = float("nan")
+            else:
+                us = time_us(run, len(xs), 30)
+        finally:
+            for m in reversed(managers):
+                m.__exit__(None, None, None)
+        row[f"{lab}_us"] = us
+        row[f"{lab}_pct_read"] = 100 * nbytes / us / 1e3 / read_gbps
+    return row
+
+
+# ------------------------------------------------------------------------------------- main
+
+def table_source(table: dict, meta: dict) -> str:
+    lines = ['"""The fused decode kernels\' tuning table: written by benchmarks/tune_decode.py, '
+             'not by hand.', "",
+             "TABLE maps configs.table_key(...) = (SMs, E, D, I, weight dtype, A rounded up to a "
+             "power of two)", "to (gate_up, down) GemmConfig fields (block_n, block_k, split_k, "
+             "num_warps, num_stages).",
+             f"Swept on {meta.get('device')} (torch {meta.get('torch')}, triton "
+             f"{meta.get('triton')}), commit {meta.get('commit')},",
+             f"run {meta.get('run_id')}; results: benchmarks/results/tune_decode.md.",
+             '"""', "",
+             "TABLE: dict[tuple, tuple[tuple[int, ...], tuple[int, ...]]] = {"]
+    for key in sorted(table, key=str):
+        lines.append(f"    {key!r}: {table[key]!r},")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def fields(g: configs.GemmConfig) -> tuple[int, ...]:
+    return (g.block_n, g.block_k, g.split_k, g.num_warps, g.num_stages)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", required=True, type=pathlib.Path)
+    p.add_argument("--budget", type=float, default=540.0, help="seconds for all phases")
+    p.add_argument("--workers", type=int, default=12, help="compile processes")
+    p.add_argument("--dry-run", action="store_true",
+                   help="CPU, Triton interpreter, tiny shapes, no timing (CI)")
+    args = p.parse_args(argv)
+    dry, start = args.dry_run, time.monotonic()
+    if not dry and not torch.cuda.is_available():
+        raise SystemExit("needs a CUDA GPU (or --dry-run)")
+    device = "cpu" if dry else "cuda"
+    deadline = {k: start + v * args.budget for k, v in SHARES.items()}
+    from shufflemoe.bench.report import metadata
+
+    meta = dict(metadata(), device="cpu (dry run)" if dry else torch.cuda.get_device_name())
+    rows: dict = {k: [] for k in ("compile", "sweep", "layer", "skipped", "errors")}
+    read_gbps = float("nan")
+    if not dry:
+        from shufflemoe.bench.ceilings import measure_ceilings
+
+        ceilings = measure_ceilings().as_dict()
+        read_gbps = ceilings["read_gbps"]
+    else:
+        ceilings = {}
+    jobs = cases(dry)
+    t0 = time.monotonic()
+    rows["compile"] = compile_all(jobs, args.workers, deadline["compile"], dry)
+    failed = {tuple(r["case"]): r["failed"] for r in rows["compile"]}
+    print(f"compiled {sum(r['ran'] for r in rows['compile'])} candidate runs in "
+          f"{time.monotonic() - t0:.0f} s; failures: "
+          f"{sum(len(f) for f in failed.values())}", flush=True)
+    table: dict = {}
+    with use_impl("triton"):
+        by_layer: dict = {}
+        for name, dtype, A in jobs:
+            by_layer.setdefault((name, dtype), []).append(A)
+        for (name, dtype), As in by_layer.items():
+            if time.monotonic() > deadline["time"]:
+                rows["skipped"].append(dict(phase="time", case=[name, dtype, As]))
+                continue
+            try:
+                cfg = layer_config(name, dtype, dry)
+                layers = layers_for(cfg, 1 if dry else weight_sets(cfg, 1), device)
+                for A in As:
+                    if time.monotonic() > deadline["time"]:
+                        rows["skipped"].append(dict(phase="time", case=[name, dtype, A]))
+                        continue
+                    case = Case(name, dtype, A, layers, device, 2 if dry else N_INPUTS)
+                    best = {}
+                    for gemm in ("gate_up", "down"):
+                        best[gemm] = sweep(case, gemm, failed.get((name, dtype, A), {}), dry,
+                                           rows)
+                    key = configs.table_key(A, cfg.num_experts, cfg.hidden_size,
+                                            cfg.intermediate_size, case.w_dtype, case.sms)
+                    table[key] = (fields(best["gate_up"].gate_up), fields(best["down"].down))
+                    del case
+                configs.TABLE.update(table)  # the layer rows below run with the new entries
+                configs._choose.cache_clear()
+                if not name.startswith("llama4-shared"):
+                    for T in sorted({A // cfg.top_k for A in As}):
+                        if time.monotonic() > deadline["layer"]:
+                            rows["skipped"].append(dict(phase="layer", case=[name, dtype, T]))
+                            continue
+                        r = layer_rows(layers, name, dtype, T, device, dry, read_gbps)
+                        rows["layer"].append(r)
+                        print(f"layer {name} {dtype} T={T}: tuned {r['tuned_us']:.1f} us "
+                              f"({r['tuned_pct_read']:.0f}%), heuristic {r['heuristic_us']:.1f} "
+                              f"({r['heuristic_pct_read']:.0f}%), unfused {r['unfused_us']:.1f} "
+                              f"({r['unfused_pct_read']:.0f}%)", flush=True)
+                del layers
+            except Exception as e:  # a failing preset must not cost the rest of the call
+                rows["errors"].append(dict(where=f"{name} {dtype}", error=f"{type(e).__name__}: "
+                                           f"{e}"[:1000], trace=traceback.format_exc()[-1500:]))
+                print(f"ERROR {name} {dtype}: {type(e).__name__}: {str(e)[:300]}", flush=True)
+            if not dry:
+                torch.cuda.empty_cache()
+    result = dict(meta=meta, ceilings=ceilings, table={str(k): v for k, v in table.items()},
+                  **rows)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "tune_decode.json").write_text(json.dumps(result, indent=1, default=str))
+    (args.out / "tuned.py").write_text(table_source(table, meta))
+    (args.out / "tune_decode.md").write_text(markdown(result))
+    print(markdown(result), flush=True)
+    return result
+
+
+def sweep(case: Case, gemm: str, failed: dict, dry: bool, rows: dict) -> configs.DecodeConfig:
+    """Every candidate of one GEMM checked then timed; the 3 fastest timed again; the best."""
+    fn, n = case.fn(gemm), case.n
+    cands = candidates(gemm, case.A, case.cfg, case.w_dtype, case.sms, dry)
+    timed: list[tuple[float, str]] = []
+    for lab, cand in cands.items():
+        if f"{gemm} {lab}" in failed:
+            continue
+        try:
+            case.check(gemm, cand)
+            with configs.override(cand):
+                us = 0.0 if dry else time_us(fn, n, 10)
+                if dry:
+                    fn(0)
+            timed.append((us, lab))
+        except Exception as e:
+            rows["errors"].append(dict(where=f"{case.name} {case.dtype} A={case.A} {gemm} {lab}",
+                                       error=f"{type(e).__name__}: {e}"[:500]))
+    first = dict((lab, us) for us, lab in timed)
+    final = {lab: (first[lab] if dry else None) for _, lab in sorted(timed)[:3]}
+    for lab in final:
+        if not dry:
+            with configs.override(cands[lab]):
+                final[lab] = time_us(fn, n, 40)
+    best = min(final, key=final.get) if final else "heuristic"
+    heur = final.get("heuristic", first.get("heuristic"))
+    nbytes = case.nbytes(gemm)
+    rows["sweep"].append(dict(
+        preset=case.name, dtype=case.dtype, A=case.A, gemm=gemm, best=best,
+        best_us=final.get(best), heuristic_us=heur, retimed=final,
+        first_pass={lab: round(us, 2) for lab, us in first.items()},
+        weight_mb=nbytes / 1e6, active_experts=case.active))
+    if not dry:
+        print(f"{case.name} {case.dtype} A={case.A} {gemm}: best {best} {final[best]:.1f} us, "
+              f"heuristic {heur:.1f} us ({len(timed)} candidates)", flush=True)
+    return cands[best]
+
+
+def markdown(result: dict) -> str:
+    m = result["meta"]
+    read = result["ceilings"].get("read_gbps")
+    out = ["# tune_decode", "",
+           f"{m.get('device')}, torch {m.get('torch')}, triton {m.get('triton')}, commit "
+           f"{m.get('commit')}, run {m.get('run_id')}, {m.get('date')}; read ceiling "
+           f"{read} GB/s", "",
+           "## Each GEMM alone (CUDA-graph replays, median us; % of the read ceiling for its "
+           "weight bytes)", "",
+           "| preset | dtype | A | GEMM | best | us | % read | heuristic us | % read | x |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in result["sweep"]:
+        b, h = r["best_us"], r["heuristic_us"]
+        pct = (lambda us: 100 * r["weight_mb"] / us / read if us and read else float("nan"))
+        out.append(f"| {r['preset']} | {r['dtype']} | {r['A']} | {r['gemm']} | {r['best']} | "
+                   f"{b or float('nan'):.1f} | {pct(b):.0f} | {h or float('nan'):.1f} | "
+                   f"{pct(h):.0f} | {(h / b) if b and h else float('nan'):.2f} |")
+    out += ["", "## The layer (CUDA-graph replays, median us; % of the read ceiling for the "
+            "bytes the routing activates)", "",
+            "| preset | dtype | T | fused, table | % | fused, heuristic | % | unfused | % |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for r in result["layer"]:
+        out.append(f"| {r['preset']} | {r['dtype']} | {r['T']} | {r['tuned_us']:.1f} | "
+                   f"{r['tuned_pct_read']:.1f} | {r['heuristic_us']:.1f} | "
+                   f"{r['heuristic_pct_read']:.1f} | {r['unfused_us']:.1f} | "
+                   f"{r['unfused_pct_read']:.1f} |")
+    out += ["", f"errors: {len(result['errors'])}; skipped: {result['skipped']}"]
+    out += [f"- {e['where']}: {e['error'][:200]}" for e in result["errors"][:10]]
+    return "\n".join(out) + "\n"
+
+
+if __name__ == "__main__":
+    main()

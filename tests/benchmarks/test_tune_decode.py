@@ -1,0 +1,25 @@
+"""A CPU dry run of benchmarks/tune_decode.py (the interpreter, tiny shapes, no timing): every
+candidate compiles and passes its check, a table is written in the form configs reads, and the
+layer rows run with it, so the one GPU call does not fail on a typo."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dry_run import dry_run
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the script itself runs")
+def test_dry_run(tmp_path):
+    result = dry_run("tune_decode", tmp_path)
+    assert not result["errors"], result["errors"]
+    assert all(not r["failed"] and r["ran"] for r in result["compile"])
+    assert {(r["preset"], r["gemm"]) for r in result["sweep"]} >= {
+        ("llama4-shared-tp8", "gate_up"), ("qwen3-30b-a3b", "down")}
+    assert {r["dtype"] for r in result["layer"]} == {"bf16", "fp8"}
+    table: dict = {}
+    exec((tmp_path / "tuned.py").read_text(), table)  # the module configs imports
+    assert len(table["TABLE"]) == len(result["table"]) == 3
+    for key, (gate_up, down) in table["TABLE"].items():
+        assert len(key) == 6 and len(gate_up) == len(down) == 5
