@@ -169,8 +169,20 @@ class Case:
                 self.down(0, out=got)
         tol = tolerance_key(self.cfg) if gemm == "gate_up" else str(self.cfg.dtype)[6:]
         c = compare(dequant(got), self.want[gemm], tol)
-        if not c.ok:
+        if not c.ok and not (isinstance(got, tuple) and one_e4m3_step(got, self.want[gemm])):
             raise AssertionError(f"{gemm} wrong under {cand}: {c.why}")
+
+
+def one_e4m3_step(got: tuple, want: torch.Tensor) -> bool:
+    """fp8 rows (q, scale) within one e4m3 step of the reference everywhere, and such steps in
+    under 0.1% of the values: the kernel's fp32 sums differ from torch's in the last bits, so a
+    value next to a rounding boundary may round to the neighbouring e4m3 value (12.5% apart)."""
+    q, scale = got
+    g = dequant(got).double()
+    step = torch.maximum(g.abs(), want.abs()) * 2**-3 + scale.double()[:, None] * 2**-9
+    off = (g - want).abs()
+    return bool((off <= step * 1.001).all()) and int((off > step / 4).sum()) <= max(
+        1, off.numel() // 1000)
 
 
 def time_us(fn, n: int, reps: int) -> float:
@@ -199,8 +211,11 @@ def compile_job(job: tuple[str, str, int, bool]) -> dict:
                     failed[f"{gemm} {lab}"] = f"{type(e).__name__}: {str(e)[:200]}"
         if not dry:
             torch.cuda.synchronize()
+        del layers, case
     except Exception as e:
         failed["case"] = f"{type(e).__name__}: {e}"[:500]
+    if not dry:
+        torch.cuda.empty_cache()  # the next job of this worker may be another preset
     return dict(case=[name, dtype, A], ran=n, failed=failed)
 
 
@@ -281,7 +296,7 @@ def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True, type=pathlib.Path)
     p.add_argument("--budget", type=float, default=540.0, help="seconds for all phases")
-    p.add_argument("--workers", type=int, default=12, help="compile processes")
+    p.add_argument("--workers", type=int, default=10, help="compile processes")
     p.add_argument("--dry-run", action="store_true",
                    help="CPU, Triton interpreter, tiny shapes, no timing (CI)")
     args = p.parse_args(argv)
@@ -397,8 +412,8 @@ def sweep(case: Case, gemm: str, failed: dict, dry: bool, rows: dict) -> configs
         first_pass={lab: round(us, 2) for lab, us in first.items()},
         weight_mb=nbytes / 1e6, active_experts=case.active))
     if not dry:
-        print(f"{case.name} {case.dtype} A={case.A} {gemm}: best {best} {final[best]:.1f} us, "
-              f"heuristic {heur:.1f} us ({len(timed)} candidates)", flush=True)
+        print(f"{case.name} {case.dtype} A={case.A} {gemm}: best {best} {final.get(best)} us, "
+              f"heuristic {heur} us ({len(timed)} candidates)", flush=True)
     return cands[best]
 
 
