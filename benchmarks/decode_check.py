@@ -332,8 +332,8 @@ def prefill_variants(cfg, w_dtype: torch.dtype) -> dict:
     if cfg.top_k == 1:  # the fused kernels' combine is a plain store for top-1
         bk = 128 if w_dtype == torch.float8_e4m3fn else 64
         for bm, bn, warps in ((64, 64, 4), (128, 128, 8)):
-            g = configs.GemmConfig(bn, bk, 1, num_warps=warps, num_stages=3)
-            tiles = configs.DecodeConfig(g, g, block_m=bm)
+            g = configs.GemmConfig(bn, bk, 1, num_warps=warps, num_stages=3, block_m=bm)
+            tiles = configs.DecodeConfig(g, g)
             out[f"fused kernels {bm}x{bn}"] = ((configs.override(FUSED),
                                                 configs.override(tiles)), cfg)
     return out

@@ -60,6 +60,10 @@ DTYPES = {"bf16": "none", "fp8": "fp8_rowwise"}
 TILES = ((32, 256, 4, 4), (32, 512, 4, 3), (64, 128, 4, 4), (64, 256, 4, 3), (64, 256, 4, 4),
          (64, 512, 4, 2), (64, 512, 4, 3), (128, 128, 4, 3), (128, 128, 8, 4), (128, 256, 4, 2),
          (128, 256, 8, 3))
+# one pair a tile (block_m = 1, the CUDA cores) while A <= GEMV_MAX_PAIRS: (block_n, bytes of K,
+# warps); its loads are not software-pipelined, so wide steps keep the bytes in flight
+GEMV_TILES = ((16, 1024, 4), (32, 512, 4), (32, 1024, 8), (64, 256, 4), (64, 512, 8))
+GEMV_MAX_PAIRS = 32
 PROGRAMS_PER_SM = (0.5, 1, 2, 3, 4)  # split-K factors aim at these many programs per SM
 N_INPUTS = 8  # routings (and weight sets) rotated through per timing
 SHARES = {"compile": 0.3, "time": 0.85, "layer": 1.0}  # phases end at these parts of the budget
@@ -97,13 +101,16 @@ def candidates(gemm: str, A: int, cfg, w_dtype: torch.dtype, sms: int,
     size = w_dtype.itemsize
     out = {"heuristic": base}
     seen = {getattr(base, gemm)}
-    for bn, k_bytes, warps, stages in TILES[:2] if dry else TILES:
+    tilings = [(t, 16) for t in (TILES[:2] if dry else TILES)]
+    if A <= GEMV_MAX_PAIRS:
+        tilings += [((bn, kb, warps, 2), 1) for bn, kb, warps in GEMV_TILES[:1 if dry else None]]
+    for (bn, k_bytes, warps, stages), bm in tilings:
         bk = k_bytes // size
         tiles, steps = min(E, A) * -(-N // bn), -(-K // bk)
         for f in (0,) + PROGRAMS_PER_SM:
             want = 1 if f == 0 else max(1, min(steps, round(f * sms / tiles)))
             split = -(-steps // -(-steps // want))  # the splits _k_split keeps
-            g = configs.GemmConfig(bn, bk, split, warps, stages)
+            g = configs.GemmConfig(bn, bk, split, warps, stages, block_m=bm)
             if g not in seen:
                 seen.add(g)
                 out[label(g)] = base.with_(**{gemm: g})
@@ -111,7 +118,8 @@ def candidates(gemm: str, A: int, cfg, w_dtype: torch.dtype, sms: int,
 
 
 def label(g: configs.GemmConfig) -> str:
-    return f"{g.block_n}x{g.block_k} w{g.num_warps} s{g.num_stages} split{g.split_k}"
+    return (f"{g.block_n}x{g.block_k} w{g.num_warps} s{g.num_stages} split{g.split_k}"
+            + (" gemv" if g.block_m == 1 else ""))
 
 
 class Case:
@@ -175,14 +183,15 @@ class Case:
 
 def one_e4m3_step(got: tuple, want: torch.Tensor) -> bool:
     """fp8 rows (q, scale) within one e4m3 step of the reference everywhere, and such steps in
-    under 0.1% of the values: the kernel's fp32 sums differ from torch's in the last bits, so a
-    value next to a rounding boundary may round to the neighbouring e4m3 value (12.5% apart)."""
+    under 2% of the values: the kernel's sums (wgmma's fp8 accumulation) differ from torch's in
+    the last bits, so a value next to a rounding boundary rounds to the neighbouring e4m3 value
+    (up to 12.5% apart). A wrong row, column or scale is off by more, almost everywhere."""
     q, scale = got
     g = dequant(got).double()
     step = torch.maximum(g.abs(), want.abs()) * 2**-3 + scale.double()[:, None] * 2**-9
     off = (g - want).abs()
     return bool((off <= step * 1.001).all()) and int((off > step / 4).sum()) <= max(
-        1, off.numel() // 1000)
+        1, off.numel() // 50)
 
 
 def time_us(fn, n: int, reps: int) -> float:
@@ -276,7 +285,7 @@ def table_source(table: dict, meta: dict) -> str:
              'not by hand.', "",
              "TABLE maps configs.table_key(...) = (SMs, E, D, I, weight dtype, A rounded up to a "
              "power of two)", "to (gate_up, down) GemmConfig fields (block_n, block_k, split_k, "
-             "num_warps, num_stages).",
+             "num_warps, num_stages, block_m).",
              f"Swept on {meta.get('device')} (torch {meta.get('torch')}, triton "
              f"{meta.get('triton')}), commit {meta.get('commit')},",
              f"run {meta.get('run_id')}; results: benchmarks/results/tune_decode.md.",
@@ -289,7 +298,7 @@ def table_source(table: dict, meta: dict) -> str:
 
 
 def fields(g: configs.GemmConfig) -> tuple[int, ...]:
-    return (g.block_n, g.block_k, g.split_k, g.num_warps, g.num_stages)
+    return (g.block_n, g.block_k, g.split_k, g.num_warps, g.num_stages, g.block_m)
 
 
 def main(argv: list[str] | None = None) -> dict:

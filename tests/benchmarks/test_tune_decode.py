@@ -22,4 +22,4 @@ def test_dry_run(tmp_path):
     exec((tmp_path / "tuned.py").read_text(), table)  # the module configs imports
     assert len(table["TABLE"]) == len(result["table"]) == 3
     for key, (gate_up, down) in table["TABLE"].items():
-        assert len(key) == 6 and len(gate_up) == len(down) == 5
+        assert len(key) == 6 and len(gate_up) == len(down) == 6

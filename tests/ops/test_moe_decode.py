@@ -188,6 +188,21 @@ def test_every_split_factor(split, dtype):
     run_down("all tokens on one expert", DTYPES[dtype], split, on_output=False)
 
 
+ONE_PAIR = ["T=1 k=1 E=16", "odd T=9 k=3 E=7", "k=8 E=256", "all tokens on one expert",
+            "capacity drops", "ids routed nowhere"]
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
+@pytest.mark.parametrize("case", ONE_PAIR)
+def test_one_pair_tiles(case, dtype):
+    """block_m = 1: each pair its own m-tile, multiplied on the CUDA cores (a GEMV), split-K."""
+    fp8 = dtype == "fp8"
+    cfg = configs.DecodeConfig(small(2, fp8).gate_up.with_(block_m=1),
+                               small(3, fp8).down.with_(block_m=1))
+    run_gate_up(case, DTYPES[dtype], cfg)
+    run_down(case, DTYPES[dtype], cfg, on_output=False)
+
+
 @pytest.mark.parametrize("dtype", ["bf16", "fp8", "fp32"])
 def test_reference_matches_float64(dtype):
     for case in ("odd T=9 k=3 E=7", "capacity drops", "T=0"):

@@ -43,7 +43,7 @@ def _split_const(split: int) -> dict:
     return {"split": 1} if split == 1 else {}
 
 
-def gate_up(fp8: bool, split: int, rw: bool, pdl: bool):
+def gate_up(fp8: bool, split: int, rw: bool, pdl: bool, block_m: int = 16):
     from shufflemoe.ops.moe_decode import kernel
 
     w = "*fp8e4nv" if fp8 else "*bf16"
@@ -53,14 +53,14 @@ def gate_up(fp8: bool, split: int, rw: bool, pdl: bool):
                scale_ptr="*fp32" if fp8 else None, part_ptr="*fp32" if split > 1 else None,
                words_ptr="*i32", E="i32", D="i32", I="i32", n_tiles="i32", k_split="i32",
                A="i32", words_rows="i32", **_split_arg(split))
-    consts = dict(BLOCK_E=16, BLOCK_M=16, BLOCK_N=64, BLOCK_K=256 if fp8 else 128,
+    consts = dict(BLOCK_E=16, BLOCK_M=block_m, BLOCK_N=64, BLOCK_K=256 if fp8 else 128,
                   **_split_const(split), FP8=fp8, HAS_RW=rw, UPCAST=False, DOT_PRECISION="tf32", INTERPRET=False,
                   PDL=pdl, QUANT_BLOCK=1024, ROW_BLOCK=4096, ROW_CHUNKS=2)
     return compile_sm90(kernel._gate_up_kernel, sig, consts,
                         **({"launch_pdl": True} if pdl else {}))
 
 
-def down(fp8: bool, split: int, k: int, pdl: bool, accumulate: bool = True):
+def down(fp8: bool, split: int, k: int, pdl: bool, accumulate: bool = True, block_m: int = 16):
     from shufflemoe.ops.moe_decode import kernel
 
     a = "*fp8e4nv" if fp8 else "*bf16"
@@ -70,7 +70,8 @@ def down(fp8: bool, split: int, k: int, pdl: bool, accumulate: bool = True):
                part_ptr="*fp32" if split > 1 else None, words_ptr="*i32", E="i32", D="i32",
                I="i32", n_tiles="i32", k_split="i32", A="i32", T="i32", words_cols="i32",
                **_split_arg(split))
-    consts = dict(K=k, TOP1=k == 1, ACCUMULATE=accumulate, BLOCK_E=128, BLOCK_M=16, BLOCK_N=64,
+    consts = dict(K=k, TOP1=k == 1, ACCUMULATE=accumulate, BLOCK_E=128, BLOCK_M=block_m,
+                  BLOCK_N=64,
                   BLOCK_K=256 if fp8 else 128, BLOCK_T=16, **_split_const(split), FP8=fp8,
                   HAS_RW=True, UPCAST=False, DOT_PRECISION="tf32", INTERPRET=False, PDL=pdl)
     return compile_sm90(kernel._down_kernel, sig, consts, **({"launch_pdl": True} if pdl else {}))
@@ -84,6 +85,10 @@ BUILDS = {
     "down bf16 top-1 split-K writing out": lambda: down(False, 2, 1, False, accumulate=False),
     "down bf16 k=4 writing out": lambda: down(False, 1, 4, False, accumulate=False),
 }
+GEMV = {  # one pair a tile: no MMA
+    "gate_up fp8 one-pair tiles split-K": lambda: gate_up(True, 4, True, False, block_m=1),
+    "down bf16 one-pair tiles k=8": lambda: down(False, 1, 8, False, block_m=1),
+}
 
 
 def test_compiles_for_sm90():
@@ -93,17 +98,18 @@ def test_compiles_for_sm90():
     done = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    for name in BUILDS:
+    for name in {**BUILDS, **GEMV}:
         assert f"ok {name}" in done.stdout, done.stdout
 
 
 if __name__ == "__main__":
     failed = False
-    for name, build in BUILDS.items():
+    for name, build in {**BUILDS, **GEMV}.items():
         try:
             ttgir = build().asm["ttgir"]
-            assert "async_copy_global_to_local" in ttgir, "the K loop is not pipelined"
-            assert "warp_group_dot" in ttgir, "no wgmma"
+            if name in BUILDS:
+                assert "async_copy_global_to_local" in ttgir, "the K loop is not pipelined"
+                assert "warp_group_dot" in ttgir, "no wgmma"
             print(f"ok {name}", flush=True)
         except Exception as e:  # report every variant, then fail
             failed = True

@@ -49,6 +49,9 @@ class GemmConfig:
     split_k: int = 1  # K is cut into this many ranges, each its own program (capped by K steps)
     num_warps: int = 4
     num_stages: int = 3  # software-pipeline depth of the K loop
+    # pairs per m-tile: the MMA's N side (weights are its M side, swap-AB); 1: one pair a tile,
+    # multiplied on the CUDA cores (a GEMV: at T = 1 every pair has its own expert)
+    block_m: int = 16
 
     def with_(self, **changes) -> "GemmConfig":
         return replace(self, **changes)
@@ -58,7 +61,6 @@ class GemmConfig:
 class DecodeConfig:
     gate_up: GemmConfig  # x [A, D] gathered -> a [A, I]
     down: GemmConfig  # a [A, I] -> out [T, D]
-    block_m: int = 16  # pairs per tile: the MMA's N side (weights are its M side, swap-AB)
     # Programmatic dependent launch (Hopper): each kernel may start while its predecessor drains
     # and waits (griddepcontrol.wait) before touching memory. Off until measured on a GPU
     # (benchmarks/decode_check.py times both); the interpreter never uses it.

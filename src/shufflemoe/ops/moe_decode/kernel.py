@@ -94,7 +94,11 @@ def _fp8_value(v, INTERPRET: tl.constexpr):
 
 @triton.jit
 def _dot(acc, w, xt, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """acc [BN, BM] += w [BN, BK] @ xt [BK, BM]."""
+    """acc [BN, BM] += w [BN, BK] @ xt [BK, BM]; with BM = 1 on the CUDA cores (products of
+    bf16 / fp8 values are exact in fp32, summed in fp32)."""
+    if xt.shape[1] == 1:
+        x = tl.reshape(xt, [xt.shape[0]]).to(tl.float32)
+        return acc + tl.reshape(tl.sum(w.to(tl.float32) * x[None, :], 1), [w.shape[0], 1])
     if UPCAST:  # interpreter: its bf16 dot is wrong (Triton 3.6); fp32 of bf16/fp8 is exact
         w = w.to(tl.float32)
         xt = xt.to(tl.float32)
@@ -472,9 +476,9 @@ def reserve_arrival_words(w13: Tensor, w2: Tensor, max_pairs: int, workspace: in
     sms, need = sm_count(w13.device), 0
     for A in range(1, max_pairs + 1):
         plan = configs.select(A, E, D, I, w13.dtype, sms)
-        m_tiles = max_m_tiles(A, E, plan.block_m)
-        need = max(need, m_tiles * cdiv(I, plan.gate_up.block_n) + m_tiles,
-                   m_tiles * cdiv(D, plan.down.block_n) + cdiv(D, plan.down.block_n))
+        up, dn = max_m_tiles(A, E, plan.gate_up.block_m), max_m_tiles(A, E, plan.down.block_m)
+        need = max(need, up * cdiv(I, plan.gate_up.block_n) + up,
+                   dn * cdiv(D, plan.down.block_n) + cdiv(D, plan.down.block_n))
     arrival_words(w13, need, workspace)
 
 
@@ -512,7 +516,7 @@ def _gate_up_op(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Ten
     cfg = plan.gate_up
     k_split, split = _k_split(D, cfg)
     n_tiles = cdiv(I, cfg.block_n)
-    m_tiles = max_m_tiles(A, E, plan.block_m)
+    m_tiles = max_m_tiles(A, E, cfg.block_m)
     fp8 = w13.dtype == FP8_DTYPE
     words = arrival_words(x, m_tiles * n_tiles + m_tiles, workspace)
     part = torch.empty(split, A, 2 * I, dtype=torch.float32, device=x.device) if split > 1 else None
@@ -526,7 +530,7 @@ def _gate_up_op(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Ten
             x, w13, w13_scale, counts, token_ids, row_weights, a,
             fp8_target(q)[0] if fp8 else None, scale, part, words,
             E, D, I, n_tiles, k_split, split, A, m_tiles * n_tiles,
-            BLOCK_E=next_power_of_2(E), BLOCK_M=plan.block_m, BLOCK_N=cfg.block_n,
+            BLOCK_E=next_power_of_2(E), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
             BLOCK_K=cfg.block_k, FP8=fp8, HAS_RW=row_weights is not None,
             UPCAST=interpret and w13.dtype in (torch.bfloat16, FP8_DTYPE),
             DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", INTERPRET=interpret,
@@ -548,7 +552,7 @@ def _down_op(a: Tensor, a_scale: Optional[Tensor], w2: Tensor, w2_scale: Optiona
     cfg = plan.down
     k_split, split = _k_split(I, cfg)
     n_tiles = cdiv(D, cfg.block_n)
-    m_tiles = max_m_tiles(A, E, plan.block_m)
+    m_tiles = max_m_tiles(A, E, cfg.block_m)
     words = arrival_words(a, m_tiles * n_tiles + n_tiles, workspace)
     part = torch.empty(split, A, D, dtype=torch.float32, device=a.device) if split > 1 else None
     y = torch.empty(A, D, dtype=torch.float32, device=a.device) if k > 1 else None
@@ -560,7 +564,7 @@ def _down_op(a: Tensor, a_scale: Optional[Tensor], w2: Tensor, w2_scale: Optiona
         launch(_down_kernel, (m_tiles * n_tiles * split,),
             a, a_scale, w2, w2_scale, counts, token_ids, positions, row_weights, out, y, part,
             words, E, D, I, n_tiles, k_split, split, A, T, m_tiles * n_tiles,
-            K=k, TOP1=k == 1, ACCUMULATE=accumulate, BLOCK_E=next_power_of_2(E), BLOCK_M=plan.block_m,
+            K=k, TOP1=k == 1, ACCUMULATE=accumulate, BLOCK_E=next_power_of_2(E), BLOCK_M=cfg.block_m,
             BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_T=_COMBINE_TOKENS,
             FP8=a.dtype == FP8_DTYPE, HAS_RW=row_weights is not None,
             UPCAST=interpret and w2.dtype in (torch.bfloat16, FP8_DTYPE),
