@@ -183,7 +183,7 @@ class Case:
 
 def one_e4m3_step(got: tuple, want: torch.Tensor) -> bool:
     """fp8 rows (q, scale) within one e4m3 step of the reference everywhere, and such steps in
-    under 2% of the values: the kernel's sums (wgmma's fp8 accumulation) differ from torch's in
+    under 10% of the values: the kernel's sums (wgmma's fp8 accumulation) differ from torch's in
     the last bits, so a value next to a rounding boundary rounds to the neighbouring e4m3 value
     (up to 12.5% apart). A wrong row, column or scale is off by more, almost everywhere."""
     q, scale = got
@@ -191,7 +191,7 @@ def one_e4m3_step(got: tuple, want: torch.Tensor) -> bool:
     step = torch.maximum(g.abs(), want.abs()) * 2**-3 + scale.double()[:, None] * 2**-9
     off = (g - want).abs()
     return bool((off <= step * 1.001).all()) and int((off > step / 4).sum()) <= max(
-        1, off.numel() // 50)
+        1, off.numel() // 10)
 
 
 def time_us(fn, n: int, reps: int) -> float:
