@@ -251,17 +251,17 @@ def test_split_heuristic():
 
 def test_select_reads_the_table_then_the_heuristic(monkeypatch):
     """A shape the table holds takes its row for every A of its power-of-two bucket; another
-    bucket, SM count or dtype takes the heuristic."""
+    bucket, SM count or dtype takes the heuristic (a shape no preset has)."""
     row = ((32, 64, 3, 8, 5), (128, 128, 1, 4, 2))
     want = configs.DecodeConfig(configs.GemmConfig(*row[0]), configs.GemmConfig(*row[1]))
-    monkeypatch.setitem(configs.TABLE, (132, 16, 5120, 1024, "bfloat16", 4), row)
+    monkeypatch.setitem(configs.TABLE, (132, 16, 640, 128, "bfloat16", 4), row)
     configs._choose.cache_clear()
     try:
-        assert configs.select(3, 16, 5120, 1024, torch.bfloat16, 132) == want
-        assert configs.select(4, 16, 5120, 1024, torch.bfloat16, 132) == want
-        for key in ((5, 16, 5120, 1024, torch.bfloat16, 132),
-                    (4, 16, 5120, 1024, torch.bfloat16, 114),
-                    (4, 16, 5120, 1024, FP8_DTYPE, 132)):
+        assert configs.select(3, 16, 640, 128, torch.bfloat16, 132) == want
+        assert configs.select(4, 16, 640, 128, torch.bfloat16, 132) == want
+        for key in ((5, 16, 640, 128, torch.bfloat16, 132),
+                    (4, 16, 640, 128, torch.bfloat16, 114),
+                    (4, 16, 640, 128, FP8_DTYPE, 132)):
             assert configs.select(*key) == configs.heuristic(key) != want
     finally:
         configs._choose.cache_clear()
