@@ -14,6 +14,7 @@ Writes $OUT/probe_generate_accuracy.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import pathlib
 
@@ -72,16 +73,12 @@ def main() -> None:
                 add("shufflemoe eager (heuristic)", batch, logits, first)
         unpatch(model)
         patch(model)
-        for label, managers in (("table", ()), ("heuristic", (configs.override(configs.heuristic),))):
-            for m in managers:
-                m.__enter__()
-            try:
+        for label, manager in (("table", contextlib.nullcontext()),
+                               ("heuristic", configs.override(configs.heuristic))):
+            with manager:
                 for batch in BATCHES:
                     logits, first = generated(model, batch)
                     add(f"shufflemoe compiled generate ({label})", batch, logits, first)
-            finally:
-                for m in managers:
-                    m.__exit__(None, None, None)
             model.__dict__.pop("_compiled_call", None)
             torch._dynamo.reset()
         unpatch(model)

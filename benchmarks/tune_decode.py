@@ -26,6 +26,7 @@ Phases stop at their share of --budget and say what they skipped.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing
 import os
@@ -274,18 +275,15 @@ def layer_rows(case_layers: list, name: str, dtype: str, T: int, device: str, dr
                                          configs.override(configs.heuristic))),
                           ("unfused", (configs.override(configs.NEVER),))):
         run = lambda i: case_layers[i % len(case_layers)](xs[i])  # noqa: E731
-        for m in managers:
-            m.__enter__()
-        try:
+        with contextlib.ExitStack() as stack:
+            for m in managers:
+                stack.enter_context(m)
             if dry:
                 for i in range(len(xs)):
                     run(i)
                 us = float("nan")
             else:
                 us = time_us(run, len(xs), 30)
-        finally:
-            for m in reversed(managers):
-                m.__exit__(None, None, None)
         row[f"{lab}_us"] = us
         row[f"{lab}_pct_read"] = 100 * nbytes / us / 1e3 / read_gbps
     return row
