@@ -8,10 +8,8 @@ found on the device from counts as in the grouped GEMM (no host sync). Program p
 u, n-tile n and K range s (pid = (u * n_tiles + n) * split + s); the grid is planned for the
 most m-tiles A pairs can form, and programs past the real ones return at once.
 
-Weights stream as the MMA's M side (swap-AB: acc [BLOCK_N, BLOCK_M]); with BLOCK_M = 1 each
-pair is its own m-tile and the product runs on the CUDA cores instead (a GEMV, no padding of one
-row to the MMA's 16). gate_up holds two accumulators (gate rows n, up rows I + n) so SwiGLU runs
-in registers. The gather (and Llama 4's
+Weights stream as the MMA's M side (swap-AB: acc [BLOCK_N, BLOCK_M]); gate_up holds two
+accumulators (gate rows n, up rows I + n) so SwiGLU runs in registers. The gather (and Llama 4's
 input weight, rounded to x's dtype once as gather_scale does) happens in the K loop's loads.
 
 Split-K fixup, no memset launch: each split stores its fp32 partial to a workspace, then (after a
