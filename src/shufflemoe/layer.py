@@ -419,11 +419,10 @@ class MoE(nn.Module):
         counts, ids = _every_token_on_one_expert(T, x.device)
         ops = backend_for(x)
         a = torch.empty(T, Is, dtype=x.dtype, device=x.device)
-        w2 = hot.shared_w2.view(1, D, Is)
         ops.decode_gate_up(x, hot.shared_w13.view(1, 2 * Is, D), None, counts, ids, None, a,
-                           SHARED_WORKSPACE, w2)
-        return ops.decode_down(a, None, w2, None, counts, ids, ids, None, out, False,
-                               SHARED_WORKSPACE)
+                           SHARED_WORKSPACE)
+        return ops.decode_down(a, None, hot.shared_w2.view(1, D, Is), None, counts, ids, ids,
+                               None, out, False, SHARED_WORKSPACE)
 
     def _fused_shared_forward(self, x: Tensor, hot: _Hot) -> Tensor:
         """Eager decode with a fused shared expert, in one launch plan with routing and the

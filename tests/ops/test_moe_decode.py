@@ -99,9 +99,9 @@ def tiles(split: int | configs.DecodeConfig, fp8: bool) -> configs.DecodeConfig:
     return split if isinstance(split, configs.DecodeConfig) else small(split, fp8)
 
 
-def run_gate_up(case, dtype, split, on_input=True, impl="triton", seed=0, prefetch=False):
+def run_gate_up(case, dtype, split, on_input=True, impl="triton", seed=0):
     r, T, E = routing(case, seed + 3)
-    (w13, w2, s13, _), (w13_64, _) = weights(E, dtype, seed)
+    (w13, _, s13, _), (w13_64, _) = weights(E, dtype, seed)
     fp8 = dtype == FP8_DTYPE
     x = torch.randn(T, D, generator=gen(seed + 1)).to(DEV, act_dtype(dtype))
     A = r.num_pairs
@@ -112,8 +112,7 @@ def run_gate_up(case, dtype, split, on_input=True, impl="triton", seed=0, prefet
         out[0].view(torch.uint8).fill_(0x7F)  # e4m3 NaN
     with configs.override(tiles(split, fp8)):
         got = decode_gate_up(x, w13, r.counts, r.token_ids, r.weights if on_input else None,
-                             w13_scale=s13, out=out, prefetch=w2 if prefetch else None,
-                             impl=impl)
+                             w13_scale=s13, out=out, impl=impl)
     assert got is out
     n, _ = pairs(r)
     a = got[0].double() * got[1].double()[:, None] if fp8 else got.double()
@@ -167,21 +166,6 @@ def test_gate_up_matches_float64(case, dtype):
 @pytest.mark.parametrize("case,dtype", MAIN, ids=[f"{c}-{d}" for c, d in MAIN])
 def test_down_matches_float64(case, dtype):
     run_down(case, DTYPES[dtype], split=2)
-
-
-PREFETCH = ["T=1 k=1 E=16", "k=8 E=256", "all tokens on one expert", "capacity drops"]
-
-
-@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
-@pytest.mark.parametrize("case", PREFETCH)
-def test_gate_up_prefetching_down_weights(case, dtype):
-    """Asking L2 for down's weights changes no value (on a Hopper GPU the prefetch runs: the
-    test's weights fit in L2 and are aligned; under the interpreter it is a no-op)."""
-    dt = DTYPES[dtype]
-    if CUDA and torch.cuda.get_device_capability()[0] >= 9:
-        _, w2, _, _ = weights(16, dt)[0]
-        assert kernel._prefetch_at(w2, w2.device, 16) == configs.PREFETCH_AT != 0
-    run_gate_up(case, dt, split=2, prefetch=True)
 
 
 OVERWRITE = ["T=1 k=1 E=16", "all tokens on one expert", "capacity drops", "ids routed nowhere"]
@@ -310,10 +294,6 @@ def test_tuned_tilings_match_float64(dtype, gemm, fields):
      "row_weights must"),
     (lambda x, w, r: decode_gate_up(x, w, r.counts, r.token_ids, w13_scale=r.weights),
      ValueError, "w13_scale is only"),
-    (lambda x, w, r: decode_gate_up(x, w, r.counts, r.token_ids, prefetch=w[:3]), ValueError,
-     "prefetch must be"),
-    (lambda x, w, r: decode_gate_up(x, w, r.counts, r.token_ids, prefetch=w.transpose(1, 2)),
-     ValueError, "prefetch must be contiguous"),
     (lambda x, w, r: decode_down(x[:, :I].contiguous(), w.transpose(1, 2).contiguous()[:, :D],
                                  r.counts, r.token_ids, r.positions, x), ValueError, "a must be"),
 ])

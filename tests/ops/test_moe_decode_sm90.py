@@ -43,7 +43,7 @@ def _split_const(split: int) -> dict:
     return {"split": 1} if split == 1 else {}
 
 
-def gate_up(fp8: bool, split: int, rw: bool, pdl: bool, block_m: int = 16, prefetch: int = 0):
+def gate_up(fp8: bool, split: int, rw: bool, pdl: bool, block_m: int = 16):
     from shufflemoe.ops.moe_decode import kernel
 
     w = "*fp8e4nv" if fp8 else "*bf16"
@@ -51,13 +51,11 @@ def gate_up(fp8: bool, split: int, rw: bool, pdl: bool, block_m: int = 16, prefe
                ids_ptr="*i32", rw_ptr="*fp32" if rw else None,
                a_ptr="*fp32" if fp8 else "*bf16", q_ptr="*fp8e4nv" if fp8 else None,
                scale_ptr="*fp32" if fp8 else None, part_ptr="*fp32" if split > 1 else None,
-               words_ptr="*i32", next_ptr=w if prefetch else None,
-               next_bytes="i32" if prefetch else None, E="i32", D="i32", I="i32",
-               n_tiles="i32", k_split="i32", A="i32", words_rows="i32", **_split_arg(split))
+               words_ptr="*i32", E="i32", D="i32", I="i32", n_tiles="i32", k_split="i32",
+               A="i32", words_rows="i32", **_split_arg(split))
     consts = dict(BLOCK_E=16, BLOCK_M=block_m, BLOCK_N=64, BLOCK_K=256 if fp8 else 128,
                   **_split_const(split), FP8=fp8, HAS_RW=rw, UPCAST=False, DOT_PRECISION="tf32", INTERPRET=False,
-                  PDL=pdl, QUANT_BLOCK=1024, ROW_BLOCK=4096, ROW_CHUNKS=2, PREFETCH=prefetch,
-                  LANES=128, EVICT="evict_first" if prefetch else "")
+                  PDL=pdl, QUANT_BLOCK=1024, ROW_BLOCK=4096, ROW_CHUNKS=2)
     return compile_sm90(kernel._gate_up_kernel, sig, consts,
                         **({"launch_pdl": True} if pdl else {}))
 
@@ -82,9 +80,6 @@ def down(fp8: bool, split: int, k: int, pdl: bool, accumulate: bool = True, bloc
 BUILDS = {
     "gate_up bf16 split-K input weights": lambda: gate_up(False, 8, True, False),
     "gate_up fp8 PDL": lambda: gate_up(True, 1, False, True),
-    "gate_up bf16 split-K prefetching at the start": lambda: gate_up(False, 4, False, False,
-                                                                    prefetch=1),
-    "gate_up fp8 prefetching at the end": lambda: gate_up(True, 1, True, False, prefetch=2),
     "down fp8 split-K k=8": lambda: down(True, 3, 8, False),
     "down bf16 top-1 PDL": lambda: down(False, 1, 1, True),
     "down bf16 top-1 split-K writing out": lambda: down(False, 2, 1, False, accumulate=False),
@@ -92,8 +87,6 @@ BUILDS = {
 }
 GEMV = {  # one pair a tile: no MMA
     "gate_up fp8 one-pair tiles split-K": lambda: gate_up(True, 4, True, False, block_m=1),
-    "gate_up bf16 one-pair tiles prefetching": lambda: gate_up(False, 4, False, False, block_m=1,
-                                                               prefetch=1),
     "down bf16 one-pair tiles k=8": lambda: down(False, 1, 8, False, block_m=1),
 }
 

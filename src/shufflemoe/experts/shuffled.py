@@ -34,7 +34,7 @@ class Shuffled(Experts):
             # unchecked like the rest: the layer made every tensor
             a = ops.decode_gate_up(x, w.w13, w.w13_scale, r.counts, r.token_ids, w_in,
                                    gate_up_outputs(None, r.num_pairs, w.intermediate_size,
-                                                   x.dtype, w.quantized, x.device), 0, w.w2)
+                                                   x.dtype, w.quantized, x.device))
             before_combine()
             ops.decode_down(*(a if isinstance(a, tuple) else (a, None)), w.w2, w.w2_scale,
                             r.counts, r.token_ids, r.positions, w_out, out)

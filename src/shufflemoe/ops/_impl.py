@@ -185,8 +185,7 @@ class Ops:
     token_sum: Callable  # (out, y, positions, weights, num_valid, rows) -> out
     combine_shuffling: Callable  # (x, counts, starts, out) -> (out, counts per local expert)
     split_shuffling: Callable  # (y, counts, starts, out) -> out
-    # (x, w13, w13_scale, counts, token_ids, row_weights, out[, workspace, prefetch])
-    #   -> a | (q, scale)
+    # (x, w13, w13_scale, counts, token_ids, row_weights, out[, workspace]) -> a | (q, scale)
     decode_gate_up: Callable
     # (a, a_scale, w2, w2_scale, counts, token_ids, positions, row_weights, out[, accumulate,
     #  workspace]) -> out

@@ -72,7 +72,6 @@ def decode_gate_up(
     w13_scale: Tensor | None = None,
     out: Tensor | tuple[Tensor, Tensor] | None = None,
     workspace: int = 0,
-    prefetch: Tensor | None = None,
     impl: str | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """x [T, D], w13 [E, 2I, D] (gate rows then up rows), counts [E] and token_ids [A] of a
@@ -81,10 +80,7 @@ def decode_gate_up(
     and w13_scale [E, 2I], (q [A, I] e4m3, scale [A] float32), x quantized per row first. Rows
     past sum(counts) are not written (out: preallocated outputs). workspace: which buffer of
     split-K arrival words the kernel uses (0, 1, ...): calls that may run at the same time on
-    two streams need two. prefetch: the next GEMM's weights [E, ...] (w2), contiguous: while
-    w13 streams, the kernel asks L2 for the slices of the experts in use (a hint, on GPUs from
-    Hopper on, when they fit in configs.PREFETCH_L2_SHARE of L2), so the next kernel finds
-    them there."""
+    two streams need two."""
     check_tensor("x", x, dim=2, dtypes=X_DTYPES, contiguous=True)
     check_tensor("w13", w13, dim=3, dtypes=X_DTYPES + (FP8_DTYPE,), contiguous=True)
     E, two_i, D = w13.shape
@@ -99,15 +95,10 @@ def decode_gate_up(
                      contiguous=True)
     dev = check_same_device(x=x, w13=w13, counts=counts, token_ids=token_ids,
                             row_weights=row_weights, w13_scale=w13_scale)
-    if prefetch is not None:
-        check_tensor("prefetch", prefetch, contiguous=True)
-        if prefetch.dim() < 2 or prefetch.shape[0] != E:
-            raise ValueError(f"prefetch must be [E={E}, ...] weights, got {list(prefetch.shape)}")
-        check_same_device(x=x, prefetch=prefetch)
     out = gate_up_outputs(out, A, two_i // 2, x.dtype, w13.dtype == FP8_DTYPE, dev)
     _check_workspace(workspace)
     return ops_for(resolve(impl, x)).decode_gate_up(x, w13, w13_scale, counts, token_ids,
-                                                     row_weights, out, workspace, prefetch)
+                                                     row_weights, out, workspace)
 
 
 def decode_down(

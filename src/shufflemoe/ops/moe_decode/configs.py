@@ -70,13 +70,6 @@ class DecodeConfig:
         return replace(self, **changes)
 
 
-# While gate_up streams w13 it asks L2 for down's weights of the same experts (kernel._prefetch_l2)
-# when they take at most this share of L2, so down reads them from L2: where in each program
-# (1: before its K loop, 2: after its epilogue) and the share are measured by
-# benchmarks/probe_prefetch.py.
-PREFETCH_AT = 1
-PREFETCH_L2_SHARE = 0.5
-
 Key = tuple[int, int, int, int, torch.dtype, int]  # (A, E, D, I, weight dtype, SMs)
 _DEFAULT_SWITCH = Switch()
 _switch: contextvars.ContextVar[Switch] = contextvars.ContextVar("shufflemoe_decode_switch",

@@ -59,8 +59,7 @@ _COMBINE_TOKENS = 16  # tokens per step of down's token-major combine
 
 @triton.jit
 def _locate(counts_ptr, u, E, BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr):
-    """m-tile u -> (exists, expert, first row, row stop, m-tiles in all, rows in all, whether u
-    is its expert's first m-tile). Plain sums
+    """m-tile u -> (exists, expert, first row, row stop, m-tiles in all, rows in all). Plain sums
     over a one-hot of u's expert (the grouped GEMM's 4-way tl.reduce costs 120 ms a program in
     the interpreter at E = 256; on the GPU both are a few shuffles)."""
     offs = tl.arange(0, BLOCK_E)
@@ -74,7 +73,7 @@ def _locate(counts_ptr, u, E, BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr):
     row0 = row_start + (u - tl.sum(tl.where(before, tiles, 0), 0)) * BLOCK_M
     row_stop = row_start + tl.sum(tl.where(mine, m, 0), 0)
     total_tiles = tl.sum(tiles, 0)
-    return u < total_tiles, g, row0, row_stop, total_tiles, tl.sum(m, 0), row0 == row_start
+    return u < total_tiles, g, row0, row_stop, total_tiles, tl.sum(m, 0)
 
 
 @triton.jit
@@ -131,28 +130,10 @@ def _partials_sum(part_ptr, at, mask, split, stride_split):
 
 
 @triton.jit
-def _prefetch_l2(next_ptr, g, next_bytes, part, parts, LANES: tl.constexpr):
-    """Ask L2 for share ``part`` of ``parts`` of expert g's next_bytes at next_ptr, in LANES
-    bulk prefetches (cp.async.bulk.prefetch.L2, sm_90; 16-byte aligned, sizes in 16 bytes).
-    Nothing waits for them: the next kernel finds the lines in L2 (or reads them again)."""
-    units = next_bytes // 16
-    per = tl.cdiv(units, parts)
-    chunk = tl.cdiv(per, LANES)
-    start = part * per + tl.arange(0, LANES) * chunk
-    size = (tl.maximum(tl.minimum(tl.minimum(start + chunk, part * per + per), units) - start, 0)
-            * 16)
-    addr = (tl.cast(next_ptr, tl.int64) + g.to(tl.int64) * next_bytes + start.to(tl.int64) * 16)
-    tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.gt.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; "
-        "mov.u32 $0, 0; }", "=r,l,r", [addr, size.to(tl.int32)], dtype=tl.int32, is_pure=False,
-        pack=1)
-
-
-@triton.jit
 def _program(counts_ptr, E, n_tiles, split, BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr,
              PDL: tl.constexpr):
     """This program's work: (split s, tile, m-tile u, n-tile) from its id, then _locate's
-    (exists, expert, first row, row stop, m-tiles, rows, first m-tile of its expert). With programmatic dependent launch it
+    (exists, expert, first row, row stop, m-tiles, rows). With programmatic dependent launch it
     first waits for the previous kernel's memory, then lets the next kernel launch (whose
     programs wait in turn before they touch memory)."""
     if PDL:
@@ -161,10 +142,10 @@ def _program(counts_ptr, E, n_tiles, split, BLOCK_E: tl.constexpr, BLOCK_M: tl.c
     pid = tl.program_id(0)
     tile = pid // split
     u = tile // n_tiles
-    exists, g, row0, row_stop, total_tiles, num_valid, first = _locate(counts_ptr, u, E, BLOCK_E,
-                                                                       BLOCK_M)
+    exists, g, row0, row_stop, total_tiles, num_valid = _locate(counts_ptr, u, E, BLOCK_E,
+                                                                BLOCK_M)
     return (pid % split, tile, u, tile % n_tiles, exists, g, row0, row_stop, total_tiles,
-            num_valid, first)
+            num_valid)
 
 
 @triton.jit
@@ -211,17 +192,13 @@ def _x_tile(x_ptr, tok, rw, inv, row_ok, ks, D, HAS_RW: tl.constexpr, FP8: tl.co
 @triton.jit
 def _gate_up_step(acc_g, acc_u, k0, k_hi, x_ptr, w_ptr, tok, rw, inv, row_ok, gate_rows, col_ok,
                   D, I, BLOCK_K: tl.constexpr, HAS_RW: tl.constexpr, FP8: tl.constexpr,
-                  UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr,
-                  EVICT: tl.constexpr):
-    """One K step of gate_up: both accumulators += weights [BN, BK] @ gathered x^T [BK, BM]
-    (EVICT: the weights' L2 eviction policy)."""
+                  UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    """One K step of gate_up: both accumulators += weights [BN, BK] @ gathered x^T [BK, BM]."""
     kk = k0 + tl.arange(0, BLOCK_K)
     xt = tl.trans(_x_tile(x_ptr, tok, rw, inv, row_ok, kk, D, HAS_RW, FP8, INTERPRET))
     w_mask = col_ok[:, None] & (kk < k_hi)[None, :]
-    wg = tl.load(w_ptr + gate_rows[:, None] * D + kk[None, :], mask=w_mask, other=0.0,
-                 eviction_policy=EVICT)
-    wu = tl.load(w_ptr + (gate_rows + I)[:, None] * D + kk[None, :], mask=w_mask, other=0.0,
-                 eviction_policy=EVICT)
+    wg = tl.load(w_ptr + gate_rows[:, None] * D + kk[None, :], mask=w_mask, other=0.0)
+    wu = tl.load(w_ptr + (gate_rows + I)[:, None] * D + kk[None, :], mask=w_mask, other=0.0)
     return (_dot(acc_g, wg, xt, UPCAST, DOT_PRECISION),
             _dot(acc_u, wu, xt, UPCAST, DOT_PRECISION))
 
@@ -239,8 +216,6 @@ def _gate_up_kernel(
     scale_ptr,  # [A] fp32 row scales (FP8)
     part_ptr,  # [split, A, 2I] fp32 partials (split > 1)
     words_ptr,  # int32 arrival words: [m-tiles max * n_tiles] tiles, then [m-tiles max] rows
-    next_ptr,  # [E, ...] the next GEMM's weights (w2), whose active experts L2 is asked for
-    next_bytes,  # bytes of one expert of next_ptr, a multiple of 16 (PREFETCH)
     E, D, I, n_tiles, k_split,  # k_split: K elements per split, a multiple of BLOCK_K
     split,  # K ranges (a runtime value: Triton specializes 1, so split 1 drops the fixup)
     A,  # pairs (rows of a)
@@ -250,15 +225,9 @@ def _gate_up_kernel(
     DOT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr, PDL: tl.constexpr,
     QUANT_BLOCK: tl.constexpr,  # columns per step when the last m-tile quantizes rows of a
     ROW_BLOCK: tl.constexpr, ROW_CHUNKS: tl.constexpr,  # FP8: lanes and loads per row of x
-    PREFETCH: tl.constexpr,  # 0: none; 1 / 2: at the start / end of each program
-    LANES: tl.constexpr,  # prefetches a program issues: one per thread (32 * num_warps)
-    EVICT: tl.constexpr,  # w13's L2 eviction policy ("evict_first" beside a prefetch)
 ):
-    s, tile, u, n_tile, exists, g, row0, row_stop, _, _, first = _program(
+    s, tile, u, n_tile, exists, g, row0, row_stop, _, _ = _program(
         counts_ptr, E, n_tiles, split, BLOCK_E, BLOCK_M, PDL)
-    if PREFETCH == 1:
-        if exists & first:
-            _prefetch_l2(next_ptr, g, next_bytes, n_tile * split + s, n_tiles * split, LANES)
     if exists:
         rows = row0 + tl.arange(0, BLOCK_M)
         row_ok = rows < row_stop
@@ -283,13 +252,13 @@ def _gate_up_kernel(
             while k0 < k_hi:
                 acc_g, acc_u = _gate_up_step(acc_g, acc_u, k0, k_hi, x_ptr, w_ptr, tok, rw, inv,
                                              row_ok, gate_rows, col_ok, D, I, BLOCK_K, HAS_RW,
-                                             FP8, UPCAST, DOT_PRECISION, INTERPRET, EVICT)
+                                             FP8, UPCAST, DOT_PRECISION, INTERPRET)
                 k0 += BLOCK_K
         else:
             for k0 in range(k_lo, k_hi, BLOCK_K):
                 acc_g, acc_u = _gate_up_step(acc_g, acc_u, k0, k_hi, x_ptr, w_ptr, tok, rw, inv,
                                              row_ok, gate_rows, col_ok, D, I, BLOCK_K, HAS_RW,
-                                             FP8, UPCAST, DOT_PRECISION, INTERPRET, EVICT)
+                                             FP8, UPCAST, DOT_PRECISION, INTERPRET)
 
         mask = col_ok[:, None] & row_ok[None, :]  # [BN, BM]
         if split > 1:  # store both partials, arrive once; the last split sums them all
@@ -319,9 +288,6 @@ def _gate_up_kernel(
                                    INTERPRET)
             else:
                 tl.store(a_ptr + a_at, cast_to(a, a_ptr.dtype.element_ty, INTERPRET), mask=mask)
-    if PREFETCH == 2:
-        if exists & first:
-            _prefetch_l2(next_ptr, g, next_bytes, n_tile * split + s, n_tiles * split, LANES)
 
 
 @triton.jit
@@ -385,7 +351,7 @@ def _down_kernel(
     FP8: tl.constexpr, HAS_RW: tl.constexpr, UPCAST: tl.constexpr,
     DOT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr, PDL: tl.constexpr,
 ):
-    s, tile, u, n_tile, exists, g, row0, row_stop, total_tiles, num_valid, _ = _program(
+    s, tile, u, n_tile, exists, g, row0, row_stop, total_tiles, num_valid = _program(
         counts_ptr, E, n_tiles, split, BLOCK_E, BLOCK_M, PDL)
     if exists:
         rows = row0 + tl.arange(0, BLOCK_M)
@@ -471,31 +437,6 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-@functools.cache
-def _l2_prefetch_bytes(index: int) -> int:
-    """L2 bytes a prefetch may fill on GPU ``index``; 0 before Hopper (no bulk prefetch)."""
-    props = torch.cuda.get_device_properties(index)
-    return int(props.L2_cache_size * configs.PREFETCH_L2_SHARE) if props.major >= 9 else 0
-
-
-def _expert_bytes(w: Tensor) -> int:
-    return w[0].numel() * w.element_size()
-
-
-def _prefetch_at(nxt: Optional[Tensor], device: torch.device, experts: int) -> int:
-    """gate_up's PREFETCH: where in each program it asks L2 for the next GEMM's weights of its
-    expert (configs.PREFETCH_AT), or 0: none given, not a GPU from Hopper on, more bytes than
-    the share of L2 (configs.PREFETCH_L2_SHARE), or not 16-byte aligned."""
-    if nxt is None or device.type != "cuda" or interpreting():
-        return 0
-    per = _expert_bytes(nxt)
-    room = _l2_prefetch_bytes(device.index if device.index is not None
-                              else torch.cuda.current_device())
-    if per % 16 or nxt.storage_offset() * nxt.element_size() % 16 or experts * per > room:
-        return 0
-    return configs.PREFETCH_AT
-
-
 def sm_count(device: torch.device) -> int:
     """SMs the plan spreads weights over (a small number under the interpreter)."""
     if device.type != "cuda":
@@ -564,10 +505,8 @@ def _k_split(K: int, cfg: configs.GemmConfig) -> tuple[int, int]:
 @kernel_op("decode_gate_up", mutates_args=("a", "q", "scale"))
 def _gate_up_op(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Tensor,
                 token_ids: Tensor, row_weights: Optional[Tensor], a: Optional[Tensor],
-                q: Optional[Tensor], scale: Optional[Tensor], workspace: int,
-                prefetch: Optional[Tensor]) -> None:
-    """a [A, I] (x's dtype), or for fp8 w13 (q [A, I], scale [A]) <- SwiGLU of the gathered rows;
-    L2 is asked for the active experts of prefetch (the next GEMM's weights) when they fit.
+                q: Optional[Tensor], scale: Optional[Tensor], workspace: int) -> None:
+    """a [A, I] (x's dtype), or for fp8 w13 (q [A, I], scale [A]) <- SwiGLU of the gathered rows.
     The tiles are planned here, inside the op, so torch.compile never traces the host logic."""
     (T, D), (E, two_i, _), A = x.shape, w13.shape, token_ids.shape[0]
     I = two_i // 2
@@ -586,20 +525,17 @@ def _gate_up_op(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Ten
     interpret = interpreting()
     pdl = plan.pdl and not interpret
     row_block = min(4096, next_power_of_2(D))
-    at = _prefetch_at(prefetch, x.device, min(E, A))
     with on_device(x):
         launch(_gate_up_kernel, (m_tiles * n_tiles * split,),
             x, w13, w13_scale, counts, token_ids, row_weights, a,
             fp8_target(q)[0] if fp8 else None, scale, part, words,
-            prefetch if at else None, _expert_bytes(prefetch) if at else 0,
             E, D, I, n_tiles, k_split, split, A, m_tiles * n_tiles,
             BLOCK_E=next_power_of_2(E), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
             BLOCK_K=cfg.block_k, FP8=fp8, HAS_RW=row_weights is not None,
             UPCAST=interpret and w13.dtype in (torch.bfloat16, FP8_DTYPE),
             DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", INTERPRET=interpret,
             PDL=pdl, QUANT_BLOCK=min(1024, next_power_of_2(I)),
-            ROW_BLOCK=row_block, ROW_CHUNKS=cdiv(D, row_block), PREFETCH=at,
-            LANES=32 * cfg.num_warps, EVICT="evict_first" if at else "",
+            ROW_BLOCK=row_block, ROW_CHUNKS=cdiv(D, row_block),
             **_launch_options(cfg, pdl))
 
 
@@ -638,13 +574,11 @@ def _down_op(a: Tensor, a_scale: Optional[Tensor], w2: Tensor, w2_scale: Optiona
 
 def gate_up(x: Tensor, w13: Tensor, w13_scale: Tensor | None, counts: Tensor, token_ids: Tensor,
             row_weights: Tensor | None, out: Tensor | tuple[Tensor, Tensor],
-            workspace: int = 0, prefetch: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
+            workspace: int = 0) -> Tensor | tuple[Tensor, Tensor]:
     """x [T, D], w13 [E, 2I, D] -> out: a [A, I] in x's dtype, or (q [A, I] e4m3, scale [A])
-    for fp8 w13; prefetch: the next GEMM's weights [E, ...]. Arguments were checked by the
-    public function."""
+    for fp8 w13. Arguments were checked by the public function."""
     a, q, scale = (None, *out) if isinstance(out, tuple) else (out, None, None)
-    _gate_up_op(x, w13, w13_scale, counts, token_ids, row_weights, a, q, scale, workspace,
-                prefetch)
+    _gate_up_op(x, w13, w13_scale, counts, token_ids, row_weights, a, q, scale, workspace)
     return out
 
 

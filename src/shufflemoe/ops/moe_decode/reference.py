@@ -28,8 +28,7 @@ def _format(fp8: bool) -> str:
 @inplace_op("decode_gate_up_ref", mutates_args=("a", "q", "scale"))
 def _gate_up(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Tensor,
              token_ids: Tensor, row_weights: Optional[Tensor], a: Optional[Tensor],
-             q: Optional[Tensor], scale: Optional[Tensor], workspace: int,
-             prefetch: Optional[Tensor]) -> None:  # the kernel's arguments; prefetch: a hint
+             q: Optional[Tensor], scale: Optional[Tensor], workspace: int) -> None:
     fp8 = w13.dtype == FP8_DTYPE
     nv = _num_valid(counts)
     xs = gather_scale(x, token_ids, row_weights, nv, fp8, None)
@@ -59,11 +58,10 @@ def _down(a: Tensor, a_scale: Optional[Tensor], w2: Tensor, w2_scale: Optional[T
 
 def gate_up(x: Tensor, w13: Tensor, w13_scale: Tensor | None, counts: Tensor, token_ids: Tensor,
             row_weights: Tensor | None, out: Tensor | tuple[Tensor, Tensor],
-            workspace: int = 0, prefetch: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
-    """As ops.decode_gate_up (out allocated by the public function; no workspace or cache
-    here: prefetch is a hint)."""
+            workspace: int = 0) -> Tensor | tuple[Tensor, Tensor]:
+    """As ops.decode_gate_up (out allocated by the public function; no workspace here)."""
     a, q, scale = (None, *out) if isinstance(out, tuple) else (out, None, None)
-    _gate_up(x, w13, w13_scale, counts, token_ids, row_weights, a, q, scale, workspace, prefetch)
+    _gate_up(x, w13, w13_scale, counts, token_ids, row_weights, a, q, scale, workspace)
     return out
 
 
