@@ -5,6 +5,8 @@ CUDA where there is one (the lead runs PYTHONPATH=src python -m pytest -q tests/
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -107,3 +109,23 @@ def test_inductor_launches_the_kernels_itself(name):
     for T in (1, 6):
         x = make_input(layer.config, T, seed=T, device=DEV)
         torch.testing.assert_close(compiled(x), layer(x), msg=f"T={T}")
+
+
+@pytest.mark.skipif(DEV != "cuda", reason="Inductor traces the kernels on a GPU only")
+def test_compiled_fused_decode_fills_nothing():
+    """Compiled, a decode call of a layer whose shared and routed experts take the fused decode
+    kernels without split-K (small widths: one K step) launches no fill: the shared expert's
+    routing is a view of the layer's ramp, and kernels that read no arrival words get none
+    (each would be a fill Inductor launches every call)."""
+    from torch._inductor.utils import run_and_get_code
+
+    layer = make_layer(KERNEL_CONFIGS["llama4-bf16"], device=DEV)
+    layer(make_input(layer.config, 3, device=DEV))  # gathers the layer (its ramp) eagerly first
+    torch._dynamo.reset()
+    x = make_input(layer.config, 3, seed=5, device=DEV)
+    got, codes = run_and_get_code(torch.compile(layer, fullgraph=True), x)
+    code = "\n".join(codes)
+    assert "_gate_up_kernel" in code and "_down_kernel" in code
+    fills = re.findall(r"triton_\w*(?:zeros|arange|full|fill)\w*\.run", code)
+    assert not fills, fills
+    assert torch.equal(got, layer(x))

@@ -51,8 +51,8 @@ def gate_up(fp8: bool, split: int, rw: bool, pdl: bool, block_m: int = 16):
                ids_ptr="*i32", rw_ptr="*fp32" if rw else None,
                a_ptr="*fp32" if fp8 else "*bf16", q_ptr="*fp8e4nv" if fp8 else None,
                scale_ptr="*fp32" if fp8 else None, part_ptr="*fp32" if split > 1 else None,
-               words_ptr="*i32", E="i32", D="i32", I="i32", n_tiles="i32", k_split="i32",
-               A="i32", words_rows="i32", **_split_arg(split))
+               words_ptr="*i32" if split > 1 or fp8 else None, E="i32", D="i32", I="i32",
+               n_tiles="i32", k_split="i32", A="i32", words_rows="i32", **_split_arg(split))
     consts = dict(BLOCK_E=16, BLOCK_M=block_m, BLOCK_N=64, BLOCK_K=256 if fp8 else 128,
                   **_split_const(split), FP8=fp8, HAS_RW=rw, UPCAST=False, DOT_PRECISION="tf32", INTERPRET=False,
                   PDL=pdl, QUANT_BLOCK=1024, ROW_BLOCK=4096, ROW_CHUNKS=2)
@@ -67,7 +67,8 @@ def down(fp8: bool, split: int, k: int, pdl: bool, accumulate: bool = True, bloc
     sig = dict(a_ptr=a, a_scale_ptr="*fp32" if fp8 else None, w_ptr=a,
                w_scale_ptr="*fp32" if fp8 else None, counts_ptr="*i32", ids_ptr="*i32",
                pos_ptr="*i32", rw_ptr="*fp32", out_ptr="*bf16", y_ptr="*fp32" if k > 1 else None,
-               part_ptr="*fp32" if split > 1 else None, words_ptr="*i32", E="i32", D="i32",
+               part_ptr="*fp32" if split > 1 else None,
+               words_ptr="*i32" if split > 1 or k > 1 else None, E="i32", D="i32",
                I="i32", n_tiles="i32", k_split="i32", A="i32", T="i32", words_cols="i32",
                **_split_arg(split))
     consts = dict(K=k, TOP1=k == 1, ACCUMULATE=accumulate, BLOCK_E=128, BLOCK_M=block_m,
@@ -80,6 +81,7 @@ def down(fp8: bool, split: int, k: int, pdl: bool, accumulate: bool = True, bloc
 BUILDS = {
     "gate_up bf16 split-K input weights": lambda: gate_up(False, 8, True, False),
     "gate_up fp8 PDL": lambda: gate_up(True, 1, False, True),
+    "gate_up bf16 no split, no arrival words": lambda: gate_up(False, 1, True, False),
     "down fp8 split-K k=8": lambda: down(True, 3, 8, False),
     "down bf16 top-1 PDL": lambda: down(False, 1, 1, True),
     "down bf16 top-1 split-K writing out": lambda: down(False, 2, 1, False, accumulate=False),

@@ -216,6 +216,7 @@ def _gate_up_kernel(
     scale_ptr,  # [A] fp32 row scales (FP8)
     part_ptr,  # [split, A, 2I] fp32 partials (split > 1)
     words_ptr,  # int32 arrival words: [m-tiles max * n_tiles] tiles, then [m-tiles max] rows
+    # (split > 1 or FP8)
     E, D, I, n_tiles, k_split,  # k_split: K elements per split, a multiple of BLOCK_K
     split,  # K ranges (a runtime value: Triton specializes 1, so split 1 drops the fixup)
     A,  # pairs (rows of a)
@@ -341,6 +342,7 @@ def _down_kernel(
     y_ptr,  # [A, D] fp32 rows for the combine (not TOP1)
     part_ptr,  # [split, A, D] fp32 partials (split > 1)
     words_ptr,  # int32 arrival words: [m-tiles max * n_tiles] tiles, then [n_tiles] columns
+    # (split > 1 or not TOP1)
     E, D, I, n_tiles, k_split, split, A, T,
     words_cols,  # offset of the per-n-tile words in words_ptr
     K: tl.constexpr,  # pairs per token (positions has T * K entries)
@@ -518,7 +520,10 @@ def _gate_up_op(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Ten
     n_tiles = cdiv(I, cfg.block_n)
     m_tiles = max_m_tiles(A, E, cfg.block_m)
     fp8 = w13.dtype == FP8_DTYPE
-    words = arrival_words(x, m_tiles * n_tiles + m_tiles, workspace)
+    # arrival words only where read (split-K, fp8's row quantization): a compiled graph fills
+    # fresh ones each call
+    words = (arrival_words(x, m_tiles * n_tiles + m_tiles, workspace) if split > 1 or fp8
+             else None)
     part = torch.empty(split, A, 2 * I, dtype=torch.float32, device=x.device) if split > 1 else None
     if fp8:  # a in fp32 first; each m-tile's last program quantizes its rows into (q, scale)
         a = torch.empty(A, I, dtype=torch.float32, device=x.device)
@@ -553,7 +558,8 @@ def _down_op(a: Tensor, a_scale: Optional[Tensor], w2: Tensor, w2_scale: Optiona
     k_split, split = _k_split(I, cfg)
     n_tiles = cdiv(D, cfg.block_n)
     m_tiles = max_m_tiles(A, E, cfg.block_m)
-    words = arrival_words(a, m_tiles * n_tiles + n_tiles, workspace)
+    words = (arrival_words(a, m_tiles * n_tiles + n_tiles, workspace) if split > 1 or k > 1
+             else None)  # only where read (split-K, the k > 1 combine)
     part = torch.empty(split, A, D, dtype=torch.float32, device=a.device) if split > 1 else None
     y = torch.empty(A, D, dtype=torch.float32, device=a.device) if k > 1 else None
     interpret = interpreting()
