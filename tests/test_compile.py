@@ -115,12 +115,12 @@ def test_inductor_launches_the_kernels_itself(name):
 def test_compiled_fused_decode_fills_nothing():
     """Compiled, a decode call of a layer whose shared and routed experts take the fused decode
     kernels without split-K (small widths: one K step) launches no fill: the shared expert's
-    routing is a view of the layer's ramp, and kernels that read no arrival words get none
-    (each would be a fill Inductor launches every call)."""
+    routing is a view of the device's ramp (a graph input), and kernels that read no arrival
+    words get none (each would be a fill Inductor launches every call)."""
     from torch._inductor.utils import run_and_get_code
 
     layer = make_layer(KERNEL_CONFIGS["llama4-bf16"], device=DEV)
-    layer(make_input(layer.config, 3, device=DEV))  # gathers the layer (its ramp) eagerly first
+    layer(make_input(layer.config, 3, device=DEV))  # gathers the layer (makes the ramp) eagerly
     torch._dynamo.reset()
     x = make_input(layer.config, 3, seed=5, device=DEV)
     got, codes = run_and_get_code(torch.compile(layer, fullgraph=True), x)
