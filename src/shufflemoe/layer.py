@@ -56,6 +56,7 @@ class _Hot:
     shared_gate: Tensor | None
     route: Callable[[Tensor, MoEConfig, Tensor | None], Routing]
     shared_fusable: bool  # a plain shared expert the fused decode kernels can run (_fuses_shared)
+    ramp: Tensor | None  # int32 0..SHARED_FUSED_MAX_TOKENS (shared_fusable): _every_token_on_one_expert
     # (region, T, stream, impl, batch-invariant tiles) -> _launch.Plan | None
     plans: dict = field(default_factory=dict)
 
@@ -242,14 +243,18 @@ class MoE(nn.Module):
             fusable = (self.shared_w13 is not None and self.shared_gate is None
                        and not self.shared_split and not cfg.batch_invariant
                        and self.shared_w13.is_contiguous() and self.shared_w2.is_contiguous())
+            ramp = None
+            if fusable and not torch.compiler.is_compiling() and not (
+                    self.shared_w13.is_cuda and torch.cuda.is_current_stream_capturing()):
+                ramp = torch.arange(SHARED_FUSED_MAX_TOKENS + 1, dtype=torch.int32,
+                                    device=self.shared_w13.device)
             hot = _Hot(self.expert_weights, self.router_weight, self.router_bias,
                        self.router_logits_bias, self.shared_w13, self.shared_w2, self.shared_gate,
-                       ROUTERS.get(cfg.router), fusable)
+                       ROUTERS.get(cfg.router), fusable, ramp)
             self.__dict__["_hot_parts"] = hot
             if not torch.compiler.is_compiling():  # compiled: patch() gathers it for real first
                 moe_decode.reserve(self.w13, self.w2)
                 if fusable:
-                    _ramp(self.shared_w13.device)
                     Is, D = cfg.shared_intermediate_size, cfg.hidden_size
                     moe_decode.reserve(self.shared_w13.view(1, 2 * Is, D),
                                        self.shared_w2.view(1, D, Is), SHARED_WORKSPACE)
@@ -417,7 +422,7 @@ class MoE(nn.Module):
         weights over every SM, instead of two cuBLAS GEMMs and a SwiGLU launch."""
         cfg, T = self.config, x.shape[0]
         D, Is = cfg.hidden_size, cfg.shared_intermediate_size
-        counts, ids = _every_token_on_one_expert(T, x.device)
+        counts, ids = _every_token_on_one_expert(T, hot, x.device)
         ops = backend_for(x)
         a = torch.empty(T, Is, dtype=x.dtype, device=x.device)
         ops.decode_gate_up(x, hot.shared_w13.view(1, 2 * Is, D), None, counts, ids, None, a,
@@ -433,7 +438,7 @@ class MoE(nn.Module):
         out = torch.empty_like(x)
         logits = router_logits(x, hot.router_weight, cfg.router_logits_dtype,
                                hot.router_logits_bias, cfg.batch_invariant)
-        counts, ids = _every_token_on_one_expert(x.shape[0], x.device)
+        counts, ids = _every_token_on_one_expert(x.shape[0], hot, x.device)
         w = hot.weights
 
         def region() -> None:
@@ -500,27 +505,14 @@ def _noop() -> None:
     pass
 
 
-_RAMPS: dict[torch.device, Tensor] = {}
-
-
-def _ramp(device: torch.device) -> Tensor | None:
-    """int32 0..SHARED_FUSED_MAX_TOKENS on ``device``, made once (outside a compile trace and a
-    CUDA-graph capture: a layer with a fusable shared expert makes it when it gathers its
-    weights); None until then."""
-    ramp = _RAMPS.get(device)
-    if ramp is None and not torch.compiler.is_compiling() and not (
-            device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
-        ramp = _RAMPS[device] = torch.arange(SHARED_FUSED_MAX_TOKENS + 1, dtype=torch.int32,
-                                             device=device)
-        torch._dynamo.mark_static_address(ramp)  # compiled CUDA graphs read it, never copy it
-    return ramp
-
-
-def _every_token_on_one_expert(T: int, device: torch.device) -> tuple[Tensor, Tensor]:
+def _every_token_on_one_expert(T: int, hot: _Hot, device: torch.device) -> tuple[Tensor, Tensor]:
     """(counts [1] = T, token ids = positions [T] = 0..T-1) int32: the fused shared expert's
-    routing, as views of the device's ramp: no fill in a launch plan, a CUDA-graph capture or a
-    compiled graph (the ramp is one of its inputs). Made in the graph where no ramp exists yet."""
-    ramp = _ramp(device)
+    routing, as views of the layer's ramp 0..SHARED_FUSED_MAX_TOKENS: no fill in a launch plan
+    or a CUDA-graph capture. Compiled, the layer is gathered inside the trace, without a ramp:
+    one is made in the graph. (A ramp passed in as a graph input costs as many kernels there:
+    torch 2.11's Inductor takes the kernels' loads of counts and ids for writes, so it copies
+    such an input and writes it back, and an input it writes would keep CUDA-graph trees off.)"""
+    ramp = hot.ramp
     if ramp is None:
         ramp = torch.arange(T + 1, dtype=torch.int32, device=device)
     return ramp[T:T + 1], ramp[:T]
