@@ -56,7 +56,6 @@ class _Hot:
     shared_gate: Tensor | None
     route: Callable[[Tensor, MoEConfig, Tensor | None], Routing]
     shared_fusable: bool  # a plain shared expert the fused decode kernels can run (_fuses_shared)
-    ramp: Tensor | None  # int32 0..SHARED_FUSED_MAX_TOKENS (shared_fusable): _every_token_on_one_expert
     # (region, T, stream, impl, batch-invariant tiles) -> _launch.Plan | None
     plans: dict = field(default_factory=dict)
 
@@ -243,14 +242,9 @@ class MoE(nn.Module):
             fusable = (self.shared_w13 is not None and self.shared_gate is None
                        and not self.shared_split and not cfg.batch_invariant
                        and self.shared_w13.is_contiguous() and self.shared_w2.is_contiguous())
-            ramp = None
-            if fusable and not torch.compiler.is_compiling() and not (
-                    self.shared_w13.is_cuda and torch.cuda.is_current_stream_capturing()):
-                ramp = torch.arange(SHARED_FUSED_MAX_TOKENS + 1, dtype=torch.int32,
-                                    device=self.shared_w13.device)
             hot = _Hot(self.expert_weights, self.router_weight, self.router_bias,
                        self.router_logits_bias, self.shared_w13, self.shared_w2, self.shared_gate,
-                       ROUTERS.get(cfg.router), fusable, ramp)
+                       ROUTERS.get(cfg.router), fusable)
             self.__dict__["_hot_parts"] = hot
             if not torch.compiler.is_compiling():  # compiled: patch() gathers it for real first
                 moe_decode.reserve(self.w13, self.w2)
@@ -422,7 +416,7 @@ class MoE(nn.Module):
         weights over every SM, instead of two cuBLAS GEMMs and a SwiGLU launch."""
         cfg, T = self.config, x.shape[0]
         D, Is = cfg.hidden_size, cfg.shared_intermediate_size
-        counts, ids = _every_token_on_one_expert(T, hot, x.device)
+        counts, ids = _every_token_on_one_expert(T, x.device)
         ops = backend_for(x)
         a = torch.empty(T, Is, dtype=x.dtype, device=x.device)
         ops.decode_gate_up(x, hot.shared_w13.view(1, 2 * Is, D), None, counts, ids, None, a,
@@ -438,7 +432,7 @@ class MoE(nn.Module):
         out = torch.empty_like(x)
         logits = router_logits(x, hot.router_weight, cfg.router_logits_dtype,
                                hot.router_logits_bias, cfg.batch_invariant)
-        counts, ids = _every_token_on_one_expert(x.shape[0], hot, x.device)
+        counts, ids = _every_token_on_one_expert(x.shape[0], x.device)  # made outside the plan
         w = hot.weights
 
         def region() -> None:
@@ -505,17 +499,25 @@ def _noop() -> None:
     pass
 
 
-def _every_token_on_one_expert(T: int, hot: _Hot, device: torch.device) -> tuple[Tensor, Tensor]:
+_ONE_EXPERT: dict[tuple[int, torch.device], tuple[Tensor, Tensor]] = {}
+
+
+def _every_token_on_one_expert(T: int, device: torch.device) -> tuple[Tensor, Tensor]:
     """(counts [1] = T, token ids = positions [T] = 0..T-1) int32: the fused shared expert's
-    routing, as views of the layer's ramp 0..SHARED_FUSED_MAX_TOKENS: no fill in a launch plan
-    or a CUDA-graph capture. Compiled, the layer is gathered inside the trace, without a ramp:
-    one is made in the graph. (A ramp passed in as a graph input costs as many kernels there:
-    torch 2.11's Inductor takes the kernels' loads of counts and ids for writes, so it copies
-    such an input and writes it back, and an input it writes would keep CUDA-graph trees off.)"""
-    ramp = hot.ramp
-    if ramp is None:
-        ramp = torch.arange(T + 1, dtype=torch.int32, device=device)
-    return ramp[T:T + 1], ramp[:T]
+    routing, kept per (T, device) when made outside a compile trace and a CUDA-graph capture
+    (graphed()'s warm-up makes them before its capture; a launch plan's inputs must not be
+    filled inside it); made fresh inside those."""
+    if torch.compiler.is_compiling():
+        return (torch.full((1,), T, dtype=torch.int32, device=device),
+                torch.arange(T, dtype=torch.int32, device=device))
+    key = (T, device)
+    made = _ONE_EXPERT.get(key)
+    if made is None:
+        made = (torch.full((1,), T, dtype=torch.int32, device=device),
+                torch.arange(T, dtype=torch.int32, device=device))
+        if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            _ONE_EXPERT[key] = made
+    return made
 
 
 _UNSEEN = object()
