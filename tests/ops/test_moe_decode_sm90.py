@@ -90,6 +90,8 @@ BUILDS = {
 GEMV = {  # one pair a tile: no MMA
     "gate_up fp8 one-pair tiles split-K": lambda: gate_up(True, 4, True, False, block_m=1),
     "down bf16 one-pair tiles k=8": lambda: down(False, 1, 8, False, block_m=1),
+    "gate_up bf16 one-pair tiles PDL": lambda: gate_up(False, 1, True, True, block_m=1),
+    "down bf16 one-pair tiles top-1 split-K PDL": lambda: down(False, 2, 1, True, block_m=1),
 }
 
 
