@@ -261,23 +261,32 @@ def compile_all(jobs: list, workers: int, deadline: float, dry: bool) -> list[di
 
 # ------------------------------------------------------------------------------------ layer
 
+def with_pdl(key: tuple, pdl: bool):
+    """configs.select with the table's row for ``key`` (a table_key) taking PDL ``pdl``."""
+    def choose(k):
+        plan = configs._choose(*k)
+        return plan.with_(pdl=pdl) if configs.table_key(*k) == key else plan
+    return choose
+
+
 def layer_rows(case_layers: list, name: str, dtype: str, T: int, device: str, dry: bool,
-               read_gbps: float) -> dict:
-    """The layer at T tokens: fused with the table, fused with the heuristic, unfused."""
+               read_gbps: float, key: tuple) -> dict:
+    """The layer at T tokens: fused with the table's row ``key`` without and with PDL, fused
+    with the heuristic, unfused."""
     cfg = case_layers[0].config
     xs = inputs(cfg, T, device, 2 if dry else N_INPUTS)
     active = sum(int((case_layers[i % len(case_layers)].route(x).counts > 0).sum())
                  for i, x in enumerate(xs)) / len(xs)
     nbytes = must_read_bytes(cfg, active)
     row = dict(preset=name, dtype=dtype, T=T, active_experts=active, must_read_mb=nbytes / 1e6)
-    for lab, managers in (("tuned", (configs.override(configs.ALWAYS),)),
-                          ("heuristic", (configs.override(configs.ALWAYS),
-                                         configs.override(configs.heuristic))),
-                          ("unfused", (configs.override(configs.NEVER),))):
+    for lab, plans in (("tuned", (configs.ALWAYS, with_pdl(key, False))),
+                       ("tuned_pdl", (configs.ALWAYS, with_pdl(key, True))),
+                       ("heuristic", (configs.ALWAYS, configs.heuristic)),
+                       ("unfused", (configs.NEVER,))):
         run = lambda i: case_layers[i % len(case_layers)](xs[i])  # noqa: E731
         with contextlib.ExitStack() as stack:
-            for m in managers:
-                stack.enter_context(m)
+            for plan in plans:
+                stack.enter_context(configs.override(plan))
             if dry:
                 for i in range(len(xs)):
                     run(i)
@@ -286,22 +295,30 @@ def layer_rows(case_layers: list, name: str, dtype: str, T: int, device: str, dr
                 us = time_us(run, len(xs), 30)
         row[f"{lab}_us"] = us
         row[f"{lab}_pct_read"] = 100 * nbytes / us / 1e3 / read_gbps
+    # PDL where the layer is faster with it by more than the timing's noise (0.5%)
+    row["pdl"] = bool(row["tuned_pdl_us"] < 0.995 * row["tuned_us"])
     return row
 
 
 # ------------------------------------------------------------------------------------- main
 
-def table_source(table: dict, meta: dict) -> str:
+def table_source(table: dict, meta: dict, layer_only: bool) -> str:
+    measured = [f"Swept on {meta.get('device')} (torch {meta.get('torch')}, triton "
+                f"{meta.get('triton')}), commit {meta.get('commit')},",
+                f"run {meta.get('run_id')}; results: benchmarks/results/tune_decode.md."]
+    if layer_only:  # the tiles' provenance stays; PDL's is added
+        from shufflemoe.ops.moe_decode import tuned
+
+        measured = ([ln for ln in tuned.__doc__.splitlines() if ln.startswith(("Swept", "run"))]
+                    + [f"PDL measured (--layer-only) on {meta.get('device')}, commit "
+                       f"{meta.get('commit')}, run {meta.get('run_id')}."])
     lines = ['"""The fused decode kernels\' tuning table: written by benchmarks/tune_decode.py, '
              'not by hand.', "",
              "TABLE maps configs.table_key(...) = (SMs, E, D, I, weight dtype, A rounded up to a "
              "power of two)", "to (gate_up, down) GemmConfig fields (block_n, block_k, split_k, "
-             "num_warps, num_stages, block_m).",
-             f"Swept on {meta.get('device')} (torch {meta.get('torch')}, triton "
-             f"{meta.get('triton')}), commit {meta.get('commit')},",
-             f"run {meta.get('run_id')}; results: benchmarks/results/tune_decode.md.",
-             '"""', "",
-             "TABLE: dict[tuple, tuple[tuple[int, ...], tuple[int, ...]]] = {"]
+             "num_warps, num_stages, block_m)", "and DecodeConfig.pdl (the layer was faster "
+             "with programmatic dependent launch).", *measured, '"""', "",
+             "TABLE: dict[tuple, tuple[tuple[int, ...], tuple[int, ...], bool]] = {"]
     for key in sorted(table, key=str):
         lines.append(f"    {key!r}: {table[key]!r},")
     lines.append("}")
@@ -317,6 +334,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--out", required=True, type=pathlib.Path)
     p.add_argument("--budget", type=float, default=540.0, help="seconds for all phases")
     p.add_argument("--workers", type=int, default=10, help="compile processes")
+    p.add_argument("--layer-only", action="store_true",
+                   help="keep the table's tiles, measure only PDL per row (the layer phase)")
     p.add_argument("--dry-run", action="store_true",
                    help="CPU, Triton interpreter, tiny shapes, no timing (CI)")
     args = p.parse_args(argv)
@@ -339,35 +358,42 @@ def main(argv: list[str] | None = None) -> dict:
         ceilings = {}
     jobs = cases(dry)
     t0 = time.monotonic()
-    rows["compile"] = compile_all(jobs, args.workers, deadline["compile"], dry)
+    if args.layer_only:  # the committed tiles; only PDL is measured
+        deadline = {k: start + (0 if k != "layer" else args.budget) for k in SHARES}
+    rows["compile"] = ([] if args.layer_only else
+                       compile_all(jobs, args.workers, deadline["compile"], dry))
     failed = {tuple(r["case"]): r["failed"] for r in rows["compile"]}
     print(f"compiled {sum(r['ran'] for r in rows['compile'])} candidate runs in "
           f"{time.monotonic() - t0:.0f} s; failures: "
           f"{sum(len(f) for f in failed.values())}", flush=True)
-    table: dict = {}
+    table: dict = dict(configs.TABLE) if args.layer_only else {}
     with use_impl("triton"):
         by_layer: dict = {}
         for name, dtype, A in jobs:
             by_layer.setdefault((name, dtype), []).append(A)
         for (name, dtype), As in by_layer.items():
-            if time.monotonic() > deadline["time"]:
+            if time.monotonic() > deadline["layer" if args.layer_only else "time"]:
                 rows["skipped"].append(dict(phase="time", case=[name, dtype, As]))
                 continue
             try:
                 cfg = layer_config(name, dtype, dry)
                 layers = layers_for(cfg, 1 if dry else weight_sets(cfg, 1), device)
+                w = layers[0].expert_weights.w13
+                key_of = lambda A: configs.table_key(  # noqa: E731
+                    A, cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, w.dtype,
+                    kernel.sm_count(w.device))
                 for A in As:
                     if time.monotonic() > deadline["time"]:
-                        rows["skipped"].append(dict(phase="time", case=[name, dtype, A]))
+                        if not args.layer_only:
+                            rows["skipped"].append(dict(phase="time", case=[name, dtype, A]))
                         continue
                     case = Case(name, dtype, A, layers, device, 2 if dry else N_INPUTS)
                     best = {}
                     for gemm in ("gate_up", "down"):
                         best[gemm] = sweep(case, gemm, failed.get((name, dtype, A), {}), dry,
                                            rows)
-                    key = configs.table_key(A, cfg.num_experts, cfg.hidden_size,
-                                            cfg.intermediate_size, case.w_dtype, case.sms)
-                    table[key] = (fields(best["gate_up"].gate_up), fields(best["down"].down))
+                    table[key_of(A)] = (fields(best["gate_up"].gate_up),
+                                        fields(best["down"].down), False)
                     del case
                 configs.TABLE.update(table)  # the layer rows below run with the new entries
                 configs._choose.cache_clear()
@@ -376,10 +402,14 @@ def main(argv: list[str] | None = None) -> dict:
                         if time.monotonic() > deadline["layer"]:
                             rows["skipped"].append(dict(phase="layer", case=[name, dtype, T]))
                             continue
-                        r = layer_rows(layers, name, dtype, T, device, dry, read_gbps)
+                        key = key_of(T * cfg.top_k)
+                        r = layer_rows(layers, name, dtype, T, device, dry, read_gbps, key)
                         rows["layer"].append(r)
+                        if key in table:
+                            table[key] = (*table[key][:2], r["pdl"])
                         print(f"layer {name} {dtype} T={T}: tuned {r['tuned_us']:.1f} us "
-                              f"({r['tuned_pct_read']:.0f}%), heuristic {r['heuristic_us']:.1f} "
+                              f"({r['tuned_pct_read']:.0f}%), with PDL {r['tuned_pdl_us']:.1f}, "
+                              f"heuristic {r['heuristic_us']:.1f} "
                               f"({r['heuristic_pct_read']:.0f}%), unfused {r['unfused_us']:.1f} "
                               f"({r['unfused_pct_read']:.0f}%)", flush=True)
                 del layers
@@ -393,7 +423,7 @@ def main(argv: list[str] | None = None) -> dict:
                   **rows)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "tune_decode.json").write_text(json.dumps(result, indent=1, default=str))
-    (args.out / "tuned.py").write_text(table_source(table, meta))
+    (args.out / "tuned.py").write_text(table_source(table, meta, args.layer_only))
     (args.out / "tune_decode.md").write_text(markdown(result))
     print(markdown(result), flush=True)
     return result
@@ -456,11 +486,13 @@ def markdown(result: dict) -> str:
                    f"{pct(h):.0f} | {(h / b) if b and h else float('nan'):.2f} |")
     out += ["", "## The layer (CUDA-graph replays, median us; % of the read ceiling for the "
             "bytes the routing activates)", "",
-            "| preset | dtype | T | fused, table | % | fused, heuristic | % | unfused | % |",
-            "|---|---|---|---|---|---|---|---|---|"]
+            "| preset | dtype | T | fused, table | % | with PDL | % | PDL kept | fused, heuristic "
+            "| % | unfused | % |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["layer"]:
         out.append(f"| {r['preset']} | {r['dtype']} | {r['T']} | {r['tuned_us']:.1f} | "
-                   f"{r['tuned_pct_read']:.1f} | {r['heuristic_us']:.1f} | "
+                   f"{r['tuned_pct_read']:.1f} | {r['tuned_pdl_us']:.1f} | "
+                   f"{r['tuned_pdl_pct_read']:.1f} | {r['pdl']} | {r['heuristic_us']:.1f} | "
                    f"{r['heuristic_pct_read']:.1f} | {r['unfused_us']:.1f} | "
                    f"{r['unfused_pct_read']:.1f} |")
     out += ["", f"errors: {len(result['errors'])}; skipped: {result['skipped']}"]

@@ -21,5 +21,19 @@ def test_dry_run(tmp_path):
     table: dict = {}
     exec((tmp_path / "tuned.py").read_text(), table)  # the module configs imports
     assert len(table["TABLE"]) == len(result["table"]) == 3
-    for key, (gate_up, down) in table["TABLE"].items():
-        assert len(key) == 6 and len(gate_up) == len(down) == 6
+    for key, (gate_up, down, pdl) in table["TABLE"].items():
+        assert len(key) == 6 and len(gate_up) == len(down) == 6 and pdl in (True, False)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the script itself runs")
+def test_layer_only_dry_run_keeps_the_tiles(tmp_path):
+    """--layer-only sweeps nothing and writes the committed table back, every row with its PDL
+    bit (the dry run's tiny shapes hold no row, so every bit stays as committed)."""
+    from shufflemoe.ops.moe_decode import configs
+
+    result = dry_run("tune_decode", tmp_path, "--layer-only")
+    assert not result["errors"] and not result["sweep"] and not result["compile"]
+    assert {r["dtype"] for r in result["layer"]} == {"bf16", "fp8"}
+    table: dict = {}
+    exec((tmp_path / "tuned.py").read_text(), table)
+    assert table["TABLE"] == configs.TABLE

@@ -252,8 +252,9 @@ def test_split_heuristic():
 def test_select_reads_the_table_then_the_heuristic(monkeypatch):
     """A shape the table holds takes its row for every A of its power-of-two bucket; another
     bucket, SM count or dtype takes the heuristic (a shape no preset has)."""
-    row = ((32, 64, 3, 8, 5), (128, 128, 1, 4, 2))
-    want = configs.DecodeConfig(configs.GemmConfig(*row[0]), configs.GemmConfig(*row[1]))
+    row = ((32, 64, 3, 8, 5), (128, 128, 1, 4, 2), True)
+    want = configs.DecodeConfig(configs.GemmConfig(*row[0]), configs.GemmConfig(*row[1]),
+                                pdl=True)
     monkeypatch.setitem(configs.TABLE, (132, 16, 640, 128, "bfloat16", 4), row)
     configs._choose.cache_clear()
     try:

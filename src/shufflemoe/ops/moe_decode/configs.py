@@ -62,8 +62,8 @@ class DecodeConfig:
     gate_up: GemmConfig  # x [A, D] gathered -> a [A, I]
     down: GemmConfig  # a [A, I] -> out [T, D]
     # Programmatic dependent launch (Hopper): each kernel may start while its predecessor drains
-    # and waits (griddepcontrol.wait) before touching memory. Off until measured on a GPU
-    # (benchmarks/decode_check.py times both); the interpreter never uses it.
+    # and waits (griddepcontrol.wait) before touching memory. Per table row, where the layer
+    # measured faster with it (tune_decode's layer phase); never in the interpreter.
     pdl: bool = False
 
     def with_(self, **changes) -> "DecodeConfig":
@@ -140,7 +140,7 @@ def _choose(A: int, E: int, D: int, I: int, dtype: torch.dtype, sms: int) -> Dec
     row = TABLE.get(table_key(A, E, D, I, dtype, sms))
     if row is None:
         return heuristic((A, E, D, I, dtype, sms))
-    return DecodeConfig(GemmConfig(*row[0]), GemmConfig(*row[1]))
+    return DecodeConfig(GemmConfig(*row[0]), GemmConfig(*row[1]), pdl=row[2])
 
 
 def heuristic(key: Key) -> DecodeConfig:

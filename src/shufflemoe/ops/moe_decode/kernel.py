@@ -130,23 +130,15 @@ def _partials_sum(part_ptr, at, mask, split, stride_split):
 
 
 @triton.jit
-def _pdl_wait(PDL: tl.constexpr):
-    """With programmatic dependent launch: wait for the previous kernel's memory, then let the
-    next kernel launch. Every program of ours waits before it triggers, so when a kernel starts,
-    the kernel two back has finished: down reads the counts index_shuffle wrote before it
-    waits for gate_up (and its weights, which no kernel writes)."""
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
-
-
-@triton.jit
 def _program(counts_ptr, E, n_tiles, split, BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr,
              PDL: tl.constexpr):
     """This program's work: (split s, tile, m-tile u, n-tile) from its id, then _locate's
-    (exists, expert, first row, row stop, m-tiles, rows). Reads only the counts: a kernel that
-    waits later (PDL) passes PDL False here and calls _pdl_wait itself."""
-    _pdl_wait(PDL)
+    (exists, expert, first row, row stop, m-tiles, rows). With programmatic dependent launch it
+    first waits for the previous kernel's memory, then lets the next kernel launch (whose
+    programs wait in turn before they touch memory)."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     pid = tl.program_id(0)
     tile = pid // split
     u = tile // n_tiles
@@ -198,22 +190,15 @@ def _x_tile(x_ptr, tok, rw, inv, row_ok, ks, D, HAS_RW: tl.constexpr, FP8: tl.co
 
 
 @triton.jit
-def _gate_up_w(w_ptr, gate_rows, col_ok, k0, k_hi, D, I, BLOCK_K: tl.constexpr):
-    """Gate rows and up rows of w13 [BN, BK] at K columns k0.. (zeros from k_hi on)."""
-    kk = k0 + tl.arange(0, BLOCK_K)
-    w_mask = col_ok[:, None] & (kk < k_hi)[None, :]
-    wg = tl.load(w_ptr + gate_rows[:, None] * D + kk[None, :], mask=w_mask, other=0.0)
-    wu = tl.load(w_ptr + (gate_rows + I)[:, None] * D + kk[None, :], mask=w_mask, other=0.0)
-    return wg, wu
-
-
-@triton.jit
-def _gate_up_step(acc_g, acc_u, wg, wu, k0, x_ptr, tok, rw, inv, row_ok, D,
-                  BLOCK_K: tl.constexpr, HAS_RW: tl.constexpr, FP8: tl.constexpr,
+def _gate_up_step(acc_g, acc_u, k0, k_hi, x_ptr, w_ptr, tok, rw, inv, row_ok, gate_rows, col_ok,
+                  D, I, BLOCK_K: tl.constexpr, HAS_RW: tl.constexpr, FP8: tl.constexpr,
                   UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
     """One K step of gate_up: both accumulators += weights [BN, BK] @ gathered x^T [BK, BM]."""
     kk = k0 + tl.arange(0, BLOCK_K)
     xt = tl.trans(_x_tile(x_ptr, tok, rw, inv, row_ok, kk, D, HAS_RW, FP8, INTERPRET))
+    w_mask = col_ok[:, None] & (kk < k_hi)[None, :]
+    wg = tl.load(w_ptr + gate_rows[:, None] * D + kk[None, :], mask=w_mask, other=0.0)
+    wu = tl.load(w_ptr + (gate_rows + I)[:, None] * D + kk[None, :], mask=w_mask, other=0.0)
     return (_dot(acc_g, wg, xt, UPCAST, DOT_PRECISION),
             _dot(acc_u, wu, xt, UPCAST, DOT_PRECISION))
 
@@ -263,24 +248,18 @@ def _gate_up_kernel(
         acc_u = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         k_lo = s * k_split
         k_hi = tl.minimum(k_lo + k_split, D)
-        if BLOCK_M == 1 or INTERPRET:  # (range() over a tensor bound fails in the interpreter)
-            # One pair: the pipeliner leaves loads that feed no MMA alone, so the loop double-
-            # buffers in registers: step k + 1's weights are in flight while step k sums.
-            wg, wu = _gate_up_w(w_ptr, gate_rows, col_ok, k_lo, k_hi, D, I, BLOCK_K)
+        if INTERPRET:  # range() over a tensor bound fails in the interpreter
             k0 = k_lo
             while k0 < k_hi:
-                ng, nu = _gate_up_w(w_ptr, gate_rows, col_ok, k0 + BLOCK_K, k_hi, D, I, BLOCK_K)
-                acc_g, acc_u = _gate_up_step(acc_g, acc_u, wg, wu, k0, x_ptr, tok, rw, inv,
-                                             row_ok, D, BLOCK_K, HAS_RW, FP8, UPCAST,
-                                             DOT_PRECISION, INTERPRET)
-                wg, wu = ng, nu
+                acc_g, acc_u = _gate_up_step(acc_g, acc_u, k0, k_hi, x_ptr, w_ptr, tok, rw, inv,
+                                             row_ok, gate_rows, col_ok, D, I, BLOCK_K, HAS_RW,
+                                             FP8, UPCAST, DOT_PRECISION, INTERPRET)
                 k0 += BLOCK_K
         else:
             for k0 in range(k_lo, k_hi, BLOCK_K):
-                wg, wu = _gate_up_w(w_ptr, gate_rows, col_ok, k0, k_hi, D, I, BLOCK_K)
-                acc_g, acc_u = _gate_up_step(acc_g, acc_u, wg, wu, k0, x_ptr, tok, rw, inv,
-                                             row_ok, D, BLOCK_K, HAS_RW, FP8, UPCAST,
-                                             DOT_PRECISION, INTERPRET)
+                acc_g, acc_u = _gate_up_step(acc_g, acc_u, k0, k_hi, x_ptr, w_ptr, tok, rw, inv,
+                                             row_ok, gate_rows, col_ok, D, I, BLOCK_K, HAS_RW,
+                                             FP8, UPCAST, DOT_PRECISION, INTERPRET)
 
         mask = col_ok[:, None] & row_ok[None, :]  # [BN, BM]
         if split > 1:  # store both partials, arrive once; the last split sums them all
@@ -337,20 +316,15 @@ def _quantize_rows(a_ptr, q_ptr, scale_ptr, rows, row_ok, I, BLOCK_M: tl.constex
 
 
 @triton.jit
-def _down_w(w_ptr, w_rows, col_ok, k0, k_hi, I, BLOCK_K: tl.constexpr):
-    """Rows of w2 [BN, BK] at K columns k0.. (zeros from k_hi on)."""
+def _down_step(acc, k0, k_hi, a_ptr, w_ptr, rows, row_ok, w_rows, col_ok, I,
+               BLOCK_K: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """One K step of down: acc += w2 rows [BN, BK] @ a^T [BK, BM]."""
     kk = k0 + tl.arange(0, BLOCK_K)
-    return tl.load(w_ptr + w_rows[:, None] * I + kk[None, :],
-                   mask=col_ok[:, None] & (kk < k_hi)[None, :], other=0.0)
-
-
-@triton.jit
-def _down_step(acc, w, k0, k_hi, a_ptr, rows, row_ok, I, BLOCK_K: tl.constexpr,
-               UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """One K step of down: acc += w2 rows w [BN, BK] @ a^T [BK, BM]."""
-    kk = k0 + tl.arange(0, BLOCK_K)
+    k_ok = kk < k_hi
     at = tl.load(a_ptr + rows.to(tl.int64)[:, None] * I + kk[None, :],
-                 mask=row_ok[:, None] & (kk < k_hi)[None, :], other=0.0)
+                 mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+    w = tl.load(w_ptr + w_rows[:, None] * I + kk[None, :], mask=col_ok[:, None] & k_ok[None, :],
+                other=0.0)
     return _dot(acc, w, tl.trans(at), UPCAST, DOT_PRECISION)
 
 
@@ -379,10 +353,8 @@ def _down_kernel(
     FP8: tl.constexpr, HAS_RW: tl.constexpr, UPCAST: tl.constexpr,
     DOT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr, PDL: tl.constexpr,
 ):
-    # counts were final before gate_up let this kernel launch (_pdl_wait): one-pair tiles find
-    # their expert and load their first weights before they wait for a
     s, tile, u, n_tile, exists, g, row0, row_stop, total_tiles, num_valid = _program(
-        counts_ptr, E, n_tiles, split, BLOCK_E, BLOCK_M, PDL and BLOCK_M > 1)
+        counts_ptr, E, n_tiles, split, BLOCK_E, BLOCK_M, PDL)
     if exists:
         rows = row0 + tl.arange(0, BLOCK_M)
         row_ok = rows < row_stop
@@ -392,21 +364,16 @@ def _down_kernel(
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         k_lo = s * k_split
         k_hi = tl.minimum(k_lo + k_split, I)
-        if BLOCK_M == 1 or INTERPRET:  # double-buffered in registers, as in gate_up
-            w = _down_w(w_ptr, w_rows, col_ok, k_lo, k_hi, I, BLOCK_K)
-            _pdl_wait(PDL and BLOCK_M == 1)
+        if INTERPRET:  # range() over a tensor bound fails in the interpreter
             k0 = k_lo
             while k0 < k_hi:
-                nw = _down_w(w_ptr, w_rows, col_ok, k0 + BLOCK_K, k_hi, I, BLOCK_K)
-                acc = _down_step(acc, w, k0, k_hi, a_ptr, rows, row_ok, I, BLOCK_K, UPCAST,
-                                 DOT_PRECISION)
-                w = nw
+                acc = _down_step(acc, k0, k_hi, a_ptr, w_ptr, rows, row_ok, w_rows, col_ok, I,
+                                 BLOCK_K, UPCAST, DOT_PRECISION)
                 k0 += BLOCK_K
         else:
             for k0 in range(k_lo, k_hi, BLOCK_K):
-                w = _down_w(w_ptr, w_rows, col_ok, k0, k_hi, I, BLOCK_K)
-                acc = _down_step(acc, w, k0, k_hi, a_ptr, rows, row_ok, I, BLOCK_K, UPCAST,
-                                 DOT_PRECISION)
+                acc = _down_step(acc, k0, k_hi, a_ptr, w_ptr, rows, row_ok, w_rows, col_ok, I,
+                                 BLOCK_K, UPCAST, DOT_PRECISION)
 
         mask = col_ok[:, None] & row_ok[None, :]  # [BN, BM]
         at_y = rows.to(tl.int64)[None, :] * D + cols[:, None]
@@ -435,8 +402,6 @@ def _down_kernel(
                 if _arrive(words_ptr + words_cols + n_tile, total_tiles):
                     _combine(out_ptr, y_ptr, pos_ptr, cols, col_ok, num_valid, T, D, K, BLOCK_T,
                              ACCUMULATE, INTERPRET)
-    else:
-        _pdl_wait(PDL and BLOCK_M == 1)  # every program waits before it lets the next launch
 
 
 @triton.jit
