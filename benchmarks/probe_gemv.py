@@ -15,6 +15,8 @@ activates), bf16 (fused, as shipped) and fp8 rowwise (unfused as shipped, and fu
     new, new_pdl: the kernels of this commit, PDL off / on;
 
 every output compared bit for bit with the first mode's. Writes $OUT/probe_gemv.json.
+Measured at 96dffe2 (results/probe_gemv.json): the double-buffered kernels spilled and were
+slower, so since f62f8cb the kernels are df3d555's again and "old" and "new" are the same code.
 """
 
 from __future__ import annotations

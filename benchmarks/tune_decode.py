@@ -20,6 +20,8 @@ path's 64 pairs (the table's A buckets); in each, the two GEMMs apart. Candidate
    (planner.must_read_bytes), the bytes floor the layer suite uses;
 4. writes $OUT/tune_decode.json, $OUT/tune_decode.md and $OUT/tuned.py (the table: copy it to
    src/shufflemoe/ops/moe_decode/tuned.py).
+--layer-only keeps the committed tiles and runs phase 3 alone (PDL per row, a few minutes;
+writes tune_decode_pdl.json/.md).
 Phases stop at their share of --budget and say what they skipped.
 """
 
@@ -311,7 +313,7 @@ def table_source(table: dict, meta: dict, layer_only: bool) -> str:
 
         measured = ([ln for ln in tuned.__doc__.splitlines() if ln.startswith(("Swept", "run"))]
                     + [f"PDL measured (--layer-only) on {meta.get('device')}, commit "
-                       f"{meta.get('commit')}, run {meta.get('run_id')}."])
+                       f"{meta.get('commit')}, run {meta.get('run_id')}: tune_decode_pdl.md."])
     lines = ['"""The fused decode kernels\' tuning table: written by benchmarks/tune_decode.py, '
              'not by hand.', "",
              "TABLE maps configs.table_key(...) = (SMs, E, D, I, weight dtype, A rounded up to a "
@@ -422,9 +424,10 @@ def main(argv: list[str] | None = None) -> dict:
     result = dict(meta=meta, ceilings=ceilings, table={str(k): v for k, v in table.items()},
                   **rows)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "tune_decode.json").write_text(json.dumps(result, indent=1, default=str))
+    stem = "tune_decode_pdl" if args.layer_only else "tune_decode"
+    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=1, default=str))
     (args.out / "tuned.py").write_text(table_source(table, meta, args.layer_only))
-    (args.out / "tune_decode.md").write_text(markdown(result))
+    (args.out / f"{stem}.md").write_text(markdown(result))
     print(markdown(result), flush=True)
     return result
 

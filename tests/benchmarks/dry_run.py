@@ -17,11 +17,12 @@ def dry_run_rows(name: str, out: pathlib.Path) -> list[dict]:
     return dry_run(name, out)["rows"]
 
 
-def dry_run(name: str, out: pathlib.Path, *args: str) -> dict:
-    """What benchmarks/<name>.py --dry-run --out ``out`` [args] wrote to out/<name>.json."""
+def dry_run(name: str, out: pathlib.Path, *args: str, result: str | None = None) -> dict:
+    """What benchmarks/<name>.py --dry-run --out ``out`` [args] wrote to out/<result or
+    name>.json."""
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), OMP_NUM_THREADS="1")
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{name}.py"), "--dry-run", "--out", str(out),
                            *args],
                           env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    return json.loads((out / f"{name}.json").read_text())
+    return json.loads((out / f"{result or name}.json").read_text())

@@ -31,7 +31,7 @@ def test_layer_only_dry_run_keeps_the_tiles(tmp_path):
     bit (the dry run's tiny shapes hold no row, so every bit stays as committed)."""
     from shufflemoe.ops.moe_decode import configs
 
-    result = dry_run("tune_decode", tmp_path, "--layer-only")
+    result = dry_run("tune_decode", tmp_path, "--layer-only", result="tune_decode_pdl")
     assert not result["errors"] and not result["sweep"] and not result["compile"]
     assert {r["dtype"] for r in result["layer"]} == {"bf16", "fp8"}
     table: dict = {}
