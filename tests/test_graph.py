@@ -123,6 +123,11 @@ def test_replays_keep_the_input_shape_and_reject_what_the_layer_rejects():
     for bad in (x.float(), x[:, :-1], x.cpu(), x.view(-1)):
         with pytest.raises((TypeError, ValueError), match="x"):
             decode(bad)
+    flat = GraphedMoE(layer, token_buckets=(4,), flat=True)  # Llama 4's block: [T, D] out
+    for shaped in (x, x.view(1, 3, -1), torch.cat([x, x]).view(2, 3, -1)):  # 6 > the bucket
+        y = flat(shaped)
+        assert y.shape == (shaped.numel() // cfg.hidden_size, cfg.hidden_size)
+        assert_close(y[:3], ref, tolerance_key(cfg), magnitude=mag)
 
 
 @gpu

@@ -49,13 +49,15 @@ class GraphPool:
 
 
 class GraphedMoE:
-    """Callable like the layer: x [T, D] or [B, S, D] -> same shape. Token counts above the
-    largest bucket, and calls made while the caller captures a CUDA graph of its own (the layer is
-    then captured into that graph), run the layer eagerly. ``lazy``: capture a bucket on its
-    first use instead of all of them now."""
+    """Callable like the layer: x [T, D] or [B, S, D] -> same shape (``flat``: [T, D] always, as
+    Llama 4's block returns it, with no reshape per call). Token counts above the largest bucket,
+    and calls made while the caller captures a CUDA graph of its own (the layer is then captured
+    into that graph), run the layer eagerly. ``lazy``: capture a bucket on its first use instead
+    of all of them now."""
 
     def __init__(self, layer: MoE, token_buckets: Sequence[int] = DEFAULT_BUCKETS,
-                 warmup: int = 2, pool: GraphPool | None = None, lazy: bool = False):
+                 warmup: int = 2, pool: GraphPool | None = None, lazy: bool = False,
+                 flat: bool = False):
         cfg = layer.config
         if not layer.w13.is_cuda:
             raise ValueError("graphed() needs a layer on a CUDA device")
@@ -70,6 +72,7 @@ class GraphedMoE:
         if not token_buckets or any(not isinstance(b, int) or b <= 0 for b in token_buckets):
             raise ValueError(f"token_buckets must be positive ints, got {token_buckets!r}")
         self.layer = layer
+        self.flat = flat
         self.buckets = sorted(set(token_buckets))
         self.warmup = warmup
         self.pool = pool or GraphPool(layer.w13.device)
@@ -101,8 +104,8 @@ class GraphedMoE:
         return graph
 
     def _replay_for(self, x: Tensor) -> tuple | None:
-        """(graph, static input rows and static output rows [T, D] viewed in x's shape, rows to
-        zero | None) of the smallest bucket that holds x's T tokens (captured now if lazy), or
+        """(graph, static input rows and static output rows [T, D] viewed in x's shape (flat:
+        as they are), rows to zero | None) of the smallest bucket that holds x's T tokens (captured now if lazy), or
         None: above the largest bucket, or an input the layer must reject (it then raises)."""
         cfg = self.layer.config
         if (x.dtype != cfg.dtype or x.device != self.layer.w13.device or x.dim() not in (2, 3)
@@ -115,17 +118,17 @@ class GraphedMoE:
         graph = self._graphs.get(bucket) or self._capture(bucket)
         static, out = self.pool.io(bucket, cfg.hidden_size, cfg.dtype)
         replay = self._replays[(x.shape, x.dtype, x.device)] = (
-            graph, static[:T].view(x.shape), out[:T].view(x.shape),
+            graph, static[:T].view(x.shape), out[:T] if self.flat else out[:T].view(x.shape),
             static[T:] if T < bucket else None)
         return replay
 
     def __call__(self, x: Tensor) -> Tensor:
         # The host path of a decode step: one dict lookup, a copy in, the replay, a copy out.
-        if _capturing():  # captured into the caller's graph
-            return self.layer(x)
-        replay = self._replays.get((x.shape, x.dtype, x.device)) or self._replay_for(x)
+        replay = (None if _capturing()  # captured into the caller's graph
+                  else self._replays.get((x.shape, x.dtype, x.device)) or self._replay_for(x))
         if replay is None:  # above the largest bucket, or a bad input (the layer says why)
-            return self.layer(x)
+            out = self.layer(x)
+            return out.view(-1, out.shape[-1]) if self.flat else out
         graph, static, out, pad = replay
         static.copy_(x)
         if pad is not None:

@@ -220,7 +220,8 @@ def _built(block: nn.Module) -> _State:
         else:
             dev = layer.w13.device
             pool = state.pools.get(dev) or state.pools.setdefault(dev, GraphPool(dev))
-            state.run = GraphedMoE(layer, buckets, pool=pool, lazy=True)
+            state.run = GraphedMoE(layer, buckets, pool=pool, lazy=True,
+                                   flat=state.spec.returns == "out_and_logits")
     return state
 
 
@@ -295,7 +296,7 @@ class ShuffleMoEBlock(nn.Module):
                 if spec.returns == "out_and_scores":
                     extra = routed[1]
         if spec.returns == "out_and_logits":  # Llama 4: (out [T, D], logits [T, E] or None)
-            return out.reshape(-1, out.shape[-1]), extra
+            return (out if out.dim() == 2 else out.reshape(-1, out.shape[-1])), extra
         if spec.returns == "out_and_scores":  # gpt-oss: (out, scores [T, k] or None)
             return out, extra
         return out
