@@ -8,7 +8,8 @@ T = 1 Llama 4 Scout TP8's GEMM13 (one expert, N = 2048) streams 21 MB through 16
 the layer takes 1.87x the default. An element's sum is fixed by the K steps and the MMA's
 operand roles (tokens as the M side, weights as N); the tile's width only changes how many
 columns one program computes. So the tiles may narrow at small M if the bits stay the same: for
-each variant (block_n and stages for M <= 64 rows; 64 x 128 above), the rows of a 96-token batch
+each variant (block_n, K step and stages for M <= 64 rows, or the default mode's tiles there;
+64 x 128 above), the rows of a 96-token batch
 alone, in a batch of 8 and in the whole batch (above 64 rows: the wide tiles) compared bit for
 bit, and the layer timed in CUDA graphs at T = 1, 8 and 64 against the default mode.
 Writes $OUT/probe_bi.json.
@@ -32,19 +33,26 @@ from shufflemoe.bench.timing import time_fn  # noqa: E402
 from shufflemoe.ops.grouped_gemm import configs  # noqa: E402
 
 NAMES = ("scout-tp8", "qwen3-30b-a3b")
-VARIANTS = {"64x128 s4 (now)": (128, 4), "64x64 s4": (64, 4), "64x32 s4": (32, 4),
-            "64x16 s4": (16, 4), "64x32 s6": (32, 6), "64x16 s6": (16, 6)}
+# label -> (block_n, K step in multiples of the wide tile's, stages), or "heuristic": the default
+# mode's tiles at M <= 64 (swap_ab: the weights become the MMA's M side)
+VARIANTS = {"64x128 s4 (now)": (128, 1, 4), "64x128 k x2 s4": (128, 2, 4),
+            "64x64 k x4 s4": (64, 4, 4), "64x32 k x4 s4": (32, 4, 4),
+            "64x64 k x2 s6": (64, 2, 6), "heuristic": "heuristic"}
 TOKENS = (1, 8, 64)
 SETS = 8
 
 
-def rule(block_n: int, stages: int):
+def rule(variant):
     """select() under batch-invariant mode with the variant at M <= 64 rows."""
     def choose(key):
         M, N, K, G, dtype = key
         wide = configs.batch_invariant_config(N, K, dtype)
-        return wide if M > 64 or dtype == torch.float32 else wide.with_(block_n=block_n,
-                                                                       num_stages=stages)
+        if M > 64 or dtype == torch.float32:
+            return wide
+        if variant == "heuristic":
+            return configs._heuristic(*key)
+        block_n, k_times, stages = variant
+        return wide.with_(block_n=block_n, block_k=wide.block_k * k_times, num_stages=stages)
     return choose
 
 
@@ -60,8 +68,8 @@ def main() -> None:
         bi = layers_for(cfg.replace(batch_invariant=True), n, "cuda")  # the same weights
         big = inputs(cfg, 96, "cuda", 1)[0]
         pick = [0, 5, 95]
-        for label, (bn, st) in VARIANTS.items():
-            with configs.override(rule(bn, st)):
+        for label, variant in VARIANTS.items():
+            with configs.override(rule(variant)):
                 alone = torch.cat([bi[0](big[i:i + 1]) for i in pick])
                 small = bi[0](big[:8])[[0, 5]]
                 whole = bi[0](big)[pick]
