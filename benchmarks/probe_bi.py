@@ -36,7 +36,7 @@ NAMES = ("scout-tp8", "qwen3-30b-a3b")
 # label -> (block_n, K step in multiples of the wide tile's, stages), or "heuristic": the default
 # mode's tiles at M <= 64 (swap_ab: the weights become the MMA's M side)
 VARIANTS = {"64x128 s4 (now)": (128, 1, 4), "64x128 k x2 s4": (128, 2, 4),
-            "64x64 k x4 s4": (64, 4, 4), "64x32 k x4 s4": (32, 4, 4),
+            "64x64 k x4 s3": (64, 4, 3), "64x32 k x4 s3": (32, 4, 3),
             "64x64 k x2 s6": (64, 2, 6), "heuristic": "heuristic"}
 TOKENS = (1, 8, 64)
 SETS = 8
@@ -67,22 +67,11 @@ def main() -> None:
         base = layers_for(cfg, n, "cuda")
         bi = layers_for(cfg.replace(batch_invariant=True), n, "cuda")  # the same weights
         big = inputs(cfg, 96, "cuda", 1)[0]
-        pick = [0, 5, 95]
         for label, variant in VARIANTS.items():
-            with configs.override(rule(variant)):
-                alone = torch.cat([bi[0](big[i:i + 1]) for i in pick])
-                small = bi[0](big[:8])[[0, 5]]
-                whole = bi[0](big)[pick]
-                same = (torch.equal(alone[:2], small) and torch.equal(alone, whole))
-                row = dict(preset=name, variant=label, same_bits=same)
-                for T in TOKENS:
-                    xs = inputs(cfg, T, "cuda", SETS)
-                    t = time_fn(lambda i: bi[i % len(bi)](xs[i]), SETS, graph=True, reps=30)
-                    row[f"T{T}_us"] = t.median_us
-                    if label.endswith("(now)"):
-                        d = time_fn(lambda i: base[i % len(base)](xs[i]), SETS, graph=True,
-                                    reps=30)
-                        row[f"T{T}_default_us"] = d.median_us
+            try:
+                row = measure(name, label, variant, base, bi, big, cfg)
+            except Exception as e:  # e.g. out of shared memory: the other variants still run
+                row = dict(preset=name, variant=label, error=f"{type(e).__name__}: {e}"[:300])
             print(json.dumps(row), flush=True)
             rows.append(row)
         del base, bi
@@ -90,6 +79,25 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "probe_bi.json").write_text(json.dumps(
         dict(meta=dict(metadata(), device=torch.cuda.get_device_name()), rows=rows), indent=1))
+
+
+def measure(name, label, variant, base, bi, big, cfg) -> dict:
+    """One variant: bits of rows 0, 5, 95 alone, in 8 tokens, in all 96; the layer's times."""
+    pick = [0, 5, 95]
+    with configs.override(rule(variant)):
+        alone = torch.cat([bi[0](big[i:i + 1]) for i in pick])
+        small = bi[0](big[:8])[[0, 5]]
+        whole = bi[0](big)[pick]
+        row = dict(preset=name, variant=label,
+                   same_bits=torch.equal(alone[:2], small) and torch.equal(alone, whole))
+        for T in TOKENS:
+            xs = inputs(cfg, T, "cuda", SETS)
+            row[f"T{T}_us"] = time_fn(lambda i: bi[i % len(bi)](xs[i]), SETS, graph=True,
+                                      reps=30).median_us
+            if label.endswith("(now)"):
+                row[f"T{T}_default_us"] = time_fn(lambda i: base[i % len(base)](xs[i]), SETS,
+                                                  graph=True, reps=30).median_us
+    return row
 
 
 if __name__ == "__main__":
