@@ -67,6 +67,23 @@ def test_rows_are_bit_identical_in_any_batch(name):
     assert_close(first, ref[list(ROWS)], tolerance_key(cfg), magnitude=mag[list(ROWS)])
 
 
+@pytest.mark.skipif(not CUDA, reason="wgmma tiles: the interpreter has no MMA")
+@pytest.mark.parametrize("name", CONFIGS)
+def test_rows_keep_their_bits_across_the_tile_switch(name):
+    """Up to BATCH_INVARIANT_ROWS rows the grouped GEMM takes the default mode's decode tiles
+    (swap_ab, wide K steps), above them one wide tile: a row's bits must not change between
+    them, for every k, bf16 and fp8 (the large batch passes the switch at k = 1 too)."""
+    from shufflemoe.ops.grouped_gemm.configs import BATCH_INVARIANT_ROWS
+
+    cfg = CONFIGS[name].replace(batch_invariant=True)
+    layer = make_layer(cfg, seed=5, device=DEV)
+    x = make_input(cfg, BATCH_INVARIANT_ROWS + 37, seed=6, device=DEV)
+    rows = [0, 17, BATCH_INVARIANT_ROWS + 36]
+    with use_impl("triton"):
+        alone = torch.cat([layer(x[i:i + 1]) for i in rows])
+        assert torch.equal(alone, layer(x)[rows]), name
+
+
 @pytest.mark.skipif(CUDA, reason="the counter-check is for the interpreter's kernels")
 def test_the_default_mode_is_not_batch_invariant():
     """Without the mode, rows alone and in the batch differ: the check has teeth (in float32,

@@ -6,11 +6,15 @@ A row's result changes with the batch wherever a reduction's order depends on it
 | --------------------- | ------------------------------------------------ | -------------------------- |
 | router logits         | F.linear: BLAS / cuBLAS pick blocking by M       | grouped GEMM, one group    |
 | routing weights       | index_shuffle's tiles follow T                   | fixed tiles (kernel)       |
-| expert GEMMs          | tile configuration follows M and G               | one per (N, K, dtype)      |
+| expert GEMMs          | tile configuration follows M and G               | the same; above 64 rows    |
+|                       |                                                  | one per (N, K, dtype)      |
 | combine (k > 1)       | atomic adds in arrival order, one rounding each  | token-major, ascending     |
 |                       |                                                  | position (= expert id)     |
 | shared expert, gate   | F.linear / torch.mm                              | grouped GEMM, one group    |
-Gather, SwiGLU and fp8 quantization work row by row already; top-k selection is exact. The
+Gather, SwiGLU and fp8 quantization work row by row already; top-k selection is exact. A
+grouped-GEMM tile's width, K step and operand roles do not change how an element is summed
+(ascending k16 MMA steps in fp32; grouped_gemm.configs says how that was measured), so small
+batches keep the fast decode tiles; the kernel has no split-K, whose order would follow M. The
 mode needs the Triton kernels (the torch references multiply through BLAS), the ``shuffled``
 strategy and local dispatch (an all-reduce's or all-to-all's order follows the message size),
 and no capacity factor (MoEConfig refuses it: dropping depends on the batch by definition).

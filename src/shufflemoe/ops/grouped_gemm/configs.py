@@ -7,9 +7,15 @@ expert) streams weights and is memory bound; prefill (hundreds of rows per exper
 bound. The choices come from sweeps on an H100 (benchmarks/tune_grouped_gemm.py, numbers in
 benchmarks/notes/grouped_gemm.md). Tests and benchmarks replace the choice with ``override``.
 
-Inside ``batch_invariant()`` the choice ignores M and G (batch_invariant_config): a row's dot
-products then run the same K steps in the same MMA shape whatever the batch, so the row's result
-does not depend on what else is in it (the kernel has no split-K).
+Inside ``batch_invariant()`` a row's result must not depend on what else is in the batch. The
+kernel has no split-K, and every tile it runs sums an output element the same way: fp32
+accumulation of the K dimension in ascending k16 MMA steps (wgmma), whatever the tile's width,
+K step, operand roles (swap_ab) or the rows beside it. So up to BATCH_INVARIANT_ROWS rows the
+choice is the heuristic's, above them one wide tile per (N, K, dtype) (batch_invariant_config).
+Measured on an H100 (benchmarks/results/probe_bi.json): Llama 4 Scout TP8 and Qwen3-30B-A3B
+rows are the same bits alone, among 8 and among 96 tokens under 64x128 tiles and under the
+decode heuristic, 64x64 and 64x32 tiles, K steps x2 and x4; tests/test_batch_invariant.py
+checks rows across the switch on the GPU.
 """
 
 from __future__ import annotations
@@ -73,8 +79,8 @@ def invariant() -> bool:
 
 @contextlib.contextmanager
 def batch_invariant() -> Iterator[None]:
-    """Inside the block, select() returns batch_invariant_config(N, K, dtype) whatever M and G
-    (an ``override`` still wins)."""
+    """Inside the block, select() returns batch_invariant_config(N, K, dtype) above
+    BATCH_INVARIANT_ROWS rows whatever G (an ``override`` still wins)."""
     token = _invariant.set(True)
     try:
         yield
@@ -82,11 +88,16 @@ def batch_invariant() -> Iterator[None]:
         _invariant.reset(token)
 
 
+# Batch-invariant mode: the heuristic's tiles up to this many rows (decode: batch-invariant Scout
+# TP8 at T = 1 43.3 us against 67.9 with the wide tiles, the default mode 37.8; Qwen3-30B-A3B
+# 62.2 / 70.5 / 43.2, H100, probe_bi), the wide tile above.
+BATCH_INVARIANT_ROWS = 64
+
+
 def batch_invariant_config(N: int, K: int, dtype: torch.dtype) -> TileConfig:
-    """One tile configuration per (N, K, dtype): 64 x 128 tiles (the heuristic's choice for 17
-    to 64 rows per group, a middle between its decode and prefill tiles), no swap_ab (which
-    changes the MMA's operand roles), the same K step as the heuristic. fp32's configuration is
-    already independent of M."""
+    """The wide tile of batch-invariant mode above BATCH_INVARIANT_ROWS rows, one per (N, K,
+    dtype): 64 x 128 (the heuristic's choice for 17 to 64 rows per group, a middle between its
+    decode and prefill tiles). fp32's configuration is already independent of M."""
     if dtype == torch.float32:
         return _heuristic(1, N, K, 1, dtype)
     bk = 128 if dtype == torch.float8_e4m3fn else 64
@@ -104,7 +115,7 @@ def select(M: int, N: int, K: int, G: int, dtype: torch.dtype) -> TileConfig:
     chosen = _override.get()
     if chosen is not None:
         return chosen if isinstance(chosen, TileConfig) else chosen(key)
-    if _invariant.get():
+    if _invariant.get() and M > BATCH_INVARIANT_ROWS:
         return batch_invariant_config(N, K, dtype)
     return _heuristic(*key)
 
