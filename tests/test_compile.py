@@ -5,6 +5,7 @@ CUDA where there is one (the lead runs PYTHONPATH=src python -m pytest -q tests/
 
 from __future__ import annotations
 
+import logging
 import re
 
 import pytest
@@ -127,3 +128,28 @@ def test_compiled_fused_decode_zeroes_no_arrival_words():
     fills = re.findall(r"triton_\w*zeros\w*\.run", code)
     assert not fills, fills
     assert torch.equal(got, layer(x))
+
+
+@pytest.mark.skipif(DEV != "cuda", reason="Inductor traces the kernels on a GPU only")
+def test_compiled_fused_decode_leaves_pdl_out():
+    """A tuning-table row with PDL launches without it when compiled: griddepcontrol's inline
+    asm stops Inductor's analysis of what a kernel writes (it logs so on torch._dynamo's
+    logger), which then copies every input."""
+    from shufflemoe.ops.moe_decode import configs
+
+    layer = make_layer(KERNEL_CONFIGS["llama4-bf16"], device=DEV)
+    x = make_input(layer.config, 3, seed=6, device=DEV)
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append
+    logger = logging.getLogger("torch._dynamo")
+    logger.addHandler(handler)
+    try:
+        with configs.override(lambda key: configs._choose(*key).with_(pdl=True)):
+            want = layer(x)  # eager, with PDL
+            torch._dynamo.reset()
+            got = torch.compile(layer, fullgraph=True)(x)
+    finally:
+        logger.removeHandler(handler)
+    assert not [r for r in records if "every input is mutated" in r.getMessage()]
+    assert torch.equal(got, want)

@@ -490,6 +490,14 @@ def max_m_tiles(A: int, E: int, block_m: int) -> int:
     return A // block_m + min(E, A)
 
 
+def _pdl(plan: configs.DecodeConfig, like: Tensor, interpret: bool) -> bool:
+    """Whether to launch with PDL: where the table says so, on the GPU, and not while
+    torch.compile traces. Inductor's analysis of a user kernel stops at griddepcontrol's inline
+    asm and then takes every argument for written (copies of counts, ids, x: torch 2.11, the
+    Qwen3-30B-A3B compiled decode step fell from 1.30x transformers' to 1.01x)."""
+    return plan.pdl and not interpret and not traced((like,))
+
+
 def _launch_options(cfg: configs.GemmConfig, pdl: bool) -> dict:
     opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if pdl:
@@ -528,7 +536,7 @@ def _gate_up_op(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Ten
     if fp8:  # a in fp32 first; each m-tile's last program quantizes its rows into (q, scale)
         a = torch.empty(A, I, dtype=torch.float32, device=x.device)
     interpret = interpreting()
-    pdl = plan.pdl and not interpret
+    pdl = _pdl(plan, x, interpret)
     row_block = min(4096, next_power_of_2(D))
     with on_device(x):
         launch(_gate_up_kernel, (m_tiles * n_tiles * split,),
@@ -563,7 +571,7 @@ def _down_op(a: Tensor, a_scale: Optional[Tensor], w2: Tensor, w2_scale: Optiona
     part = torch.empty(split, A, D, dtype=torch.float32, device=a.device) if split > 1 else None
     y = torch.empty(A, D, dtype=torch.float32, device=a.device) if k > 1 else None
     interpret = interpreting()
-    pdl = plan.pdl and not interpret
+    pdl = _pdl(plan, a, interpret)
     # The interpreter runs programs in order, so out can be read-modify-written in its dtype;
     # its bf16 rounding is done by cast_to (the interpreter's own cast truncates).
     with on_device(a):
