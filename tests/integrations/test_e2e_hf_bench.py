@@ -104,6 +104,10 @@ def test_fp32_references_restore_the_bf16_model(tiny_suite):
     assert 1e-4 < err < 0.1  # bf16 rounding against float32, not a different model
     assert set(refs) == {("prefill", 1), ("decode", 1), ("decode", 3), ("first token", 1), ("first token", 3),
                          ("generate", 1), ("generate", 3)}
+    # compiled generate's check: at least GENERATE_CHECK_SEQUENCES sequences, distinct prompts
+    assert refs[("generate", 1)].shape[0] == refs[("first token", 1)].shape[0] == 8
+    assert refs[("generate", 3)].shape[0] == 9
+    assert not torch.equal(refs[("generate", 1)][0], refs[("generate", 1)][1])
 
 
 @pytest.mark.parametrize("err, hf_err, ok", [

@@ -27,6 +27,7 @@ from transformers import StaticCache
 DEVICE = "cuda"  # a CPU dry run of the logic (tests/integrations) patches this
 PREFILL_TOKENS = 2048
 PROMPT_TOKENS = 128
+PROMPT_STRIDE = 7919  # prompt i of a batch draws its tokens with seed batch + PROMPT_STRIDE * i
 COMPILE_CONFIG = None  # transformers' default CompileConfig (a CPU dry run sets one for all devices)
 
 
@@ -103,10 +104,11 @@ class Decoder:
     wrapper), replayed from one CUDA graph when ``graph``. token [B, 1] and logits [B, V] are
     the step's static input and output."""
 
-    def __init__(self, model, batch: int, max_steps: int, graph: bool, step_call=None):
+    def __init__(self, model, batch: int, max_steps: int, graph: bool, step_call=None,
+                 prompt: int = 0):
         self.model, self.call = model, model if step_call is None else step_call
         self.cache = StaticCache(config=model.config, max_cache_len=PROMPT_TOKENS + max_steps + 8)
-        self.prompt = tokens(model.config.vocab_size, batch, PROMPT_TOKENS, seed=batch)
+        self.prompt = prompt_tokens(model, batch, prompt)
         self.fixed = tokens(model.config.vocab_size, batch, 1, seed=1000 + batch)
         self.token = torch.empty(batch, 1, dtype=torch.long, device=DEVICE)
         self.logits = None
@@ -146,17 +148,24 @@ def time_decode(model, batch: int, steps: int, repeats: int, graph: bool = False
     return stats(samples), dec.checked_logits()
 
 
-def time_generate(model, batch: int, short: int, long: int, repeats: int) -> tuple[dict, torch.Tensor, torch.Tensor]:
+def prompt_tokens(model, batch: int, prompt: int = 0) -> torch.Tensor:
+    """Prompt number ``prompt`` of a batch: [batch, PROMPT_TOKENS] token ids."""
+    return tokens(model.config.vocab_size, batch, PROMPT_TOKENS, seed=batch + PROMPT_STRIDE * prompt)
+
+
+def time_generate(model, batch: int, short: int, long: int, repeats: int,
+                  prompts: int = 1) -> tuple[dict, torch.Tensor, torch.Tensor]:
     """transformers' compiled generate on a static cache (given as past_key_values so that every
     call reuses one shape): ms per decode step = (time of ``long`` new tokens - ``short``) /
-    (long - short), ``repeats`` samples. Also (logits [B, V] of the second generated position,
-    first generated tokens [B]) for the check."""
-    prompt = tokens(model.config.vocab_size, batch, PROMPT_TOKENS, seed=batch)
+    (long - short), ``repeats`` samples, on prompt 0. Also, for the check, over ``prompts``
+    prompts: (logits [prompts * B, V] of the second generated position, first generated tokens
+    [prompts * B])."""
     cache = StaticCache(config=model.config, max_cache_len=PROMPT_TOKENS + long + 8)
 
-    def generate(n: int, **extra):
+    def generate(n: int, prompt: int = 0, **extra):
         cache.reset()
-        return model.generate(prompt, attention_mask=torch.ones_like(prompt), past_key_values=cache,
+        ids = prompt_tokens(model, batch, prompt)
+        return model.generate(ids, attention_mask=torch.ones_like(ids), past_key_values=cache,
                               max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0,
                               compile_config=COMPILE_CONFIG, **extra)
 
@@ -165,13 +174,17 @@ def time_generate(model, batch: int, short: int, long: int, repeats: int) -> tup
     for _ in range(repeats):
         t_short, t_long = elapsed_ms(lambda: generate(short)), elapsed_ms(lambda: generate(long))
         samples.append((t_long - t_short) / (long - short))
-    out = generate(2, output_logits=True, return_dict_in_generate=True)
-    return stats(samples), out.logits[1].float(), out.sequences[:, PROMPT_TOKENS]
+    outs = [generate(2, i, output_logits=True, return_dict_in_generate=True) for i in range(prompts)]
+    return (stats(samples), torch.cat([o.logits[1].float() for o in outs]),
+            torch.cat([o.sequences[:, PROMPT_TOKENS] for o in outs]))
 
 
-def greedy_step(model, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(first greedy tokens [B], logits [B, V] of the step after them) from the prompt, eager:
-    the reference of compiled generate's check."""
-    dec = Decoder(model, batch, 2, graph=False)
-    first = dec.token[:, 0].clone()
-    return first, dec.advance().float().clone()
+def greedy_step(model, batch: int, prompts: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """(first greedy tokens [prompts * B], logits [prompts * B, V] of the step after them) from
+    ``prompts`` prompts, eager: the reference of compiled generate's check."""
+    firsts, logits = [], []
+    for i in range(prompts):
+        dec = Decoder(model, batch, 2, graph=False, prompt=i)
+        firsts.append(dec.token[:, 0].clone())
+        logits.append(dec.advance().float().clone())
+    return torch.cat(firsts), torch.cat(logits)
