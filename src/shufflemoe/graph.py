@@ -105,8 +105,9 @@ class GraphedMoE:
 
     def _replay_for(self, x: Tensor) -> tuple | None:
         """(graph, static input rows and static output rows [T, D] viewed in x's shape (flat:
-        as they are), rows to zero | None) of the smallest bucket that holds x's T tokens (captured now if lazy), or
-        None: above the largest bucket, or an input the layer must reject (it then raises)."""
+        as they are), rows to zero | None) of the smallest bucket that holds x's T tokens
+        (captured now if lazy), or None: above the largest bucket, or an input the layer must
+        reject (it then raises)."""
         cfg = self.layer.config
         if (x.dtype != cfg.dtype or x.device != self.layer.w13.device or x.dim() not in (2, 3)
                 or x.shape[-1] != cfg.hidden_size):
