@@ -12,7 +12,8 @@ each variant (block_n, K step and stages for M <= 64 rows, or the default mode's
 64 x 128 above), the rows of a 96-token batch
 alone, in a batch of 8 and in the whole batch (above 64 rows: the wide tiles) compared bit for
 bit, and the layer timed in CUDA graphs at T = 1, 8 and 64 against the default mode.
-Writes $OUT/probe_bi.json.
+Writes $OUT/probe_bi.json. Measured at bac0332 and cb3de92, when "(now)" was the mode's only
+tile; since e3a3473 the mode takes the "heuristic" variant (grouped_gemm.configs).
 """
 
 from __future__ import annotations

@@ -6,10 +6,11 @@ e2e_hf checks compiled generate at batch 1 on one sequence: the logits of its se
 position against the float32 model, limit 1.25 x transformers' eager error + a floor. Since
 4a20cbf ours fails it on Qwen3-30B-A3B (0.0183 against a limit of 0.0142) while transformers'
 own compiled generate sits at 0.0109, 1.32x its eager error. This probe repeats the check at
-batch 1 over --prompts prompts (e2e_paths' prompt seeds shifted), for transformers eager (the
+batch 1 over --prompts prompts (e2e_paths.prompt_tokens), for transformers eager (the
 reference of the limit), our patched model eagerly, our compiled generate and transformers'
 compiled generate, each against the float32 model on the same prompt. Writes
 $OUT/probe_generate_b1.json: every error, and per path its mean and the prompts over the limit.
+Measured at 53ca76a (the same prompts, then made by shifting e2e_paths.tokens' seeds).
 """
 
 from __future__ import annotations
@@ -22,20 +23,9 @@ import torch
 
 from shufflemoe.bench.report import metadata
 from shufflemoe.bench.suites import e2e_paths
-from shufflemoe.bench.suites.e2e_hf import ACCURACY_FLOOR, ACCURACY_RATIO, SHAPES
+from shufflemoe.bench.suites.e2e_hf import ACCURACY_FLOOR, ACCURACY_RATIO, SHAPES, _rel_l2
 from shufflemoe.integrations.transformers import patch, unpatch
 from shufflemoe.integrations.transformers.models import build_model
-
-_tokens = e2e_paths.tokens
-
-
-def prompt(offset: int) -> None:
-    """Every prompt e2e_paths makes from now on: its seed + 7919 * offset (offset 0: e2e_hf's)."""
-    e2e_paths.tokens = lambda vocab, *shape, seed: _tokens(vocab, *shape, seed=seed + 7919 * offset)
-
-
-def rel_l2(out: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
 
 
 def main() -> None:
@@ -45,40 +35,34 @@ def main() -> None:
     args = p.parse_args()
     shape = next(s for s in SHAPES if s.name == "qwen3-30b-a3b")
     model = build_model(shape.config(False), torch.bfloat16, "cuda")
-    offsets = range(args.prompts)
-    ref, first, err = {}, {}, {}
+    n, err = args.prompts, {}
     with torch.no_grad():
-        dtypes = {n: q.dtype for n, q in model.named_parameters()}
+        dtypes = {name: q.dtype for name, q in model.named_parameters()}
         for q in model.parameters():
             q.data = q.data.float()
-        for o in offsets:  # the float32 model: first greedy token and the next step's logits
-            prompt(o)
-            first[o], ref[o] = e2e_paths.greedy_step(model, 1)
-        for n, q in model.named_parameters():
-            q.data = q.data.to(dtypes[n])
+        first, ref = e2e_paths.greedy_step(model, 1, n)  # the float32 model, prompt by prompt
+        for name, q in model.named_parameters():
+            q.data = q.data.to(dtypes[name])
 
-        def run(label: str, fn) -> None:
-            for o in offsets:
-                prompt(o)
-                tok, logits = fn()
-                same = bool((tok == first[o]).all())
-                err.setdefault(label, {})[o] = rel_l2(logits[0], ref[o][0]) if same else None
-                print(f"{label} prompt {o}: {err[label][o]}", flush=True)
+        def run(label: str, tok: torch.Tensor, logits: torch.Tensor) -> None:
+            err[label] = {o: _rel_l2(logits[o], ref[o]) if tok[o] == first[o] else None
+                          for o in range(n)}
+            print(label, err[label], flush=True)
 
-        def generated():
-            _, logits, tok = e2e_paths.time_generate(model, 1, 2, 3, 1)
-            return tok, logits
+        def generated(label: str) -> None:
+            _, logits, tok = e2e_paths.time_generate(model, 1, 2, 3, 1, n)
+            run(label, tok, logits)
 
-        run("transformers eager", lambda: e2e_paths.greedy_step(model, 1))
+        run("transformers eager", *e2e_paths.greedy_step(model, 1, n))
         patch(model, graph_buckets=None)
-        run("shufflemoe eager", lambda: e2e_paths.greedy_step(model, 1))
+        run("shufflemoe eager", *e2e_paths.greedy_step(model, 1, n))
         unpatch(model)
         patch(model)
-        run("shufflemoe compiled generate", generated)
+        generated("shufflemoe compiled generate")
         model.__dict__.pop("_compiled_call", None)
         torch._dynamo.reset()
         unpatch(model)
-        run("transformers compiled generate", generated)
+        generated("transformers compiled generate")
     summary = {}
     for label, per in err.items():
         vals = [v for v in per.values() if v is not None]

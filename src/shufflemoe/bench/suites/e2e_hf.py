@@ -27,8 +27,8 @@ so that a slow spell of the host falls on all of them; tokens/s = batch / step t
 (decode): the bytes a step must read (weights but the embedding table, routed experts in
 expected use, the prompt's KV cache) over the read ceiling; x_floor = ms / floor_ms. check: logits of the timed path (prefill; one decode step with
 fixed input tokens; generate's second position, over the sequences whose first token matches
-the reference's, at least GENERATE_CHECK_SEQUENCES of them: 8 prompts at batch 1) against the same model in float32 (the same weights upcast, transformers' eager
-code): a row passes when its relative L2 error is at most ACCURACY_RATIO x transformers' bf16
+the reference's, at least GENERATE_CHECK_SEQUENCES of them: 8 prompts at batch 1) against the
+same model in float32 (the same weights upcast, transformers' eager code): a row passes when its relative L2 error is at most ACCURACY_RATIO x transformers' bf16
 eager error against that reference, + ACCURACY_FLOOR. logits_rel_l2_vs_hf: against transformers'
 bf16 eager logits, for information.
 """
@@ -56,11 +56,6 @@ GENERATE_TOKENS = (8, 40)  # per-step time of compiled generate from these two l
 # generate is 1.32x its eager error on e2e's first prompt, ours 2.2x, and over 8 prompts both are
 # within 1% of transformers' eager mean (H100, benchmarks/results/probe_generate_b1.json).
 GENERATE_CHECK_SEQUENCES = 8
-
-
-def check_prompts(batch: int) -> int:
-    """Prompts compiled generate's check runs at ``batch``."""
-    return -(-GENERATE_CHECK_SEQUENCES // batch)
 INTERLEAVED_MODES = ("eager", "layer_graphs")  # decode launched from Python: timed in turns
 INTERLEAVED_REPEATS, INTERLEAVED_REPEATS_QUICK = 7, 3
 # A row's logits error against the float32 model may be this many times transformers' bf16 eager
@@ -191,6 +186,11 @@ def decode_bytes(model, batch: int) -> float:
             dense += p.numel() * p.element_size()
     kv = 2 * cfg.num_hidden_layers * batch * cfg.num_key_value_heads * cfg.head_dim * e2e_paths.PROMPT_TOKENS
     return dense + experts * active / E + kv * itemsize
+
+
+def check_prompts(batch: int) -> int:
+    """Prompts compiled generate's check runs at ``batch``."""
+    return -(-GENERATE_CHECK_SEQUENCES // batch)
 
 
 def _rel_l2(out: torch.Tensor, ref: torch.Tensor) -> float:
