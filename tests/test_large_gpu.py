@@ -107,7 +107,7 @@ def test_grouped_gemm(scatter):
     if scatter:
         perm = torch.arange(M - 1, -1, -1, device="cuda")
         out = torch.zeros(M, N, device="cuda", dtype=torch.bfloat16)
-        grouped_gemm(x, w, sizes, scatter_ids=perm, out=out, scatter_unique=True)
+        grouped_gemm(x, w, sizes, scatter_ids=perm, out=out, scatter="add_unique")
         got = out[perm[rows]]
     else:
         got = grouped_gemm(x, w, sizes)[rows]

@@ -186,8 +186,8 @@ def test_a_side_stream_join_reaches_the_routed_combine(monkeypatch):
     seen = []
     run = layer._route_and_run
     monkeypatch.setattr(layer, "_route_and_run",
-                        lambda hot, x, logits, out, join=None: (seen.append(join),
-                                                                run(hot, x, logits, out, join)))
+                        lambda hot, x, logits, out, join=None, first=False: (
+                            seen.append(join), run(hot, x, logits, out, join, first)))
     with use_impl("triton"), torch.no_grad():
         layer(make_input(cfg, 2, device=DEVICE))
     assert len(seen) == 1 and seen[0] not in (None, moe_layer._noop)

@@ -61,6 +61,28 @@ def test_eager_decode_fuses_a_plain_shared_expert(name, T):
     assert fused == (T <= SHARED_FUSED_MAX_TOKENS and name != "qwen2-like")
 
 
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+@pytest.mark.parametrize("shared", [24, 0], ids=["shared", "no-shared"])
+def test_prefill_top1_routed_experts_write_out_first(impl, shared):
+    """Past shared_stream_max_tokens with top-1 routing, GEMM2 stores each token's row into out
+    (poisoned with NaN: never read) and the shared expert adds into it; a capacity factor or
+    top-2 keep the shared-expert-first flow. Each against float64."""
+    cfg = CONFIGS["llama4-like"].replace(shared_stream_max_tokens=8,
+                                          shared_intermediate_size=shared)
+    layer = make_layer(cfg, device=DEVICE)
+    x = make_input(cfg, 61, device=DEVICE)
+    r = layer.route(x)
+    ref, mag = naive_moe(layer, x, r, with_magnitude=True)
+    with use_impl(impl):
+        assert layer._routed_first(x) and not layer._routed_first(x[:8])
+        out = torch.full_like(x, float("nan"))
+        assert layer.forward_into(x, out) is out
+        assert_close(out, ref, tolerance_key(cfg), magnitude=mag)
+        check_layer(layer, x)
+    for change in (dict(capacity_factor=1.0), dict(top_k=2, router="topk", scoring="softmax")):
+        assert not make_layer(cfg.replace(**change), device=DEVICE)._routed_first(x)
+
+
 def test_batched_input_and_tiny_batches():
     cfg = CONFIGS["qwen2-like"]
     layer = make_layer(cfg)

@@ -4,6 +4,7 @@
      |- router:  logits = x @ Wr^T [T, E] -> Routing (pairs sorted by expert, on the device)
      |- shared expert (own CUDA stream for small T): out = SwiGLU(x) [T, D]
      `- dispatch.run(experts): out += routed experts' output (scatter-add into out)
+    (prefill with top-1 routing: the routed experts write out, the shared expert adds into it)
 
 No step copies a size to the host with the ``shuffled`` strategy, so the layer can be captured in
 one CUDA graph (see graph.py).
@@ -266,19 +267,21 @@ class MoE(nn.Module):
                                self.router_logits_bias, cfg.batch_invariant)
         return route(logits, cfg, self.router_bias)
 
-    def shared_expert(self, x: Tensor, out: Tensor, part: int | None = None) -> Tensor:
+    def shared_expert(self, x: Tensor, out: Tensor, part: int | None = None,
+                      accumulate: bool = False) -> Tensor:
         """out [T, D] = shared SwiGLU(x) (times sigmoid(x @ gate) for Qwen2-MoE). With
         ``shared_split`` = h > 0 the weights hold two parts (columns [0, h) and [h, Is), rows of
         shared_w13 part by part, each gate rows then up rows): ``part`` 0 writes the first part's
         output, part 1 adds the second's (eager expert parallelism runs them around its host sync
         and its combine); part None runs both. Batch-invariant (local dispatch only, never
         split): every product through batch_invariant.linear. At decode sizes, a plain shared
-        expert runs in the fused decode kernels (_fused_shared)."""
+        expert runs in the fused decode kernels (_fused_shared). accumulate (a plain shared
+        expert, not split): out += the output, in the down projection's epilogue."""
         hot, h, Is = self._hot(), self.shared_split, self.config.shared_intermediate_size
         if self.config.batch_invariant:
             return batch_invariant.shared_expert(x, hot.shared_w13, hot.shared_w2,
                                                  hot.shared_gate, out)
-        if part is None and self._fuses_shared(x, hot):
+        if part is None and not accumulate and self._fuses_shared(x, hot):
             return self._fused_shared(hot, x, out)
         if part is None and h:
             self.shared_expert(x, out, 0)
@@ -295,6 +298,8 @@ class MoE(nn.Module):
         else:
             a = ops.silu_mul(h13, None, False, None)
         gate = None if hot.shared_gate is None else torch.sigmoid(F.linear(x, hot.shared_gate))
+        if accumulate:  # cuBLAS adds out in fp32 (beta = 1) and rounds once: no extra pass
+            return out.addmm_(a, w2.t())
         if part == 1:
             y = torch.mm(a, w2.t())
             return out.add_(y if gate is None else y.mul_(gate))
@@ -383,20 +388,42 @@ class MoE(nn.Module):
         if (not given and self._fuses_shared(x, hot) and not torch.compiler.is_compiling()
                 and not (x.is_cuda and torch.cuda.is_current_stream_capturing())):
             return self._fused_shared_forward(x, hot)  # eager decode: one launch plan
-        out, join = self.start_shared(x, out)  # decode: shared expert overlaps routing and GEMM13
+        first = self._routed_first(x)
+        if first:  # the routed experts write every row of out, the shared expert adds after
+            out, join = (torch.empty_like(x) if out is None else out), _noop
+        else:  # decode: shared expert first, overlapping routing and GEMM13 on its own stream
+            out, join = self.start_shared(x, out)
         logits = router_logits(x, hot.router_weight, cfg.router_logits_dtype,
                                hot.router_logits_bias, cfg.batch_invariant)
         if given or torch.compiler.is_compiling() or join is not _noop:
             # join: the shared expert runs on a side stream (captured): the routed combine must
             # wait for it before adding into out
-            self._route_and_run(hot, x, logits, out, join)
+            self._route_and_run(hot, x, logits, out, join, first)
         else:  # eager, one stream: replayed from a launch plan when one can be made
             w = hot.weights
-            self._planned(hot, "routed", lambda: self._route_and_run(hot, x, logits, out),
+            self._planned(hot, "routed", lambda: self._route_and_run(hot, x, logits, out, _noop,
+                                                                     first),
                           (x, logits, out), (w.w13, w.w2, w.w13_scale, w.w2_scale, w.w13_bias,
                                              w.w2_bias, hot.router_bias))
         join()
+        if first and self.shared_w13 is not None:
+            self.shared_expert(x, out, accumulate=True)
         return out
+
+    def _routed_first(self, x: Tensor) -> bool:
+        """Prefill (T past shared_stream_max_tokens, so graphs and eager calls agree) with top-1
+        routing and every pair routed (no capacity), on one device through a strategy that can
+        overwrite, with no shared expert or a plain one: GEMM2's epilogue stores each token's
+        row into out without reading it, and the shared expert's down projection adds into it
+        (cuBLAS, beta = 1), instead of the routed rows being read and added onto the shared
+        output (Llama 4 Scout TP8 at T = 16384 on an H100: the read made GEMM2 1.23x slower in
+        bf16, 2.15x in fp8; benchmarks/results/probe_prefill.json). Out is rounded once either
+        way, so every path of one T keeps the same bits."""
+        cfg = self.config
+        return (x.shape[0] > cfg.shared_stream_max_tokens and cfg.top_k == 1
+                and cfg.capacity_factor is None and not cfg.batch_invariant
+                and self.experts.overwrites and isinstance(self.dispatch, LocalDispatch)
+                and self.shared_gate is None and not self.shared_split)
 
     def _fuses_shared(self, x: Tensor, hot: _Hot) -> bool:
         """A plain shared expert (no gate, not split in parts, contiguous weights) at decode
@@ -445,10 +472,15 @@ class MoE(nn.Module):
         return out
 
     def _route_and_run(self, hot: _Hot, x: Tensor, logits: Tensor, out: Tensor,
-                       join: Callable[[], None] = lambda: None) -> None:
-        """out += the routed experts' output for router logits [T, E]."""
+                       join: Callable[[], None] = lambda: None, overwrite: bool = False) -> None:
+        """out += the routed experts' output for router logits [T, E] (overwrite: out = it,
+        local dispatch only, see _routed_first)."""
         routing = hot.route(logits, self.config, hot.router_bias)
-        self.dispatch.run(self.experts, x, routing, hot.weights, out, self.config, join)
+        if overwrite:
+            self.dispatch.run(self.experts, x, routing, hot.weights, out, self.config, join,
+                              overwrite=True)
+        else:
+            self.dispatch.run(self.experts, x, routing, hot.weights, out, self.config, join)
 
     def _planned(self, hot: _Hot, name: str, region: Callable[[], None],
                  dynamic: tuple[Tensor, ...], fixed: tuple[Tensor | None, ...]) -> None:

@@ -96,8 +96,9 @@ def _opcheck_cases() -> dict[str, tuple]:
         "sort_by_expert_ref": (topk, E, None, 1, False, *routing),
         "gather_scale": (d["x"], r.token_ids, r.weights, r.num_valid, empty(A, D, dtype=d["x"].dtype)),
         "gather_scale_fp8": (d["x"], r.token_ids, None, r.num_valid, empty(A, D, dtype=fp8), empty(A)),
-        "grouped_gemm": (*gemm, False, "none", None, None),
-        "grouped_gemm_ref": (*scatter, True, "none", torch.randn(E, D, device=DEV), None, False),
+        "grouped_gemm": (*gemm, "add", "none", None, None),
+        "grouped_gemm_ref": (*scatter, True, "none", torch.randn(E, D, device=DEV), None, False,
+                             True),
         "silu_mul": (h, r.num_valid, empty(A, I), "swiglu_oai", 1.702, 7.0),
         "silu_mul_fp8": (h, None, empty(A, I, dtype=fp8), empty(A), "silu", 1.0, None),
         "silu_mul_fp8_groups": (h, r.num_valid, empty(A, I, dtype=fp8), empty(A, 1), "swiglu_oai",
@@ -170,7 +171,7 @@ def test_all_rows_hint(impl):
     xs = gather_scale(d["x"], r.token_ids, impl=impl)
     outs = [grouped_gemm(xs, d["w13"][:, :D].contiguous(), r.counts, row_weights=r.weights,
                          scatter_ids=r.token_ids, out=torch.zeros_like(d["x"]), all_rows=full,
-                         scatter_unique=False, impl=impl) for full in (False, True)]
+                         scatter="add", impl=impl) for full in (False, True)]
     assert_close(outs[1], outs[0].double(), torch.bfloat16)
 
 
@@ -190,10 +191,10 @@ def test_opcheck_weight_formats(name, quantization):
     if fmt.activation == "groups":
         x, xs = qref.quantize_fp8_groups(x)
     args = (x, wq, torch.tensor([4, 0, 6], dtype=torch.int32), xs, ws, None, None, None,
-            torch.empty(10, 48, dtype=torch.bfloat16), name == "grouped_gemm_ref",
+            torch.empty(10, 48, dtype=torch.bfloat16), True if name == "grouped_gemm_ref" else "add",
             quantization, torch.randn(3, 48), 24 if quantization == "fp8_block" else None)
     if name == "grouped_gemm_ref":
-        args += (False,)  # all_rows
+        args += (False, False)  # all_rows, store
     args = tuple(a.to(DEV) if isinstance(a, torch.Tensor) else a for a in args)
     torch.library.opcheck(getattr(torch.ops.shufflemoe, name), args, test_utils=("test_faketensor",))
 

@@ -178,22 +178,32 @@ def test_scatter_add(impl, dtype):
 
 @pytest.mark.parametrize("impl", ["torch", "triton"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, FP8_DTYPE], ids=["bf16", "fp8"])
-def test_scatter_unique(impl, dtype):
-    """scatter_unique (distinct targets, no atomics): the same sums; out starts random."""
+@pytest.mark.parametrize("scatter", ["add_unique", "store"])
+def test_scatter_unique(impl, dtype, scatter):
+    """Distinct targets, no atomics: "add_unique" gives the same sums; "store" overwrites the
+    rows reached (poisoned with NaN: never read) and leaves the others as they were."""
     m_sizes, N, K = [6, 0, 9, 5], 40, 32
     x, w, ms, args, x64, w64, _ = make_case(m_sizes, N, K, dtype=dtype, tail=4, seed=13)
     n, T = sum(m_sizes), 31
     ids = torch.cat([torch.randperm(T, generator=gen(14))[:n], torch.full((4,), 10**6)])
     rw = torch.rand(x.shape[0], generator=gen(15)) + 0.5
     base = torch.randn(T, N, generator=gen(16)).to(torch.bfloat16)
+    rows = loop64(x64, w64, m_sizes, rw=rw)
+    if scatter == "store":
+        base[ids[:n]] = float("nan")
+        ref = base.double().index_copy_(0, ids[:n], rows)
+    else:
+        ref = base.double().index_add_(0, ids[:n], rows)
     out = base.clone().to(DEV)
     with configs.override(SMALL):
         grouped_gemm(x, w, ms, row_weights=rw.to(DEV), scatter_ids=ids.to(DEV), out=out,
-                     scatter_unique=True, impl=impl, **args)
-    ref = base.double().index_add_(0, ids[:n], loop64(x64, w64, m_sizes, rw=rw))
+                     scatter=scatter, impl=impl, **args)
     assert_close(out, ref, "bfloat16")
-    with pytest.raises(ValueError, match="scatter_unique needs scatter_ids"):
-        grouped_gemm(x, w, ms, scatter_unique=True, impl=impl, **args)
+    with pytest.raises(ValueError, match=f"scatter={scatter!r} needs scatter_ids"):
+        grouped_gemm(x, w, ms, scatter=scatter, impl=impl, **args)
+    with pytest.raises(ValueError, match="scatter must be one of"):
+        grouped_gemm(x, w, ms, scatter_ids=ids.to(DEV), out=out, scatter="unique", impl=impl,
+                     **args)
 
 
 def test_scatter_ignores_tail_ids():

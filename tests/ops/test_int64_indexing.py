@@ -127,8 +127,8 @@ def test_grouped_gemm_reads_far_experts(tiles):
     assert got.abs().amax() > 0.5  # the far experts' weights, not the zeros of a wrapped offset
 
 
-@pytest.mark.parametrize("unique", [False, True], ids=["atomic", "unique"])
-def test_grouped_gemm_scatters_into_far_rows(unique):
+@pytest.mark.parametrize("scatter", ["add", "add_unique", "store"])
+def test_grouped_gemm_scatters_into_far_rows(scatter):
     """Destination rows from scatter_ids (GEMM2's fused scatter-add). float32: the interpreter
     accumulates a 16-bit output in a float32 copy of all of it."""
     out = lazy(3 * 2**30 // N_W, N_W, dtype=torch.float32)
@@ -136,7 +136,7 @@ def test_grouped_gemm_scatters_into_far_rows(unique):
     g = torch.Generator().manual_seed(3)
     x, w = torch.randn(3, K_W, generator=g), torch.randn(1, N_W, K_W, generator=g)
     grouped_gemm(x, w, torch.tensor([3], dtype=torch.int32),
-                 scatter_ids=torch.tensor(far, dtype=torch.int64), out=out, scatter_unique=unique,
+                 scatter_ids=torch.tensor(far, dtype=torch.int64), out=out, scatter=scatter,
                  impl="triton")
     torch.testing.assert_close(out[far], x @ w[0].T, rtol=1e-5, atol=1e-5)
 

@@ -19,5 +19,10 @@ class LocalDispatch(Dispatch):
     def layouts(cls, cfg, ep, tp):
         return [{}] if ep == tp == 1 else []
 
-    def run(self, experts, x, routing, weights, out, cfg, before_combine=lambda: None):
-        experts.forward(x, routing, weights, out, cfg, before_combine)
+    def run(self, experts, x, routing, weights, out, cfg, before_combine=lambda: None,
+            overwrite=False):
+        """overwrite: out = the routed output (the layer asks only strategies that overwrite)."""
+        if overwrite:
+            experts.forward(x, routing, weights, out, cfg, before_combine, overwrite=True)
+        else:
+            experts.forward(x, routing, weights, out, cfg, before_combine)

@@ -76,6 +76,9 @@ class Experts:
     name: ClassVar[str]
     graph_safe: ClassVar[bool] = True  # no host sync: works inside a captured CUDA graph
     batch_invariant: ClassVar[bool] = False  # honours MoEConfig.batch_invariant
+    # takes forward(..., overwrite=True): top-1 routing with every pair routed, the routed output
+    # written into out (whose old values are not wanted) instead of added to it
+    overwrites: ClassVar[bool] = False
     summary: ClassVar[str] = ""
 
     def supports(self, cfg: MoEConfig, device: torch.device) -> tuple[bool, str]:
@@ -150,7 +153,7 @@ def expert_gemm(
     row_weights: Tensor | None = None,
     scatter_ids: Tensor | None = None,
     out: Tensor | None = None,
-    scatter_unique: bool = False,
+    scatter: str = "add",
     all_rows: bool = False,
 ) -> Tensor:
     """grouped_gemm of rows (in out_dtype, or fp8 (q, scale)) against w.w13 (proj "w13", with its
@@ -162,7 +165,7 @@ def expert_gemm(
         weight, scale, bias, split = w.w2, w.w2_scale, w.w2_bias, None
     x, x_scale = inp if isinstance(inp, tuple) else (inp, None)
     return ops.grouped_gemm(x, weight, m_sizes, x_scale, scale, weight_ids, row_weights,
-                            scatter_ids, out, out_dtype, scatter_unique, w.quantization, bias,
+                            scatter_ids, out, out_dtype, scatter, w.quantization, bias,
                             split, all_rows)
 
 

@@ -21,8 +21,11 @@ class Shuffled(Experts):
     name = "shuffled"
     summary = "sorted pairs, grouped GEMM with on-device sizes, fused scatter-add (no sync)"
     batch_invariant = True
+    overwrites = True
 
-    def forward(self, x, routing, weights, out, cfg, before_combine=lambda: None):
+    def forward(self, x, routing, weights, out, cfg, before_combine=lambda: None,
+                overwrite=False):
+        """out += the routed output; overwrite (top-1, every pair routed): out = it."""
         r, w, ops = routing, weights, backend_for(x)
         w_in, w_out = pair_weights(r, cfg)
         # fused kernels only: the torch reference of the fused path composes the same ops as
@@ -37,19 +40,19 @@ class Shuffled(Experts):
                                                    x.dtype, w.quantized, x.device))
             before_combine()
             ops.decode_down(*(a if isinstance(a, tuple) else (a, None)), w.w2, w.w2_scale,
-                            r.counts, r.token_ids, r.positions, w_out, out)
+                            r.counts, r.token_ids, r.positions, w_out, out, not overwrite)
             return
         nv = None if r.all_routed else r.num_valid  # known: every row is valid
         xs = gather_input(ops, x, r.token_ids, w_in, w, nv)  # [A, D]
         h = expert_gemm(ops, xs, w, "w13", r.counts, cfg.dtype)  # [A, 2I]
         a = glu(ops, h, w, cfg, nv)  # [A, I]
-        # top-1: one pair a token, the epilogue adds it without atomics; the opt-in atomic
-        # combine adds k > 1 rows in any order
+        # top-1: one pair a token, the epilogue adds it without atomics (or stores it: nothing
+        # to read); the opt-in atomic combine adds k > 1 rows in any order
         if cfg.top_k == 1 or atomic:
             before_combine()
+            scatter = "store" if overwrite else "add_unique" if cfg.top_k == 1 else "add"
             expert_gemm(ops, a, w, "w2", r.counts, cfg.dtype, row_weights=w_out,
-                        scatter_ids=r.token_ids, out=out, scatter_unique=cfg.top_k == 1,
-                        all_rows=r.all_routed)
+                        scatter_ids=r.token_ids, out=out, scatter=scatter, all_rows=r.all_routed)
             return
         # k > 1: pair rows, then each token's rows summed in a fixed order (base.py)
         y = expert_gemm(ops, a, w, "w2", r.counts, cfg.dtype, row_weights=w_out,

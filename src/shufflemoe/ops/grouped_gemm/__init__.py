@@ -3,8 +3,8 @@
 y[r] = x[r] @ w[g(r)]^T where rows are split into consecutive groups by m_sizes [G] (a device
 tensor: no host sync). sum(m_sizes) may be < M: the tail is neither read nor written. Empty
 groups load no weights. Weights in any format of ops/quantize/formats.py. Optional epilogues: add
-bias[e]; scale row r by row_weights[r]; scatter-add row r into out[scatter_ids[r]] (so the second
-expert GEMM writes straight into the combined output).
+bias[e]; scale row r by row_weights[r]; add or store row r into out[scatter_ids[r]] (so the
+second expert GEMM writes straight into the combined output).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from ..quantize.formats import WeightFormat, weight_format
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32, FP8_DTYPE)
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+SCATTERS = ("add", "add_unique", "store")
 
 
 def grouped_gemm(
@@ -36,7 +37,7 @@ def grouped_gemm(
     scatter_ids: Tensor | None = None,
     out: Tensor | None = None,
     out_dtype: torch.dtype | None = None,
-    scatter_unique: bool = False,
+    scatter: str = "add",
     all_rows: bool = False,
     impl: str | None = None,
 ) -> Tensor:
@@ -51,11 +52,13 @@ def grouped_gemm(
     Out is bfloat16 for e4m3 x unless out_dtype says otherwise, else x's dtype.
     bias [W, N]: added to every row of a group of w[e] (before row_weights). weight_ids [G]: group
     g uses w[weight_ids[g]] (default: w[g], then G must equal W). row_weights [M] float32:
-    multiply row r. scatter_ids [M]: add row r into out[scatter_ids[r]] (out [T, N] required,
-    accumulated in place and returned); otherwise the result goes to out [M, N] (allocated when
-    None). scatter_unique: the caller guarantees that the valid rows' scatter_ids are distinct
-    (top-1 routing, or one expert's rows), so the kernel may add without atomics (in float32, one
-    rounding); a duplicate would race. all_rows: the caller guarantees sum(m_sizes) == M (no
+    multiply row r. scatter_ids [M]: row r goes to out[scatter_ids[r]] (out [T, N] required,
+    updated in place and returned) as ``scatter`` says; otherwise the result goes to out [M, N]
+    (allocated when None). scatter: "add" (accumulated, atomically: any order), "add_unique" (the
+    caller guarantees that the valid rows' scatter_ids are distinct -- top-1 routing, or one
+    expert's rows -- so the kernel adds without atomics, in float32, one rounding; a duplicate
+    would race), "store" (distinct ids too; the rows are overwritten, their old values never
+    read; rows no valid row reaches keep theirs). all_rows: the caller guarantees sum(m_sizes) == M (no
     tail), so the torch reference masks nothing.
     """
     check_tensor("x", x, dim=2, dtypes=DTYPES, contiguous=True)
@@ -86,14 +89,16 @@ def grouped_gemm(
         check_tensor("out", out, shape=[None, N], dtypes=(out_dtype,), contiguous=True)
     elif out is not None:
         check_tensor("out", out, shape=[M, N], dtypes=(out_dtype,), contiguous=True)
-    if scatter_unique and scatter_ids is None:
-        raise ValueError("scatter_unique needs scatter_ids")
+    if scatter not in SCATTERS:
+        raise ValueError(f"scatter must be one of {SCATTERS}, got {scatter!r}")
+    if scatter != "add" and scatter_ids is None:
+        raise ValueError(f"scatter={scatter!r} needs scatter_ids")
     check_same_device(x=x, w=w, m_sizes=m_sizes, x_scale=x_scale, w_scale=w_scale, bias=bias,
                       weight_ids=weight_ids, row_weights=row_weights, scatter_ids=scatter_ids,
                       out=out)
     return ops_for(resolve(impl, x)).grouped_gemm(x, w, m_sizes, x_scale, w_scale, weight_ids,
                                                   row_weights, scatter_ids, out, out_dtype,
-                                                  scatter_unique, quantization, bias, scale_split,
+                                                  scatter, quantization, bias, scale_split,
                                                   all_rows)
 
 

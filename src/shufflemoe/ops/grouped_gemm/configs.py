@@ -154,12 +154,22 @@ def _heuristic(M: int, N: int, K: int, G: int, dtype: torch.dtype) -> TileConfig
         # at batch 512: 128 us vs 152); on equal groups they lose 2-5%.
         return TileConfig(64, 128, bk, num_stages=4, ctas_per_sm=2)
     if rows <= 128:
+        if active * -(-N // 256) >= 4 * _SMS:
+            # Many weight tiles (Llama 4 Maverick TP8 prefill: 128 experts, 16384 tokens) and
+            # uneven groups: 128x256 tiles beat 128x128 ones (GEMM2 bf16 636 -> 578 us, fp8 338
+            # -> 322; GEMM13 fp8 604 -> 564, bf16 the same; H100, benchmarks/results/
+            # probe_prefill.json), a group's second, nearly empty m-tile costing half as much.
+            # With few (Scout at T = 2048: 16 experts) they leave SMs idle: GEMM13 bf16 125 ->
+            # 141 us (H200).
+            return TileConfig(128, 256, bk, num_warps=8, num_stages=3, flatten=True)
         if fp8 and K <= 2048:
             return TileConfig(128, 128, bk, num_stages=3, ctas_per_sm=2)
         return TileConfig(128, 128, 2 * bk, num_warps=8, num_stages=3)
     # Compute bound: 128x256 tiles, two consumer warp groups; the flattened loop overlaps a tile's
-    # epilogue with the next tile's first loads (K=1024 bf16: 268 us instead of 281).
-    return TileConfig(128, 256, bk, num_warps=8, num_stages=3, flatten=True)
+    # epilogue with the next tile's first loads (K=1024 bf16: 268 us instead of 281), and a
+    # fourth stage feeds them better (Scout TP8 prefill GEMM13 bf16 518 -> 502 us, fp8 280 -> 273;
+    # GEMM2 278 -> 269, 185 -> 176; probe_prefill.json).
+    return TileConfig(128, 256, bk, num_warps=8, num_stages=4, flatten=True)
 
 
 # Prefill tile schedules to measure before any becomes a rule: benchmarks/decode_check.py times

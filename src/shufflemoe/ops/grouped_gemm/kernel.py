@@ -31,12 +31,15 @@ float32 in the K step and converted to x's dtype, exact). The packed weights str
 of bf16's bytes, which is what decode is bound by.
 
 Epilogue, in fp32: rowwise scales, bias[e, n] (HAS_BIAS), row_weights[r], then either a
-masked store into out [M, N] or an add into out[scatter_ids[r]] ([T, N]). The add is atomic in
-out's dtype (Triton 3.6 emits 8-wide bf16 atomics on sm_90, ``atom.add.noftz.v8.bf16``), so a
-row reached by k pairs is rounded k times and the sum order is not deterministic; the reference
-adds in fp32. Measured cost on an H100, 16384 rows x N=5120, K=1024: 270 -> 335 us (bf16). When
-the caller guarantees that no two rows share a destination (top-1 routing; one expert's rows),
-``scatter_unique`` makes it a plain read, float32 add, one rounding and store instead.
+masked store into out [M, N] or a scatter into out[scatter_ids[r]] ([T, N]). ``scatter``
+"add" is atomic in out's dtype (Triton 3.6 emits 8-wide bf16 atomics on sm_90,
+``atom.add.noftz.v8.bf16``), so a row reached by k pairs is rounded k times and the sum order is
+not deterministic; the reference adds in fp32. Measured cost on an H100, 16384 rows x N=5120,
+K=1024: 270 -> 335 us (bf16). When the caller guarantees that no two rows share a destination
+(top-1 routing; one expert's rows), "add_unique" makes it a plain read, float32 add, one rounding
+and store instead, and "store" overwrites the rows without reading them (the caller wants none
+of out's old values): at a prefill of Llama 4 Scout TP8 (16384 rows) the read costs GEMM2 +23%
+bf16, +110% fp8 (H100, benchmarks/results/probe_prefill.json), the epilogue waiting on it.
 fp32 inputs multiply as IEEE fp32 (input_precision="ieee", FMA-based, slow but exact to fp32):
 tf32 would silently round them to 10 mantissa bits.
 """
@@ -228,14 +231,17 @@ def _tile(
         acc = acc * tl.load(row_weights_ptr + rows, mask=row_ok, other=0.0)[:, None]
     val = acc.to(out_ptr.dtype.element_ty)
     mask = row_ok[:, None] & col_ok[None, :]
-    if SCATTER == "atomic":
+    if SCATTER == "add":
         dst = tl.load(scatter_ids_ptr + rows, mask=row_ok, other=0).to(tl.int64)
         tl.atomic_add(out_ptr + dst[:, None] * N + cols[None, :], val, mask=mask, sem="relaxed")
-    elif SCATTER == "unique":  # this program is the only writer of these rows of out
+    elif SCATTER == "add_unique":  # this program is the only writer of these rows of out
         dst = tl.load(scatter_ids_ptr + rows, mask=row_ok, other=0).to(tl.int64)
         ptrs = out_ptr + dst[:, None] * N + cols[None, :]
         old = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
         tl.store(ptrs, (old + acc).to(out_ptr.dtype.element_ty), mask=mask)
+    elif SCATTER == "store":  # the only writer, and out's old values are not wanted
+        dst = tl.load(scatter_ids_ptr + rows, mask=row_ok, other=0).to(tl.int64)
+        tl.store(out_ptr + dst[:, None] * N + cols[None, :], val, mask=mask)
     else:
         tl.store(out_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :], val, mask=mask)
 
@@ -264,7 +270,7 @@ def _grouped_gemm_kernel(
     SWAP_AB: tl.constexpr, FLATTEN: tl.constexpr,
     QUANT: tl.constexpr,  # "none" | "fp8_rowwise" | "fp8_w8a16" | "fp8_block" | "mxfp4"
     HAS_BIAS: tl.constexpr, HAS_WEIGHT_IDS: tl.constexpr, HAS_ROW_WEIGHTS: tl.constexpr,
-    SCATTER: tl.constexpr,  # "none" (store), "atomic" (add), "unique" (read-add-store)
+    SCATTER: tl.constexpr,  # "none" (rows in order), "add" (atomic), "add_unique", "store"
     UPCAST: tl.constexpr,  # cast tiles to fp32 before tl.dot (interpreter)
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs (tf32 would drop 13 mantissa bits)
     INTERPRET: tl.constexpr,  # the interpreter needs a while loop (range() of a tensor fails)
@@ -357,7 +363,7 @@ def _tile_config(M: int, N: int, K: int, G: int, x: Tensor, quantization: str) -
 def _grouped_gemm_op(x: Tensor, w: Tensor, m_sizes: Tensor, x_scale: Optional[Tensor],
                      w_scale: Optional[Tensor], weight_ids: Optional[Tensor],
                      row_weights: Optional[Tensor], scatter_ids: Optional[Tensor], out: Tensor,
-                     scatter_unique: bool, quantization: str, bias: Optional[Tensor],
+                     scatter: str, quantization: str, bias: Optional[Tensor],
                      scale_split: Optional[int]) -> None:
     M, K = x.shape
     W, N = w.shape[:2]
@@ -384,7 +390,7 @@ def _grouped_gemm_op(x: Tensor, w: Tensor, m_sizes: Tensor, x_scale: Optional[Te
     upcast = interpret and (x.dtype in (torch.bfloat16, FP8_DTYPE) or quantization == "mxfp4")
     nb = w_scale.shape[1] if quantization == "fp8_block" else 1
     # The interpreter has no 16-bit atomic add: accumulate into an fp32 copy there.
-    dst = out.float() if interpret and scatter_ids is not None else out
+    dst = out.float() if interpret and scatter_ids is not None and scatter == "add" else out
     with on_device(x):
         launch(_grouped_gemm_kernel, (num_programs,),
             x, w, m_sizes, weight_ids, x_scale, w_scale, bias, row_weights, scatter_ids, dst,
@@ -394,7 +400,7 @@ def _grouped_gemm_op(x: Tensor, w: Tensor, m_sizes: Tensor, x_scale: Optional[Te
             BLOCK_K=cfg.block_k, TMA=tma, SWAP_AB=cfg.swap_ab, FLATTEN=cfg.flatten,
             QUANT=quantization, HAS_BIAS=bias is not None, HAS_WEIGHT_IDS=weight_ids is not None,
             HAS_ROW_WEIGHTS=row_weights is not None,
-            SCATTER="none" if scatter_ids is None else "unique" if scatter_unique else "atomic",
+            SCATTER="none" if scatter_ids is None else scatter,
             UPCAST=upcast, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
             INTERPRET=interpret, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
@@ -413,7 +419,7 @@ def grouped_gemm(
     scatter_ids: Tensor | None,
     out: Tensor | None,
     out_dtype: torch.dtype,
-    scatter_unique: bool = False,
+    scatter: str = "add",
     quantization: str = "none",
     bias: Tensor | None = None,
     scale_split: int | None = None,
@@ -425,5 +431,5 @@ def grouped_gemm(
     if out is None:
         out = torch.empty((x.shape[0], w.shape[1]), dtype=out_dtype, device=x.device)
     _grouped_gemm_op(x, w, m_sizes, x_scale, w_scale, weight_ids, row_weights, scatter_ids, out,
-                     scatter_unique, quantization, bias, scale_split)
+                     scatter, quantization, bias, scale_split)
     return out

@@ -79,9 +79,10 @@ def _grouped_gemm(x: Tensor, w: Tensor, m_sizes: Tensor, x_scale: Optional[Tenso
                   w_scale: Optional[Tensor], weight_ids: Optional[Tensor],
                   row_weights: Optional[Tensor], scatter_ids: Optional[Tensor], out: Tensor,
                   keep_tail: bool, quantization: str, bias: Optional[Tensor],
-                  scale_split: Optional[int], all_rows: bool) -> None:
+                  scale_split: Optional[int], all_rows: bool, store: bool) -> None:
     """keep_tail: rows of out past sum(m_sizes) keep their values (else they may be written).
-    all_rows: sum(m_sizes) == M, there is no tail."""
+    all_rows: sum(m_sizes) == M, there is no tail. store: scattered rows replace out's rows
+    (distinct ids) instead of adding to them."""
     M = x.shape[0]
     y, ends = _products(x, w, m_sizes, x_scale, w_scale, weight_ids, row_weights, quantization,
                         bias, scale_split)
@@ -93,6 +94,10 @@ def _grouped_gemm(x: Tensor, w: Tensor, m_sizes: Tensor, x_scale: Optional[Tenso
         tail = torch.arange(M, device=x.device) >= _total(ends)
         y = y.masked_fill(tail.unsqueeze(1), 0.0)  # uninitialised rows
         ids = ids.masked_fill(tail, 0)  # may be anything
+    if store:  # the rows a valid row reaches start from zero (their old values may be NaN)
+        valid = torch.ones(M, device=x.device) if all_rows else (~tail).float()
+        hit = torch.zeros(out.shape[0], device=x.device).index_add_(0, ids, valid)
+        out.masked_fill_(hit.unsqueeze(1) > 0, 0.0)
     if out.dtype == torch.float32:
         out.index_add_(0, ids, y)
     else:  # summed in float32, rounded once
@@ -115,13 +120,13 @@ def grouped_gemm(
     scatter_ids: Tensor | None,
     out: Tensor | None,
     out_dtype: torch.dtype,
-    scatter_unique: bool = False,
+    scatter: str = "add",
     quantization: str = "none",
     bias: Tensor | None = None,
     scale_split: int | None = None,
     all_rows: bool = False,
 ) -> Tensor:
-    """As ops.grouped_gemm (scatter_unique changes nothing here: the sum is the same)."""
+    """As ops.grouped_gemm ("add" and "add_unique" are the same sum here)."""
     if out is None and scatter_ids is None and not _is_compiling():
         # eager, new output: the product itself (rows past the total may hold anything), not
         # an allocation and a copy
@@ -132,7 +137,7 @@ def grouped_gemm(
     if out is None:
         out = torch.empty(x.shape[0], w.shape[1], dtype=out_dtype, device=x.device)
     _grouped_gemm(x, w, m_sizes, x_scale, w_scale, weight_ids, row_weights, scatter_ids, out,
-                  keep_tail, quantization, bias, scale_split, all_rows)
+                  keep_tail, quantization, bias, scale_split, all_rows, scatter == "store")
     return out
 
 
