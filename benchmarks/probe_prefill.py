@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import sys
 import time
 from collections import defaultdict
 
 import torch
+import triton
 from torch.profiler import ProfilerActivity, profile
 
 from shufflemoe import MoE, preset
@@ -172,6 +174,8 @@ def main() -> None:
     start = time.time()
     ceil = measure_ceilings()
     out: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                 "triton": triton.__version__, "commit": os.environ.get("SHUFFLEMOE_COMMIT", "?"),
+                 "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                  "ceilings": ceil.__dict__, "rows": {}}
     print(f"{out['device']}: bf16 {ceil.bf16_tflops:.0f} TF, fp8 {ceil.fp8_tflops:.0f} TF, "
           f"read {ceil.read_gbps:.0f} GB/s", flush=True)

@@ -154,14 +154,10 @@ def _heuristic(M: int, N: int, K: int, G: int, dtype: torch.dtype) -> TileConfig
         # at batch 512: 128 us vs 152); on equal groups they lose 2-5%.
         return TileConfig(64, 128, bk, num_stages=4, ctas_per_sm=2)
     if rows <= 128:
-        if active * -(-N // 256) >= 4 * _SMS:
-            # Many weight tiles (Llama 4 Maverick TP8 prefill: 128 experts, 16384 tokens) and
-            # uneven groups: 128x256 tiles beat 128x128 ones (GEMM2 bf16 636 -> 578 us, fp8 338
-            # -> 322; GEMM13 fp8 604 -> 564, bf16 the same; H100, benchmarks/results/
-            # probe_prefill.json), a group's second, nearly empty m-tile costing half as much.
-            # With few (Scout at T = 2048: 16 experts) they leave SMs idle: GEMM13 bf16 125 ->
-            # 141 us (H200).
-            return TileConfig(128, 256, bk, num_warps=8, num_stages=3, flatten=True)
+        # With real (uneven) routing at Maverick's prefill (128 experts, 16384 tokens) 128x256
+        # tiles beat these (GEMM2 bf16 636 -> 578 us, fp8 GEMM13 604 -> 564; H100, benchmarks/
+        # results/probe_prefill.json), but on the grouped_gemm suite's equal groups of 128 rows
+        # they lose to them and to torch._grouped_mm (bf16 1014 -> 1057 us, 0.99x torch): kept.
         if fp8 and K <= 2048:
             return TileConfig(128, 128, bk, num_stages=3, ctas_per_sm=2)
         return TileConfig(128, 128, 2 * bk, num_warps=8, num_stages=3)
