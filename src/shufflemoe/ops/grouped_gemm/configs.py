@@ -154,17 +154,22 @@ def _heuristic(M: int, N: int, K: int, G: int, dtype: torch.dtype) -> TileConfig
         # at batch 512: 128 us vs 152); on equal groups they lose 2-5%.
         return TileConfig(64, 128, bk, num_stages=4, ctas_per_sm=2)
     if rows <= 128:
-        # With real (uneven) routing at Maverick's prefill (128 experts, 16384 tokens) 128x256
-        # tiles beat these (GEMM2 bf16 636 -> 578 us, fp8 GEMM13 604 -> 564; H100, benchmarks/
-        # results/probe_prefill.json), but on the grouped_gemm suite's equal groups of 128 rows
-        # they lose to them and to torch._grouped_mm (bf16 1014 -> 1057 us, 0.99x torch): kept.
+        if active * -(-N // 256) >= 4 * _SMS:
+            # Many weight tiles and uneven groups (Llama 4 Maverick TP8 prefill: 128 experts,
+            # 16384 tokens): 128x256 tiles beat the 128x128 ones below, a group's second, nearly
+            # empty m-tile costing half as much (H100, results/probe_prefill.json: GEMM2 bf16
+            # 638 -> 576 us, fp8 414 -> 334; GEMM13 1107 -> 1084, fp8 596 -> 571). On the
+            # grouped_gemm suite's equal groups of exactly 128 rows they lose 4% (bf16 1014 ->
+            # 1057 us, 0.99x torch._grouped_mm); routed groups are uneven. With few weight tiles
+            # (Scout at T = 2048: 16 experts) they leave SMs idle (GEMM13 bf16 125 -> 141 us).
+            return TileConfig(128, 256, bk, num_warps=8, num_stages=3, flatten=True)
         if fp8 and K <= 2048:
             return TileConfig(128, 128, bk, num_stages=3, ctas_per_sm=2)
         return TileConfig(128, 128, 2 * bk, num_warps=8, num_stages=3)
     # Compute bound: 128x256 tiles, two consumer warp groups; the flattened loop overlaps a tile's
     # epilogue with the next tile's first loads (K=1024 bf16: 268 us instead of 281), and a
-    # fourth stage feeds them better (Scout TP8 prefill GEMM13 bf16 518 -> 502 us, fp8 280 -> 273;
-    # GEMM2 278 -> 269, 185 -> 176; probe_prefill.json).
+    # fourth stage feeds them a little better (Scout TP8 prefill, probe_prefill.json: GEMM13 bf16
+    # 507 / 509 us, fp8 286 -> 278; GEMM2 storing into out 275 -> 269, fp8 197 -> 190).
     return TileConfig(128, 256, bk, num_warps=8, num_stages=4, flatten=True)
 
 
