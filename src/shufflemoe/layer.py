@@ -416,8 +416,8 @@ class MoE(nn.Module):
         overwrite, with no shared expert or a plain one: GEMM2's epilogue stores each token's
         row into out without reading it, and the shared expert's down projection adds into it
         (cuBLAS, beta = 1), instead of the routed rows being read and added onto the shared
-        output (Llama 4 Scout TP8 at T = 16384 on an H100: the read made GEMM2 1.23x slower in
-        bf16, 2.15x in fp8; benchmarks/results/probe_prefill.json). Out is rounded once either
+        output (Llama 4 Scout TP8 at T = 16384 on an H100: the read made GEMM2 1.28x slower in
+        bf16, 2.34x in fp8; benchmarks/results/probe_prefill.json). Out is rounded once either
         way, so every path of one T keeps the same bits."""
         cfg = self.config
         return (x.shape[0] > cfg.shared_stream_max_tokens and cfg.top_k == 1

@@ -38,8 +38,8 @@ not deterministic; the reference adds in fp32. Measured cost on an H100, 16384 r
 K=1024: 270 -> 335 us (bf16). When the caller guarantees that no two rows share a destination
 (top-1 routing; one expert's rows), "add_unique" makes it a plain read, float32 add, one rounding
 and store instead, and "store" overwrites the rows without reading them (the caller wants none
-of out's old values): at a prefill of Llama 4 Scout TP8 (16384 rows) the read costs GEMM2 +23%
-bf16, +110% fp8 (H100, benchmarks/results/probe_prefill.json), the epilogue waiting on it.
+of out's old values): at a prefill of Llama 4 Scout TP8 (16384 rows) the read costs GEMM2 +28%
+bf16, +134% fp8 (H100, benchmarks/results/probe_prefill.json), the epilogue waiting on it.
 fp32 inputs multiply as IEEE fp32 (input_precision="ieee", FMA-based, slow but exact to fp32):
 tf32 would silently round them to 10 mantissa bits.
 """
