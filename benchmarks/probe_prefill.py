@@ -35,7 +35,8 @@ from shufflemoe.experts.base import expert_gemm, gather_input, glu, pair_weights
 from shufflemoe.ops import backend_for
 from shufflemoe.ops.grouped_gemm import configs as gg_configs
 
-PRESETS = {"scout-tp8": preset("llama4-scout", tp=8), "maverick-tp8": preset("llama4-maverick", tp=8)}
+PRESETS = {"scout-tp8": preset("llama4-scout", tp=8),
+           "maverick-tp8": preset("llama4-maverick", tp=8)}
 T = 16384
 FP8 = torch.float8_e4m3fn
 

@@ -58,8 +58,8 @@ def grouped_gemm(
     caller guarantees that the valid rows' scatter_ids are distinct -- top-1 routing, or one
     expert's rows -- so the kernel adds without atomics, in float32, one rounding; a duplicate
     would race), "store" (distinct ids too; the rows are overwritten, their old values never
-    read; rows no valid row reaches keep theirs). all_rows: the caller guarantees sum(m_sizes) == M (no
-    tail), so the torch reference masks nothing.
+    read; rows no valid row reaches keep theirs). all_rows: the caller guarantees sum(m_sizes) ==
+    M (no tail), so the torch reference masks nothing.
     """
     check_tensor("x", x, dim=2, dtypes=DTYPES, contiguous=True)
     check_tensor("w", w, dim=3, contiguous=True)
