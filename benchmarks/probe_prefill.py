@@ -3,7 +3,8 @@
 For Llama 4 Scout TP8 and Maverick TP8, bf16 and fp8 rowwise, T = 16384 (top-1, a shared expert;
 Scout also at T = 2048):
 1. the layer in a CUDA graph: its time, against dense cuBLAS doing the same FLOPs in the same
-   precisions (the layer suite's pct_dense), and each kernel's duration (CUPTI, one call);
+   precisions (the layer suite's reference and pct_dense), and each kernel's duration (CUPTI,
+   one call);
 2. the layer's other flows in the same run: the shared expert first and the routed rows added
    onto its output (before the routed experts wrote out first), and that with the shared expert
    on its own stream beside the routed experts;
@@ -17,6 +18,7 @@ Scout also at T = 2048):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import pathlib
@@ -30,6 +32,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from shufflemoe import MoE, preset
 from shufflemoe.bench.ceilings import measure_ceilings
+from shufflemoe.bench.suites.layer import _dense_us  # the layer suite's dense reference
 from shufflemoe.bench.timing import time_fn
 from shufflemoe.experts.base import expert_gemm, gather_input, glu, pair_weights
 from shufflemoe.ops import backend_for
@@ -38,22 +41,6 @@ from shufflemoe.ops.grouped_gemm import configs as gg_configs
 PRESETS = {"scout-tp8": preset("llama4-scout", tp=8),
            "maverick-tp8": preset("llama4-maverick", tp=8)}
 T = 16384
-FP8 = torch.float8_e4m3fn
-
-
-def dense_us(M: int, K: int, flops: float, fp8: bool) -> float:
-    """A dense cuBLAS GEMM [M, K] x [K, N] with N chosen for ``flops``, scaled to exactly it."""
-    N = max(128, round(flops / (2 * M * K) / 128) * 128)
-    a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
-    if fp8:
-        a8, b8 = a.to(FP8), b.to(FP8)
-        sa, sb = torch.ones(M, 1, device="cuda"), torch.ones(1, N, device="cuda")
-        t = time_fn(lambda i: torch._scaled_mm(a8, b8.t(), scale_a=sa, scale_b=sb,
-                                               out_dtype=torch.bfloat16), 1, reps=10)
-    else:
-        t = time_fn(lambda i: a @ b.t(), 1, reps=10)
-    return t.median_us * 2 * M * K * N / flops
 
 
 def kernels_of(fn) -> list[tuple[str, float, float]]:
@@ -73,7 +60,7 @@ def layer_rows(name: str, fmt: str, T: int, out: dict, deadline: float) -> None:
     cfg = PRESETS[name].replace(quantization=fmt)
     D, I, Is = cfg.hidden_size, cfg.intermediate_size, cfg.shared_intermediate_size
     routed, shared = 6.0 * T * D * I * cfg.top_k, 6.0 * T * D * Is
-    dense = dense_us(T, D, routed, fmt == "fp8_rowwise") + dense_us(T, D, shared, False)
+    dense = _dense_us(T, D, routed, fmt == "fp8_rowwise") + _dense_us(T, D, shared, False)
     layer = MoE(cfg, device="cuda")
     g = torch.Generator(device="cuda").manual_seed(0)
     xs = [torch.randn(T, D, device="cuda", generator=g).to(cfg.dtype) for _ in range(2)]
@@ -146,7 +133,7 @@ def gemm_rows(layer: MoE, x: torch.Tensor, cfg, res: dict, deadline: float) -> N
                 print(f"   budget: skipped {case} {cand}")
                 continue
             ctx = (gg_configs.override(gg_configs.prefill_candidate(cand, wdt))
-                   if cand != "heuristic" else _null())
+                   if cand != "heuristic" else contextlib.nullcontext())
             try:
                 with ctx:
                     t = time_fn(lambda i: fn(), 1, reps=10)
@@ -157,14 +144,6 @@ def gemm_rows(layer: MoE, x: torch.Tensor, cfg, res: dict, deadline: float) -> N
                                                     tflops=flops / t.median_us / 1e6))
             print(f"   {case:12s} {cand:24s} {t.median_us:8.1f} us  "
                   f"{flops / t.median_us / 1e6:6.0f} TFLOP/s", flush=True)
-
-
-class _null:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *a):
-        return False
 
 
 def main() -> None:
