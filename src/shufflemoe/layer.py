@@ -248,7 +248,7 @@ class MoE(nn.Module):
                        ROUTERS.get(cfg.router), fusable)
             self.__dict__["_hot_parts"] = hot
             if not torch.compiler.is_compiling():  # compiled: patch() gathers it for real first
-                moe_decode.reserve(self.w13, self.w2)
+                moe_decode.reserve(self.w13, self.w2, quantization=cfg.quantization)
                 if fusable:
                     Is, D = cfg.shared_intermediate_size, cfg.hidden_size
                     moe_decode.reserve(self.shared_w13.view(1, 2 * Is, D),
@@ -428,14 +428,19 @@ class MoE(nn.Module):
     def _fuses_shared(self, x: Tensor, hot: _Hot) -> bool:
         """A plain shared expert (no gate, not split in parts, contiguous weights) at decode
         sizes on the Triton backend, in a layer whose routed experts take the fused decode
-        kernels there too (configs.Switch: bf16, not fp8 by default): _fused_shared runs it.
+        kernels there too (configs.Switch: bf16 and the weight-only formats, not fp8 rowwise by
+        default): _fused_shared runs it.
         Beside the unfused fp8 path on a graph's side stream its kernels, which occupy every SM,
         cost 4-5 us a call more than cuBLAS (Llama 4 Scout TP8 fp8 at T = 1 and 8, H100,
         benchmarks/probe_timeline.py); beside the fused bf16 path they cost the same."""
         cfg, T = self.config, x.shape[0]
         return (hot.shared_fusable and 0 < T <= SHARED_FUSED_MAX_TOKENS
                 and backend_for(x).name == "triton"
-                and moe_decode.configs.use_fused(T * cfg.top_k, cfg.top_k, cfg.quantized))
+                and cfg.quantization in moe_decode.FORMATS
+                and moe_decode.configs.use_fused(
+                    T * cfg.top_k, cfg.top_k, cfg.quantization == "fp8_rowwise",
+                    weight_only_experts=cfg.num_experts * (cfg.quantization
+                                                           in moe_decode.WEIGHT_ONLY)))
 
     def _fused_shared(self, hot: _Hot, x: Tensor, out: Tensor) -> Tensor:
         """out [T, D] = the shared expert of x [T, D], as a routing of every token to one expert

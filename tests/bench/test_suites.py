@@ -196,3 +196,14 @@ def test_batch_invariant_not_measured_is_not_met():
     bi["note"] = "skipped: MoEConfig has no batch_invariant field in this version"
     assert failed(layer_report.analyse(rows).targets) == [
         "llama4-scout-tp8 bf16 T=64 batch-invariant time / default: <= 1.5x"]
+
+
+def test_other_formats_have_their_own_decode_targets():
+    """fp8_w8a16, fp8_block and mxfp4 rows are judged at 70% (T = 1..8) and 85% (T >= 64) of
+    the read ceiling, bf16 and fp8 rowwise at 80% and 92%."""
+    rows = good_layer_rows() + [layer_row("qwen3-30b-a3b", fmt, T, 50.0, pct_read=pct)
+                                for fmt in ("fp8_w8a16", "fp8_block", "mxfp4")
+                                for T, pct in ((1, 71.0), (64, 84.0))]
+    missed = failed(layer_report.analyse(rows).targets)
+    assert missed == [f"qwen3-30b-a3b {fmt} T=64 of the read ceiling: >= 85%"
+                      for fmt in ("fp8_w8a16", "fp8_block", "mxfp4")], missed

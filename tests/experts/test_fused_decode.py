@@ -19,7 +19,7 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 def split_config(cfg: MoEConfig) -> configs.DecodeConfig:
     """16-wide tiles with K split 2 and 3 ways (fp8 dots need K steps of 32 on the GPU)."""
-    bk = 32 if cfg.quantized and DEV == "cuda" else 16
+    bk = 32 if (cfg.quantized and DEV == "cuda") or cfg.quantization == "mxfp4" else 16
     return configs.DecodeConfig(configs.GemmConfig(16, bk, 2), configs.GemmConfig(16, bk, 3))
 
 
@@ -39,6 +39,12 @@ CONFIGS = {
     "llama4 fp8": MoEConfig(hidden_size=40, intermediate_size=24, num_experts=16,
                             router="llama4", scoring="sigmoid",
                             apply_router_weight_on_input=True, quantization="fp8_rowwise"),
+    "llama4 fp8_w8a16": MoEConfig(hidden_size=40, intermediate_size=24, num_experts=16,
+                                  router="llama4", scoring="sigmoid",
+                                  apply_router_weight_on_input=True, shared_intermediate_size=24,
+                                  quantization="fp8_w8a16"),
+    "qwen3 mxfp4 (k=8 of 64)": MoEConfig(hidden_size=64, intermediate_size=96, num_experts=64,
+                                         top_k=8, renormalize=True, quantization="mxfp4"),
     "mixtral fp32 with capacity drops": MoEConfig(hidden_size=24, intermediate_size=20,
                                                   num_experts=8, top_k=2, dtype=torch.float32,
                                                   capacity_factor=0.5),
@@ -84,12 +90,15 @@ def test_layer_through_fused_kernels(name, T, fused_calls):
 
 
 def test_switch_picks_the_path(fused_calls):
-    """With the kernels, by default: bf16 layers of any k while T * k <= 64; fp8 layers never
+    """With the kernels, by default: bf16 layers of any k while T * k <= 64, weight-only
+    (fp8_w8a16, mxfp4) layers while T <= 4, or T <= 8 with 2 T k <= E; fp8 rowwise layers never
     (measured slower, configs.Switch); a Switch in force decides otherwise. The torch
     references always run the unfused ops."""
     cases = [("llama4 (weights on input)", 64, True), ("llama4 (weights on input)", 65, False),
              ("qwen3 (k=8 of 128)", 1, True), ("qwen3 (k=8 of 128)", 9, False),
-             ("llama4 fp8", 1, False)]
+             ("llama4 fp8", 1, False), ("llama4 fp8_w8a16", 8, True),
+             ("llama4 fp8_w8a16", 9, False), ("qwen3 mxfp4 (k=8 of 64)", 4, True),
+             ("qwen3 mxfp4 (k=8 of 64)", 5, False)]
     qwen, llama4 = CONFIGS["qwen3 (k=8 of 128)"], CONFIGS["llama4 (weights on input)"]
     layer = make_layer(qwen, device=DEV)
     with use_impl("triton"):
@@ -114,7 +123,8 @@ def test_switch_picks_the_path(fused_calls):
     assert not fused_calls
 
 
-@pytest.mark.parametrize("name", ["llama4 (weights on input)", "mixtral fp8"])
+@pytest.mark.parametrize("name", ["llama4 (weights on input)", "mixtral fp8", "llama4 fp8_w8a16",
+                                  "qwen3 mxfp4 (k=8 of 64)"])
 def test_fused_and_unfused_paths_agree(name):
     """The two paths differ only in rounding (the fused one keeps gate/up in float32)."""
     cfg = CONFIGS[name]

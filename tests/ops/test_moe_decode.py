@@ -8,11 +8,14 @@ so a row written, read or summed where it should not be fails."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
 from shufflemoe.ops import FP8_DTYPE, gather_scale, quantize_fp8_rowwise, sort_by_expert
 from shufflemoe.ops.moe_decode import configs, decode_down, decode_gate_up, kernel
+from shufflemoe.ops.quantize.formats import weight_format
 from shufflemoe.testing import assert_close, poisoned
 
 CUDA = torch.cuda.is_available()
@@ -247,6 +250,28 @@ def test_split_heuristic():
         assert configs.use_fused(72, top_k=8, fp8=True)
     with configs.override(configs.NEVER):
         assert not configs.use_fused(1)
+    # weight-only layers: T <= 4, or T <= 8 with at most one pair per two experts
+    assert configs.use_fused(4 * 8, 8, weight_only_experts=64)
+    assert not configs.use_fused(5 * 8, 8, weight_only_experts=64)
+    assert configs.use_fused(8 * 8, 8, weight_only_experts=128)
+    assert configs.use_fused(8, 1, weight_only_experts=16)
+    assert not configs.use_fused(9, 1, weight_only_experts=128)
+    assert not configs.use_fused(16, 2, weight_only_experts=8)
+
+
+def test_w8a16_takes_one_pair_tiles():
+    """fp8_w8a16 keeps the fp8 table's one-pair (GEMV) rows and replaces its MMA tiles, which
+    would convert every weight before the dot, with W8A16_GEMV (split to fill the SMs); shapes
+    the table lacks take W8A16_GEMV for both GEMMs."""
+    for key in ((2, 8, 4096, 7168, FP8_DTYPE, 132), (1, 16, 5120, 1024, FP8_DTYPE, 132),
+                (3, 16, 640, 128, FP8_DTYPE, 132)):
+        w8a8, w8a16 = configs.select(*key, "fp8_rowwise"), configs.select(*key, "fp8_w8a16")
+        for a, b in ((w8a8.gate_up, w8a16.gate_up), (w8a8.down, w8a16.down)):
+            assert b.block_m == 1
+            if a.block_m == 1:
+                assert a == b
+            else:
+                assert b.with_(split_k=1) == configs.W8A16_GEMV
 
 
 def test_select_reads_the_table_then_the_heuristic(monkeypatch):
@@ -286,7 +311,7 @@ def test_tuned_tilings_match_float64(dtype, gemm, fields):
 
 @pytest.mark.parametrize("call, error, match", [
     (lambda x, w, r: decode_gate_up(x.float(), w, r.counts, r.token_ids), TypeError,
-     "w13 must have"),
+     "w13 must be torch.float32"),
     (lambda x, w, r: decode_gate_up(x[:, :5], w, r.counts, r.token_ids), ValueError, "contiguous"),
     (lambda x, w, r: decode_gate_up(x, w[:, :, :8].contiguous(), r.counts, r.token_ids),
      ValueError, "w13 must be"),
@@ -294,9 +319,12 @@ def test_tuned_tilings_match_float64(dtype, gemm, fields):
     (lambda x, w, r: decode_gate_up(x, w, r.counts, r.token_ids, r.weights[:1]), ValueError,
      "row_weights must"),
     (lambda x, w, r: decode_gate_up(x, w, r.counts, r.token_ids, w13_scale=r.weights),
-     ValueError, "w13_scale is only"),
+     ValueError, "w13_scale is not used"),
     (lambda x, w, r: decode_down(x[:, :I].contiguous(), w.transpose(1, 2).contiguous()[:, :D],
-                                 r.counts, r.token_ids, r.positions, x), ValueError, "a must be"),
+                                 r.counts, r.token_ids, r.positions, x), ValueError,
+     "a must have A="),
+    (lambda x, w, r: decode_gate_up(x, w.to(FP8_DTYPE), r.counts, r.token_ids,
+                                    quantization="none"), TypeError, "w13 must be torch.bfloat16"),
 ])
 def test_bad_input_raises(call, error, match):
     r, T, E = routing("odd T=9 k=3 E=7")
@@ -352,18 +380,134 @@ def test_graph_replays_with_changing_routing(dtype):
 
 
 @pytest.mark.skipif(not CUDA, reason="the workspace is reserved on a GPU only")
-@pytest.mark.parametrize("dims", [(8, 64, 96, 2), (128, 2048, 768, 8), (16, 5120, 8192, 1)])
+@pytest.mark.parametrize("dims", [(8, 64, 96, 2, "none"), (128, 2048, 768, 8, "none"),
+                                  (16, 5120, 8192, 1, "none"), (8, 64, 96, 2, "fp8_w8a16"),
+                                  (128, 2048, 768, 8, "mxfp4")])
 def test_layer_reserves_every_fused_calls_arrival_words(dims):
     """A layer on a GPU allocates the fused kernels' arrival words when it gathers its weights,
     for every A the default Switch fuses: no later call allocates (a first allocation inside
     torch.compile's CUDA-graph-tree warm-up would sit in their pool and fail its check)."""
     from shufflemoe import MoE, MoEConfig
 
-    E, D, I, k = dims
-    layer = MoE(MoEConfig(hidden_size=D, intermediate_size=I, num_experts=E, top_k=k), device="cuda")
+    E, D, I, k, quant = dims
+    layer = MoE(MoEConfig(hidden_size=D, intermediate_size=I, num_experts=E, top_k=k,
+                          quantization=quant), device="cuda")
     layer._hot()
     words = kernel._WORDS[torch.device("cuda", torch.cuda.current_device()), 0]
     held = (len(words), words[-1].data_ptr())
     for T in range(1, configs.Switch().max_pairs // k + 1):
         layer(torch.randn(T, D, device="cuda", dtype=torch.bfloat16))
     assert (len(words), words[-1].data_ptr()) == held
+
+
+# ---------------------------------------------------------------------- weight-only formats
+# fp8_w8a16 and mxfp4: x and a stay bf16, the kernels dequantize the weight tile in registers.
+# mxfp4 needs K in whole 32-column groups: its own widths (gate_up K = 96, down K = 64).
+WO_D, WO_I = 96, 64
+WEIGHT_ONLY = ("fp8_w8a16", "mxfp4")
+
+
+def wo_tiles(split: int, block_k: int = 32, block_m: int = 16) -> configs.DecodeConfig:
+    gemm = configs.GemmConfig(16, block_k, split, block_m=block_m)
+    return configs.DecodeConfig(gemm, gemm)
+
+
+def wo_weights(E: int, quant: str, seed: int = 0):
+    """(w13, w2, w13_scale, w2_scale) stored in ``quant`` and their exact float64 values."""
+    fmt = weight_format(quant)
+    g = gen(seed)
+    stored, exact = [], []
+    for N, K in ((2 * WO_I, WO_D), (WO_D, WO_I)):
+        q, s = fmt.quantize(torch.randn(E, N, K, generator=g) / K**0.5, None)
+        stored.append((q.to(DEV), s.to(DEV)))
+        exact.append(fmt.dequantize(q, s, None).double())
+    (q13, s13), (q2, s2) = stored
+    return (q13, q2, s13, s2), tuple(exact)
+
+
+def run_wo(case: str, quant: str, cfg: configs.DecodeConfig | None, impl: str = "triton",
+           accumulate: bool = True, seed: int = 0) -> None:
+    """gate_up then down (each against float64 of its own bf16 inputs), x times the pairs'
+    input weights, the output weights on down; cfg None: the default tiles."""
+    r, T, E = routing(case, seed + 3)
+    (w13, w2, s13, s2), (w13_64, w2_64) = wo_weights(E, quant, seed)
+    n, experts = pairs(r)
+    x = torch.randn(T, WO_D, generator=gen(seed + 1)).to(DEV, torch.bfloat16)
+    a = poisoned(r.num_pairs, WO_I, dtype=torch.bfloat16, device=DEV)
+    base = torch.randn(T, WO_D, generator=gen(seed + 4)).to(DEV, torch.bfloat16)
+    out = base.clone()
+    with configs.override(cfg) if cfg else contextlib.nullcontext():
+        got = decode_gate_up(x, w13, r.counts, r.token_ids, r.weights, w13_scale=s13,
+                             quantization=quant, out=a, impl=impl)
+        assert got is a
+        assert_close(a[:n], gate_up64_rows(x, r, w13_64), "bfloat16", name=f"{quant} a")
+        assert torch.isnan(a[n:].float()).all(), "rows past num_valid were written"
+        decode_down(a, w2, r.counts, r.token_ids, r.positions, out, r.weights, w2_scale=s2,
+                    quantization=quant, accumulate=accumulate, impl=impl)
+    y = torch.einsum("pi,pdi->pd", a[:n].double().cpu(), w2_64[experts])
+    y = y * r.weights[:n].double().cpu()[:, None]
+    tokens = r.token_ids[:n].long().cpu()
+    ref = base.double().cpu()
+    if not accumulate:
+        ref[tokens] = 0.0
+    assert_close(out, ref.index_add_(0, tokens, y), "bfloat16", name=f"{quant} out")
+
+
+def gate_up64_rows(x, r, w13_64):
+    n, experts = pairs(r)
+    xs = gather_scale(x, r.token_ids, r.weights, impl="torch").double().cpu()[:n]
+    g, u = torch.einsum("pd,pnd->pn", xs, w13_64[experts]).chunk(2, dim=1)
+    return g / (1 + torch.exp(-g)) * u
+
+
+WO_CASES = [(c, q) for q in WEIGHT_ONLY for c in ("T=1 k=1 E=16", "odd T=9 k=3 E=7", "k=8 E=256",
+                                                   "all tokens on one expert", "capacity drops")]
+
+
+@pytest.mark.parametrize("impl", ["triton", "torch"])
+@pytest.mark.parametrize("case,quant", WO_CASES, ids=[f"{c}-{q}" for c, q in WO_CASES])
+def test_weight_only_formats_match_float64(case, quant, impl):
+    run_wo(case, quant, wo_tiles(2), impl)
+
+
+@pytest.mark.parametrize("quant", WEIGHT_ONLY)
+@pytest.mark.parametrize("cfg", [wo_tiles(1, 64), wo_tiles(3), wo_tiles(5, 64),
+                                 wo_tiles(2, 32, block_m=1), wo_tiles(1, 64, block_m=1)],
+                         ids=["bk64 split1 (partial K step)", "split3", "split5 (> K steps)",
+                              "gemv split2", "gemv bk64"])
+def test_weight_only_tiles(quant, cfg):
+    run_wo("odd T=9 k=3 E=7", quant, cfg)
+    run_wo("ids routed nowhere", quant, cfg, accumulate=False)
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda x, w, s, r: decode_gate_up(x, w, r.counts, r.token_ids, w13_scale=s,
+                                       quantization="fp8_block"), ValueError, "quantization must"),
+    (lambda x, w, s, r: decode_gate_up(x, w, r.counts, r.token_ids,
+                                       w13_scale=s[..., :1].contiguous(), quantization="mxfp4"),
+     ValueError, "w13_scale must"),
+    (lambda x, w, s, r: decode_gate_up(x, w, r.counts, r.token_ids, w13_scale=s,
+                                       quantization="fp8_w8a16"), TypeError, "w13 must be"),
+    (lambda x, w, s, r: decode_gate_up(x[:, :64].contiguous(), w, r.counts, r.token_ids,
+                                       w13_scale=s, quantization="mxfp4"), ValueError,
+     r"w13 must be \[E, N, 32\]"),
+])
+def test_weight_only_bad_input_raises(call, error, match):
+    r, T, E = routing("odd T=9 k=3 E=7")
+    (w13, _, s13, _), _ = wo_weights(E, "mxfp4")
+    x = torch.randn(T, WO_D).to(DEV, torch.bfloat16)
+    with pytest.raises(error, match=match):
+        call(x, w13, s13, r)
+
+
+@pytest.mark.parametrize("quant", WEIGHT_ONLY)
+def test_weight_only_default_tiles(quant):
+    """The default tiles (fp8_w8a16: one-pair tiles, configs._w8a16; mxfp4: MXFP4_GEMV, K steps
+    wider than these shapes' K)."""
+    for case in ("T=1 k=1 E=16", "k=8 E=256", "all tokens on one expert"):
+        run_wo(case, quant, None)
+
+
+def test_mxfp4_needs_whole_scale_groups_per_k_step():
+    with pytest.raises(ValueError, match="32-column scale groups"):
+        run_wo("T=1 k=1 E=16", "mxfp4", wo_tiles(1, 16))

@@ -43,29 +43,44 @@ def _split_const(split: int) -> dict:
     return {"split": 1} if split == 1 else {}
 
 
-def gate_up(fp8: bool, split: int, rw: bool, pdl: bool, block_m: int = 16):
+# weight format -> (weight pointer, its scales' pointer)
+WEIGHTS = {"none": ("*bf16", None), "fp8_rowwise": ("*fp8e4nv", "*fp32"),
+           "fp8_w8a16": ("*fp8e4nv", "*fp32"), "mxfp4": ("*u8", "*u8")}
+
+
+def _format(fp8: bool | str) -> tuple[str, bool]:
+    """(weight format, whether activations are fp8): True is fp8 rowwise, False bf16."""
+    quant = fp8 if isinstance(fp8, str) else ("fp8_rowwise" if fp8 else "none")
+    return quant, quant == "fp8_rowwise"
+
+
+def gate_up(fp8: bool | str, split: int, rw: bool, pdl: bool, block_m: int = 16):
     from shufflemoe.ops.moe_decode import kernel
 
-    w = "*fp8e4nv" if fp8 else "*bf16"
-    sig = dict(x_ptr="*bf16", w_ptr=w, w_scale_ptr="*fp32" if fp8 else None, counts_ptr="*i32",
+    quant, fp8 = _format(fp8)
+    w, ws = WEIGHTS[quant]
+    sig = dict(x_ptr="*bf16", w_ptr=w, w_scale_ptr=ws, counts_ptr="*i32",
                ids_ptr="*i32", rw_ptr="*fp32" if rw else None,
                a_ptr="*fp32" if fp8 else "*bf16", q_ptr="*fp8e4nv" if fp8 else None,
                scale_ptr="*fp32" if fp8 else None, part_ptr="*fp32" if split > 1 else None,
                words_ptr="*i32" if split > 1 or fp8 else None, E="i32", D="i32", I="i32",
                n_tiles="i32", k_split="i32", A="i32", words_rows="i32", **_split_arg(split))
-    consts = dict(BLOCK_E=16, BLOCK_M=block_m, BLOCK_N=64, BLOCK_K=256 if fp8 else 128,
-                  **_split_const(split), FP8=fp8, HAS_RW=rw, UPCAST=False, DOT_PRECISION="tf32", INTERPRET=False,
+    consts = dict(BLOCK_E=16, BLOCK_M=block_m, BLOCK_N=64, BLOCK_K=128 if quant == "none" else 256,
+                  **_split_const(split), QUANT=quant, HAS_RW=rw, UPCAST=False,
+                  W_TO_X=quant in ("fp8_w8a16", "mxfp4"), DOT_PRECISION="tf32", INTERPRET=False,
                   PDL=pdl, QUANT_BLOCK=1024, ROW_BLOCK=4096, ROW_CHUNKS=2)
     return compile_sm90(kernel._gate_up_kernel, sig, consts,
                         **({"launch_pdl": True} if pdl else {}))
 
 
-def down(fp8: bool, split: int, k: int, pdl: bool, accumulate: bool = True, block_m: int = 16):
+def down(fp8: bool | str, split: int, k: int, pdl: bool, accumulate: bool = True,
+         block_m: int = 16):
     from shufflemoe.ops.moe_decode import kernel
 
-    a = "*fp8e4nv" if fp8 else "*bf16"
-    sig = dict(a_ptr=a, a_scale_ptr="*fp32" if fp8 else None, w_ptr=a,
-               w_scale_ptr="*fp32" if fp8 else None, counts_ptr="*i32", ids_ptr="*i32",
+    quant, fp8 = _format(fp8)
+    w, ws = WEIGHTS[quant]
+    sig = dict(a_ptr="*fp8e4nv" if fp8 else "*bf16", a_scale_ptr="*fp32" if fp8 else None,
+               w_ptr=w, w_scale_ptr=ws, counts_ptr="*i32", ids_ptr="*i32",
                pos_ptr="*i32", rw_ptr="*fp32", out_ptr="*bf16", y_ptr="*fp32" if k > 1 else None,
                part_ptr="*fp32" if split > 1 else None,
                words_ptr="*i32" if split > 1 or k > 1 else None, E="i32", D="i32",
@@ -73,8 +88,9 @@ def down(fp8: bool, split: int, k: int, pdl: bool, accumulate: bool = True, bloc
                **_split_arg(split))
     consts = dict(K=k, TOP1=k == 1, ACCUMULATE=accumulate, BLOCK_E=128, BLOCK_M=block_m,
                   BLOCK_N=64,
-                  BLOCK_K=256 if fp8 else 128, BLOCK_T=16, **_split_const(split), FP8=fp8,
-                  HAS_RW=True, UPCAST=False, DOT_PRECISION="tf32", INTERPRET=False, PDL=pdl)
+                  BLOCK_K=128 if quant == "none" else 256, BLOCK_T=16, **_split_const(split),
+                  QUANT=quant, HAS_RW=True, UPCAST=False, W_TO_X=quant in ("fp8_w8a16", "mxfp4"),
+                  DOT_PRECISION="tf32", INTERPRET=False, PDL=pdl)
     return compile_sm90(kernel._down_kernel, sig, consts, **({"launch_pdl": True} if pdl else {}))
 
 
@@ -86,12 +102,19 @@ BUILDS = {
     "down bf16 top-1 PDL": lambda: down(False, 1, 1, True),
     "down bf16 top-1 split-K writing out": lambda: down(False, 2, 1, False, accumulate=False),
     "down bf16 k=4 writing out": lambda: down(False, 1, 4, False, accumulate=False),
+    "gate_up fp8_w8a16 split-K": lambda: gate_up("fp8_w8a16", 2, True, False),
+    "down fp8_w8a16 k=8": lambda: down("fp8_w8a16", 1, 8, False),
+    "gate_up mxfp4 split-K": lambda: gate_up("mxfp4", 2, True, False),
+    "down mxfp4 top-1 PDL": lambda: down("mxfp4", 1, 1, True),
 }
 GEMV = {  # one pair a tile: no MMA
     "gate_up fp8 one-pair tiles split-K": lambda: gate_up(True, 4, True, False, block_m=1),
     "down bf16 one-pair tiles k=8": lambda: down(False, 1, 8, False, block_m=1),
     "gate_up bf16 one-pair tiles PDL": lambda: gate_up(False, 1, True, True, block_m=1),
     "down bf16 one-pair tiles top-1 split-K PDL": lambda: down(False, 2, 1, True, block_m=1),
+    "gate_up fp8_w8a16 one-pair tiles": lambda: gate_up("fp8_w8a16", 3, True, False, block_m=1),
+    "gate_up mxfp4 one-pair tiles split-K": lambda: gate_up("mxfp4", 4, True, False, block_m=1),
+    "down mxfp4 one-pair tiles k=8": lambda: down("mxfp4", 1, 8, False, block_m=1),
 }
 
 

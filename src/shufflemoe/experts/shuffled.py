@@ -13,6 +13,7 @@ from __future__ import annotations
 from ..ops import backend_for
 from ..ops.moe_decode import configs as decode_configs
 from ..ops.moe_decode import gate_up_outputs
+from ..ops.moe_decode import reference as decode_formats
 from .base import Experts, QuantizedRows, expert_gemm, gather_input, glu, pair_weights, register
 
 
@@ -31,16 +32,19 @@ class Shuffled(Experts):
         # fused kernels only: the torch reference of the fused path composes the same ops as
         # below plus a token-major sum (on the CPU at T = 1, ~100 us more per call)
         atomic = not cfg.deterministic and cfg.top_k > 1  # opt-in: any order of a token's adds
+        w8a8 = w.quantization == "fp8_rowwise"
+        weight_only = r.num_experts if w.quantization in decode_formats.WEIGHT_ONLY else 0
         if (x.shape[0] and ops.name == "triton" and not atomic and _fusable(x, w, cfg)
-                and decode_configs.use_fused(r.num_pairs, cfg.top_k, w.quantized,
-                                                  cfg.batch_invariant)):
+                and decode_configs.use_fused(r.num_pairs, cfg.top_k, w8a8, cfg.batch_invariant,
+                                             weight_only)):
             # unchecked like the rest: the layer made every tensor
             a = ops.decode_gate_up(x, w.w13, w.w13_scale, r.counts, r.token_ids, w_in,
                                    gate_up_outputs(None, r.num_pairs, w.intermediate_size,
-                                                   x.dtype, w.quantized, x.device))
+                                                   x.dtype, w8a8, x.device), 0, w.quantization)
             before_combine()
             ops.decode_down(*(a if isinstance(a, tuple) else (a, None)), w.w2, w.w2_scale,
-                            r.counts, r.token_ids, r.positions, w_out, out, not overwrite)
+                            r.counts, r.token_ids, r.positions, w_out, out, not overwrite, 0,
+                            w.quantization)
             return
         nv = None if r.all_routed else r.num_valid  # known: every row is valid
         xs = gather_input(ops, x, r.token_ids, w_in, w, nv)  # [A, D]
@@ -62,9 +66,10 @@ class Shuffled(Experts):
 
 
 def _fusable(x, w, cfg) -> bool:
-    """The fused decode kernels take bf16/fp16/fp32 and fp8 rowwise w8a8 weights with plain
-    SwiGLU (no clamp) and no expert biases, on rows in the model dtype (not rows expert
-    parallelism quantized before sending); the other cases run the four-launch pipeline."""
-    return (not isinstance(x, QuantizedRows) and w.quantization in ("none", "fp8_rowwise")
+    """The fused decode kernels take bf16/fp16/fp32, fp8 rowwise w8a8 and the weight-only
+    fp8_w8a16 and mxfp4 weights with plain SwiGLU (no clamp) and no expert biases, on rows in
+    the model dtype (not rows expert parallelism quantized before sending); the other cases
+    (fp8_block among them) run the four-launch pipeline."""
+    return (not isinstance(x, QuantizedRows) and w.quantization in decode_formats.FORMATS
             and cfg.activation == "silu" and cfg.swiglu_limit is None
             and w.w13_bias is None and w.w2_bias is None)

@@ -59,6 +59,7 @@ from .._common import cdiv, next_power_of_2, on_device, traced
 from .._impl import interpreting, kernel_op
 from .._launch import launch
 from ..quantize import FP8_BLOCK, FP8_DTYPE, MX_GROUP
+from ..quantize.kernel import mxfp4_values
 from . import configs
 
 _INTERPRETER_PROGRAMS = 3  # several programs, so the round-robin is exercised on the CPU too
@@ -67,23 +68,6 @@ _INTERPRETER_PROGRAMS = 3  # several programs, so the round-robin is exercised o
 @triton.jit
 def _locate_combine(a0, a1, a2, a3, b0, b1, b2, b3):
     return a0 + b0, a1 + b1, a2 + b2, tl.minimum(a3, b3)
-
-
-@triton.jit
-def _e2m1_e8m0(packed, s, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """MXFP4 dequantization: packed [BLOCK_N, BLOCK_K / 2] uint8 (element 2j in the low nibble of
-    byte j, 2j + 1 in the high one), s [BLOCK_N, BLOCK_K / 32] uint8 e8m0 -> float32 [BLOCK_N,
-    BLOCK_K], exact: e2m1 magnitude code em = 2e + m is (2 + m) * 2^(e - 2) for e > 0 and m / 2
-    for e = 0, and the scale 2^(s - 127) is built from its exponent bits."""
-    n = tl.join(packed & 0xF, packed >> 4).to(tl.int32).reshape(BLOCK_N, BLOCK_K)
-    e = (n >> 1) & 3
-    m = n & 1
-    mag = tl.where(e == 0, 2 * m, (2 + m) << e).to(tl.float32) * 0.25
-    val = tl.where((n & 8) != 0, -mag, mag)
-    si = s.to(tl.int32)
-    scale = tl.where(si == 0, 5.877471754111438e-39, (si << 23).to(tl.float32, bitcast=True))
-    val = val.reshape(BLOCK_N, BLOCK_K // 32, 32) * scale[:, :, None]
-    return val.reshape(BLOCK_N, BLOCK_K)
 
 
 @triton.jit
@@ -102,7 +86,7 @@ def _load_w(k0, w_row0, w_rows, col_ok, w_ptr, w_desc, w_scale_ptr, K,
         gs = k0 // 32 + tl.arange(0, BLOCK_K // 32)
         s = tl.load(w_scale_ptr + w_rows[:, None] * (K // 32) + gs[None, :],
                     mask=col_ok[:, None] & (gs < K // 32)[None, :], other=0)
-        b = _e2m1_e8m0(packed, s, BLOCK_N, BLOCK_K)
+        b = mxfp4_values(packed, s, BLOCK_N, BLOCK_K)
     elif USE_TMA:
         b = w_desc.load([w_row0, k0])
     else:

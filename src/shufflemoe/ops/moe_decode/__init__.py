@@ -4,8 +4,10 @@
     decode_down:    out[t] += sum of t's pairs' (a @ W2^T) (* w_out)   [T, D]
 
 Split-K spreads a few experts' weights over every SM; see kernel.py for the schedule and
-configs.py for when the ``shuffled`` strategy uses it. fp8 rowwise keeps the layer's w8a8
-contract: x and a are quantized per row with ops.quantize's formula.
+configs.py for when the ``shuffled`` strategy uses it. Weights in the model dtype or one of the
+formats of ops/quantize/formats.py but fp8_block: fp8 rowwise keeps the layer's w8a8 contract
+(x and a quantized per row with ops.quantize's formula); fp8_w8a16 and mxfp4 are weight-only,
+dequantized in registers.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from torch import Tensor
 from ..._checks import INDEX_DTYPES, check_same_device, check_tensor
 from .._impl import ops_for, resolve, triton_available
 from ..quantize import FP8_DTYPE
+from ..quantize.formats import weight_format
 from . import configs
+from .reference import FORMATS, WEIGHT_ONLY, format_of
 
 X_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -27,15 +31,35 @@ def _check_routing(counts: Tensor, token_ids: Tensor, E: int) -> int:
     return token_ids.shape[0]
 
 
-def _check_scales(w: Tensor, w_scale: Tensor | None, name: str, x_dtype: torch.dtype) -> None:
-    if w.dtype == FP8_DTYPE:
-        check_tensor(f"{name}_scale", w_scale, shape=list(w.shape[:2]), dtypes=(torch.float32,),
+def _check_weights(w: Tensor, w_scale: Tensor | None, name: str, x_dtype: torch.dtype,
+                   quantization: str | None, K: int) -> str:
+    """w [E, N, K as stored] and its scales in ``quantization``'s format (None: fp8_rowwise
+    for float8_e4m3fn w, else the activations' dtype); returns the format's name."""
+    if quantization is not None and quantization not in FORMATS:
+        raise ValueError(f"quantization must be one of {FORMATS} for the fused decode kernels, "
+                         f"got {quantization!r}")
+    quant = format_of(w, quantization)
+    fmt = weight_format(quant)
+    want = fmt.weight_dtype or x_dtype
+    if w.dtype != want:
+        raise TypeError(f"{name} must be {want} for quantization={quant!r} with {x_dtype} "
+                        f"activations, got {w.dtype}")
+    E, N = w.shape[:2]
+    if fmt.why_not(N, K):
+        raise ValueError(f"{name}: {fmt.why_not(N, K)}")
+    if w.shape[2] * fmt.k_per_element != K:
+        raise ValueError(f"{name} must be [E, N, {K // fmt.k_per_element}] for K={K} "
+                         f"({quant}), got {list(w.shape)}")
+    shape = fmt.scale_shape(N, K)
+    if shape is None:
+        if w_scale is not None:
+            raise ValueError(f"{name}_scale is not used with quantization={quant!r}")
+    else:
+        check_tensor(f"{name}_scale", w_scale, shape=[E, *shape], dtypes=(fmt.scale_dtype,),
                      contiguous=True)
-    elif w_scale is not None:
-        raise ValueError(f"{name}_scale is only for float8_e4m3fn {name}")
-    elif w.dtype != x_dtype:
-        raise TypeError(f"{name} must have the activations' dtype {x_dtype} or be "
-                        f"float8_e4m3fn, got {w.dtype}")
+    if quant == "fp8_rowwise" and x_dtype == torch.float32:
+        raise TypeError(f"fp8_rowwise {name} needs bfloat16 or float16 activations")
+    return quant
 
 
 def _check_workspace(workspace: int) -> None:
@@ -44,8 +68,9 @@ def _check_workspace(workspace: int) -> None:
 
 
 def gate_up_outputs(out, A: int, I: int, dtype: torch.dtype, fp8: bool, dev: torch.device):
-    """decode_gate_up's outputs: a [A, I] in x's dtype, or fp8 (q [A, I], scale [A]), checked
-    when given, else allocated (the shuffled strategy's unchecked call allocates them here)."""
+    """decode_gate_up's outputs: a [A, I] in x's dtype, or for fp8 rowwise (fp8) (q [A, I],
+    scale [A]), checked when given, else allocated (the shuffled strategy's unchecked call
+    allocates them here)."""
     if fp8:
         if out is None:
             return (torch.empty(A, I, dtype=FP8_DTYPE, device=dev),
@@ -70,35 +95,37 @@ def decode_gate_up(
     row_weights: Tensor | None = None,
     *,
     w13_scale: Tensor | None = None,
+    quantization: str | None = None,
     out: Tensor | tuple[Tensor, Tensor] | None = None,
     workspace: int = 0,
     impl: str | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """x [T, D], w13 [E, 2I, D] (gate rows then up rows), counts [E] and token_ids [A] of a
     Routing (pairs sorted by expert, sum(counts) <= A routed), row_weights [A] float32 applied to
-    the input rows (Llama 4) -> a = silu(gate) * up [A, I] in x's dtype; with float8_e4m3fn w13
-    and w13_scale [E, 2I], (q [A, I] e4m3, scale [A] float32), x quantized per row first. Rows
-    past sum(counts) are not written (out: preallocated outputs). workspace: which buffer of
-    split-K arrival words the kernel uses (0, 1, ...): calls that may run at the same time on
-    two streams need two."""
+    the input rows (Llama 4) -> a = silu(gate) * up [A, I] in x's dtype. quantization (the
+    weight format, ops/quantize/formats.py; default "fp8_rowwise" for float8_e4m3fn w13, else
+    "none"): "fp8_rowwise" (w13_scale [E, 2I] float32) returns (q [A, I] e4m3, scale [A]
+    float32), x quantized per row first; "fp8_w8a16" (e4m3 w13, w13_scale [E, 2I]) and "mxfp4"
+    (uint8 w13 [E, 2I, D/2], e8m0 w13_scale [E, 2I, D/32]) keep x and a in x's dtype. Rows past
+    sum(counts) are not written (out: preallocated outputs). workspace: which buffer of split-K
+    arrival words the kernel uses (0, 1, ...): calls that may run at the same time on two
+    streams need two."""
     check_tensor("x", x, dim=2, dtypes=X_DTYPES, contiguous=True)
-    check_tensor("w13", w13, dim=3, dtypes=X_DTYPES + (FP8_DTYPE,), contiguous=True)
-    E, two_i, D = w13.shape
-    if D != x.shape[1] or two_i % 2:
-        raise ValueError(f"w13 must be [E, 2I, {x.shape[1]}], got {list(w13.shape)}")
+    check_tensor("w13", w13, dim=3, contiguous=True)
+    E, two_i = w13.shape[:2]
+    if two_i % 2:
+        raise ValueError(f"w13 must be [E, 2I, K] (gate rows then up rows), got {list(w13.shape)}")
     A = _check_routing(counts, token_ids, E)
-    _check_scales(w13, w13_scale, "w13", x.dtype)
-    if w13.dtype == FP8_DTYPE and x.dtype == torch.float32:
-        raise TypeError("float8_e4m3fn w13 needs bfloat16 or float16 x")
+    quant = _check_weights(w13, w13_scale, "w13", x.dtype, quantization, x.shape[1])
     if row_weights is not None:
         check_tensor("row_weights", row_weights, shape=[A], dtypes=(torch.float32,),
                      contiguous=True)
     dev = check_same_device(x=x, w13=w13, counts=counts, token_ids=token_ids,
                             row_weights=row_weights, w13_scale=w13_scale)
-    out = gate_up_outputs(out, A, two_i // 2, x.dtype, w13.dtype == FP8_DTYPE, dev)
+    out = gate_up_outputs(out, A, two_i // 2, x.dtype, quant == "fp8_rowwise", dev)
     _check_workspace(workspace)
     return ops_for(resolve(impl, x)).decode_gate_up(x, w13, w13_scale, counts, token_ids,
-                                                     row_weights, out, workspace)
+                                                     row_weights, out, workspace, quant)
 
 
 def decode_down(
@@ -111,33 +138,37 @@ def decode_down(
     row_weights: Tensor | None = None,
     *,
     w2_scale: Tensor | None = None,
+    quantization: str | None = None,
     accumulate: bool = True,
     workspace: int = 0,
     impl: str | None = None,
 ) -> Tensor:
-    """a [A, I] (or fp8 (q, scale) from decode_gate_up), w2 [E, D, I], counts [E], token_ids
-    [A], positions [A = T * k] of a Routing; out [T, D] += for each token the sum of its routed
-    pairs' a @ w2[e]^T (times row_weights [A] float32, the output weights), in float32, rounded
-    once, in a fixed order (no atomics). accumulate=False: out = that sum instead, for the tokens
-    with a routed pair (the others' rows keep their values). workspace: as in decode_gate_up.
-    Returns out."""
+    """a [A, I] (or the fp8 rowwise (q, scale) from decode_gate_up), w2 [E, D, I], counts [E],
+    token_ids [A], positions [A = T * k] of a Routing; out [T, D] += for each token the sum of
+    its routed pairs' a @ w2[e]^T (times row_weights [A] float32, the output weights), in
+    float32, rounded once, in a fixed order (no atomics). quantization and w2_scale: as
+    decode_gate_up's (mxfp4: uint8 w2 [E, D, I/2]). accumulate=False: out = that sum instead,
+    for the tokens with a routed pair (the others' rows keep their values). workspace: as in
+    decode_gate_up. Returns out."""
     q, a_scale = a if isinstance(a, tuple) else (a, None)
     check_tensor("a", q, dim=2, dtypes=X_DTYPES + (FP8_DTYPE,), contiguous=True)
-    check_tensor("w2", w2, dim=3, dtypes=X_DTYPES + (FP8_DTYPE,), contiguous=True)
-    E, D, I = w2.shape
+    check_tensor("w2", w2, dim=3, contiguous=True)
+    E, D = w2.shape[:2]
     A = _check_routing(counts, token_ids, E)
-    if list(q.shape) != [A, I]:
-        raise ValueError(f"a must be [A={A}, I={I}], got {list(q.shape)}")
-    if (q.dtype == FP8_DTYPE) != (a_scale is not None) or (q.dtype == FP8_DTYPE) != (
-            w2.dtype == FP8_DTYPE):
-        raise TypeError("fp8 needs a = (q, scale) and float8_e4m3fn w2 together")
+    if q.shape[0] != A:
+        raise ValueError(f"a must have A={A} rows (one per pair), got {list(q.shape)}")
+    check_tensor("out", out, dim=2, dtypes=X_DTYPES, contiguous=True)
+    quant = _check_weights(w2, w2_scale, "w2", out.dtype if q.dtype == FP8_DTYPE else q.dtype,
+                           quantization, q.shape[1])
+    rowwise = quant == "fp8_rowwise"
+    if (q.dtype == FP8_DTYPE) != rowwise or (a_scale is not None) != rowwise:
+        raise TypeError("fp8_rowwise needs a = (q, scale) with e4m3 q, and other formats a in "
+                        "the model dtype")
     if a_scale is not None:
         check_tensor("a scale", a_scale, shape=[A], dtypes=(torch.float32,), contiguous=True)
-    check_tensor("out", out, dim=2, dtypes=X_DTYPES, contiguous=True)
     T = out.shape[0]
     if out.shape[1] != D:
         raise ValueError(f"out must be [T, {D}], got {list(out.shape)}")
-    _check_scales(w2, w2_scale, "w2", q.dtype)
     check_tensor("positions", positions, shape=[A], dtypes=INDEX_DTYPES, contiguous=True)
     if (T == 0) != (A == 0) or (T and A % T):
         raise ValueError(f"positions must have T * k entries for out's T={T} rows, got {A}")
@@ -151,18 +182,20 @@ def decode_down(
     _check_workspace(workspace)
     return ops_for(resolve(impl, q)).decode_down(q, a_scale, w2, w2_scale, counts, token_ids,
                                                   positions, row_weights, out, accumulate,
-                                                  workspace)
+                                                  workspace, quant)
 
 
-def reserve(w13: Tensor, w2: Tensor, workspace: int = 0) -> None:
-    """Allocate the fused kernels' persistent workspace for these weights now, for every A the
-    default Switch fuses (kernel.reserve_arrival_words): the layer calls it when it gathers its
-    weights on a GPU, outside any CUDA-graph capture and compile trace."""
-    if (w13.is_cuda and triton_available() and w13.dtype in X_DTYPES + (FP8_DTYPE,)
+def reserve(w13: Tensor, w2: Tensor, workspace: int = 0, quantization: str = "none") -> None:
+    """Allocate the fused kernels' persistent workspace for these weights (in ``quantization``'s
+    format) now, for every A the default Switch fuses (kernel.reserve_arrival_words): the layer
+    calls it when it gathers its weights on a GPU, outside any CUDA-graph capture and compile
+    trace."""
+    if (w13.is_cuda and triton_available() and quantization in FORMATS
             and not torch.cuda.is_current_stream_capturing()):
         from .kernel import reserve_arrival_words  # the kernels' module: it needs triton
 
-        reserve_arrival_words(w13, w2, configs.Switch().max_pairs, workspace)
+        reserve_arrival_words(w13, w2, configs.Switch().max_pairs, workspace,
+                              weight_format(quantization).k_per_element, quantization)
 
 
-__all__ = ["configs", "decode_down", "decode_gate_up", "reserve"]
+__all__ = ["FORMATS", "WEIGHT_ONLY", "configs", "decode_down", "decode_gate_up", "reserve"]

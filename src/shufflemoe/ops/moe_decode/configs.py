@@ -3,7 +3,8 @@
 Two choices, each a frozen dataclass that tests and benchmarks replace with ``override``:
 
 - ``Switch``: the ``shuffled`` strategy takes the fused path while A = T * k <= max_pairs, for
-  layers with k <= max_top_k, and for fp8 layers only if ``fp8``. Measured on an H100
+  layers with k <= max_top_k, and for fp8 rowwise (w8a8) layers only if ``fp8`` (the
+  weight-only formats, fp8_w8a16 and mxfp4, fuse like bf16). Measured on an H100
   (benchmarks/results/probe_combine.json, CUDA-graph replays, fused vs the unfused path with
   its deterministic token-major combine, T = 1..8): bf16 Llama 4 Scout TP8 1.02-1.05x faster,
   Qwen3-30B-A3B (k = 8) 1.01-1.02x, Mixtral TP2 (k = 2) 0.99-1.03x, and the eager call costs the
@@ -35,10 +36,19 @@ from .tuned import TABLE
 class Switch:
     max_pairs: int = 64  # fused while A = T * k <= max_pairs
     max_top_k: int = 1 << 30  # ... for layers with k <= max_top_k
-    fp8: bool = False  # ... and fp8 layers only when True
+    fp8: bool = False  # ... and fp8 rowwise (w8a8) layers only when True
+    # Weight-only layers (fp8_w8a16, mxfp4) fuse while T <= weight_only_tokens, or while T <= 2 x
+    # that with at most one pair per two experts (2A <= E): there one-pair tiles stream each
+    # active expert once. Measured on an H100 (benchmarks/results/probe_weight_only.json, CUDA
+    # graphs, fused over the four-launch path, T = 1..8 where fused): fp8_w8a16 Llama 4 Scout
+    # TP8 1.37-1.59x, Maverick TP8 1.18-1.56x, Qwen3-30B-A3B 1.26-1.48x, Mixtral TP2 (T <= 4)
+    # 1.24-1.25x; mxfp4 1.01-1.81x. An exploratory run of earlier code (not committed) had the
+    # fused path slower at T = 16 (Scout fp8_w8a16 157 vs 127 us) and at Mixtral T = 8.
+    weight_only_tokens: int = 4
 
 
-ALWAYS = Switch(max_pairs=1 << 30, max_top_k=1 << 30, fp8=True)  # tests and benchmarks
+ALWAYS = Switch(max_pairs=1 << 30, max_top_k=1 << 30, fp8=True,
+                weight_only_tokens=1 << 30)  # tests and benchmarks
 NEVER = Switch(max_pairs=0)
 
 
@@ -111,22 +121,35 @@ def _fp8() -> bool:
     return _switch.get().fp8
 
 
+@torch._dynamo.assume_constant_result
+def _weight_only_tokens() -> int:
+    return _switch.get().weight_only_tokens
+
+
 def use_fused(num_pairs: int, top_k: int = 1, fp8: bool = False,
-              batch_invariant: bool = False) -> bool:
-    """Whether ``shuffled`` runs A = num_pairs pairs of a top-``top_k`` layer (fp8 rowwise or
-    not) through the fused decode kernels. Never in batch-invariant mode: the split-K factor
-    follows A, and with it the sum order."""
-    return (not batch_invariant and num_pairs <= _max_pairs() and top_k <= _max_top_k()
-            and (_fp8() or not fp8))
+              batch_invariant: bool = False, weight_only_experts: int = 0) -> bool:
+    """Whether ``shuffled`` runs A = num_pairs pairs of a top-``top_k`` layer (fp8: its weights
+    are fp8 rowwise w8a8; weight_only_experts: E of a weight-only layer, fp8_w8a16 or mxfp4)
+    through the fused decode kernels. Never in batch-invariant mode: the split-K factor follows
+    A, and with it the sum order."""
+    if batch_invariant or num_pairs > _max_pairs() or top_k > _max_top_k() or (fp8 and not _fp8()):
+        return False
+    if weight_only_experts:
+        T, most = num_pairs // max(top_k, 1), _weight_only_tokens()
+        return T <= most or (T <= 2 * most and 2 * num_pairs <= weight_only_experts)
+    return True
 
 
-def select(A: int, E: int, D: int, I: int, dtype: torch.dtype, sms: int) -> DecodeConfig:
-    """Tiles for A pairs over E experts (w13 [E, 2I, D], w2 [E, D, I] in ``dtype``) on ``sms``
-    SMs."""
+def select(A: int, E: int, D: int, I: int, dtype: torch.dtype, sms: int,
+           quant: str = "none") -> DecodeConfig:
+    """Tiles for A pairs over E experts (w13 [E, 2I, D], w2 [E, D, I] stored in ``dtype``, in
+    the weight format ``quant``) on ``sms`` SMs."""
     key = (A, E, D, I, dtype, sms)
     chosen = _override.get()
     if chosen is not None:
         return chosen if isinstance(chosen, DecodeConfig) else chosen(key)
+    if quant == "fp8_w8a16":
+        return _w8a16(*key)
     return _choose(*key)
 
 
@@ -141,6 +164,29 @@ def _choose(A: int, E: int, D: int, I: int, dtype: torch.dtype, sms: int) -> Dec
     if row is None:
         return heuristic((A, E, D, I, dtype, sms))
     return DecodeConfig(GemmConfig(*row[0]), GemmConfig(*row[1]), pdl=row[2])
+
+
+# fp8_w8a16 without a one-pair row in the table: one pair a tile, 256 bytes of K a step.
+W8A16_GEMV = GemmConfig(32, 256, 1, 4, 2, block_m=1)
+
+
+@functools.lru_cache(maxsize=None)
+def _w8a16(A: int, E: int, D: int, I: int, dtype: torch.dtype, sms: int) -> DecodeConfig:
+    """fp8_w8a16 streams the bytes fp8 rowwise streams, and its one-pair tiles (block_m = 1)
+    multiply the same way on the CUDA cores (e4m3 to fp32), so it takes the table's fp8 rows
+    where they are one-pair tiles; 16-pair MMA tiles, tuned for fp8 dots, would convert every
+    weight to bf16 first, so those GEMMs take W8A16_GEMV instead. The layer with these tiles:
+    results/probe_weight_only.json. In an exploratory run of earlier code (H100, not committed)
+    Mixtral TP2 at T = 1 took 116 us with its fp8 row's MMA tiles, 84 with W8A16_GEMV; Llama 4
+    Scout TP8 at T = 4 48 us with the table's one-pair rows, 55 with W8A16_GEMV."""
+    row = _choose(A, E, D, I, dtype, sms)
+    gemms = []
+    for g, (N, K) in ((row.gate_up, (I, D)), (row.down, (D, I))):
+        if g.block_m != 1:
+            tiles, steps = min(E, A) * -(-N // W8A16_GEMV.block_n), -(-K // W8A16_GEMV.block_k)
+            g = W8A16_GEMV.with_(split_k=split_for(tiles, steps, sms))
+        gemms.append(g)
+    return DecodeConfig(*gemms, pdl=row.pdl)
 
 
 def heuristic(key: Key) -> DecodeConfig:
@@ -162,9 +208,9 @@ def split_for(tiles: int, k_steps: int, sms: int) -> int:
 @functools.lru_cache(maxsize=None)
 def _heuristic(A: int, E: int, D: int, I: int, dtype: torch.dtype, sms: int) -> DecodeConfig:
     # 256 bytes of K per weight row and step; 3 stages keep 96 KB (gate_up: 2 x 64 rows) of one
-    # program's weights in flight and leave room for two programs per SM.
-    size = dtype.itemsize
-    bk = 256 // size
+    # program's weights in flight and leave room for two programs per SM. mxfp4 (uint8, two
+    # values a byte) steps 128 values: its tile is dequantized to fp32 in registers.
+    bk = 128 if dtype == torch.uint8 else 256 // dtype.itemsize
     active = min(E, A)
     configs = []
     for N, K in ((I, D), (D, I)):

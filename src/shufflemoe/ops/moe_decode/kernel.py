@@ -25,6 +25,11 @@ from the rows' amax (a pass over the rows before the loop); its epilogue stores 
 the last tile of each m-tile (a second arrival word) quantizes the m-tile's whole rows of a into
 (q, scale), which down reads like any fp8 GEMM input.
 
+Weight-only formats (QUANT, ops/quantize/formats.py) keep x and a in x's dtype and dequantize
+the weight tile in registers in the K step, as the grouped GEMM does: fp8_w8a16 (e4m3, exact in
+bf16; w_scale[n] in the epilogue, before SwiGLU) and mxfp4 (two e2m1 a byte, an e8m0 scale per
+32 along K, exact). Their weights stream at a half and a quarter of bf16's bytes.
+
 down's combine is token-major and deterministic. Top-1 (k == 1): a token has one pair, so the
 tile's last program adds into out[token] in fp32 and rounds once. k > 1: the tile's last program
 stores its fp32 rows, and the last m-tile of each n-tile (a column arrival word) sums every
@@ -49,9 +54,10 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from .._common import cdiv, next_power_of_2, on_device, traced
 from .._impl import interpreting, kernel_op
 from .._launch import launch, persistent_zeros
-from ..quantize.kernel import cast_to, e4m3_bits, fp8_target, row_scales, store_fp8
+from ..quantize.kernel import cast_to, e4m3_bits, fp8_target, mxfp4_values, row_scales, store_fp8
 from ..quantize.reference import FP8_DTYPE
 from . import configs
+from .reference import WEIGHT_ONLY, format_of
 
 _INTERPRETER_SMS = 8  # the SM count the heuristic plans for under the interpreter
 _COMBINE_TOKENS = 16  # tokens per step of down's token-major combine
@@ -93,16 +99,41 @@ def _fp8_value(v, INTERPRET: tl.constexpr):
 
 
 @triton.jit
-def _dot(acc, w, xt, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr):
+def _dot(acc, w, xt, UPCAST: tl.constexpr, W_TO_X: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """acc [BN, BM] += w [BN, BK] @ xt [BK, BM]; with BM = 1 on the CUDA cores (products of
-    bf16 / fp8 values are exact in fp32, summed in fp32)."""
+    bf16 / fp8 / dequantized mxfp4 values are exact in fp32, summed in fp32). W_TO_X: a
+    weight-only format's tile (e4m3, or mxfp4 dequantized to fp32) becomes x's dtype for the
+    MMA, exactly (fp8_w8a16, mxfp4 with bf16 x)."""
     if xt.shape[1] == 1:
         x = tl.reshape(xt, [xt.shape[0]]).to(tl.float32)
         return acc + tl.reshape(tl.sum(w.to(tl.float32) * x[None, :], 1), [w.shape[0], 1])
     if UPCAST:  # interpreter: its bf16 dot is wrong (Triton 3.6); fp32 of bf16/fp8 is exact
         w = w.to(tl.float32)
         xt = xt.to(tl.float32)
+    elif W_TO_X:
+        w = w.to(xt.dtype)
     return tl.dot(w, xt, acc, input_precision=DOT_PRECISION)
+
+
+@triton.jit
+def _w_tile(w_ptr, ws_ptr, w_rows, col_ok, k0, k_hi, K, QUANT: tl.constexpr,
+            BLOCK_K: tl.constexpr):
+    """Weight rows w_rows [BN] (of w viewed as [E * N, K]) at columns k0 .. k0 + BLOCK_K below
+    k_hi: as stored (bf16, e4m3), or for mxfp4 (bytes [E * N, K / 2], e8m0 scales [E * N,
+    K / 32]; K steps of whole 32-column groups) dequantized to float32, exactly."""
+    if QUANT == "mxfp4":
+        js = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+        packed = tl.load(w_ptr + w_rows[:, None] * (K // 2) + js[None, :],
+                         mask=col_ok[:, None] & (js < k_hi // 2)[None, :], other=0)
+        gs = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+        sc = tl.load(ws_ptr + w_rows[:, None] * (K // 32) + gs[None, :],
+                     mask=col_ok[:, None] & (gs < k_hi // 32)[None, :], other=0)
+        w = mxfp4_values(packed, sc, w_rows.shape[0], BLOCK_K)
+    else:
+        kk = k0 + tl.arange(0, BLOCK_K)
+        w = tl.load(w_ptr + w_rows[:, None] * K + kk[None, :],
+                    mask=col_ok[:, None] & (kk < k_hi)[None, :], other=0.0)
+    return w
 
 
 @triton.jit
@@ -174,13 +205,13 @@ def _row_amax(x_ptr, ids_ptr, rw_ptr, row0, n_rows, D, HAS_RW: tl.constexpr,
 
 
 @triton.jit
-def _x_tile(x_ptr, tok, rw, inv, row_ok, ks, D, HAS_RW: tl.constexpr, FP8: tl.constexpr,
+def _x_tile(x_ptr, tok, rw, inv, row_ok, ks, D, HAS_RW: tl.constexpr, QUANT: tl.constexpr,
             INTERPRET: tl.constexpr):
     """Gathered rows x[tok, ks] as the dot's input [BM, BK]: times rw rounded to x's dtype (as
     gather_scale), or for fp8 quantized with the rows' multipliers inv."""
     v = tl.load(x_ptr + tok[:, None] * D + ks[None, :], mask=row_ok[:, None] & (ks < D)[None, :],
                 other=0.0)
-    if FP8:
+    if QUANT == "fp8_rowwise":
         y = tl.clamp(v.to(tl.float32) * rw[:, None] * inv[:, None], -448.0, 448.0,
                      propagate_nan=tl.PropagateNan.ALL)
         v = _fp8_value(y, INTERPRET)
@@ -190,42 +221,97 @@ def _x_tile(x_ptr, tok, rw, inv, row_ok, ks, D, HAS_RW: tl.constexpr, FP8: tl.co
 
 
 @triton.jit
-def _gate_up_step(acc_g, acc_u, k0, k_hi, x_ptr, w_ptr, tok, rw, inv, row_ok, gate_rows, col_ok,
-                  D, I, BLOCK_K: tl.constexpr, HAS_RW: tl.constexpr, FP8: tl.constexpr,
-                  UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+def _e2m1(n):
+    """e2m1 codes n (int32, low 4 bits) -> their float32 values, exactly."""
+    e = (n >> 1) & 3
+    m = n & 1
+    mag = tl.where(e == 0, 2 * m, (2 + m) << e).to(tl.float32) * 0.25
+    return tl.where((n & 8) != 0, -mag, mag)
+
+
+@triton.jit
+def _row_halves(ptr, row, w, ok, k0, k_hi, K, HAS_W: tl.constexpr, INTERPRET: tl.constexpr,
+                BLOCK_K: tl.constexpr):
+    """One row's K step as float32 [BLOCK_K / 32, 16] pairs (even columns, odd columns): column
+    k0 + 32 g + 2 j (+ 1), below k_hi; times w rounded to the row's dtype (as gather_scale)."""
+    g = tl.arange(0, BLOCK_K // 32)
+    ks = k0 + g[:, None] * 32 + 2 * tl.arange(0, 16)[None, :]
+    m = ok & (ks < k_hi)
+    src = ptr + row * K
+    even = tl.load(src + ks, mask=m, other=0.0)
+    odd = tl.load(src + ks + 1, mask=m, other=0.0)
+    if HAS_W:
+        even = cast_to(even.to(tl.float32) * w, ptr.dtype.element_ty, INTERPRET)
+        odd = cast_to(odd.to(tl.float32) * w, ptr.dtype.element_ty, INTERPRET)
+    return even.to(tl.float32), odd.to(tl.float32)
+
+
+@triton.jit
+def _mxfp4_gemv(acc, w_ptr, ws_ptr, w_rows, col_ok, k0, k_hi, K, even, odd,
+                BLOCK_K: tl.constexpr):
+    """acc [BN, 1] += mxfp4 rows w_rows [BN] at columns k0 .. k0 + BLOCK_K (below k_hi) times one
+    row of the input (even, odd: _row_halves), on the CUDA cores. Kept in 3-D [BN, groups, 16
+    bytes] from load to sum: no nibble interleave, no reshape, each group's sum scaled once by
+    its e8m0 scale (a power of two: exact)."""
+    g = tl.arange(0, BLOCK_K // 32)
+    byte = k0 // 2 + g[:, None] * 16 + tl.arange(0, 16)[None, :]  # [G, 16]
+    ok = col_ok[:, None, None] & (byte < k_hi // 2)[None, :, :]
+    packed = tl.load(w_ptr + w_rows[:, None, None] * (K // 2) + byte[None, :, :], mask=ok,
+                     other=0).to(tl.int32)
+    p = _e2m1(packed & 0xF) * even[None, :, :] + _e2m1(packed >> 4) * odd[None, :, :]
+    gs = k0 // 32 + g
+    s = tl.load(ws_ptr + w_rows[:, None] * (K // 32) + gs[None, :],
+                mask=col_ok[:, None] & (gs < k_hi // 32)[None, :], other=0).to(tl.int32)
+    scale = tl.where(s == 0, 5.877471754111438e-39, (s << 23).to(tl.float32, bitcast=True))
+    return acc + tl.reshape(tl.sum(tl.sum(p, 2) * scale, 1), [w_rows.shape[0], 1])
+
+
+@triton.jit
+def _gate_up_step(acc_g, acc_u, k0, k_hi, x_ptr, w_ptr, ws_ptr, tok, rw, inv, row_ok, gate_rows,
+                  col_ok, D, I, BLOCK_K: tl.constexpr, HAS_RW: tl.constexpr,
+                  QUANT: tl.constexpr, UPCAST: tl.constexpr, W_TO_X: tl.constexpr,
+                  DOT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
     """One K step of gate_up: both accumulators += weights [BN, BK] @ gathered x^T [BK, BM]."""
+    if QUANT == "mxfp4" and tok.shape[0] == 1:  # one pair: see _mxfp4_gemv
+        ok = tl.sum(row_ok.to(tl.int32), 0) > 0
+        even, odd = _row_halves(x_ptr, tl.sum(tok, 0), tl.sum(rw, 0), ok, k0, k_hi, D, HAS_RW,
+                                INTERPRET, BLOCK_K)
+        return (_mxfp4_gemv(acc_g, w_ptr, ws_ptr, gate_rows, col_ok, k0, k_hi, D, even, odd,
+                            BLOCK_K),
+                _mxfp4_gemv(acc_u, w_ptr, ws_ptr, gate_rows + I, col_ok, k0, k_hi, D, even, odd,
+                            BLOCK_K))
     kk = k0 + tl.arange(0, BLOCK_K)
-    xt = tl.trans(_x_tile(x_ptr, tok, rw, inv, row_ok, kk, D, HAS_RW, FP8, INTERPRET))
-    w_mask = col_ok[:, None] & (kk < k_hi)[None, :]
-    wg = tl.load(w_ptr + gate_rows[:, None] * D + kk[None, :], mask=w_mask, other=0.0)
-    wu = tl.load(w_ptr + (gate_rows + I)[:, None] * D + kk[None, :], mask=w_mask, other=0.0)
-    return (_dot(acc_g, wg, xt, UPCAST, DOT_PRECISION),
-            _dot(acc_u, wu, xt, UPCAST, DOT_PRECISION))
+    xt = tl.trans(_x_tile(x_ptr, tok, rw, inv, row_ok, kk, D, HAS_RW, QUANT, INTERPRET))
+    wg = _w_tile(w_ptr, ws_ptr, gate_rows, col_ok, k0, k_hi, D, QUANT, BLOCK_K)
+    wu = _w_tile(w_ptr, ws_ptr, gate_rows + I, col_ok, k0, k_hi, D, QUANT, BLOCK_K)
+    return (_dot(acc_g, wg, xt, UPCAST, W_TO_X, DOT_PRECISION),
+            _dot(acc_u, wu, xt, UPCAST, W_TO_X, DOT_PRECISION))
 
 
 @triton.jit
 def _gate_up_kernel(
     x_ptr,  # [T, D] tokens
-    w_ptr,  # [E, 2I, D] gate rows then up rows
-    w_scale_ptr,  # [E, 2I] fp32 (FP8)
+    w_ptr,  # [E, 2I, D] gate rows then up rows (mxfp4: bytes [E, 2I, D / 2])
+    w_scale_ptr,  # [E, 2I] fp32 (fp8_rowwise, fp8_w8a16); e8m0 [E, 2I, D / 32] (mxfp4)
     counts_ptr,  # [E] pairs per expert
     ids_ptr,  # [A] token of each pair
     rw_ptr,  # [A] fp32 input weight of each pair (HAS_RW)
-    a_ptr,  # [A, I] SwiGLU output: x's dtype, or fp32 (FP8: quantized by the last m-tile)
-    q_ptr,  # [A, I] e4m3 output (FP8; uint8 view under the interpreter)
-    scale_ptr,  # [A] fp32 row scales (FP8)
+    a_ptr,  # [A, I] SwiGLU output: x's dtype, or fp32 (fp8_rowwise: the last m-tile quantizes)
+    q_ptr,  # [A, I] e4m3 output (fp8_rowwise; uint8 view under the interpreter)
+    scale_ptr,  # [A] fp32 row scales (fp8_rowwise)
     part_ptr,  # [split, A, 2I] fp32 partials (split > 1)
     words_ptr,  # int32 arrival words: [m-tiles max * n_tiles] tiles, then [m-tiles max] rows
-    # (split > 1 or FP8)
+    # (split > 1 or fp8_rowwise)
     E, D, I, n_tiles, k_split,  # k_split: K elements per split, a multiple of BLOCK_K
     split,  # K ranges (a runtime value: Triton specializes 1, so split 1 drops the fixup)
     A,  # pairs (rows of a)
     words_rows,  # offset of the per-m-tile words in words_ptr
     BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    FP8: tl.constexpr, HAS_RW: tl.constexpr, UPCAST: tl.constexpr,
+    QUANT: tl.constexpr,  # the weight format: "none" | "fp8_rowwise" | "fp8_w8a16" | "mxfp4"
+    HAS_RW: tl.constexpr, UPCAST: tl.constexpr, W_TO_X: tl.constexpr,
     DOT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr, PDL: tl.constexpr,
     QUANT_BLOCK: tl.constexpr,  # columns per step when the last m-tile quantizes rows of a
-    ROW_BLOCK: tl.constexpr, ROW_CHUNKS: tl.constexpr,  # FP8: lanes and loads per row of x
+    ROW_BLOCK: tl.constexpr, ROW_CHUNKS: tl.constexpr,  # fp8_rowwise: lanes and loads a row of x
 ):
     s, tile, u, n_tile, exists, g, row0, row_stop, _, _ = _program(
         counts_ptr, E, n_tiles, split, BLOCK_E, BLOCK_M, PDL)
@@ -237,7 +323,7 @@ def _gate_up_kernel(
         if HAS_RW:
             rw = tl.load(rw_ptr + rows, mask=row_ok, other=0.0)
         inv = rw
-        if FP8:
+        if QUANT == "fp8_rowwise":
             n_rows = tl.minimum(row_stop - row0, BLOCK_M)
             inv, x_scale = row_scales(_row_amax(x_ptr, ids_ptr, rw_ptr, row0, n_rows, D, HAS_RW,
                                                 BLOCK_M, ROW_BLOCK, ROW_CHUNKS))
@@ -251,15 +337,17 @@ def _gate_up_kernel(
         if INTERPRET:  # range() over a tensor bound fails in the interpreter
             k0 = k_lo
             while k0 < k_hi:
-                acc_g, acc_u = _gate_up_step(acc_g, acc_u, k0, k_hi, x_ptr, w_ptr, tok, rw, inv,
-                                             row_ok, gate_rows, col_ok, D, I, BLOCK_K, HAS_RW,
-                                             FP8, UPCAST, DOT_PRECISION, INTERPRET)
+                acc_g, acc_u = _gate_up_step(acc_g, acc_u, k0, k_hi, x_ptr, w_ptr, w_scale_ptr,
+                                             tok, rw, inv, row_ok, gate_rows, col_ok, D, I,
+                                             BLOCK_K, HAS_RW, QUANT, UPCAST, W_TO_X,
+                                             DOT_PRECISION, INTERPRET)
                 k0 += BLOCK_K
         else:
             for k0 in range(k_lo, k_hi, BLOCK_K):
-                acc_g, acc_u = _gate_up_step(acc_g, acc_u, k0, k_hi, x_ptr, w_ptr, tok, rw, inv,
-                                             row_ok, gate_rows, col_ok, D, I, BLOCK_K, HAS_RW,
-                                             FP8, UPCAST, DOT_PRECISION, INTERPRET)
+                acc_g, acc_u = _gate_up_step(acc_g, acc_u, k0, k_hi, x_ptr, w_ptr, w_scale_ptr,
+                                             tok, rw, inv, row_ok, gate_rows, col_ok, D, I,
+                                             BLOCK_K, HAS_RW, QUANT, UPCAST, W_TO_X,
+                                             DOT_PRECISION, INTERPRET)
 
         mask = col_ok[:, None] & row_ok[None, :]  # [BN, BM]
         if split > 1:  # store both partials, arrive once; the last split sums them all
@@ -275,14 +363,20 @@ def _gate_up_kernel(
         else:
             last = True
         if last:
-            if FP8:
+            if QUANT == "fp8_rowwise" or QUANT == "fp8_w8a16":
                 ws_g = tl.load(w_scale_ptr + gate_rows, mask=col_ok, other=0.0)
                 ws_u = tl.load(w_scale_ptr + gate_rows + I, mask=col_ok, other=0.0)
-                acc_g = acc_g * x_scale[None, :] * ws_g[:, None]
-                acc_u = acc_u * x_scale[None, :] * ws_u[:, None]
+                if QUANT == "fp8_rowwise":
+                    ws_g = ws_g[:, None] * x_scale[None, :]
+                    ws_u = ws_u[:, None] * x_scale[None, :]
+                else:
+                    ws_g = ws_g[:, None]
+                    ws_u = ws_u[:, None]
+                acc_g = acc_g * ws_g
+                acc_u = acc_u * ws_u
             a = tl.math.div_rn(acc_g, 1.0 + tl.exp(-acc_g)) * acc_u  # silu(gate) * up, fp32
             a_at = rows.to(tl.int64)[None, :] * I + cols[:, None]
-            if FP8:
+            if QUANT == "fp8_rowwise":
                 tl.store(a_ptr + a_at, a, mask=mask)
                 if _arrive(words_ptr + words_rows + u, n_tiles):
                     _quantize_rows(a_ptr, q_ptr, scale_ptr, rows, row_ok, I, BLOCK_M, QUANT_BLOCK,
@@ -316,24 +410,28 @@ def _quantize_rows(a_ptr, q_ptr, scale_ptr, rows, row_ok, I, BLOCK_M: tl.constex
 
 
 @triton.jit
-def _down_step(acc, k0, k_hi, a_ptr, w_ptr, rows, row_ok, w_rows, col_ok, I,
-               BLOCK_K: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr):
+def _down_step(acc, k0, k_hi, a_ptr, w_ptr, ws_ptr, rows, row_ok, w_rows, col_ok, I,
+               BLOCK_K: tl.constexpr, QUANT: tl.constexpr, UPCAST: tl.constexpr,
+               W_TO_X: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """One K step of down: acc += w2 rows [BN, BK] @ a^T [BK, BM]."""
+    if QUANT == "mxfp4" and rows.shape[0] == 1:  # one pair: see _mxfp4_gemv
+        even, odd = _row_halves(a_ptr, tl.sum(rows, 0).to(tl.int64), 1.0,
+                                tl.sum(row_ok.to(tl.int32), 0) > 0, k0, k_hi, I, False, False,
+                                BLOCK_K)
+        return _mxfp4_gemv(acc, w_ptr, ws_ptr, w_rows, col_ok, k0, k_hi, I, even, odd, BLOCK_K)
     kk = k0 + tl.arange(0, BLOCK_K)
-    k_ok = kk < k_hi
     at = tl.load(a_ptr + rows.to(tl.int64)[:, None] * I + kk[None, :],
-                 mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-    w = tl.load(w_ptr + w_rows[:, None] * I + kk[None, :], mask=col_ok[:, None] & k_ok[None, :],
-                other=0.0)
-    return _dot(acc, w, tl.trans(at), UPCAST, DOT_PRECISION)
+                 mask=row_ok[:, None] & (kk < k_hi)[None, :], other=0.0)
+    w = _w_tile(w_ptr, ws_ptr, w_rows, col_ok, k0, k_hi, I, QUANT, BLOCK_K)
+    return _dot(acc, w, tl.trans(at), UPCAST, W_TO_X, DOT_PRECISION)
 
 
 @triton.jit
 def _down_kernel(
     a_ptr,  # [A, I] activations (x's dtype, or e4m3 with a_scale)
-    a_scale_ptr,  # [A] fp32 (FP8)
-    w_ptr,  # [E, D, I]
-    w_scale_ptr,  # [E, D] fp32 (FP8)
+    a_scale_ptr,  # [A] fp32 (fp8_rowwise)
+    w_ptr,  # [E, D, I] (mxfp4: bytes [E, D, I / 2])
+    w_scale_ptr,  # [E, D] fp32 (fp8_rowwise, fp8_w8a16); e8m0 [E, D, I / 32] (mxfp4)
     counts_ptr,  # [E] pairs per expert
     ids_ptr,  # [A] token of each pair (TOP1)
     pos_ptr,  # [T * K] Routing.positions (not TOP1)
@@ -350,7 +448,8 @@ def _down_kernel(
     ACCUMULATE: tl.constexpr,  # out += the sum (else out = the sum)
     BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_T: tl.constexpr,  # tokens per step of the combine
-    FP8: tl.constexpr, HAS_RW: tl.constexpr, UPCAST: tl.constexpr,
+    QUANT: tl.constexpr,  # the weight format, as in _gate_up_kernel
+    HAS_RW: tl.constexpr, UPCAST: tl.constexpr, W_TO_X: tl.constexpr,
     DOT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr, PDL: tl.constexpr,
 ):
     s, tile, u, n_tile, exists, g, row0, row_stop, total_tiles, num_valid = _program(
@@ -367,13 +466,13 @@ def _down_kernel(
         if INTERPRET:  # range() over a tensor bound fails in the interpreter
             k0 = k_lo
             while k0 < k_hi:
-                acc = _down_step(acc, k0, k_hi, a_ptr, w_ptr, rows, row_ok, w_rows, col_ok, I,
-                                 BLOCK_K, UPCAST, DOT_PRECISION)
+                acc = _down_step(acc, k0, k_hi, a_ptr, w_ptr, w_scale_ptr, rows, row_ok, w_rows,
+                                 col_ok, I, BLOCK_K, QUANT, UPCAST, W_TO_X, DOT_PRECISION)
                 k0 += BLOCK_K
         else:
             for k0 in range(k_lo, k_hi, BLOCK_K):
-                acc = _down_step(acc, k0, k_hi, a_ptr, w_ptr, rows, row_ok, w_rows, col_ok, I,
-                                 BLOCK_K, UPCAST, DOT_PRECISION)
+                acc = _down_step(acc, k0, k_hi, a_ptr, w_ptr, w_scale_ptr, rows, row_ok, w_rows,
+                                 col_ok, I, BLOCK_K, QUANT, UPCAST, W_TO_X, DOT_PRECISION)
 
         mask = col_ok[:, None] & row_ok[None, :]  # [BN, BM]
         at_y = rows.to(tl.int64)[None, :] * D + cols[:, None]
@@ -386,9 +485,11 @@ def _down_kernel(
         else:
             last = True
         if last:
-            if FP8:
+            if QUANT == "fp8_rowwise":
                 acc = (acc * tl.load(a_scale_ptr + rows, mask=row_ok, other=0.0)[None, :]
                        * tl.load(w_scale_ptr + w_rows, mask=col_ok, other=0.0)[:, None])
+            elif QUANT == "fp8_w8a16":
+                acc = acc * tl.load(w_scale_ptr + w_rows, mask=col_ok, other=0.0)[:, None]
             if HAS_RW:
                 acc = acc * tl.load(rw_ptr + rows, mask=row_ok, other=0.0)[None, :]
             if TOP1:  # the pair's token has no other pair: read, add in fp32, round once
@@ -469,15 +570,18 @@ def arrival_words(like: Tensor, n: int, workspace: int = 0) -> Tensor:
     return buffers[-1][:n]
 
 
-def reserve_arrival_words(w13: Tensor, w2: Tensor, max_pairs: int, workspace: int = 0) -> None:
-    """Allocate now the arrival words every fused call of a layer (w13 [E, 2I, D], w2 [E, D, I])
-    with up to ``max_pairs`` pairs needs, so that no later call allocates them: not while a CUDA
-    graph captures (which arrival_words refuses), nor while torch.compile's CUDA-graph trees warm
-    up (the buffer would land in their private pool and fail its check). Call it outside both."""
+def reserve_arrival_words(w13: Tensor, w2: Tensor, max_pairs: int, workspace: int = 0,
+                          k_per_element: int = 1, quant: str = "none") -> None:
+    """Allocate now the arrival words every fused call of a layer (w13 [E, 2I, D], w2 [E, D, I];
+    k_per_element: weight values a stored element holds along K, mxfp4's 2) with up to
+    ``max_pairs`` pairs needs, so that no later call allocates them: not while a CUDA graph
+    captures (which arrival_words refuses), nor while torch.compile's CUDA-graph trees warm up
+    (the buffer would land in their private pool and fail its check). Call it outside both."""
     (E, two_i, D), I = w13.shape, w2.shape[2]
+    D, I = D * k_per_element, I * k_per_element
     sms, need = sm_count(w13.device), 0
     for A in range(1, max_pairs + 1):
-        plan = configs.select(A, E, D, I, w13.dtype, sms)
+        plan = configs.select(A, E, D, I, w13.dtype, sms, quant)
         up, dn = max_m_tiles(A, E, plan.gate_up.block_m), max_m_tiles(A, E, plan.down.block_m)
         need = max(need, up * cdiv(I, plan.gate_up.block_n) + up,
                    dn * cdiv(D, plan.down.block_n) + cdiv(D, plan.down.block_n))
@@ -505,6 +609,17 @@ def _launch_options(cfg: configs.GemmConfig, pdl: bool) -> dict:
     return opts
 
 
+def _upcast(interpret: bool, x_dtype: torch.dtype, quant: str, w_dtype: torch.dtype) -> bool:
+    """Under the interpreter, dots of bf16 or fp8 go through fp32 (exact for their products)."""
+    return interpret and (x_dtype == torch.bfloat16 or w_dtype == FP8_DTYPE or quant == "mxfp4")
+
+
+def _check_block_k(quant: str, cfg: configs.GemmConfig) -> None:
+    if quant == "mxfp4" and cfg.block_k % 32:
+        raise ValueError(f"mxfp4 needs K steps of whole 32-column scale groups, got block_k "
+                         f"{cfg.block_k}")
+
+
 def _k_split(K: int, cfg: configs.GemmConfig) -> tuple[int, int]:
     """(K elements per split, a multiple of block_k; splits that are not empty)."""
     steps = cdiv(K, cfg.block_k)
@@ -515,19 +630,21 @@ def _k_split(K: int, cfg: configs.GemmConfig) -> tuple[int, int]:
 @kernel_op("decode_gate_up", mutates_args=("a", "q", "scale"))
 def _gate_up_op(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Tensor,
                 token_ids: Tensor, row_weights: Optional[Tensor], a: Optional[Tensor],
-                q: Optional[Tensor], scale: Optional[Tensor], workspace: int) -> None:
-    """a [A, I] (x's dtype), or for fp8 w13 (q [A, I], scale [A]) <- SwiGLU of the gathered rows.
-    The tiles are planned here, inside the op, so torch.compile never traces the host logic."""
+                q: Optional[Tensor], scale: Optional[Tensor], workspace: int, quant: str) -> None:
+    """a [A, I] (x's dtype), or for fp8 rowwise w13 (q [A, I], scale [A]) <- SwiGLU of the
+    gathered rows. The tiles are planned here, inside the op, so torch.compile never traces the
+    host logic."""
     (T, D), (E, two_i, _), A = x.shape, w13.shape, token_ids.shape[0]
     I = two_i // 2
     if A == 0 or I == 0:
         return
-    plan = configs.select(A, E, D, I, w13.dtype, sm_count(x.device))
+    plan = configs.select(A, E, D, I, w13.dtype, sm_count(x.device), quant)
     cfg = plan.gate_up
     k_split, split = _k_split(D, cfg)
     n_tiles = cdiv(I, cfg.block_n)
     m_tiles = max_m_tiles(A, E, cfg.block_m)
-    fp8 = w13.dtype == FP8_DTYPE
+    _check_block_k(quant, cfg)
+    fp8 = quant == "fp8_rowwise"
     # arrival words only where read (split-K, fp8's row quantization): a compiled graph fills
     # fresh ones each call
     words = (arrival_words(x, m_tiles * n_tiles + m_tiles, workspace) if split > 1 or fp8
@@ -544,8 +661,9 @@ def _gate_up_op(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Ten
             fp8_target(q)[0] if fp8 else None, scale, part, words,
             E, D, I, n_tiles, k_split, split, A, m_tiles * n_tiles,
             BLOCK_E=next_power_of_2(E), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-            BLOCK_K=cfg.block_k, FP8=fp8, HAS_RW=row_weights is not None,
-            UPCAST=interpret and w13.dtype in (torch.bfloat16, FP8_DTYPE),
+            BLOCK_K=cfg.block_k, QUANT=quant, HAS_RW=row_weights is not None,
+            UPCAST=_upcast(interpret, x.dtype, quant, w13.dtype),
+            W_TO_X=quant in WEIGHT_ONLY,
             DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", INTERPRET=interpret,
             PDL=pdl, QUANT_BLOCK=min(1024, next_power_of_2(I)),
             ROW_BLOCK=row_block, ROW_CHUNKS=cdiv(D, row_block),
@@ -555,14 +673,15 @@ def _gate_up_op(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Ten
 @kernel_op("decode_down", mutates_args=("out",))
 def _down_op(a: Tensor, a_scale: Optional[Tensor], w2: Tensor, w2_scale: Optional[Tensor],
              counts: Tensor, token_ids: Tensor, positions: Tensor, row_weights: Optional[Tensor],
-             out: Tensor, accumulate: bool, workspace: int) -> None:
+             out: Tensor, accumulate: bool, workspace: int, quant: str) -> None:
     """out [T, D] (+)= the routed rows of a [A, I] through w2 [E, D, I], token-major."""
     (A, I), (E, D, _), T = a.shape, w2.shape, out.shape[0]
     if A == 0 or D == 0:
         return
     k = A // T
-    plan = configs.select(A, E, D, I, w2.dtype, sm_count(a.device))
+    plan = configs.select(A, E, D, I, w2.dtype, sm_count(a.device), quant)
     cfg = plan.down
+    _check_block_k(quant, cfg)
     k_split, split = _k_split(I, cfg)
     n_tiles = cdiv(D, cfg.block_n)
     m_tiles = max_m_tiles(A, E, cfg.block_m)
@@ -580,27 +699,29 @@ def _down_op(a: Tensor, a_scale: Optional[Tensor], w2: Tensor, w2_scale: Optiona
             words, E, D, I, n_tiles, k_split, split, A, T, m_tiles * n_tiles,
             K=k, TOP1=k == 1, ACCUMULATE=accumulate, BLOCK_E=next_power_of_2(E), BLOCK_M=cfg.block_m,
             BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_T=_COMBINE_TOKENS,
-            FP8=a.dtype == FP8_DTYPE, HAS_RW=row_weights is not None,
-            UPCAST=interpret and w2.dtype in (torch.bfloat16, FP8_DTYPE),
+            QUANT=quant, HAS_RW=row_weights is not None,
+            UPCAST=_upcast(interpret, a.dtype, quant, w2.dtype), W_TO_X=quant in WEIGHT_ONLY,
             DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32", INTERPRET=interpret,
             PDL=pdl, **_launch_options(cfg, pdl))
 
 
 def gate_up(x: Tensor, w13: Tensor, w13_scale: Tensor | None, counts: Tensor, token_ids: Tensor,
             row_weights: Tensor | None, out: Tensor | tuple[Tensor, Tensor],
-            workspace: int = 0) -> Tensor | tuple[Tensor, Tensor]:
+            workspace: int = 0, quant: str | None = None) -> Tensor | tuple[Tensor, Tensor]:
     """x [T, D], w13 [E, 2I, D] -> out: a [A, I] in x's dtype, or (q [A, I] e4m3, scale [A])
-    for fp8 w13. Arguments were checked by the public function."""
+    for fp8 rowwise w13 (quant: the weight format, see format_of). Arguments were checked
+    by the public function."""
     a, q, scale = (None, *out) if isinstance(out, tuple) else (out, None, None)
-    _gate_up_op(x, w13, w13_scale, counts, token_ids, row_weights, a, q, scale, workspace)
+    _gate_up_op(x, w13, w13_scale, counts, token_ids, row_weights, a, q, scale, workspace,
+                format_of(w13, quant))
     return out
 
 
 def down(a: Tensor, a_scale: Tensor | None, w2: Tensor, w2_scale: Tensor | None, counts: Tensor,
          token_ids: Tensor, positions: Tensor, row_weights: Tensor | None, out: Tensor,
-         accumulate: bool = True, workspace: int = 0) -> Tensor:
+         accumulate: bool = True, workspace: int = 0, quant: str | None = None) -> Tensor:
     """out [T, D] += (or, not accumulate, =) the routed rows of a [A, I] through w2 [E, D, I];
     returns out. Arguments were checked by the public function."""
     _down_op(a, a_scale, w2, w2_scale, counts, token_ids, positions, row_weights, out, accumulate,
-             workspace)
+             workspace, format_of(w2, quant))
     return out

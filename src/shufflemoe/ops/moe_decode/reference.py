@@ -1,6 +1,8 @@
 """The fused decode path in torch ops: the composition of the existing references (gather_scale,
 grouped_gemm, silu_mul, scatter_add's token-major sum), with the gate/up product kept in float32
-as the fused kernel keeps it in registers (the unfused path rounds it to the model dtype)."""
+as the fused kernel keeps it in registers (the unfused path rounds it to the model dtype). Weight
+formats as the grouped GEMM's (FORMATS below: bf16 and fp8 rowwise w8a8, and the weight-only
+fp8_w8a16 and mxfp4)."""
 
 from __future__ import annotations
 
@@ -21,29 +23,35 @@ def _num_valid(counts: Tensor) -> Tensor:
     return counts.sum().reshape(1).to(torch.int32)
 
 
-def _format(fp8: bool) -> str:
-    return "fp8_rowwise" if fp8 else "none"  # the fused kernels' two formats
+FORMATS = ("none", "fp8_rowwise", "fp8_w8a16", "mxfp4")  # the weight formats the kernels read
+WEIGHT_ONLY = ("fp8_w8a16", "mxfp4")  # ... of which these keep activations in x's dtype
+
+
+def format_of(w: Tensor, quant: str | None) -> str:
+    """The weight format: ``quant`` when given, else fp8 rowwise (w8a8) for e4m3 weights and
+    "none" for weights in the activations' dtype."""
+    return quant or ("fp8_rowwise" if w.dtype == FP8_DTYPE else "none")
 
 
 @inplace_op("decode_gate_up_ref", mutates_args=("a", "q", "scale"))
 def _gate_up(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Tensor,
              token_ids: Tensor, row_weights: Optional[Tensor], a: Optional[Tensor],
-             q: Optional[Tensor], scale: Optional[Tensor], workspace: int) -> None:
-    fp8 = w13.dtype == FP8_DTYPE
+             q: Optional[Tensor], scale: Optional[Tensor], workspace: int, quant: str) -> None:
+    fp8 = quant == "fp8_rowwise"
     nv = _num_valid(counts)
     xs = gather_scale(x, token_ids, row_weights, nv, fp8, None)
     xq, x_scale = xs if fp8 else (xs, None)
     h = grouped_gemm(xq, w13, counts, x_scale, w13_scale, None, None, None, None,
-                     torch.float32, quantization=_format(fp8))  # [A, 2I]
+                     torch.float32, quantization=quant)  # [A, 2I]
     silu_mul(h, nv, fp8, (q, scale) if fp8 else a)  # rows past num_valid keep their values
 
 
 @inplace_op("decode_down_ref", mutates_args=("out",))
 def _down(a: Tensor, a_scale: Optional[Tensor], w2: Tensor, w2_scale: Optional[Tensor],
           counts: Tensor, token_ids: Tensor, positions: Tensor, row_weights: Optional[Tensor],
-          out: Tensor, accumulate: bool, workspace: int) -> None:
+          out: Tensor, accumulate: bool, workspace: int, quant: str) -> None:
     y = grouped_gemm(a, w2, counts, a_scale, w2_scale, None, None, None, None,
-                     torch.float32, quantization=_format(w2.dtype == FP8_DTYPE))  # [A, D]
+                     torch.float32, quantization=quant)  # [A, D]
     nv = _num_valid(counts)
     if accumulate:
         token_sum(out, y, positions, row_weights, nv)
@@ -58,17 +66,18 @@ def _down(a: Tensor, a_scale: Optional[Tensor], w2: Tensor, w2_scale: Optional[T
 
 def gate_up(x: Tensor, w13: Tensor, w13_scale: Tensor | None, counts: Tensor, token_ids: Tensor,
             row_weights: Tensor | None, out: Tensor | tuple[Tensor, Tensor],
-            workspace: int = 0) -> Tensor | tuple[Tensor, Tensor]:
+            workspace: int = 0, quant: str | None = None) -> Tensor | tuple[Tensor, Tensor]:
     """As ops.decode_gate_up (out allocated by the public function; no workspace here)."""
     a, q, scale = (None, *out) if isinstance(out, tuple) else (out, None, None)
-    _gate_up(x, w13, w13_scale, counts, token_ids, row_weights, a, q, scale, workspace)
+    _gate_up(x, w13, w13_scale, counts, token_ids, row_weights, a, q, scale, workspace,
+             format_of(w13, quant))
     return out
 
 
 def down(a: Tensor, a_scale: Tensor | None, w2: Tensor, w2_scale: Tensor | None, counts: Tensor,
          token_ids: Tensor, positions: Tensor, row_weights: Tensor | None, out: Tensor,
-         accumulate: bool = True, workspace: int = 0) -> Tensor:
+         accumulate: bool = True, workspace: int = 0, quant: str | None = None) -> Tensor:
     """As ops.decode_down (no workspace here)."""
     _down(a, a_scale, w2, w2_scale, counts, token_ids, positions, row_weights, out, accumulate,
-          workspace)
+          workspace, format_of(w2, quant))
     return out
