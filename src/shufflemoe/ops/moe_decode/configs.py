@@ -208,12 +208,21 @@ def split_for(tiles: int, k_steps: int, sms: int) -> int:
 @functools.lru_cache(maxsize=None)
 def _heuristic(A: int, E: int, D: int, I: int, dtype: torch.dtype, sms: int) -> DecodeConfig:
     # 256 bytes of K per weight row and step; 3 stages keep 96 KB (gate_up: 2 x 64 rows) of one
-    # program's weights in flight and leave room for two programs per SM. mxfp4 (uint8, two
-    # values a byte) steps 128 values: its tile is dequantized to fp32 in registers.
-    bk = 128 if dtype == torch.uint8 else 256 // dtype.itemsize
+    # program's weights in flight and leave room for two programs per SM.
+    bn, bk, bm, stages = 64, 256 // dtype.itemsize, 16, 3
+    if dtype == torch.uint8:  # mxfp4: see MXFP4_GEMV
+        (bn, bk), bm, stages = MXFP4_GEMV[A > 8], 1, 2
     active = min(E, A)
     configs = []
     for N, K in ((I, D), (D, I)):
-        tiles = active * -(-N // 64)
-        configs.append(GemmConfig(64, bk, split_for(tiles, -(-K // bk), sms)))
+        tiles = active * -(-N // bn)
+        configs.append(GemmConfig(bn, bk, split_for(tiles, -(-K // bk), sms), 4, stages, bm))
     return DecodeConfig(*configs)
+
+
+# mxfp4 (uint8, two values a byte): one pair a tile (_mxfp4_gemv), (block_n, block_k values) for
+# A <= 8 and A > 8. Its dequantization is integer work on the CUDA cores, which bounds it (10-20%
+# of the read ceiling); measured on an H100 (results/probe_weight_only.json, the layer in CUDA
+# graphs, against 16-pair MMA tiles of 64 x 128 values): T = 1 Llama 4 Scout TP8 56 vs 62 us,
+# Mixtral TP2 204 vs 244; Qwen3-30B-A3B T = 4 (A = 32) 175 vs 206; Scout T = 4 137 vs 129.
+MXFP4_GEMV = {False: (16, 512), True: (32, 256)}
