@@ -440,7 +440,7 @@ def run_wo(case: str, quant: str, cfg: configs.DecodeConfig | None, impl: str = 
         got = decode_gate_up(x, w13, r.counts, r.token_ids, r.weights, w13_scale=s13,
                              quantization=quant, out=a, impl=impl)
         assert got is a
-        assert_close(a[:n], gate_up64_rows(x, r, w13_64), "bfloat16", name=f"{quant} a")
+        assert_close(a[:n], gate_up64(x, r, w13_64, True, False), "bfloat16", name=f"{quant} a")
         assert torch.isnan(a[n:].float()).all(), "rows past num_valid were written"
         decode_down(a, w2, r.counts, r.token_ids, r.positions, out, r.weights, w2_scale=s2,
                     quantization=quant, accumulate=accumulate, impl=impl)
@@ -451,13 +451,6 @@ def run_wo(case: str, quant: str, cfg: configs.DecodeConfig | None, impl: str = 
     if not accumulate:
         ref[tokens] = 0.0
     assert_close(out, ref.index_add_(0, tokens, y), "bfloat16", name=f"{quant} out")
-
-
-def gate_up64_rows(x, r, w13_64):
-    n, experts = pairs(r)
-    xs = gather_scale(x, r.token_ids, r.weights, impl="torch").double().cpu()[:n]
-    g, u = torch.einsum("pd,pnd->pn", xs, w13_64[experts]).chunk(2, dim=1)
-    return g / (1 + torch.exp(-g)) * u
 
 
 WO_CASES = [(c, q) for q in WEIGHT_ONLY for c in ("T=1 k=1 E=16", "odd T=9 k=3 E=7", "k=8 E=256",
