@@ -54,7 +54,8 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from .._common import cdiv, next_power_of_2, on_device, traced
 from .._impl import interpreting, kernel_op
 from .._launch import launch, persistent_zeros
-from ..quantize.kernel import cast_to, e4m3_bits, fp8_target, mxfp4_values, row_scales, store_fp8
+from ..quantize.kernel import (cast_to, e2m1_values, e4m3_bits, e8m0_values, fp8_target,
+                               mxfp4_values, row_scales, store_fp8)
 from ..quantize.reference import FP8_DTYPE
 from . import configs
 from .reference import WEIGHT_ONLY, format_of
@@ -221,15 +222,6 @@ def _x_tile(x_ptr, tok, rw, inv, row_ok, ks, D, HAS_RW: tl.constexpr, QUANT: tl.
 
 
 @triton.jit
-def _e2m1(n):
-    """e2m1 codes n (int32, low 4 bits) -> their float32 values, exactly."""
-    e = (n >> 1) & 3
-    m = n & 1
-    mag = tl.where(e == 0, 2 * m, (2 + m) << e).to(tl.float32) * 0.25
-    return tl.where((n & 8) != 0, -mag, mag)
-
-
-@triton.jit
 def _row_halves(ptr, row, w, ok, k0, k_hi, K, HAS_W: tl.constexpr, INTERPRET: tl.constexpr,
                 BLOCK_K: tl.constexpr):
     """One row's K step as float32 [BLOCK_K / 32, 16] pairs (even columns, odd columns): column
@@ -258,12 +250,11 @@ def _mxfp4_gemv(acc, w_ptr, ws_ptr, w_rows, col_ok, k0, k_hi, K, even, odd,
     ok = col_ok[:, None, None] & (byte < k_hi // 2)[None, :, :]
     packed = tl.load(w_ptr + w_rows[:, None, None] * (K // 2) + byte[None, :, :], mask=ok,
                      other=0).to(tl.int32)
-    p = _e2m1(packed & 0xF) * even[None, :, :] + _e2m1(packed >> 4) * odd[None, :, :]
+    p = e2m1_values(packed & 0xF) * even[None, :, :] + e2m1_values(packed >> 4) * odd[None, :, :]
     gs = k0 // 32 + g
     s = tl.load(ws_ptr + w_rows[:, None] * (K // 32) + gs[None, :],
-                mask=col_ok[:, None] & (gs < k_hi // 32)[None, :], other=0).to(tl.int32)
-    scale = tl.where(s == 0, 5.877471754111438e-39, (s << 23).to(tl.float32, bitcast=True))
-    return acc + tl.reshape(tl.sum(tl.sum(p, 2) * scale, 1), [w_rows.shape[0], 1])
+                mask=col_ok[:, None] & (gs < k_hi // 32)[None, :], other=0)
+    return acc + tl.reshape(tl.sum(tl.sum(p, 2) * e8m0_values(s), 1), [w_rows.shape[0], 1])
 
 
 @triton.jit

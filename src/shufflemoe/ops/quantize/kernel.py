@@ -86,19 +86,30 @@ def store_fp8(ptr, v, inv, mask, INTERPRET: tl.constexpr):
 
 
 @triton.jit
-def mxfp4_values(packed, s, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """MXFP4 dequantization: packed [BLOCK_N, BLOCK_K / 2] uint8 (element 2j in the low nibble of
-    byte j, 2j + 1 in the high one), s [BLOCK_N, BLOCK_K / 32] uint8 e8m0 -> float32 [BLOCK_N,
-    BLOCK_K], exact: e2m1 magnitude code em = 2e + m is (2 + m) * 2^(e - 2) for e > 0 and m / 2
-    for e = 0, and the scale 2^(s - 127) is built from its exponent bits."""
-    n = tl.join(packed & 0xF, packed >> 4).to(tl.int32).reshape(BLOCK_N, BLOCK_K)
+def e2m1_values(n):
+    """e2m1 codes n (int32, low 4 bits) -> float32, exact: the magnitude code em = 2e + m is
+    (2 + m) * 2^(e - 2) for e > 0 and m / 2 for e = 0; bit 3 is the sign."""
     e = (n >> 1) & 3
     m = n & 1
     mag = tl.where(e == 0, 2 * m, (2 + m) << e).to(tl.float32) * 0.25
-    val = tl.where((n & 8) != 0, -mag, mag)
+    return tl.where((n & 8) != 0, -mag, mag)
+
+
+@triton.jit
+def e8m0_values(s):
+    """e8m0 scales s (uint8 or int32) -> float32 2^(s - 127), built from its exponent bits
+    (s = 0: 2^-127, a subnormal)."""
     si = s.to(tl.int32)
-    scale = tl.where(si == 0, 5.877471754111438e-39, (si << 23).to(tl.float32, bitcast=True))
-    val = val.reshape(BLOCK_N, BLOCK_K // 32, 32) * scale[:, :, None]
+    return tl.where(si == 0, 5.877471754111438e-39, (si << 23).to(tl.float32, bitcast=True))
+
+
+@triton.jit
+def mxfp4_values(packed, s, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """MXFP4 dequantization: packed [BLOCK_N, BLOCK_K / 2] uint8 (element 2j in the low nibble of
+    byte j, 2j + 1 in the high one), s [BLOCK_N, BLOCK_K / 32] uint8 e8m0 -> float32 [BLOCK_N,
+    BLOCK_K], exact."""
+    n = tl.join(packed & 0xF, packed >> 4).to(tl.int32).reshape(BLOCK_N, BLOCK_K)
+    val = e2m1_values(n).reshape(BLOCK_N, BLOCK_K // 32, 32) * e8m0_values(s)[:, :, None]
     return val.reshape(BLOCK_N, BLOCK_K)
 
 
