@@ -54,7 +54,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from .._common import cdiv, next_power_of_2, on_device, traced
 from .._impl import interpreting, kernel_op
 from .._launch import launch, persistent_zeros
-from ..quantize.kernel import (cast_to, e2m1_values, e4m3_bits, e8m0_values, fp8_target,
+from ..quantize.kernel import (cast_to, e4m3_bits, e8m0_values, fp8_target,
                                mxfp4_values, row_scales, store_fp8)
 from ..quantize.reference import FP8_DTYPE
 from . import configs
@@ -222,6 +222,36 @@ def _x_tile(x_ptr, tok, rw, inv, row_ok, ks, D, HAS_RW: tl.constexpr, QUANT: tl.
 
 
 @triton.jit
+def _e2m1_tiny(n):
+    """e2m1 codes n (int32, low 4 bits) -> their values times 2^-14, exactly, in five integer
+    operations: the code's two exponent bits and its mantissa bit become an fp16's lowest
+    exponent bits and top mantissa bit (exponent 0 lands on fp16's subnormals, 0 and 2^-15, as
+    e2m1's 0 and 0.5 do), its sign bit the fp16's."""
+    bits = ((n & 7) << 9) | ((n & 8) << 12)
+    return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _acc0(BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+          QUANT: tl.constexpr):
+    """A zero accumulator: [BLOCK_N, BLOCK_M], or for one-pair mxfp4 tiles [BLOCK_N, groups]
+    (each column a 32-value group's scaled sums, reduced once after the K loop: _acc_sum)."""
+    if QUANT == "mxfp4" and BLOCK_M == 1:
+        acc = tl.zeros((BLOCK_N, BLOCK_K // 32), tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
+    return acc
+
+
+@triton.jit
+def _acc_sum(acc, BLOCK_M: tl.constexpr, QUANT: tl.constexpr):
+    """The accumulator as [BLOCK_N, BLOCK_M] (see _acc0)."""
+    if QUANT == "mxfp4" and BLOCK_M == 1:
+        acc = tl.reshape(tl.sum(acc, 1), [acc.shape[0], 1])
+    return acc
+
+
+@triton.jit
 def _row_halves(ptr, row, w, ok, k0, k_hi, K, HAS_W: tl.constexpr, INTERPRET: tl.constexpr,
                 BLOCK_K: tl.constexpr):
     """One row's K step as float32 [BLOCK_K / 32, 16] pairs (even columns, odd columns): column
@@ -241,20 +271,21 @@ def _row_halves(ptr, row, w, ok, k0, k_hi, K, HAS_W: tl.constexpr, INTERPRET: tl
 @triton.jit
 def _mxfp4_gemv(acc, w_ptr, ws_ptr, w_rows, col_ok, k0, k_hi, K, even, odd,
                 BLOCK_K: tl.constexpr):
-    """acc [BN, 1] += mxfp4 rows w_rows [BN] at columns k0 .. k0 + BLOCK_K (below k_hi) times one
-    row of the input (even, odd: _row_halves), on the CUDA cores. Kept in 3-D [BN, groups, 16
-    bytes] from load to sum: no nibble interleave, no reshape, each group's sum scaled once by
-    its e8m0 scale (a power of two: exact)."""
+    """acc [BN, groups] += mxfp4 rows w_rows [BN] at columns k0 .. k0 + BLOCK_K (below k_hi) times
+    one row of the input (even, odd: _row_halves), on the CUDA cores, per 32-value group. Kept
+    in 3-D [BN, groups, 16 bytes] from load to sum: no nibble interleave, no reshape, no
+    reduction across threads; each group's sum scaled once by 2^14 and its e8m0 scale (powers of
+    two: exact)."""
     g = tl.arange(0, BLOCK_K // 32)
     byte = k0 // 2 + g[:, None] * 16 + tl.arange(0, 16)[None, :]  # [G, 16]
     ok = col_ok[:, None, None] & (byte < k_hi // 2)[None, :, :]
     packed = tl.load(w_ptr + w_rows[:, None, None] * (K // 2) + byte[None, :, :], mask=ok,
                      other=0).to(tl.int32)
-    p = e2m1_values(packed & 0xF) * even[None, :, :] + e2m1_values(packed >> 4) * odd[None, :, :]
+    p = _e2m1_tiny(packed & 0xF) * even[None, :, :] + _e2m1_tiny(packed >> 4) * odd[None, :, :]
     gs = k0 // 32 + g
     s = tl.load(ws_ptr + w_rows[:, None] * (K // 32) + gs[None, :],
                 mask=col_ok[:, None] & (gs < k_hi // 32)[None, :], other=0)
-    return acc + tl.reshape(tl.sum(tl.sum(p, 2) * e8m0_values(s), 1), [w_rows.shape[0], 1])
+    return acc + tl.sum(p, 2) * 16384.0 * e8m0_values(s)
 
 
 @triton.jit
@@ -267,16 +298,18 @@ def _gate_up_step(acc_g, acc_u, k0, k_hi, x_ptr, w_ptr, ws_ptr, tok, rw, inv, ro
         ok = tl.sum(row_ok.to(tl.int32), 0) > 0
         even, odd = _row_halves(x_ptr, tl.sum(tok, 0), tl.sum(rw, 0), ok, k0, k_hi, D, HAS_RW,
                                 INTERPRET, BLOCK_K)
-        return (_mxfp4_gemv(acc_g, w_ptr, ws_ptr, gate_rows, col_ok, k0, k_hi, D, even, odd,
-                            BLOCK_K),
-                _mxfp4_gemv(acc_u, w_ptr, ws_ptr, gate_rows + I, col_ok, k0, k_hi, D, even, odd,
-                            BLOCK_K))
-    kk = k0 + tl.arange(0, BLOCK_K)
-    xt = tl.trans(_x_tile(x_ptr, tok, rw, inv, row_ok, kk, D, HAS_RW, QUANT, INTERPRET))
-    wg = _w_tile(w_ptr, ws_ptr, gate_rows, col_ok, k0, k_hi, D, QUANT, BLOCK_K)
-    wu = _w_tile(w_ptr, ws_ptr, gate_rows + I, col_ok, k0, k_hi, D, QUANT, BLOCK_K)
-    return (_dot(acc_g, wg, xt, UPCAST, W_TO_X, DOT_PRECISION),
-            _dot(acc_u, wu, xt, UPCAST, W_TO_X, DOT_PRECISION))
+        acc_g = _mxfp4_gemv(acc_g, w_ptr, ws_ptr, gate_rows, col_ok, k0, k_hi, D, even, odd,
+                            BLOCK_K)
+        acc_u = _mxfp4_gemv(acc_u, w_ptr, ws_ptr, gate_rows + I, col_ok, k0, k_hi, D, even, odd,
+                            BLOCK_K)
+    else:
+        kk = k0 + tl.arange(0, BLOCK_K)
+        xt = tl.trans(_x_tile(x_ptr, tok, rw, inv, row_ok, kk, D, HAS_RW, QUANT, INTERPRET))
+        wg = _w_tile(w_ptr, ws_ptr, gate_rows, col_ok, k0, k_hi, D, QUANT, BLOCK_K)
+        wu = _w_tile(w_ptr, ws_ptr, gate_rows + I, col_ok, k0, k_hi, D, QUANT, BLOCK_K)
+        acc_g = _dot(acc_g, wg, xt, UPCAST, W_TO_X, DOT_PRECISION)
+        acc_u = _dot(acc_u, wu, xt, UPCAST, W_TO_X, DOT_PRECISION)
+    return acc_g, acc_u
 
 
 @triton.jit
@@ -321,8 +354,8 @@ def _gate_up_kernel(
         cols = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
         col_ok = cols < I
         gate_rows = g.to(tl.int64) * (2 * I) + cols  # [BN] rows of w viewed as [E*2I, D]
-        acc_g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        acc_u = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        acc_g = _acc0(BLOCK_N, BLOCK_M, BLOCK_K, QUANT)
+        acc_u = _acc0(BLOCK_N, BLOCK_M, BLOCK_K, QUANT)
         k_lo = s * k_split
         k_hi = tl.minimum(k_lo + k_split, D)
         if INTERPRET:  # range() over a tensor bound fails in the interpreter
@@ -340,6 +373,8 @@ def _gate_up_kernel(
                                              BLOCK_K, HAS_RW, QUANT, UPCAST, W_TO_X,
                                              DOT_PRECISION, INTERPRET)
 
+        acc_g = _acc_sum(acc_g, BLOCK_M, QUANT)
+        acc_u = _acc_sum(acc_u, BLOCK_M, QUANT)
         mask = col_ok[:, None] & row_ok[None, :]  # [BN, BM]
         if split > 1:  # store both partials, arrive once; the last split sums them all
             at = rows.to(tl.int64)[None, :] * (2 * I) + cols[:, None]
@@ -409,12 +444,14 @@ def _down_step(acc, k0, k_hi, a_ptr, w_ptr, ws_ptr, rows, row_ok, w_rows, col_ok
         even, odd = _row_halves(a_ptr, tl.sum(rows, 0).to(tl.int64), 1.0,
                                 tl.sum(row_ok.to(tl.int32), 0) > 0, k0, k_hi, I, False, False,
                                 BLOCK_K)
-        return _mxfp4_gemv(acc, w_ptr, ws_ptr, w_rows, col_ok, k0, k_hi, I, even, odd, BLOCK_K)
-    kk = k0 + tl.arange(0, BLOCK_K)
-    at = tl.load(a_ptr + rows.to(tl.int64)[:, None] * I + kk[None, :],
-                 mask=row_ok[:, None] & (kk < k_hi)[None, :], other=0.0)
-    w = _w_tile(w_ptr, ws_ptr, w_rows, col_ok, k0, k_hi, I, QUANT, BLOCK_K)
-    return _dot(acc, w, tl.trans(at), UPCAST, W_TO_X, DOT_PRECISION)
+        acc = _mxfp4_gemv(acc, w_ptr, ws_ptr, w_rows, col_ok, k0, k_hi, I, even, odd, BLOCK_K)
+    else:
+        kk = k0 + tl.arange(0, BLOCK_K)
+        at = tl.load(a_ptr + rows.to(tl.int64)[:, None] * I + kk[None, :],
+                     mask=row_ok[:, None] & (kk < k_hi)[None, :], other=0.0)
+        w = _w_tile(w_ptr, ws_ptr, w_rows, col_ok, k0, k_hi, I, QUANT, BLOCK_K)
+        acc = _dot(acc, w, tl.trans(at), UPCAST, W_TO_X, DOT_PRECISION)
+    return acc
 
 
 @triton.jit
@@ -451,7 +488,7 @@ def _down_kernel(
         cols = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
         col_ok = cols < D
         w_rows = g.to(tl.int64) * D + cols  # [BN] rows of w viewed as [E*D, I]
-        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        acc = _acc0(BLOCK_N, BLOCK_M, BLOCK_K, QUANT)
         k_lo = s * k_split
         k_hi = tl.minimum(k_lo + k_split, I)
         if INTERPRET:  # range() over a tensor bound fails in the interpreter
@@ -465,6 +502,7 @@ def _down_kernel(
                 acc = _down_step(acc, k0, k_hi, a_ptr, w_ptr, w_scale_ptr, rows, row_ok, w_rows,
                                  col_ok, I, BLOCK_K, QUANT, UPCAST, W_TO_X, DOT_PRECISION)
 
+        acc = _acc_sum(acc, BLOCK_M, QUANT)
         mask = col_ok[:, None] & row_ok[None, :]  # [BN, BM]
         at_y = rows.to(tl.int64)[None, :] * D + cols[:, None]
         if split > 1:
