@@ -22,10 +22,10 @@ import pathlib
 import time
 
 import torch
-import triton
 
 from shufflemoe import MoE
 from shufflemoe.bench.ceilings import measure_ceilings
+from shufflemoe.bench.report import metadata
 from shufflemoe.bench.suites.layer import (N_SETS, PRESETS, _Case, _call, _copies, expert_bytes,
                                            fixed_bytes)
 from shufflemoe.ops.moe_decode import configs
@@ -103,9 +103,7 @@ def main() -> None:
                     print(json.dumps(row), flush=True)
             del layers, first
             torch.cuda.empty_cache()
-    meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__,
-                triton=triton.__version__, read_gbps=ceil.read_gbps,
-                seconds=round(time.time() - start))
+    meta = dict(metadata(), read_gbps=ceil.read_gbps, seconds=round(time.time() - start))
     (out / "probe_weight_only.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
     best = {}
     for r in rows:

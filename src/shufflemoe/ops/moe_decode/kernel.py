@@ -54,7 +54,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from .._common import cdiv, next_power_of_2, on_device, traced
 from .._impl import interpreting, kernel_op
 from .._launch import launch, persistent_zeros
-from ..quantize.kernel import (cast_to, e4m3_bits, e8m0_values, fp8_target,
+from ..quantize.kernel import (cast_to, e2m1_scaled, e4m3_bits, e8m0_values, fp8_target,
                                mxfp4_values, row_scales, store_fp8)
 from ..quantize.reference import FP8_DTYPE
 from . import configs
@@ -222,16 +222,6 @@ def _x_tile(x_ptr, tok, rw, inv, row_ok, ks, D, HAS_RW: tl.constexpr, QUANT: tl.
 
 
 @triton.jit
-def _e2m1_tiny(n):
-    """e2m1 codes n (int32, low 4 bits) -> their values times 2^-14, exactly, in five integer
-    operations: the code's two exponent bits and its mantissa bit become an fp16's lowest
-    exponent bits and top mantissa bit (exponent 0 lands on fp16's subnormals, 0 and 2^-15, as
-    e2m1's 0 and 0.5 do), its sign bit the fp16's."""
-    bits = ((n & 7) << 9) | ((n & 8) << 12)
-    return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-
-
-@triton.jit
 def _acc0(BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
           QUANT: tl.constexpr):
     """A zero accumulator: [BLOCK_N, BLOCK_M], or for one-pair mxfp4 tiles [BLOCK_N, groups]
@@ -281,7 +271,7 @@ def _mxfp4_gemv(acc, w_ptr, ws_ptr, w_rows, col_ok, k0, k_hi, K, even, odd,
     ok = col_ok[:, None, None] & (byte < k_hi // 2)[None, :, :]
     packed = tl.load(w_ptr + w_rows[:, None, None] * (K // 2) + byte[None, :, :], mask=ok,
                      other=0).to(tl.int32)
-    p = _e2m1_tiny(packed & 0xF) * even[None, :, :] + _e2m1_tiny(packed >> 4) * odd[None, :, :]
+    p = e2m1_scaled(packed & 0xF) * even[None, :, :] + e2m1_scaled(packed >> 4) * odd[None, :, :]
     gs = k0 // 32 + g
     s = tl.load(ws_ptr + w_rows[:, None] * (K // 32) + gs[None, :],
                 mask=col_ok[:, None] & (gs < k_hi // 32)[None, :], other=0)

@@ -86,13 +86,13 @@ def store_fp8(ptr, v, inv, mask, INTERPRET: tl.constexpr):
 
 
 @triton.jit
-def e2m1_values(n):
-    """e2m1 codes n (int32, low 4 bits) -> float32, exact: the magnitude code em = 2e + m is
-    (2 + m) * 2^(e - 2) for e > 0 and m / 2 for e = 0; bit 3 is the sign."""
-    e = (n >> 1) & 3
-    m = n & 1
-    mag = tl.where(e == 0, 2 * m, (2 + m) << e).to(tl.float32) * 0.25
-    return tl.where((n & 8) != 0, -mag, mag)
+def e2m1_scaled(n):
+    """e2m1 codes n (int32, low 4 bits) -> their values times 2^-14 (float32, exact) in five
+    integer operations: the code's two exponent bits and its mantissa bit become an fp16's lowest
+    exponent bits and top mantissa bit (exponent 0 lands on fp16's subnormals, 0 and 2^-15, as
+    e2m1's 0 and 0.5 do), its sign bit the fp16's. The caller folds 2^14 into the group scale."""
+    bits = ((n & 7) << 9) | ((n & 8) << 12)
+    return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
 
 
 @triton.jit
@@ -109,7 +109,8 @@ def mxfp4_values(packed, s, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     byte j, 2j + 1 in the high one), s [BLOCK_N, BLOCK_K / 32] uint8 e8m0 -> float32 [BLOCK_N,
     BLOCK_K], exact."""
     n = tl.join(packed & 0xF, packed >> 4).to(tl.int32).reshape(BLOCK_N, BLOCK_K)
-    val = e2m1_values(n).reshape(BLOCK_N, BLOCK_K // 32, 32) * e8m0_values(s)[:, :, None]
+    scale = e8m0_values(s) * 16384.0  # 2^14: see e2m1_scaled
+    val = e2m1_scaled(n).reshape(BLOCK_N, BLOCK_K // 32, 32) * scale[:, :, None]
     return val.reshape(BLOCK_N, BLOCK_K)
 
 
