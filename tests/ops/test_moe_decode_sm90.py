@@ -1,7 +1,8 @@
-"""The fused decode kernels compile for Hopper (sm_90) on any machine: Triton's bundled ptxas
-builds them without a GPU, so an error that only the GPU compiler sees (types, layouts, the
-fp8 and PDL paths the interpreter never takes) fails CI rather than the one GPU call. Also
-checks the K loop is software-pipelined (cp.async copies) and multiplies on wgmma.
+"""The fused decode kernels (and the grouped GEMM's mxfp4 path) compile for Hopper (sm_90) on any
+machine: Triton's bundled ptxas builds them without a GPU, so an error that only the GPU
+compiler sees (types, layouts, the fp8, PDL and PTX-dequantization paths the interpreter never
+takes) fails CI rather than the one GPU call. Also checks the decode K loop is
+software-pipelined (cp.async copies) and multiplies on wgmma.
 
 The compiles run in a child process (this file as a script): the tests' TRITON_INTERPRET=1
 replaces triton.jit, and only real JIT functions compile."""
@@ -94,6 +95,22 @@ def down(fp8: bool | str, split: int, k: int, pdl: bool, accumulate: bool = True
     return compile_sm90(kernel._down_kernel, sig, consts, **({"launch_pdl": True} if pdl else {}))
 
 
+def grouped_mxfp4(tma: str, swap_ab: bool):
+    """The grouped GEMM's mxfp4 path (the interpreter cannot run its PTX dequantization)."""
+    from shufflemoe.ops.grouped_gemm import kernel
+
+    sig = dict(x_ptr="*bf16", w_ptr="*u8", m_sizes_ptr="*i32", weight_ids_ptr=None,
+               x_scale_ptr=None, w_scale_ptr="*u8", bias_ptr=None, row_weights_ptr=None,
+               scatter_ids_ptr="*i32", out_ptr="*bf16", x_host_desc=None, w_host_desc=None,
+               M="i32", N="i32", K="i32", G="i32", W="i32", NB="i32", KB="i32", SPLIT="i32",
+               num_programs="i32")
+    consts = dict(BLOCK_G=128, BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, TMA=tma, SWAP_AB=swap_ab,
+                  FLATTEN=False, QUANT="mxfp4", HAS_BIAS=False, HAS_WEIGHT_IDS=False,
+                  HAS_ROW_WEIGHTS=False, SCATTER="add", UPCAST=False, DOT_PRECISION="tf32",
+                  INTERPRET=False)
+    return compile_sm90(kernel._grouped_gemm_kernel, sig, consts)
+
+
 BUILDS = {
     "gate_up bf16 split-K input weights": lambda: gate_up(False, 8, True, False),
     "gate_up fp8 PDL": lambda: gate_up(True, 1, False, True),
@@ -106,6 +123,8 @@ BUILDS = {
     "down fp8_w8a16 k=8": lambda: down("fp8_w8a16", 1, 8, False),
     "gate_up mxfp4 split-K": lambda: gate_up("mxfp4", 2, True, False),
     "down mxfp4 top-1 PDL": lambda: down("mxfp4", 1, 1, True),
+    "grouped GEMM mxfp4": lambda: grouped_mxfp4("none", False),
+    "grouped GEMM mxfp4 device TMA, swapped": lambda: grouped_mxfp4("device", True),
 }
 GEMV = {  # one pair a tile: no MMA
     "gate_up fp8 one-pair tiles split-K": lambda: gate_up(True, 4, True, False, block_m=1),
@@ -133,8 +152,11 @@ if __name__ == "__main__":
     failed = False
     for name, build in {**BUILDS, **GEMV}.items():
         try:
-            ttgir = build().asm["ttgir"]
-            if name in BUILDS:
+            compiled = build()
+            ttgir = compiled.asm["ttgir"]
+            if "mxfp4" in name and name in BUILDS:  # MMA tiles dequantize in PTX
+                assert "mul.rn.bf16x2" in compiled.asm["ptx"], "no PTX dequantization"
+            if name in BUILDS and not name.startswith("grouped"):
                 assert "async_copy_global_to_local" in ttgir, "the K loop is not pipelined"
                 assert "warp_group_dot" in ttgir, "no wgmma"
             print(f"ok {name}", flush=True)

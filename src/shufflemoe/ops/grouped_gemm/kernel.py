@@ -73,9 +73,10 @@ def _locate_combine(a0, a1, a2, a3, b0, b1, b2, b3):
 @triton.jit
 def _load_w(k0, w_row0, w_rows, col_ok, w_ptr, w_desc, w_scale_ptr, K,
             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_TMA: tl.constexpr,
-            QUANT: tl.constexpr):
+            QUANT: tl.constexpr, UPCAST: tl.constexpr):
     """The weight tile w[w_rows, k0:k0+BLOCK_K] [BLOCK_N, BLOCK_K]: as stored (bf16, fp8), or
-    dequantized to float32 (mxfp4: packed [BLOCK_N, BLOCK_K / 2] bytes and their scales)."""
+    dequantized (mxfp4: packed [BLOCK_N, BLOCK_K / 2] bytes and their scales; to bf16, or to
+    float32 under the interpreter)."""
     if QUANT == "mxfp4":
         if USE_TMA:
             packed = w_desc.load([w_row0, k0 // 2])
@@ -86,7 +87,7 @@ def _load_w(k0, w_row0, w_rows, col_ok, w_ptr, w_desc, w_scale_ptr, K,
         gs = k0 // 32 + tl.arange(0, BLOCK_K // 32)
         s = tl.load(w_scale_ptr + w_rows[:, None] * (K // 32) + gs[None, :],
                     mask=col_ok[:, None] & (gs < K // 32)[None, :], other=0)
-        b = mxfp4_values(packed, s, BLOCK_N, BLOCK_K)
+        b = mxfp4_values(packed, s, BLOCK_N, BLOCK_K, UPCAST)
     elif USE_TMA:
         b = w_desc.load([w_row0, k0])
     else:
@@ -111,7 +112,7 @@ def _k_step(acc, k0, row0, w_row0, rows, row_ok, w_rows, col_ok, ws_rows, x_ptr,
         a = tl.load(x_ptr + rows.to(tl.int64)[:, None] * K + ks[None, :],
                     mask=row_ok[:, None] & (ks < K)[None, :], other=0.0)
     b = _load_w(k0, w_row0, w_rows, col_ok, w_ptr, w_desc, w_scale_ptr, K, BLOCK_N, BLOCK_K,
-                USE_TMA, QUANT)
+                USE_TMA, QUANT, UPCAST)
     if UPCAST:  # interpreter: its bf16 dot is wrong (Triton 3.6); fp32 of bf16/fp8 is exact
         a = a.to(tl.float32)
         b = b.to(tl.float32)

@@ -118,10 +118,10 @@ def _dot(acc, w, xt, UPCAST: tl.constexpr, W_TO_X: tl.constexpr, DOT_PRECISION: 
 
 @triton.jit
 def _w_tile(w_ptr, ws_ptr, w_rows, col_ok, k0, k_hi, K, QUANT: tl.constexpr,
-            BLOCK_K: tl.constexpr):
+            BLOCK_K: tl.constexpr, UPCAST: tl.constexpr):
     """Weight rows w_rows [BN] (of w viewed as [E * N, K]) at columns k0 .. k0 + BLOCK_K below
     k_hi: as stored (bf16, e4m3), or for mxfp4 (bytes [E * N, K / 2], e8m0 scales [E * N,
-    K / 32]; K steps of whole 32-column groups) dequantized to float32, exactly."""
+    K / 32]; K steps of whole 32-column groups) dequantized exactly (mxfp4_values)."""
     if QUANT == "mxfp4":
         js = k0 // 2 + tl.arange(0, BLOCK_K // 2)
         packed = tl.load(w_ptr + w_rows[:, None] * (K // 2) + js[None, :],
@@ -129,7 +129,7 @@ def _w_tile(w_ptr, ws_ptr, w_rows, col_ok, k0, k_hi, K, QUANT: tl.constexpr,
         gs = k0 // 32 + tl.arange(0, BLOCK_K // 32)
         sc = tl.load(ws_ptr + w_rows[:, None] * (K // 32) + gs[None, :],
                      mask=col_ok[:, None] & (gs < k_hi // 32)[None, :], other=0)
-        w = mxfp4_values(packed, sc, w_rows.shape[0], BLOCK_K)
+        w = mxfp4_values(packed, sc, w_rows.shape[0], BLOCK_K, UPCAST)
     else:
         kk = k0 + tl.arange(0, BLOCK_K)
         w = tl.load(w_ptr + w_rows[:, None] * K + kk[None, :],
@@ -295,8 +295,8 @@ def _gate_up_step(acc_g, acc_u, k0, k_hi, x_ptr, w_ptr, ws_ptr, tok, rw, inv, ro
     else:
         kk = k0 + tl.arange(0, BLOCK_K)
         xt = tl.trans(_x_tile(x_ptr, tok, rw, inv, row_ok, kk, D, HAS_RW, QUANT, INTERPRET))
-        wg = _w_tile(w_ptr, ws_ptr, gate_rows, col_ok, k0, k_hi, D, QUANT, BLOCK_K)
-        wu = _w_tile(w_ptr, ws_ptr, gate_rows + I, col_ok, k0, k_hi, D, QUANT, BLOCK_K)
+        wg = _w_tile(w_ptr, ws_ptr, gate_rows, col_ok, k0, k_hi, D, QUANT, BLOCK_K, UPCAST)
+        wu = _w_tile(w_ptr, ws_ptr, gate_rows + I, col_ok, k0, k_hi, D, QUANT, BLOCK_K, UPCAST)
         acc_g = _dot(acc_g, wg, xt, UPCAST, W_TO_X, DOT_PRECISION)
         acc_u = _dot(acc_u, wu, xt, UPCAST, W_TO_X, DOT_PRECISION)
     return acc_g, acc_u
@@ -439,7 +439,7 @@ def _down_step(acc, k0, k_hi, a_ptr, w_ptr, ws_ptr, rows, row_ok, w_rows, col_ok
         kk = k0 + tl.arange(0, BLOCK_K)
         at = tl.load(a_ptr + rows.to(tl.int64)[:, None] * I + kk[None, :],
                      mask=row_ok[:, None] & (kk < k_hi)[None, :], other=0.0)
-        w = _w_tile(w_ptr, ws_ptr, w_rows, col_ok, k0, k_hi, I, QUANT, BLOCK_K)
+        w = _w_tile(w_ptr, ws_ptr, w_rows, col_ok, k0, k_hi, I, QUANT, BLOCK_K, UPCAST)
         acc = _dot(acc, w, tl.trans(at), UPCAST, W_TO_X, DOT_PRECISION)
     return acc
 

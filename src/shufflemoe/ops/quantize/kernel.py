@@ -103,14 +103,59 @@ def e8m0_values(s):
     return tl.where(si == 0, 5.877471754111438e-39, (si << 23).to(tl.float32, bitcast=True))
 
 
+# PTX for _e2m1_bf16: four bytes in $2, their scales (bf16) in $3 and $4, four values out in $0
+# and $1. prmt spreads bytes 0, 1 (2, 3) into the two 16-bit halves; each code's sign lands on
+# bit 15 of its half and its exponent and mantissa bits on bits 8..6: a bf16 equal to the e2m1
+# value times 2^-126 (exponent 0: bf16 subnormals, as e2m1's 0 and 0.5). mul.bf16x2 by 2^126
+# (0x7E80) and by the scales: exact, as the products are powers of two times the code.
+_E2M1_BF16_PTX = """{{
+.reg .b32 t, a, b, bias;
+mov.b32 bias, 0x7E807E80;
+prmt.b32 t, $2, 0, 0x4140;
+shl.b32 a, t, {em};
+and.b32 a, a, 0x01C001C0;
+shl.b32 b, t, {sign};
+and.b32 b, b, 0x80008000;
+or.b32 a, a, b;
+mul.rn.bf16x2 a, a, bias;
+mul.rn.bf16x2 $0, a, $3;
+prmt.b32 t, $2, 0, 0x4342;
+shl.b32 a, t, {em};
+and.b32 a, a, 0x01C001C0;
+shl.b32 b, t, {sign};
+and.b32 b, b, 0x80008000;
+or.b32 a, a, b;
+mul.rn.bf16x2 a, a, bias;
+mul.rn.bf16x2 $1, a, $4;
+}}"""
+E2M1_LOW_PTX: tl.constexpr = tl.constexpr(_E2M1_BF16_PTX.format(em=6, sign=12))
+E2M1_HIGH_PTX: tl.constexpr = tl.constexpr(_E2M1_BF16_PTX.format(em=2, sign=8))
+
+
 @triton.jit
-def mxfp4_values(packed, s, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _e2m1_bf16(packed, scale, PTX: tl.constexpr):
+    """bf16 values of one nibble of each byte (PTX: E2M1_LOW_PTX or E2M1_HIGH_PTX) times its
+    scale; packed uint8 and scale bf16 of one shape. On the GPU only (the interpreter has no
+    inline assembly)."""
+    return tl.inline_asm_elementwise(PTX, "=r,=r,r,r,r", [packed, scale], dtype=tl.bfloat16,
+                                     is_pure=True, pack=4)
+
+
+@triton.jit
+def mxfp4_values(packed, s, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP32: tl.constexpr):
     """MXFP4 dequantization: packed [BLOCK_N, BLOCK_K / 2] uint8 (element 2j in the low nibble of
-    byte j, 2j + 1 in the high one), s [BLOCK_N, BLOCK_K / 32] uint8 e8m0 -> float32 [BLOCK_N,
-    BLOCK_K], exact."""
-    n = tl.join(packed & 0xF, packed >> 4).to(tl.int32).reshape(BLOCK_N, BLOCK_K)
-    scale = e8m0_values(s) * 16384.0  # 2^14: see e2m1_scaled
-    val = e2m1_scaled(n).reshape(BLOCK_N, BLOCK_K // 32, 32) * scale[:, :, None]
+    byte j, 2j + 1 in the high one), s [BLOCK_N, BLOCK_K / 32] uint8 e8m0 -> [BLOCK_N, BLOCK_K]
+    exact values: float32 when FP32 (the interpreter: e2m1_scaled), else bfloat16 from PTX that
+    decodes and scales two values a 32-bit operation (_e2m1_bf16; ~4 operations a value against
+    ~9 through float32)."""
+    if FP32:
+        n = tl.join(packed & 0xF, packed >> 4).to(tl.int32).reshape(BLOCK_N, BLOCK_K)
+        scale = e8m0_values(s) * 16384.0  # 2^14: see e2m1_scaled
+        val = e2m1_scaled(n).reshape(BLOCK_N, BLOCK_K // 32, 32) * scale[:, :, None]
+    else:
+        p = packed.reshape(BLOCK_N, BLOCK_K // 32, 16)
+        sc = tl.broadcast_to(e8m0_values(s).to(tl.bfloat16)[:, :, None], p.shape)
+        val = tl.join(_e2m1_bf16(p, sc, E2M1_LOW_PTX), _e2m1_bf16(p, sc, E2M1_HIGH_PTX))
     return val.reshape(BLOCK_N, BLOCK_K)
 
 
