@@ -62,6 +62,7 @@ def main() -> None:
     ap.add_argument("--formats", default=",".join(FORMATS))
     ap.add_argument("--candidates", default=",".join(FORMATS),
                     help="formats whose tile candidates are timed (the others: fused, unfused)")
+    ap.add_argument("--ts", default=",".join(map(str, TS)), help="token counts")
     args = ap.parse_args()
     start = time.time()
     out = pathlib.Path(args.out)
@@ -75,7 +76,7 @@ def main() -> None:
             first = MoE(cfg, device="cuda")
             n = _copies(first, expert_bytes(first) * cfg.top_k + fixed_bytes(first))
             layers = [first] + [MoE(cfg, device="cuda") for _ in range(n - 1)]
-            for T in TS:
+            for T in map(int, args.ts.split(",")):
                 if time.time() - start > args.budget:
                     rows.append(dict(preset=p.name, format=fmt, T=T, note="skipped: budget"))
                     continue
