@@ -437,10 +437,8 @@ class MoE(nn.Module):
         return (hot.shared_fusable and 0 < T <= SHARED_FUSED_MAX_TOKENS
                 and backend_for(x).name == "triton"
                 and cfg.quantization in moe_decode.FORMATS
-                and moe_decode.configs.use_fused(
-                    T * cfg.top_k, cfg.top_k, cfg.quantization == "fp8_rowwise",
-                    weight_only_experts=cfg.num_experts * (cfg.quantization
-                                                           in moe_decode.WEIGHT_ONLY)))
+                and moe_decode.configs.use_fused(T * cfg.top_k, cfg.top_k, cfg.quantization,
+                                                 cfg.num_experts))
 
     def _fused_shared(self, hot: _Hot, x: Tensor, out: Tensor) -> Tensor:
         """out [T, D] = the shared expert of x [T, D], as a routing of every token to one expert

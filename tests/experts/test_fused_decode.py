@@ -45,6 +45,10 @@ CONFIGS = {
                                   quantization="fp8_w8a16"),
     "qwen3 mxfp4 (k=8 of 64)": MoEConfig(hidden_size=64, intermediate_size=96, num_experts=64,
                                          top_k=8, renormalize=True, quantization="mxfp4"),
+    "llama4 mxfp4": MoEConfig(hidden_size=64, intermediate_size=96, num_experts=16,
+                              router="llama4", scoring="sigmoid",
+                              apply_router_weight_on_input=True, shared_intermediate_size=32,
+                              quantization="mxfp4"),
     "mixtral fp32 with capacity drops": MoEConfig(hidden_size=24, intermediate_size=20,
                                                   num_experts=8, top_k=2, dtype=torch.float32,
                                                   capacity_factor=0.5),
@@ -90,15 +94,15 @@ def test_layer_through_fused_kernels(name, T, fused_calls):
 
 
 def test_switch_picks_the_path(fused_calls):
-    """With the kernels, by default: bf16 layers of any k while T * k <= 64, weight-only
-    (fp8_w8a16, mxfp4) layers while T <= 4, or T <= 8 with 2 T k <= E; fp8 rowwise layers never
-    (measured slower, configs.Switch); a Switch in force decides otherwise. The torch
-    references always run the unfused ops."""
+    """With the kernels, by default: bf16 layers of any k while T * k <= 64, fp8_w8a16 layers
+    while T <= 4, or T <= 8 with 2 T k <= E, mxfp4 top-1 layers while T <= 8; fp8 rowwise
+    layers never (measured slower, configs.Switch); a Switch in force decides otherwise. The
+    torch references always run the unfused ops."""
     cases = [("llama4 (weights on input)", 64, True), ("llama4 (weights on input)", 65, False),
              ("qwen3 (k=8 of 128)", 1, True), ("qwen3 (k=8 of 128)", 9, False),
              ("llama4 fp8", 1, False), ("llama4 fp8_w8a16", 8, True),
-             ("llama4 fp8_w8a16", 9, False), ("qwen3 mxfp4 (k=8 of 64)", 4, True),
-             ("qwen3 mxfp4 (k=8 of 64)", 5, False)]
+             ("llama4 fp8_w8a16", 9, False), ("llama4 mxfp4", 8, True),
+             ("llama4 mxfp4", 9, False), ("qwen3 mxfp4 (k=8 of 64)", 1, False)]
     qwen, llama4 = CONFIGS["qwen3 (k=8 of 128)"], CONFIGS["llama4 (weights on input)"]
     layer = make_layer(qwen, device=DEV)
     with use_impl("triton"):

@@ -245,18 +245,23 @@ def test_split_heuristic():
     assert configs.split_for(1, 3, 132) == 1 and configs.split_for(1, 40, 132) == 20
     assert configs.use_fused(64) and not configs.use_fused(65)
     assert not configs.use_fused(1, batch_invariant=True)
-    assert configs.use_fused(8, top_k=8) and not configs.use_fused(1, fp8=True)
+    assert configs.use_fused(8, top_k=8) and not configs.use_fused(1, quant="fp8_rowwise")
     with configs.override(configs.ALWAYS):
-        assert configs.use_fused(72, top_k=8, fp8=True)
+        assert configs.use_fused(72, top_k=8, quant="fp8_rowwise")
+        assert configs.use_fused(64 * 8, 8, "mxfp4", 128)
     with configs.override(configs.NEVER):
         assert not configs.use_fused(1)
-    # weight-only layers: T <= 4, or T <= 8 with at most one pair per two experts
-    assert configs.use_fused(4 * 8, 8, weight_only_experts=64)
-    assert not configs.use_fused(5 * 8, 8, weight_only_experts=64)
-    assert configs.use_fused(8 * 8, 8, weight_only_experts=128)
-    assert configs.use_fused(8, 1, weight_only_experts=16)
-    assert not configs.use_fused(9, 1, weight_only_experts=128)
-    assert not configs.use_fused(16, 2, weight_only_experts=8)
+    # fp8_w8a16: T <= 4, or T <= 8 with at most one pair per two experts
+    assert configs.use_fused(4 * 8, 8, "fp8_w8a16", 64)
+    assert not configs.use_fused(5 * 8, 8, "fp8_w8a16", 64)
+    assert configs.use_fused(8 * 8, 8, "fp8_w8a16", 128)
+    assert configs.use_fused(8, 1, "fp8_w8a16", 16)
+    assert not configs.use_fused(9, 1, "fp8_w8a16", 128)
+    assert not configs.use_fused(16, 2, "fp8_w8a16", 8)
+    # mxfp4: top-1 only, T <= 8
+    assert configs.use_fused(1, 1, "mxfp4", 16) and configs.use_fused(8, 1, "mxfp4", 16)
+    assert not configs.use_fused(9, 1, "mxfp4", 128)
+    assert not configs.use_fused(2, 2, "mxfp4", 8) and not configs.use_fused(8, 8, "mxfp4", 128)
 
 
 def test_w8a16_takes_one_pair_tiles():

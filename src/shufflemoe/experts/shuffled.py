@@ -33,10 +33,9 @@ class Shuffled(Experts):
         # below plus a token-major sum (on the CPU at T = 1, ~100 us more per call)
         atomic = not cfg.deterministic and cfg.top_k > 1  # opt-in: any order of a token's adds
         w8a8 = w.quantization == "fp8_rowwise"
-        weight_only = r.num_experts if w.quantization in decode_formats.WEIGHT_ONLY else 0
         if (x.shape[0] and ops.name == "triton" and not atomic and _fusable(x, w, cfg)
-                and decode_configs.use_fused(r.num_pairs, cfg.top_k, w8a8, cfg.batch_invariant,
-                                             weight_only)):
+                and decode_configs.use_fused(r.num_pairs, cfg.top_k, w.quantization,
+                                             r.num_experts, cfg.batch_invariant)):
             # unchecked like the rest: the layer made every tensor
             a = ops.decode_gate_up(x, w.w13, w.w13_scale, r.counts, r.token_ids, w_in,
                                    gate_up_outputs(None, r.num_pairs, w.intermediate_size,

@@ -4,7 +4,7 @@ Two choices, each a frozen dataclass that tests and benchmarks replace with ``ov
 
 - ``Switch``: the ``shuffled`` strategy takes the fused path while A = T * k <= max_pairs, for
   layers with k <= max_top_k, and for fp8 rowwise (w8a8) layers only if ``fp8`` (the
-  weight-only formats, fp8_w8a16 and mxfp4, fuse like bf16). Measured on an H100
+  weight-only formats, fp8_w8a16 and mxfp4, by their own token limits). Measured on an H100
   (benchmarks/results/probe_combine.json, CUDA-graph replays, fused vs the unfused path with
   its deterministic token-major combine, T = 1..8): bf16 Llama 4 Scout TP8 1.02-1.05x faster,
   Qwen3-30B-A3B (k = 8) 1.01-1.02x, Mixtral TP2 (k = 2) 0.99-1.03x, and the eager call costs the
@@ -42,13 +42,21 @@ class Switch:
     # active expert once. Measured on an H100 (benchmarks/results/probe_weight_only.json, CUDA
     # graphs, fused over the four-launch path, T = 1..8 where fused): fp8_w8a16 Llama 4 Scout
     # TP8 1.37-1.59x, Maverick TP8 1.18-1.56x, Qwen3-30B-A3B 1.26-1.48x, Mixtral TP2 (T <= 4)
-    # 1.24-1.25x; mxfp4 1.01-1.81x. An exploratory run of earlier code (not committed) had the
-    # fused path slower at T = 16 (Scout fp8_w8a16 157 vs 127 us) and at Mixtral T = 8.
+    # 1.24-1.25x. An exploratory run of earlier code (not committed) had the fused path slower
+    # at T = 16 (Scout fp8_w8a16 157 vs 127 us) and at Mixtral T = 8.
     weight_only_tokens: int = 4
+    # mxfp4 fuses only with k <= mxfp4_max_top_k, while T <= 2 x weight_only_tokens: once the
+    # MMA tiles dequantize in PTX (two values a 32-bit operation) the four-launch path beats the
+    # one-pair tiles wherever pairs share experts. H100, results/probe_mxfp4_tiles.json (CUDA
+    # graphs, at 69aebab; best fused tile, default fused, unfused, us): Llama 4 Scout TP8 T = 1
+    # 40.3 / 44.3 / 57.1, T = 8 83.7 / 83.7 / 91.5; Maverick TP8 T = 4 69.7 / 78.7 / 74.2;
+    # Qwen3-30B-A3B (k = 8) T = 1 43.1 (MMA tiles) / 47.6 / 44.4, T = 8 151.8 / 163.1 / 139.1;
+    # Mixtral TP2 (k = 2) T = 1 112.0 / 114.6 / 116.6, T = 4 280.5 / 320.1 / 241.7.
+    mxfp4_max_top_k: int = 1
 
 
 ALWAYS = Switch(max_pairs=1 << 30, max_top_k=1 << 30, fp8=True,
-                weight_only_tokens=1 << 30)  # tests and benchmarks
+                weight_only_tokens=1 << 30, mxfp4_max_top_k=1 << 30)  # tests and benchmarks
 NEVER = Switch(max_pairs=0)
 
 
@@ -126,17 +134,25 @@ def _weight_only_tokens() -> int:
     return _switch.get().weight_only_tokens
 
 
-def use_fused(num_pairs: int, top_k: int = 1, fp8: bool = False,
-              batch_invariant: bool = False, weight_only_experts: int = 0) -> bool:
-    """Whether ``shuffled`` runs A = num_pairs pairs of a top-``top_k`` layer (fp8: its weights
-    are fp8 rowwise w8a8; weight_only_experts: E of a weight-only layer, fp8_w8a16 or mxfp4)
-    through the fused decode kernels. Never in batch-invariant mode: the split-K factor follows
-    A, and with it the sum order."""
-    if batch_invariant or num_pairs > _max_pairs() or top_k > _max_top_k() or (fp8 and not _fp8()):
+@torch._dynamo.assume_constant_result
+def _mxfp4_max_top_k() -> int:
+    return _switch.get().mxfp4_max_top_k
+
+
+def use_fused(num_pairs: int, top_k: int = 1, quant: str = "none", num_experts: int = 0,
+              batch_invariant: bool = False) -> bool:
+    """Whether ``shuffled`` runs A = num_pairs pairs of a top-``top_k`` layer of ``num_experts``
+    experts in the weight format ``quant`` (one the fused kernels read) through the fused
+    decode kernels. Never in batch-invariant mode: the split-K factor follows A, and with it
+    the sum order."""
+    if (batch_invariant or num_pairs > _max_pairs() or top_k > _max_top_k()
+            or (quant == "fp8_rowwise" and not _fp8())):
         return False
-    if weight_only_experts:
-        T, most = num_pairs // max(top_k, 1), _weight_only_tokens()
-        return T <= most or (T <= 2 * most and 2 * num_pairs <= weight_only_experts)
+    T, most = num_pairs // max(top_k, 1), _weight_only_tokens()
+    if quant == "mxfp4":
+        return top_k <= _mxfp4_max_top_k() and T <= 2 * most
+    if quant == "fp8_w8a16":
+        return T <= most or (T <= 2 * most and 2 * num_pairs <= num_experts)
     return True
 
 
@@ -211,7 +227,7 @@ def _heuristic(A: int, E: int, D: int, I: int, dtype: torch.dtype, sms: int) -> 
     # program's weights in flight and leave room for two programs per SM.
     bn, bk, bm, stages = 64, 256 // dtype.itemsize, 16, 3
     if dtype == torch.uint8:  # mxfp4: see MXFP4_GEMV
-        (bn, bk), bm, stages = MXFP4_GEMV[A > 8], 1, 2
+        (bn, bk), bm, stages = MXFP4_GEMV, 1, 2
     active = min(E, A)
     configs = []
     for N, K in ((I, D), (D, I)):
@@ -220,9 +236,8 @@ def _heuristic(A: int, E: int, D: int, I: int, dtype: torch.dtype, sms: int) -> 
     return DecodeConfig(*configs)
 
 
-# mxfp4 (uint8, two values a byte): one pair a tile (_mxfp4_gemv), (block_n, block_k values) for
-# A <= 8 and A > 8. Its dequantization is integer work on the CUDA cores, which bounds it (10-20%
-# of the read ceiling); measured on an H100 (results/probe_weight_only.json, the layer in CUDA
-# graphs, against 16-pair MMA tiles of 64 x 128 values): T = 1 Llama 4 Scout TP8 56 vs 62 us,
-# Mixtral TP2 204 vs 244; Qwen3-30B-A3B T = 4 (A = 32) 175 vs 206; Scout T = 4 137 vs 129.
-MXFP4_GEMV = {False: (16, 512), True: (32, 256)}
+# mxfp4 (uint8, two values a byte): one pair a tile (_mxfp4_gemv), (block_n, block_k values): 32
+# rows and 256 bytes of K a step, the fastest one-pair candidate for the layers that fuse
+# (results/probe_mxfp4_tiles.json, H100, at 69aebab: Llama 4 Scout TP8 T = 1 40.3 us against 44.3
+# with 16 x 512 values, Maverick TP8 T = 1..4 41.7-69.7 against 49.9-78.7).
+MXFP4_GEMV = (32, 512)
