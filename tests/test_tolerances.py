@@ -9,7 +9,7 @@ from factories import gpt_oss_config, make_input, make_layer
 from shufflemoe.testing import tolerance_key
 from shufflemoe import MoEConfig
 from shufflemoe.reference import naive_moe
-from shufflemoe.testing import tolerance_for
+from shufflemoe.testing import compare, tolerance_for
 
 CASES = [
     MoEConfig(hidden_size=7, intermediate_size=inter, num_experts=8, top_k=2, renormalize=True,
@@ -38,3 +38,17 @@ def test_tolerances_are_tight_and_hold():
         bound = tolerance_for(tolerance_key(cfg)).mag
         assert worst <= bound, (cfg.dtype, cfg.quantization, worst, bound)
         assert worst >= bound / 40, f"{tolerance_key(cfg)} bound {bound} is loose: error {worst:.3g}"
+
+
+def test_subnormal_outputs_get_two_steps_of_their_spacing():
+    """fp16 below its normal range (spacing 2^-24): the correctly rounded output of 2.7 steps is
+    off by 11% of itself, which no relative bound allows; three steps off still fails the
+    magnitude bound."""
+    step = 2.0 ** -24
+    ref = torch.tensor([2.7 * step, 1.0], dtype=torch.float64)
+    mag = ref.abs()
+    assert compare(ref.half(), ref, "float16", magnitude=mag).ok
+    assert compare(ref.half(), ref, "float16").ok
+    off = torch.tensor([5.7 * step, 1.0], dtype=torch.float64).half()
+    assert not compare(off, ref, "float16", magnitude=mag).ok
+    assert not compare(ref.half() + 2e-3, ref, "float16", magnitude=mag).ok  # above: relative

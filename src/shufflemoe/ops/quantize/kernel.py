@@ -107,27 +107,13 @@ def e8m0_values(s):
 # and $1. prmt spreads bytes 0, 1 (2, 3) into the two 16-bit halves; each code's sign lands on
 # bit 15 of its half and its exponent and mantissa bits on bits 8..6: a bf16 equal to the e2m1
 # value times 2^-126 (exponent 0: bf16 subnormals, as e2m1's 0 and 0.5). mul.bf16x2 by 2^126
-# (0x7E80) and by the scales: exact, as the products are powers of two times the code.
-_E2M1_BF16_PTX = """{{
-.reg .b32 t, a, b, bias;
-mov.b32 bias, 0x7E807E80;
-prmt.b32 t, $2, 0, 0x4140;
-shl.b32 a, t, {em};
-and.b32 a, a, 0x01C001C0;
-shl.b32 b, t, {sign};
-and.b32 b, b, 0x80008000;
-or.b32 a, a, b;
-mul.rn.bf16x2 a, a, bias;
-mul.rn.bf16x2 $0, a, $3;
-prmt.b32 t, $2, 0, 0x4342;
-shl.b32 a, t, {em};
-and.b32 a, a, 0x01C001C0;
-shl.b32 b, t, {sign};
-and.b32 b, b, 0x80008000;
-or.b32 a, a, b;
-mul.rn.bf16x2 a, a, bias;
-mul.rn.bf16x2 $1, a, $4;
-}}"""
+# (0x7E80) and by the scales: exact, as the products are powers of two times the code. One line,
+# no escapes: Inductor copies the constant into a string literal of its generated code.
+_E2M1_HALVES = ("shl.b32 a, t, {em}; and.b32 a, a, 0x01C001C0; shl.b32 b, t, {sign}; "
+                "and.b32 b, b, 0x80008000; or.b32 a, a, b; mul.rn.bf16x2 a, a, bias; ")
+_E2M1_BF16_PTX = ("{{ .reg .b32 t, a, b, bias; mov.b32 bias, 0x7E807E80; "
+                  "prmt.b32 t, $2, 0, 0x4140; " + _E2M1_HALVES + "mul.rn.bf16x2 $0, a, $3; "
+                  "prmt.b32 t, $2, 0, 0x4342; " + _E2M1_HALVES + "mul.rn.bf16x2 $1, a, $4; }}")
 E2M1_LOW_PTX: tl.constexpr = tl.constexpr(_E2M1_BF16_PTX.format(em=6, sign=12))
 E2M1_HIGH_PTX: tl.constexpr = tl.constexpr(_E2M1_BF16_PTX.format(em=2, sign=8))
 
