@@ -227,7 +227,7 @@ def _heuristic(A: int, E: int, D: int, I: int, dtype: torch.dtype, sms: int) -> 
     # program's weights in flight and leave room for two programs per SM.
     bn, bk, bm, stages = 64, 256 // dtype.itemsize, 16, 3
     if dtype == torch.uint8:  # mxfp4: see MXFP4_GEMV
-        (bn, bk), bm, stages = MXFP4_GEMV[A > 4], 1, 2
+        (bn, bk), bm, stages = MXFP4_GEMV, 1, 2
     active = min(E, A)
     configs = []
     for N, K in ((I, D), (D, I)):
@@ -236,9 +236,8 @@ def _heuristic(A: int, E: int, D: int, I: int, dtype: torch.dtype, sms: int) -> 
     return DecodeConfig(*configs)
 
 
-# mxfp4 (uint8, two values a byte): one pair a tile (_mxfp4_gemv), (block_n, block_k values) for
-# A <= 4 and A > 4: 256 bytes of K a step, 32 rows, then 16. H100, the layer in CUDA graphs,
-# default fused path: with 16 x 512 everywhere (results/probe_mxfp4_tiles.json, 69aebab) Llama 4
-# Scout TP8 T = 1 / 4 / 8 took 44.3 / 70.9 / 83.7 us, Maverick TP8 49.9 / 78.7 / 94.9; with 32 x
-# 512 everywhere (results/probe_mxfp4_256fa64.json) 42.3 / 62.8 / 92.1 and 46.3 / 70.2 / 106.5.
-MXFP4_GEMV = {False: (32, 512), True: (16, 512)}
+# mxfp4 (uint8, two values a byte): one pair a tile (_mxfp4_gemv), (block_n, block_k values): 32
+# rows and 256 bytes of K a step, the fastest one-pair candidate for the layers that fuse
+# (results/probe_mxfp4_tiles.json, H100, at 69aebab: Llama 4 Scout TP8 T = 1 40.3 us against 44.3
+# with 16 x 512 values, Maverick TP8 T = 1..4 41.7-69.7 against 49.9-78.7).
+MXFP4_GEMV = (32, 512)
