@@ -154,8 +154,9 @@ if __name__ == "__main__":
         try:
             compiled = build()
             ttgir = compiled.asm["ttgir"]
-            if "mxfp4" in name and name in BUILDS:  # MMA tiles dequantize in PTX
-                assert "mul.rn.bf16x2" in compiled.asm["ptx"], "no PTX dequantization"
+            if "mxfp4" in name:  # PTX dequantization; MMA tiles scale in bf16x2 too
+                assert "0x4140" in compiled.asm["ptx"], "no PTX dequantization"
+                assert ("mul.rn.bf16x2" in compiled.asm["ptx"]) == (name in BUILDS)
             if name in BUILDS and not name.startswith("grouped"):
                 assert "async_copy_global_to_local" in ttgir, "the K loop is not pipelined"
                 assert "warp_group_dot" in ttgir, "no wgmma"

@@ -54,7 +54,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from .._common import cdiv, next_power_of_2, on_device, traced
 from .._impl import interpreting, kernel_op
 from .._launch import launch, persistent_zeros
-from ..quantize.kernel import (cast_to, e2m1_scaled, e4m3_bits, e8m0_values, fp8_target,
+from ..quantize.kernel import (cast_to, e2m1_f16, e4m3_bits, e8m0_values, fp8_target,
                                mxfp4_values, row_scales, store_fp8)
 from ..quantize.reference import FP8_DTYPE
 from . import configs
@@ -260,18 +260,20 @@ def _row_halves(ptr, row, w, ok, k0, k_hi, K, HAS_W: tl.constexpr, INTERPRET: tl
 
 @triton.jit
 def _mxfp4_gemv(acc, w_ptr, ws_ptr, w_rows, col_ok, k0, k_hi, K, even, odd,
-                BLOCK_K: tl.constexpr):
+                BLOCK_K: tl.constexpr, UPCAST: tl.constexpr):
     """acc [BN, groups] += mxfp4 rows w_rows [BN] at columns k0 .. k0 + BLOCK_K (below k_hi) times
     one row of the input (even, odd: _row_halves), on the CUDA cores, per 32-value group. Kept
     in 3-D [BN, groups, 16 bytes] from load to sum: no nibble interleave, no reshape, no
-    reduction across threads; each group's sum scaled once by 2^14 and its e8m0 scale (powers of
+    reduction across threads; codes decoded times 2^-14 (e2m1_f16: PTX on the GPU, UPCAST the
+    interpreter's float32), each group's sum scaled once by 2^14 and its e8m0 scale (powers of
     two: exact)."""
     g = tl.arange(0, BLOCK_K // 32)
     byte = k0 // 2 + g[:, None] * 16 + tl.arange(0, 16)[None, :]  # [G, 16]
     ok = col_ok[:, None, None] & (byte < k_hi // 2)[None, :, :]
     packed = tl.load(w_ptr + w_rows[:, None, None] * (K // 2) + byte[None, :, :], mask=ok,
-                     other=0).to(tl.int32)
-    p = e2m1_scaled(packed & 0xF) * even[None, :, :] + e2m1_scaled(packed >> 4) * odd[None, :, :]
+                     other=0)
+    p = (e2m1_f16(packed, False, UPCAST).to(tl.float32) * even[None, :, :]
+         + e2m1_f16(packed, True, UPCAST).to(tl.float32) * odd[None, :, :])
     gs = k0 // 32 + g
     s = tl.load(ws_ptr + w_rows[:, None] * (K // 32) + gs[None, :],
                 mask=col_ok[:, None] & (gs < k_hi // 32)[None, :], other=0)
@@ -289,9 +291,9 @@ def _gate_up_step(acc_g, acc_u, k0, k_hi, x_ptr, w_ptr, ws_ptr, tok, rw, inv, ro
         even, odd = _row_halves(x_ptr, tl.sum(tok, 0), tl.sum(rw, 0), ok, k0, k_hi, D, HAS_RW,
                                 INTERPRET, BLOCK_K)
         acc_g = _mxfp4_gemv(acc_g, w_ptr, ws_ptr, gate_rows, col_ok, k0, k_hi, D, even, odd,
-                            BLOCK_K)
+                            BLOCK_K, UPCAST)
         acc_u = _mxfp4_gemv(acc_u, w_ptr, ws_ptr, gate_rows + I, col_ok, k0, k_hi, D, even, odd,
-                            BLOCK_K)
+                            BLOCK_K, UPCAST)
     else:
         kk = k0 + tl.arange(0, BLOCK_K)
         xt = tl.trans(_x_tile(x_ptr, tok, rw, inv, row_ok, kk, D, HAS_RW, QUANT, INTERPRET))
@@ -434,7 +436,8 @@ def _down_step(acc, k0, k_hi, a_ptr, w_ptr, ws_ptr, rows, row_ok, w_rows, col_ok
         even, odd = _row_halves(a_ptr, tl.sum(rows, 0).to(tl.int64), 1.0,
                                 tl.sum(row_ok.to(tl.int32), 0) > 0, k0, k_hi, I, False, False,
                                 BLOCK_K)
-        acc = _mxfp4_gemv(acc, w_ptr, ws_ptr, w_rows, col_ok, k0, k_hi, I, even, odd, BLOCK_K)
+        acc = _mxfp4_gemv(acc, w_ptr, ws_ptr, w_rows, col_ok, k0, k_hi, I, even, odd, BLOCK_K,
+                          UPCAST)
     else:
         kk = k0 + tl.arange(0, BLOCK_K)
         at = tl.load(a_ptr + rows.to(tl.int64)[:, None] * I + kk[None, :],

@@ -103,19 +103,29 @@ def e8m0_values(s):
     return tl.where(si == 0, 5.877471754111438e-39, (si << 23).to(tl.float32, bitcast=True))
 
 
-# PTX for _e2m1_bf16: four bytes in $2, their scales (bf16) in $3 and $4, four values out in $0
-# and $1. prmt spreads bytes 0, 1 (2, 3) into the two 16-bit halves; each code's sign lands on
-# bit 15 of its half and its exponent and mantissa bits on bits 8..6: a bf16 equal to the e2m1
-# value times 2^-126 (exponent 0: bf16 subnormals, as e2m1's 0 and 0.5). mul.bf16x2 by 2^126
-# (0x7E80) and by the scales: exact, as the products are powers of two times the code. One line,
-# no escapes: Inductor copies the constant into a string literal of its generated code.
-_E2M1_HALVES = ("shl.b32 a, t, {em}; and.b32 a, a, 0x01C001C0; shl.b32 b, t, {sign}; "
-                "and.b32 b, b, 0x80008000; or.b32 a, a, b; mul.rn.bf16x2 a, a, bias; ")
-_E2M1_BF16_PTX = ("{{ .reg .b32 t, a, b, bias; mov.b32 bias, 0x7E807E80; "
-                  "prmt.b32 t, $2, 0, 0x4140; " + _E2M1_HALVES + "mul.rn.bf16x2 $0, a, $3; "
-                  "prmt.b32 t, $2, 0, 0x4342; " + _E2M1_HALVES + "mul.rn.bf16x2 $1, a, $4; }}")
-E2M1_LOW_PTX: tl.constexpr = tl.constexpr(_E2M1_BF16_PTX.format(em=6, sign=12))
-E2M1_HIGH_PTX: tl.constexpr = tl.constexpr(_E2M1_BF16_PTX.format(em=2, sign=8))
+def _e2m1_ptx(em: int, mask: int, sign: int, scaled: bool) -> tl.constexpr:
+    """PTX decoding one nibble of each of four bytes ($2) into four 16-bit floats ($0, $1). prmt
+    spreads bytes 0, 1 (2, 3) into the two 16-bit halves; each code's sign lands on bit 15 of its
+    half and its exponent and mantissa bits, shifted by ``em``, under ``mask``: a float's lowest
+    exponent bits and top mantissa bit, so the half holds the e2m1 value times a power of two
+    (exponent 0 lands on subnormals, as e2m1's 0 and 0.5 do). ``scaled``: bf16 (x 2^-126), then
+    mul.bf16x2 by 2^126 (0x7E80) and by the bf16 scales in $3, $4 (exact: powers of two times
+    the code); else fp16 x 2^-14. One line, no escapes: Inductor copies the constant into a
+    string literal of its generated code."""
+    halves = (f"shl.b32 a, t, {em}; and.b32 a, a, {mask:#x}; shl.b32 b, t, {sign}; "
+              "and.b32 b, b, 0x80008000; or.b32 a, a, b; ")
+    ptx = "{ .reg .b32 t, a, b, bias; mov.b32 bias, 0x7E807E80; "
+    for out, select, scale in (("$0", "0x4140", "$3"), ("$1", "0x4342", "$4")):
+        ptx += f"prmt.b32 t, $2, 0, {select}; " + halves
+        ptx += (f"mul.rn.bf16x2 a, a, bias; mul.rn.bf16x2 {out}, a, {scale}; " if scaled
+                else f"mov.b32 {out}, a; ")
+    return tl.constexpr(ptx + "}")
+
+
+E2M1_LOW_PTX: tl.constexpr = _e2m1_ptx(6, 0x01C001C0, 12, True)  # bf16, scaled
+E2M1_HIGH_PTX: tl.constexpr = _e2m1_ptx(2, 0x01C001C0, 8, True)
+E2M1_LOW_F16_PTX: tl.constexpr = _e2m1_ptx(9, 0x0E000E00, 12, False)  # fp16 x 2^-14
+E2M1_HIGH_F16_PTX: tl.constexpr = _e2m1_ptx(5, 0x0E000E00, 8, False)
 
 
 @triton.jit
@@ -125,6 +135,26 @@ def _e2m1_bf16(packed, scale, PTX: tl.constexpr):
     inline assembly)."""
     return tl.inline_asm_elementwise(PTX, "=r,=r,r,r,r", [packed, scale], dtype=tl.bfloat16,
                                      is_pure=True, pack=4)
+
+
+@triton.jit
+def e2m1_f16(packed, HIGH: tl.constexpr, FP32: tl.constexpr):
+    """Values times 2^-14 of each byte's low (HIGH: high) nibble, packed uint8: in PTX, two values
+    a 32-bit operation, to fp16; FP32 (the interpreter, which has no inline assembly):
+    e2m1_scaled, to float32. Both exact."""
+    if FP32:
+        n = packed.to(tl.int32)
+        if HIGH:
+            v = e2m1_scaled(n >> 4)
+        else:
+            v = e2m1_scaled(n & 0xF)
+    elif HIGH:
+        v = tl.inline_asm_elementwise(E2M1_HIGH_F16_PTX, "=r,=r,r", [packed], dtype=tl.float16,
+                                      is_pure=True, pack=4)
+    else:
+        v = tl.inline_asm_elementwise(E2M1_LOW_F16_PTX, "=r,=r,r", [packed], dtype=tl.float16,
+                                      is_pure=True, pack=4)
+    return v
 
 
 @triton.jit

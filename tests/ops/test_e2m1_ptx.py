@@ -1,0 +1,90 @@
+"""The mxfp4 PTX constants, run by a small emulator of the instructions they use (the interpreter
+cannot run inline assembly, so CI checks their bit logic here; the GPU suite runs them for real):
+every byte, both nibbles, against the e2m1 table, through the bf16 path with scales over the e8m0
+range and the fp16 path (values x 2^-14)."""
+
+import struct
+
+import pytest
+
+from shufflemoe.ops.quantize import kernel
+
+E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+
+
+def e2m1(code: int) -> float:
+    return (-1.0 if code & 8 else 1.0) * E2M1[code & 7]
+
+
+def bf16(bits: int) -> float:
+    return struct.unpack("<f", struct.pack("<I", (bits & 0xFFFF) << 16))[0]
+
+
+def bf16_bits(v: float) -> int:
+    """float -> bf16 bits; the products here are exact, so no rounding is needed."""
+    b = struct.unpack("<I", struct.pack("<f", v))[0]
+    assert b & 0xFFFF == 0 and bf16(b >> 16) == v, v
+    return b >> 16
+
+
+def f16(bits: int) -> float:
+    return struct.unpack("<e", struct.pack("<H", bits & 0xFFFF))[0]
+
+
+def run_ptx(ptx: str, regs: dict[str, int]) -> dict[str, int]:
+    """Emulates the subset of PTX the constants use, on 32-bit registers."""
+    r = dict(regs)
+    val = lambda x: r[x] if x in r else int(x, 0)  # noqa: E731
+    body = ptx.strip().removeprefix("{").removesuffix("}")
+    for ins in filter(None, (i.strip() for i in body.split(";"))):
+        op, args = ins.split(None, 1)
+        a = [x.strip() for x in args.split(",")]
+        if op == ".reg":
+            continue
+        if op == "mov.b32":
+            r[a[0]] = val(a[1])
+        elif op == "prmt.b32":
+            src = val(a[1]).to_bytes(4, "little") + val(a[2]).to_bytes(4, "little")
+            sel = val(a[3])
+            r[a[0]] = int.from_bytes(bytes(src[(sel >> 4 * i) & 7] for i in range(4)), "little")
+        elif op == "shl.b32":
+            r[a[0]] = (val(a[1]) << val(a[2])) & 0xFFFFFFFF
+        elif op == "and.b32":
+            r[a[0]] = val(a[1]) & val(a[2])
+        elif op == "or.b32":
+            r[a[0]] = val(a[1]) | val(a[2])
+        elif op == "mul.rn.bf16x2":
+            x, y = val(a[1]), val(a[2])
+            lo, hi = bf16(x) * bf16(y), bf16(x >> 16) * bf16(y >> 16)
+            r[a[0]] = bf16_bits(lo) | bf16_bits(hi) << 16
+        else:
+            raise AssertionError(f"the emulator does not know {op}")
+    return r
+
+
+def halves(regs: dict[str, int]) -> list[int]:
+    return [regs["$0"] & 0xFFFF, regs["$0"] >> 16, regs["$1"] & 0xFFFF, regs["$1"] >> 16]
+
+
+@pytest.mark.parametrize("high", [False, True])
+@pytest.mark.parametrize("s", [0, 1, 100, 127, 130, 200, 252])  # 2^125 x 6: the largest finite
+def test_bf16_ptx_decodes_and_scales_every_byte(high, s):
+    ptx = (kernel.E2M1_HIGH_PTX if high else kernel.E2M1_LOW_PTX).value
+    scale = 2.0 ** (s - 127)
+    sb = bf16_bits(scale)
+    for base in range(0, 256, 4):
+        word = int.from_bytes(bytes(range(base, base + 4)), "little")
+        out = run_ptx(ptx, {"$2": word, "$3": sb | sb << 16, "$4": sb | sb << 16})
+        for byte, bits in zip(range(base, base + 4), halves(out)):
+            code = byte >> 4 if high else byte & 0xF
+            assert bf16(bits) == e2m1(code) * scale, (byte, s)
+
+
+@pytest.mark.parametrize("high", [False, True])
+def test_f16_ptx_decodes_every_byte(high):
+    ptx = (kernel.E2M1_HIGH_F16_PTX if high else kernel.E2M1_LOW_F16_PTX).value
+    for base in range(0, 256, 4):
+        out = run_ptx(ptx, {"$2": int.from_bytes(bytes(range(base, base + 4)), "little")})
+        for byte, bits in zip(range(base, base + 4), halves(out)):
+            code = byte >> 4 if high else byte & 0xF
+            assert f16(bits) == e2m1(code) * 2.0 ** -14, byte
