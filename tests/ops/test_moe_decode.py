@@ -258,10 +258,18 @@ def test_split_heuristic():
     assert configs.use_fused(8, 1, "fp8_w8a16", 16)
     assert not configs.use_fused(9, 1, "fp8_w8a16", 128)
     assert not configs.use_fused(16, 2, "fp8_w8a16", 8)
-    # mxfp4: top-1 only, T <= 8
+    # mxfp4: top-1 while T <= 8, any k at T = 1
     assert configs.use_fused(1, 1, "mxfp4", 16) and configs.use_fused(8, 1, "mxfp4", 16)
     assert not configs.use_fused(9, 1, "mxfp4", 128)
-    assert not configs.use_fused(2, 2, "mxfp4", 8) and not configs.use_fused(8, 8, "mxfp4", 128)
+    assert configs.use_fused(2, 2, "mxfp4", 8) and configs.use_fused(8, 8, "mxfp4", 128)
+    assert not configs.use_fused(4, 2, "mxfp4", 8) and not configs.use_fused(16, 8, "mxfp4", 128)
+
+
+def test_mxfp4_one_pair_rows_halve_past_one_tile_per_sm():
+    """32-row mxfp4 tiles while gate_up's tiles fit the SMs, 16 past that (configs.MXFP4_GEMV)."""
+    rows = lambda A, E, D, I: configs.heuristic((A, E, D, I, torch.uint8, 132)).gate_up.block_n
+    assert rows(1, 16, 5120, 1024) == 32 and rows(4, 16, 5120, 1024) == 32  # 32, 128 tiles
+    assert rows(8, 16, 5120, 1024) == 16 and rows(2, 8, 4096, 7168) == 16  # 256, 448 tiles
 
 
 def test_w8a16_takes_one_pair_tiles():

@@ -45,13 +45,14 @@ class Switch:
     # 1.24-1.25x. An exploratory run of earlier code (not committed) had the fused path slower
     # at T = 16 (Scout fp8_w8a16 157 vs 127 us) and at Mixtral T = 8.
     weight_only_tokens: int = 4
-    # mxfp4 fuses only with k <= mxfp4_max_top_k, while T <= 2 x weight_only_tokens: once the
-    # MMA tiles dequantize in PTX (two values a 32-bit operation) the four-launch path beats the
-    # one-pair tiles wherever pairs share experts. H100, results/probe_mxfp4_tiles.json (CUDA
-    # graphs, at 69aebab; best fused tile, default fused, unfused, us): Llama 4 Scout TP8 T = 1
-    # 40.3 / 44.3 / 57.1, T = 8 83.7 / 83.7 / 91.5; Maverick TP8 T = 4 69.7 / 78.7 / 74.2;
-    # Qwen3-30B-A3B (k = 8) T = 1 43.1 (MMA tiles) / 47.6 / 44.4, T = 8 151.8 / 163.1 / 139.1;
-    # Mixtral TP2 (k = 2) T = 1 112.0 / 114.6 / 116.6, T = 4 280.5 / 320.1 / 241.7.
+    # mxfp4 fuses while T <= 2 x weight_only_tokens with k <= mxfp4_max_top_k, or at T = 1 (k
+    # distinct experts: one-pair tiles stream each once, and eager calls save launches): once
+    # the MMA tiles dequantize in PTX the four-launch path beats one-pair tiles wherever pairs
+    # share experts. H100, results/probe_mxfp4_tiles.json (CUDA graphs, at 69aebab; best fused
+    # tile, default fused, unfused, us): Llama 4 Scout TP8 T = 1 40.3 / 44.3 / 57.1, T = 8 83.7 /
+    # 83.7 / 91.5; Maverick TP8 T = 4 69.7 / 78.7 / 74.2; Qwen3-30B-A3B (k = 8) T = 1 43.1 (MMA
+    # tiles) / 47.6 / 44.4, T = 8 151.8 / 163.1 / 139.1; Mixtral TP2 (k = 2) T = 1 112.0 / 114.6
+    # / 116.6, T = 4 280.5 / 320.1 / 241.7.
     mxfp4_max_top_k: int = 1
 
 
@@ -150,7 +151,7 @@ def use_fused(num_pairs: int, top_k: int = 1, quant: str = "none", num_experts: 
         return False
     T, most = num_pairs // max(top_k, 1), _weight_only_tokens()
     if quant == "mxfp4":
-        return top_k <= _mxfp4_max_top_k() and T <= 2 * most
+        return (top_k <= _mxfp4_max_top_k() or T == 1) and T <= 2 * most
     if quant == "fp8_w8a16":
         return T <= most or (T <= 2 * most and 2 * num_pairs <= num_experts)
     return True
@@ -226,9 +227,11 @@ def _heuristic(A: int, E: int, D: int, I: int, dtype: torch.dtype, sms: int) -> 
     # 256 bytes of K per weight row and step; 3 stages keep 96 KB (gate_up: 2 x 64 rows) of one
     # program's weights in flight and leave room for two programs per SM.
     bn, bk, bm, stages = 64, 256 // dtype.itemsize, 16, 3
-    if dtype == torch.uint8:  # mxfp4: see MXFP4_GEMV
-        (bn, bk), bm, stages = MXFP4_GEMV, 1, 2
     active = min(E, A)
+    if dtype == torch.uint8:  # mxfp4: see MXFP4_GEMV
+        bn, bk, bm, stages = MXFP4_GEMV, 512, 1, 2
+        if active * -(-I // bn) > sms:
+            bn //= 2
     configs = []
     for N, K in ((I, D), (D, I)):
         tiles = active * -(-N // bn)
@@ -236,8 +239,11 @@ def _heuristic(A: int, E: int, D: int, I: int, dtype: torch.dtype, sms: int) -> 
     return DecodeConfig(*configs)
 
 
-# mxfp4 (uint8, two values a byte): one pair a tile (_mxfp4_gemv), (block_n, block_k values): 32
-# rows and 256 bytes of K a step, the fastest one-pair candidate for the layers that fuse
-# (results/probe_mxfp4_tiles.json, H100, at 69aebab: Llama 4 Scout TP8 T = 1 40.3 us against 44.3
-# with 16 x 512 values, Maverick TP8 T = 1..4 41.7-69.7 against 49.9-78.7).
-MXFP4_GEMV = (32, 512)
+# mxfp4 (uint8, two values a byte): one pair a tile (_mxfp4_gemv), 256 bytes of K a step, 32 rows,
+# or 16 where 32-row tiles of gate_up alone outnumber the SMs. H100, the layer in CUDA graphs,
+# both GEMMs on one tile (results/probe_mxfp4_tiles.json at 69aebab, probe_mxfp4_256fa64.json):
+# 32 rows faster at Llama 4 Scout TP8 T = 1 / 4 (32 / 128 tiles; 42.3 / 62.8 us against 44.3 /
+# 70.9) and Maverick TP8 T = 1 / 4, 16 rows at Scout T = 8 (256 tiles; 83.7 against 92.1),
+# Maverick T = 8 and Mixtral TP2 T = 1 (448 tiles; 113.6 against 132.1); Qwen3-30B-A3B T = 1
+# (192 tiles) ties (45.8 / 45.4).
+MXFP4_GEMV = 32
