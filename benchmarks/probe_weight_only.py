@@ -6,7 +6,8 @@ activates (the layer suite's basis), through
   - "unfused": the four-launch grouped-GEMM pipeline (configs.NEVER, the path before);
   - "fused": the default (the tuning table's fp8 rows for fp8_w8a16, the heuristic for mxfp4);
   - at T <= GEMV_T, tile candidates for both fused GEMMs (block_n x bytes of K a step, one pair
-    a tile on the CUDA cores or 16-pair MMA tiles), split-K planned as the heuristic plans it.
+    a tile on the CUDA cores or 16-pair MMA tiles), split-K planned as the heuristic plans it;
+  - with --candidates gemm, at T > GEMV_T, mxfp4 grouped GEMM tiles (GEMM_CANDIDATES).
 Every timed variant is checked against the float64 reference first. Writes
 $OUT/probe_weight_only.json and prints a table.
 
@@ -28,6 +29,7 @@ from shufflemoe.bench.ceilings import measure_ceilings
 from shufflemoe.bench.report import metadata
 from shufflemoe.bench.suites.layer import (N_SETS, PRESETS, _Case, _call, _copies, expert_bytes,
                                            fixed_bytes)
+from shufflemoe.ops.grouped_gemm import configs as gemm_configs
 from shufflemoe.ops.moe_decode import configs
 
 FORMATS = ("fp8_w8a16", "mxfp4")
@@ -37,6 +39,23 @@ GEMV_T = 8
 CANDIDATES = ((64, 64, 16, 4, 3), (64, 128, 16, 4, 3), (32, 128, 16, 4, 4), (128, 64, 16, 8, 3),
               (16, 256, 1, 4, 2), (32, 128, 1, 4, 2), (32, 256, 1, 4, 2), (64, 128, 1, 8, 2),
               (16, 512, 1, 4, 2), (64, 256, 1, 8, 2))
+
+
+# mxfp4 grouped GEMM tiles for T > GEMV_T (block_m, block_n, block_k values, warps, stages), weights
+# on the wgmma M side (swap_ab: the dequantized tile is its register operand, no shared-memory
+# round trip), for the routed GEMMs only (G > 1; the shared expert keeps the heuristic's).
+GEMM_CANDIDATES = ((16, 128, 128, 4, 3), (16, 128, 256, 4, 3), (16, 128, 256, 8, 3),
+                   (16, 64, 256, 4, 4), (16, 64, 512, 4, 3), (16, 128, 512, 8, 2))
+
+
+def gemm_candidate(bm: int, bn: int, bk: int, warps: int, stages: int):
+    tile = gemm_configs.TileConfig(bm, bn, bk, warps, stages, swap_ab=True, ctas_per_sm=2)
+
+    def choose(key):
+        M, N, K, G, dtype = key
+        return tile if G > 1 else gemm_configs._heuristic(*key)
+
+    return choose
 
 
 def candidate(bn: int, k_bytes: int, bm: int, warps: int, stages: int):
@@ -61,7 +80,8 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=540.0)
     ap.add_argument("--formats", default=",".join(FORMATS))
     ap.add_argument("--candidates", default=",".join(FORMATS),
-                    help="formats whose tile candidates are timed (the others: fused, unfused)")
+                    help="formats whose tile candidates are timed (the others: fused, unfused); "
+                         "'gemm': mxfp4 grouped GEMM tiles at T > GEMV_T")
     ap.add_argument("--ts", default=",".join(map(str, TS)), help="token counts")
     args = ap.parse_args()
     start = time.time()
@@ -89,6 +109,10 @@ def main() -> None:
                     for c in CANDIDATES:
                         name = f"{c[0]}x{c[1]}B {'gemv' if c[2] == 1 else 'mma'} w{c[3]} s{c[4]}"
                         variants[name] = configs.override(candidate(*c))
+                if T > GEMV_T and fmt == "mxfp4" and "gemm" in args.candidates.split(","):
+                    for c in GEMM_CANDIDATES:
+                        name = f"gemm {c[0]}x{c[1]}x{c[2]} w{c[3]} s{c[4]}"
+                        variants[name] = gemm_configs.override(gemm_candidate(*c))
                 for name, ctx in variants.items():
                     row = dict(preset=p.name, format=fmt, T=T, variant=name)
                     try:
