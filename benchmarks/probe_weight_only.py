@@ -58,12 +58,15 @@ def gemm_candidate(bm: int, bn: int, bk: int, warps: int, stages: int):
     return choose
 
 
-def candidate(bn: int, k_bytes: int, bm: int, warps: int, stages: int):
-    """The override for one tile candidate: the same tile in both GEMMs, K split as the heuristic
-    splits it (every SM gets a program, at least two K steps a split)."""
+def candidate(bn: int, k_bytes: int, bm: int, warps: int, stages: int, fmt: str):
+    """The override for one tile candidate of the routed experts (format fmt): the same tile in
+    both GEMMs, K split as the heuristic splits it (every SM gets a program, at least two K steps
+    a split). A fused shared expert (E = 1) keeps the tiles it takes without an override."""
 
     def choose(key):
         A, E, D, I, dtype, sms = key
+        if E == 1:
+            return configs._w8a16(*key) if fmt == "fp8_w8a16" else configs._choose(*key)
         bk = k_bytes * 2 if dtype == torch.uint8 else k_bytes // dtype.itemsize
         gemms = []
         for N, K in ((I, D), (D, I)):
@@ -108,7 +111,7 @@ def main() -> None:
                 if T <= GEMV_T and fmt in args.candidates.split(","):
                     for c in CANDIDATES:
                         name = f"{c[0]}x{c[1]}B {'gemv' if c[2] == 1 else 'mma'} w{c[3]} s{c[4]}"
-                        variants[name] = configs.override(candidate(*c))
+                        variants[name] = configs.override(candidate(*c, fmt))
                 if T > GEMV_T and fmt == "mxfp4" and "gemm" in args.candidates.split(","):
                     for c in GEMM_CANDIDATES:
                         name = f"gemm {c[0]}x{c[1]}x{c[2]} w{c[3]} s{c[4]}"
