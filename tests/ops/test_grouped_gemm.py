@@ -325,6 +325,18 @@ def test_heuristic_is_deterministic_and_overridable():
     assert configs.select(100, 64, 32, 3, FP8_DTYPE) != SMALL
 
 
+def test_mxfp4_deep_k_takes_longer_k_steps():
+    # Mixtral TP2 gate_up at T = 64 (k = 2 over 8 experts: 16 rows a group): swapped 16 x 128 tiles.
+    bf16 = configs.select(128, 7168, 4096, 8, torch.bfloat16)
+    assert bf16.swap_ab and bf16.block_n == 128 and bf16.block_k == 128
+    assert configs.select(128, 7168, 4096, 8, torch.bfloat16, "mxfp4") == bf16.with_(
+        block_k=configs.MXFP4_DEEP_BLOCK_K)
+    assert configs.select(128, 7168, 2048, 8, torch.bfloat16, "mxfp4") == bf16  # shallow K
+    assert configs.select(128, 7168, 4096, 8, torch.bfloat16, "fp8_w8a16") == bf16
+    with configs.override(SMALL):  # an override is taken as it is
+        assert configs.select(128, 7168, 4096, 8, torch.bfloat16, "mxfp4") == SMALL
+
+
 @pytest.mark.parametrize("M,bucket", [(0, 1), (1, 1), (2, 2), (128, 128), (129, 256),
                                       (16383, 16384)])
 def test_m_bucket(M, bucket):

@@ -195,6 +195,8 @@ def test_bad_inputs_raise(fmt, change, match):
 GPU_SHAPES = {  # (format, N, K, split, groups): the expert GEMMs of real checkpoints
     "gpt-oss-120b w13, decode": ("mxfp4", 5760, 2880, None, [1, 0, 2, 1] * 8),
     "gpt-oss-120b w2, prefill": ("mxfp4", 2880, 2880, None, [300, 0, 177, 64] * 4),
+    "mixtral tp2 mxfp4 w13, T = 64 (deep K: 256-value steps)": (
+        "mxfp4", 7168, 4096, None, [16, 9, 0, 21, 14, 12, 18, 10]),
     "deepseek-v3 w13, decode": ("fp8_block", 4096, 7168, 2048, [1, 0, 0, 3] * 8),
     "deepseek-v3 w2, prefill": ("fp8_block", 7168, 2048, None, [256, 31, 0, 400]),
     "qwen3-30b-a3b-fp8 w13, prefill": ("fp8_block", 1536, 2048, 768, [500, 0, 129, 77] * 2),

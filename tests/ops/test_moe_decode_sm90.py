@@ -95,7 +95,7 @@ def down(fp8: bool | str, split: int, k: int, pdl: bool, accumulate: bool = True
     return compile_sm90(kernel._down_kernel, sig, consts, **({"launch_pdl": True} if pdl else {}))
 
 
-def grouped_mxfp4(tma: str, swap_ab: bool):
+def grouped_mxfp4(tma: str, swap_ab: bool, block_m: int = 64, block_k: int = 128):
     """The grouped GEMM's mxfp4 path (the interpreter cannot run its PTX dequantization)."""
     from shufflemoe.ops.grouped_gemm import kernel
 
@@ -104,10 +104,10 @@ def grouped_mxfp4(tma: str, swap_ab: bool):
                scatter_ids_ptr="*i32", out_ptr="*bf16", x_host_desc=None, w_host_desc=None,
                M="i32", N="i32", K="i32", G="i32", W="i32", NB="i32", KB="i32", SPLIT="i32",
                num_programs="i32")
-    consts = dict(BLOCK_G=128, BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, TMA=tma, SWAP_AB=swap_ab,
-                  FLATTEN=False, QUANT="mxfp4", HAS_BIAS=False, HAS_WEIGHT_IDS=False,
-                  HAS_ROW_WEIGHTS=False, SCATTER="add", UPCAST=False, DOT_PRECISION="tf32",
-                  INTERPRET=False)
+    consts = dict(BLOCK_G=128, BLOCK_M=block_m, BLOCK_N=128, BLOCK_K=block_k, TMA=tma,
+                  SWAP_AB=swap_ab, FLATTEN=False, QUANT="mxfp4", HAS_BIAS=False,
+                  HAS_WEIGHT_IDS=False, HAS_ROW_WEIGHTS=False, SCATTER="add", UPCAST=False,
+                  DOT_PRECISION="tf32", INTERPRET=False)
     return compile_sm90(kernel._grouped_gemm_kernel, sig, consts)
 
 
@@ -125,6 +125,7 @@ BUILDS = {
     "down mxfp4 top-1 PDL": lambda: down("mxfp4", 1, 1, True),
     "grouped GEMM mxfp4": lambda: grouped_mxfp4("none", False),
     "grouped GEMM mxfp4 device TMA, swapped": lambda: grouped_mxfp4("device", True),
+    "grouped GEMM mxfp4 16 x 128 x 256, swapped": lambda: grouped_mxfp4("none", True, 16, 256),
 }
 GEMV = {  # one pair a tile: no MMA
     "gate_up fp8 one-pair tiles split-K": lambda: gate_up(True, 4, True, False, block_m=1),

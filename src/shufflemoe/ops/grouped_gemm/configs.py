@@ -109,15 +109,29 @@ def m_bucket(M: int) -> int:
     return 1 << max(M - 1, 0).bit_length()
 
 
-def select(M: int, N: int, K: int, G: int, dtype: torch.dtype) -> TileConfig:
-    """The tile configuration for x [M, K] against G groups of [N, K] weights in ``dtype``."""
+def select(M: int, N: int, K: int, G: int, dtype: torch.dtype, quant: str = "none") -> TileConfig:
+    """The tile configuration for x [M, K] in ``dtype`` against G groups of [N, K] weights in
+    the weight format ``quant``."""
     key = (m_bucket(M), N, K, G, dtype)
     chosen = _override.get()
     if chosen is not None:
         return chosen if isinstance(chosen, TileConfig) else chosen(key)
     if _invariant.get() and M > BATCH_INVARIANT_ROWS:
         return batch_invariant_config(N, K, dtype)
-    return _heuristic(*key)
+    cfg = _heuristic(*key)
+    if quant == "mxfp4" and cfg.swap_ab and cfg.block_n == 128 and K >= MXFP4_DEEP_K:
+        cfg = cfg.with_(block_k=MXFP4_DEEP_BLOCK_K)
+    return cfg
+
+
+# mxfp4 weights (half a byte a value) on the memory-bound swapped 16 x 128 tiles: where K is deep,
+# 256 values a K step (128 bytes of each weight row) instead of bf16's 128. H100, the layer in
+# CUDA graphs, routed GEMMs only (results/probe_mxfp4_df01fac.json, "gemm" rows, both GEMMs on
+# 256 values): Mixtral TP2 (K = 4096 / 7168) T = 16 / 64 1.05 / 1.07x, Llama 4 Scout TP8 (5120 /
+# 1024) 1.03 / 1.04x, Maverick 0.99 / 1.00x, Qwen3-30B-A3B (2048 / 768, 3 to 8 steps of 256)
+# 0.94 / 0.96x: so only K >= 4096.
+MXFP4_DEEP_K = 4096
+MXFP4_DEEP_BLOCK_K = 256
 
 
 # Decode: spread the active groups' weights over at least this many tiles (2 programs on each of

@@ -334,7 +334,7 @@ def tma_mode(cfg: configs.TileConfig, x: Tensor, w: Tensor) -> str:
 
 
 def _tile_config(M: int, N: int, K: int, G: int, x: Tensor, quantization: str) -> configs.TileConfig:
-    cfg = configs.select(M, N, K, G, x.dtype)
+    cfg = configs.select(M, N, K, G, x.dtype, quantization)
     if x.dtype == FP8_DTYPE and cfg.block_k < 32:  # fp8 tensor-core dots need K >= 32
         cfg = cfg.with_(block_k=32)
     if quantization == "fp8_block" and cfg.block_k > FP8_BLOCK:  # one scale block a K step
