@@ -1,0 +1,92 @@
+"""Where a per-layer graph replay's host time goes (issue 21: <= 30 us per block call at T = 1).
+
+For each host_cost shape (the first MoE block of a one-layer transformers model at real width,
+patched with the default per-layer graphs), at T = 1: host us per call of
+  - block: the patched block's forward (what host_cost times), ROUNDS samples of CALLS
+    back-to-back calls from a drained queue (host_cost's method: the GPU falls behind when its
+    time per call exceeds the host's), and of one call from a drained queue;
+  - graphed: GraphedMoE.__call__ alone (copy in, replay, clone out);
+  - replay: graph.replay() alone; copy_: the copy in; clone: the copy out;
+and the graph's GPU activities per replay (kernels, memsets, copies; the profiler's count).
+Every variant interleaved within each round. Writes $OUT/probe_replay_host.json.
+
+    PYTHONPATH=src python benchmarks/probe_replay_host.py --out $OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import statistics
+import time
+
+import torch
+
+from shufflemoe.bench.report import metadata
+from shufflemoe.bench.suites.host_cost import SHAPES, _models, first_block
+
+CALLS, ROUNDS, SINGLE = 30, 15, 60
+
+
+def host_us(fn, calls: int) -> float:
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / calls * 1e6
+
+
+def activities(fn) -> dict:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    kinds: dict = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            kind = "memset" if "Memset" in e.name else "memcpy" if "Memcpy" in e.name else "kernel"
+            kinds[kind] = kinds.get(kind, 0) + 1
+    return kinds
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="/tmp/probe_replay_host")
+    args = ap.parse_args()
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for shape in SHAPES:
+        models = _models(shape)
+        block = first_block(models["ours graphs"])
+        x = torch.randn(1, 1, shape.fields["hidden_size"], device="cuda", dtype=torch.bfloat16)
+        with torch.no_grad():
+            for _ in range(3):
+                block(x)
+            run = block.__dict__["_shufflemoe"].run
+            graph, static, res, pad = run._replays[(x.shape, x.dtype, x.device)]
+            fns = {"block": lambda: block(x), "graphed": lambda: run(x), "replay": graph.replay,
+                   "copy_": lambda: static.copy_(x), "clone": res.clone}
+            samples = {(name, n): [] for name in fns for n in (CALLS, 1)}
+            for _ in range(ROUNDS):
+                for name, fn in fns.items():
+                    samples[(name, CALLS)].append(host_us(fn, CALLS))
+                    for _ in range(SINGLE // ROUNDS):
+                        samples[(name, 1)].append(host_us(fn, 1))
+            row = dict(model=shape.name, T=1, graph_activities=activities(graph.replay),
+                       block_activities=activities(lambda: block(x)))
+            for (name, n), s in samples.items():
+                q = statistics.quantiles(s, n=5)
+                row[f"{name} x{n}"] = dict(us=round(statistics.median(s), 2), p20=round(q[0], 2),
+                                           p80=round(q[3], 2))
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        del models, block, run, graph
+        torch.cuda.empty_cache()
+    (out / "probe_replay_host.json").write_text(json.dumps(dict(meta=metadata(), rows=rows), indent=1))
+
+
+if __name__ == "__main__":
+    main()
