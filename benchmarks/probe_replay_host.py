@@ -7,8 +7,10 @@ patched with the default per-layer graphs), at T = 1: host us per call of
     time per call exceeds the host's), and of one call from a drained queue;
   - graphed: GraphedMoE.__call__ alone (copy in, replay, clone out);
   - replay: graph.replay() alone; copy_: the copy in; clone: the copy out;
-and the graph's GPU activities per replay (kernels, memsets, copies; the profiler's count).
-Every variant interleaved within each round. Writes $OUT/probe_replay_host.json.
+and the graph's GPU activities per replay (kernels, memsets, copies; the profiler's count) and
+its nodes and edges (CUDAGraph.debug_dump, $OUT/<model>.dot); with --direct, the copies as
+cudaMemcpyAsync called through ctypes (no aten op). Every variant interleaved within each round.
+Writes $OUT/probe_replay_host.json.
 
     PYTHONPATH=src python benchmarks/probe_replay_host.py --out $OUT
 """
@@ -16,6 +18,7 @@ Every variant interleaved within each round. Writes $OUT/probe_replay_host.json.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import pathlib
 import statistics
@@ -27,6 +30,47 @@ from shufflemoe.bench.report import metadata
 from shufflemoe.bench.suites.host_cost import SHAPES, _models, first_block
 
 CALLS, ROUNDS, SINGLE = 30, 15, 60
+
+
+class DebugGraph(torch.cuda.CUDAGraph):
+    """A CUDAGraph that keeps its graph for debug_dump."""
+
+    def __new__(cls, *args, **kwargs):
+        g = super().__new__(cls, *args, **kwargs)
+        g.enable_debug_mode()
+        return g
+
+
+def cudart() -> ctypes.CDLL:
+    """The CUDA runtime torch loaded (its path from /proc/self/maps)."""
+    lib = next(line.split()[-1] for line in open("/proc/self/maps") if "libcudart.so" in line)
+    return ctypes.CDLL(lib)
+
+
+def direct_copies(x: torch.Tensor, static: torch.Tensor, res: torch.Tensor):
+    """(copy in, clone out) through cudaMemcpyAsync on the current stream, no aten op."""
+    rt = cudart()
+    copy = rt.cudaMemcpyAsync
+    copy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+    stream = torch._C._cuda_getCurrentRawStream
+    dev, nbytes = x.device.index, x.numel() * x.element_size()
+
+    def copy_in():
+        assert copy(static.data_ptr(), x.data_ptr(), nbytes, 3, stream(dev)) == 0
+
+    def clone_out():
+        y = torch.empty(res.shape, dtype=res.dtype, device=res.device)
+        assert copy(y.data_ptr(), res.data_ptr(), nbytes, 3, stream(dev)) == 0
+        return y
+
+    return copy_in, clone_out
+
+
+def dot_counts(text: str) -> dict:
+    counts = {"edges": text.count("->")}
+    for kind in ("KERNEL", "MEMSET", "MEMCPY", "EVENT_RECORD", "WAIT_EVENT", "EMPTY", "HOST"):
+        counts[kind.lower()] = text.count(kind)
+    return counts
 
 
 def host_us(fn, calls: int) -> float:
@@ -54,7 +98,9 @@ def activities(fn) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="/tmp/probe_replay_host")
+    ap.add_argument("--direct", action="store_true")
     args = ap.parse_args()
+    torch.cuda.CUDAGraph = DebugGraph  # the layers' graphs keep what debug_dump writes
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -69,13 +115,28 @@ def main() -> None:
             graph, static, res, pad = run._replays[(x.shape, x.dtype, x.device)]
             fns = {"block": lambda: block(x), "graphed": lambda: run(x), "replay": graph.replay,
                    "copy_": lambda: static.copy_(x), "clone": res.clone}
+            if args.direct:
+                copy_in, clone_out = direct_copies(x, static, res)
+                fns.update(direct_copy_in=copy_in, direct_clone=clone_out)
+
+                def direct_graphed():
+                    copy_in()
+                    graph.replay()
+                    return clone_out()
+
+                fns["direct_graphed"] = direct_graphed
+                y = direct_graphed()
+                torch.testing.assert_close(y, run(x), rtol=0, atol=0)
+            dot = out / f"{shape.name}.dot"
+            graph.debug_dump(str(dot))
             samples = {(name, n): [] for name in fns for n in (CALLS, 1)}
             for _ in range(ROUNDS):
                 for name, fn in fns.items():
                     samples[(name, CALLS)].append(host_us(fn, CALLS))
                     for _ in range(SINGLE // ROUNDS):
                         samples[(name, 1)].append(host_us(fn, 1))
-            row = dict(model=shape.name, T=1, graph_activities=activities(graph.replay),
+            row = dict(model=shape.name, T=1, graph_nodes=dot_counts(dot.read_text()),
+                       graph_activities=activities(graph.replay),
                        block_activities=activities(lambda: block(x)))
             for (name, n), s in samples.items():
                 q = statistics.quantiles(s, n=5)
