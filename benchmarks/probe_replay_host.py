@@ -8,7 +8,7 @@ patched with the default per-layer graphs), at T = 1: host us per call of
   - graphed: GraphedMoE.__call__ alone (copy in, replay, clone out);
   - replay: graph.replay() alone; copy_: the copy in; clone: the copy out;
 and the graph's GPU activities per replay (kernels, memsets, copies; the profiler's count) and
-its nodes and edges (CUDAGraph.debug_dump, $OUT/<model>.dot); with --direct, the copies as
+its nodes and edges (cudaGraphDebugDotPrint, $OUT/<model>.dot); with --direct, the copies as
 cudaMemcpyAsync called through ctypes (no aten op). Every variant interleaved within each round.
 Writes $OUT/probe_replay_host.json.
 
@@ -32,13 +32,11 @@ from shufflemoe.bench.suites.host_cost import SHAPES, _models, first_block
 CALLS, ROUNDS, SINGLE = 30, 15, 60
 
 
-class DebugGraph(torch.cuda.CUDAGraph):
-    """A CUDAGraph that keeps its graph for debug_dump."""
+class KeptGraph(torch.cuda.CUDAGraph):
+    """A CUDAGraph that keeps its cudaGraph_t (raw_cuda_graph) after capture."""
 
-    def __new__(cls, *args, **kwargs):
-        g = super().__new__(cls, *args, **kwargs)
-        g.enable_debug_mode()
-        return g
+    def __new__(cls, keep_graph: bool = True):
+        return super().__new__(cls, True)
 
 
 def cudart() -> ctypes.CDLL:
@@ -100,7 +98,7 @@ def main() -> None:
     ap.add_argument("--out", default="/tmp/probe_replay_host")
     ap.add_argument("--direct", action="store_true")
     args = ap.parse_args()
-    torch.cuda.CUDAGraph = DebugGraph  # the layers' graphs keep what debug_dump writes
+    torch.cuda.CUDAGraph = KeptGraph  # the layers' graphs keep their cudaGraph_t
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -128,14 +126,16 @@ def main() -> None:
                 y = direct_graphed()
                 torch.testing.assert_close(y, run(x), rtol=0, atol=0)
             dot = out / f"{shape.name}.dot"
-            graph.debug_dump(str(dot))
+            rt, raw, n = cudart(), ctypes.c_void_p(graph.raw_cuda_graph()), ctypes.c_size_t(0)
+            assert rt.cudaGraphDebugDotPrint(raw, str(dot).encode(), 0) == 0
+            assert rt.cudaGraphGetNodes(raw, None, ctypes.byref(n)) == 0
             samples = {(name, n): [] for name in fns for n in (CALLS, 1)}
             for _ in range(ROUNDS):
                 for name, fn in fns.items():
                     samples[(name, CALLS)].append(host_us(fn, CALLS))
                     for _ in range(SINGLE // ROUNDS):
                         samples[(name, 1)].append(host_us(fn, 1))
-            row = dict(model=shape.name, T=1, graph_nodes=dot_counts(dot.read_text()),
+            row = dict(model=shape.name, T=1, nodes=n.value, graph_nodes=dot_counts(dot.read_text()),
                        graph_activities=activities(graph.replay),
                        block_activities=activities(lambda: block(x)))
             for (name, n), s in samples.items():
