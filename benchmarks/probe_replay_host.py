@@ -32,11 +32,23 @@ from shufflemoe.bench.suites.host_cost import SHAPES, _models, first_block
 CALLS, ROUNDS, SINGLE = 30, 15, 60
 
 
-class KeptGraph(torch.cuda.CUDAGraph):
-    """A CUDAGraph that keeps its cudaGraph_t (raw_cuda_graph) after capture."""
-
-    def __new__(cls, keep_graph: bool = True):
-        return super().__new__(cls, True)
+def kept_capture(run) -> torch.cuda.CUDAGraph:
+    """The layer's T = 1 graph captured again as GraphedMoE._capture does, keeping its
+    cudaGraph_t (keep_graph=True) for cudaGraphDebugDotPrint."""
+    pool, layer = run.pool, run.layer
+    x, out = pool.io(1, layer.config.hidden_size, layer.config.dtype)
+    main = torch.cuda.current_stream()
+    pool.stream.wait_stream(main)
+    graph = torch.cuda.CUDAGraph(keep_graph=True)
+    with torch.cuda.stream(pool.stream):
+        layer.forward_into(x, out)
+        pool.stream.synchronize()
+        graph.capture_begin(pool=pool.handle)
+        layer.forward_into(x, out)
+        graph.capture_end()
+    main.wait_stream(pool.stream)
+    graph.instantiate()
+    return graph
 
 
 def cudart() -> ctypes.CDLL:
@@ -98,7 +110,6 @@ def main() -> None:
     ap.add_argument("--out", default="/tmp/probe_replay_host")
     ap.add_argument("--direct", action="store_true")
     args = ap.parse_args()
-    torch.cuda.CUDAGraph = KeptGraph  # the layers' graphs keep their cudaGraph_t
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -126,7 +137,9 @@ def main() -> None:
                 y = direct_graphed()
                 torch.testing.assert_close(y, run(x), rtol=0, atol=0)
             dot = out / f"{shape.name}.dot"
-            rt, raw, n = cudart(), ctypes.c_void_p(graph.raw_cuda_graph()), ctypes.c_size_t(0)
+            kept = kept_capture(run)
+            fns["kept replay"] = kept.replay
+            rt, raw, n = cudart(), ctypes.c_void_p(kept.raw_cuda_graph()), ctypes.c_size_t(0)
             assert rt.cudaGraphDebugDotPrint(raw, str(dot).encode(), 0) == 0
             assert rt.cudaGraphGetNodes(raw, None, ctypes.byref(n)) == 0
             samples = {(name, n): [] for name in fns for n in (CALLS, 1)}
