@@ -66,7 +66,8 @@ def test_eager_decode_fuses_a_plain_shared_expert(name, T):
 def test_prefill_top1_routed_experts_write_out_first(impl, shared):
     """Past shared_stream_max_tokens with top-1 routing, GEMM2 stores each token's row into out
     (poisoned with NaN: never read) and the shared expert adds into it; a capacity factor or
-    top-2 keep the shared-expert-first flow. Each against float64."""
+    top-2 keep the shared-expert-first flow. Without a shared expert the routed experts write
+    out at every T and k (combined in a fixed order). Each against float64."""
     cfg = CONFIGS["llama4-like"].replace(shared_stream_max_tokens=8,
                                           shared_intermediate_size=shared)
     layer = make_layer(cfg, device=DEVICE)
@@ -74,13 +75,32 @@ def test_prefill_top1_routed_experts_write_out_first(impl, shared):
     r = layer.route(x)
     ref, mag = naive_moe(layer, x, r, with_magnitude=True)
     with use_impl(impl):
-        assert layer._routed_first(x) and not layer._routed_first(x[:8])
+        assert layer._routed_first(x) and layer._routed_first(x[:8]) == (not shared)
         out = torch.full_like(x, float("nan"))
         assert layer.forward_into(x, out) is out
         assert_close(out, ref, tolerance_key(cfg), magnitude=mag)
         check_layer(layer, x)
-    for change in (dict(capacity_factor=1.0), dict(top_k=2, router="topk", scoring="softmax")):
-        assert not make_layer(cfg.replace(**change), device=DEVICE)._routed_first(x)
+    top2 = dict(top_k=2, router="topk", scoring="softmax")
+    for change in (dict(capacity_factor=1.0), top2, dict(top2, deterministic=False)):
+        want = not shared and "capacity_factor" not in change and change.get("deterministic", True)
+        assert make_layer(cfg.replace(**change), device=DEVICE)._routed_first(x) == want
+
+
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+@pytest.mark.parametrize("T", [1, 3, 61])
+def test_no_shared_expert_top_k_writes_out_unread(impl, T):
+    """No shared expert, k = 8: out (NaN) is written, never read or zero-filled, through the fused
+    decode combine (small T) and the token-major sum (T = 61), against float64."""
+    cfg = CONFIGS["qwen3-like"]
+    assert cfg.shared_intermediate_size == 0 and cfg.top_k > 1
+    layer = make_layer(cfg, device=DEVICE)
+    x = make_input(cfg, T, seed=T, device=DEVICE)
+    ref, mag = naive_moe(layer, x, layer.route(x), with_magnitude=True)
+    with use_impl(impl):
+        assert layer._routed_first(x)
+        out = torch.full_like(x, float("nan"))
+        assert layer.forward_into(x, out) is out
+        assert_close(out, ref, tolerance_key(cfg), magnitude=mag)
 
 
 def test_batched_input_and_tiny_batches():

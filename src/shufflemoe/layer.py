@@ -411,19 +411,27 @@ class MoE(nn.Module):
         return out
 
     def _routed_first(self, x: Tensor) -> bool:
-        """Prefill (T past shared_stream_max_tokens, so graphs and eager calls agree) with top-1
-        routing and every pair routed (no capacity), on one device through a strategy that can
-        overwrite, with no shared expert or a plain one: GEMM2's epilogue stores each token's
-        row into out without reading it, and the shared expert's down projection adds into it
-        (cuBLAS, beta = 1), instead of the routed rows being read and added onto the shared
-        output (Llama 4 Scout TP8 at T = 16384 on an H100: the read made GEMM2 1.28x slower in
-        bf16, 2.34x in fp8; benchmarks/results/probe_prefill.json). Out is rounded once either
-        way, so every path of one T keeps the same bits."""
+        """Whether the routed experts write every row of out (overwrite), every pair routed (no
+        capacity) on one device through a strategy that can overwrite, and either
+        - no shared expert: nothing else writes out, so it is not zero-filled first (one launch
+          less a call, at decode a fill kernel less in the graph), any k combined in a fixed
+          order (not the opt-in atomic combine, cfg.deterministic False); or
+        - prefill (T past shared_stream_max_tokens, so graphs and eager calls agree) with top-1
+          routing and a plain shared expert: GEMM2's epilogue stores each token's row into out
+          without reading it, and the shared expert's down projection adds into it (cuBLAS,
+          beta = 1), instead of the routed rows being read and added onto the shared output
+          (Llama 4 Scout TP8 at T = 16384 on an H100: the read made GEMM2 1.28x slower in bf16,
+          2.34x in fp8; benchmarks/results/probe_prefill.json).
+        Out is rounded once either way, so every path of one T keeps the same bits."""
         cfg = self.config
+        if not (cfg.capacity_factor is None and self.experts.overwrites
+                and isinstance(self.dispatch, LocalDispatch)):
+            return False
+        if self.shared_w13 is None:
+            return cfg.top_k == 1 or cfg.deterministic
         return (x.shape[0] > cfg.shared_stream_max_tokens and cfg.top_k == 1
-                and cfg.capacity_factor is None and not cfg.batch_invariant
-                and self.experts.overwrites and isinstance(self.dispatch, LocalDispatch)
-                and self.shared_gate is None and not self.shared_split)
+                and not cfg.batch_invariant and self.shared_gate is None
+                and not self.shared_split)
 
     def _fuses_shared(self, x: Tensor, hot: _Hot) -> bool:
         """A plain shared expert (no gate, not split in parts, contiguous weights) at decode

@@ -12,7 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shufflemoe.ops import scatter_add
-from shufflemoe.testing import assert_close
+from shufflemoe.ops._impl import ops_for
+from shufflemoe.testing import assert_close, poisoned
 
 CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
@@ -163,6 +164,21 @@ def test_positions_kernel_int64_empty_and_no_valid_pairs():
     before = out.clone()
     assert torch.equal(scatter_add(out, y, ids, w, num_valid=zero, positions=pos, impl="triton"),
                        before)
+
+
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+@pytest.mark.parametrize("T,k,n_valid", [(13, 8, 61), (7, 3, None), (1, 1, None)])
+def test_token_sum_overwrite_ignores_out(impl, T, k, n_valid):
+    """accumulate=False (the layer's combine when nothing else writes out): out = the sum, out's
+    old values (NaN here) unread; bit for bit the sum added onto zeros."""
+    _, y, ids, w, nv, pos = make_routed(T, k, 301, torch.bfloat16, n_valid=n_valid, seed=T + k)
+    ops = ops_for(impl)
+    got = ops.token_sum(poisoned(T, 301, dtype=torch.bfloat16, device=DEV), y, pos, w, nv, None,
+                        False)
+    zeros = torch.zeros(T, 301, dtype=torch.bfloat16, device=DEV)
+    want, mag = loop_scatter(zeros, y, ids, w, nv, None)
+    assert_close(got, want, "bfloat16", magnitude=mag)
+    assert torch.equal(got, ops.token_sum(zeros, y, pos, w, nv, None))
 
 
 @pytest.mark.parametrize("T,k,n_valid", [(5, 3, 11), (3, 40, 100), (2, 8, None)],

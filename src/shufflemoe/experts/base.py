@@ -76,8 +76,8 @@ class Experts:
     name: ClassVar[str]
     graph_safe: ClassVar[bool] = True  # no host sync: works inside a captured CUDA graph
     batch_invariant: ClassVar[bool] = False  # honours MoEConfig.batch_invariant
-    # takes forward(..., overwrite=True): top-1 routing with every pair routed, the routed output
-    # written into out (whose old values are not wanted) instead of added to it
+    # takes forward(..., overwrite=True): every pair routed, the routed output written into out
+    # (whose old values are not wanted) instead of added to it
     overwrites: ClassVar[bool] = False
     summary: ClassVar[str] = ""
 

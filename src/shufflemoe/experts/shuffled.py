@@ -26,7 +26,7 @@ class Shuffled(Experts):
 
     def forward(self, x, routing, weights, out, cfg, before_combine=lambda: None,
                 overwrite=False):
-        """out += the routed output; overwrite (top-1, every pair routed): out = it."""
+        """out += the routed output; overwrite (every pair routed): out = it."""
         r, w, ops = routing, weights, backend_for(x)
         w_in, w_out = pair_weights(r, cfg)
         # fused kernels only: the torch reference of the fused path composes the same ops as
@@ -51,9 +51,11 @@ class Shuffled(Experts):
         a = glu(ops, h, w, cfg, nv)  # [A, I]
         # top-1: one pair a token, the epilogue adds it without atomics (or stores it: nothing
         # to read); the opt-in atomic combine adds k > 1 rows in any order
+        if overwrite and atomic:  # atomics add into out (the layer does not ask for this)
+            out.zero_()
         if cfg.top_k == 1 or atomic:
             before_combine()
-            scatter = "store" if overwrite else "add_unique" if cfg.top_k == 1 else "add"
+            scatter = "add" if cfg.top_k > 1 else "store" if overwrite else "add_unique"
             expert_gemm(ops, a, w, "w2", r.counts, cfg.dtype, row_weights=w_out,
                         scatter_ids=r.token_ids, out=out, scatter=scatter, all_rows=r.all_routed)
             return
@@ -61,7 +63,7 @@ class Shuffled(Experts):
         y = expert_gemm(ops, a, w, "w2", r.counts, cfg.dtype, row_weights=w_out,
                         all_rows=r.all_routed)  # [A, D]
         before_combine()
-        ops.token_sum(out, y, r.positions, None, nv, None)
+        ops.token_sum(out, y, r.positions, None, nv, None, not overwrite)
 
 
 def _fusable(x, w, cfg) -> bool:

@@ -182,7 +182,7 @@ class Ops:
     # (h, num_valid, quantize, out, (activation, alpha, limit)) -> a | (q, scale)
     silu_mul: Callable
     scatter_add: Callable  # (out, y, token_ids, weights, num_valid, rows) -> out
-    token_sum: Callable  # (out, y, positions, weights, num_valid, rows) -> out
+    token_sum: Callable  # (out, y, positions, weights, num_valid, rows, accumulate=True) -> out
     combine_shuffling: Callable  # (x, counts, starts, out) -> (out, counts per local expert)
     split_shuffling: Callable  # (y, counts, starts, out) -> out
     # (x, w13, w13_scale, counts, token_ids, row_weights, out[, workspace]) -> a | (q, scale)

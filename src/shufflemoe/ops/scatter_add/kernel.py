@@ -40,7 +40,7 @@ from ..quantize.kernel import cast_to
 
 @triton.jit
 def _scatter_add_kernel(
-    out_ptr,  # [T, D] added to in place
+    out_ptr,  # [T, D] added to in place (ACCUMULATE) or written
     y_ptr,  # [R, D] rows to add
     ids_ptr,  # [A] int32/int64 destination token of each pair
     w_ptr,  # [A] float32 weights (unused when not HAS_W)
@@ -79,7 +79,7 @@ def _scatter_add_kernel(
 
 @triton.jit
 def _token_sum_kernel(
-    out_ptr,  # [T, D] added to in place
+    out_ptr,  # [T, D] added to in place (ACCUMULATE) or written
     y_ptr,  # [R, D] pair rows
     pos_ptr,  # [T * K] int32/int64: pair p of token t's j-th choice (Routing.positions)
     w_ptr,  # [P] float32 weights, by pair (unused when not HAS_W)
@@ -93,6 +93,7 @@ def _token_sum_kernel(
     HAS_W: tl.constexpr,
     HAS_NV: tl.constexpr,
     HAS_ROWS: tl.constexpr,
+    ACCUMULATE: tl.constexpr,  # out += the sum (else out = it)
     INTERPRET: tl.constexpr,  # integer bf16 rounding
     BLOCK_D: tl.constexpr,  # columns per program (grid axis 1 covers D)
 ):
@@ -104,7 +105,10 @@ def _token_sum_kernel(
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     cmask = cols < D
     dst = out_ptr + t * D + cols
-    acc = tl.load(dst, mask=cmask, other=0.0).to(tl.float32)  # [BLOCK_D]
+    if ACCUMULATE:
+        acc = tl.load(dst, mask=cmask, other=0.0).to(tl.float32)  # [BLOCK_D]
+    else:
+        acc = tl.zeros([BLOCK_D], tl.float32)
     jj = tl.arange(0, KP)
     pos = tl.load(pos_ptr + t * K + jj, mask=jj < K, other=2**31 - 1).to(tl.int32)  # [KP]
     if K > 1:
@@ -165,7 +169,7 @@ def _scatter_add_op(out: Tensor, y: Tensor, token_ids: Tensor, weights: Optional
 
 @kernel_op("scatter_add_token_major", mutates_args=("out",))
 def _token_sum_op(out: Tensor, y: Tensor, positions: Tensor, weights: Optional[Tensor],
-                  num_valid: Optional[Tensor], rows: Optional[Tensor]) -> None:
+                  num_valid: Optional[Tensor], rows: Optional[Tensor], accumulate: bool) -> None:
     (T, D), A = out.shape, positions.shape[0]
     if A == 0 or D == 0:
         return
@@ -175,8 +179,8 @@ def _token_sum_op(out: Tensor, y: Tensor, positions: Tensor, weights: Optional[T
         out, y, positions, weights, num_valid, rows,
         y.shape[0] if rows is None else rows.shape[0], D, K=k, KP=next_power_of_2(k),
         UNROLL=k <= 16, HAS_W=weights is not None, HAS_NV=num_valid is not None,
-        HAS_ROWS=rows is not None, INTERPRET=interpreting(), BLOCK_D=block,
-        num_warps=max(1, min(8, block // 256)))
+        HAS_ROWS=rows is not None, ACCUMULATE=accumulate, INTERPRET=interpreting(),
+        BLOCK_D=block, num_warps=max(1, min(8, block // 256)))
 
 
 def scatter_add(
@@ -200,8 +204,9 @@ def token_sum(
     weights: Tensor | None,
     num_valid: Tensor | None,
     rows: Tensor | None = None,
+    accumulate: bool = True,
 ) -> Tensor:
-    """out [T, D] += the valid pairs of each token, found through positions [T * k]; returns out.
-    Arguments were checked by the public function."""
-    _token_sum_op(out, y, positions, weights, num_valid, rows)
+    """out [T, D] += the valid pairs of each token, found through positions [T * k] (not
+    accumulate: out = their sum); returns out. Arguments were checked by the public function."""
+    _token_sum_op(out, y, positions, weights, num_valid, rows, accumulate)
     return out

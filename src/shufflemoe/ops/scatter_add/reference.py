@@ -30,7 +30,7 @@ def _scatter_add(out: Tensor, y: Tensor, token_ids: Tensor, weights: Optional[Te
 
 @inplace_op("scatter_add_token_major_ref", mutates_args=("out",))
 def _token_sum(out: Tensor, y: Tensor, positions: Tensor, weights: Optional[Tensor],
-               num_valid: Optional[Tensor], rows: Optional[Tensor]) -> None:
+               num_valid: Optional[Tensor], rows: Optional[Tensor], accumulate: bool) -> None:
     T, A = out.shape[0], positions.shape[0]
     if A == 0:
         return
@@ -44,7 +44,7 @@ def _token_sum(out: Tensor, y: Tensor, positions: Tensor, weights: Optional[Tens
     if weights is not None:
         terms = terms * weights[pos].unsqueeze(2)
     terms = torch.where(valid.unsqueeze(2), terms, 0.0)  # also clears poisoned (NaN) rows
-    acc = out.float()
+    acc = out.float() if accumulate else torch.zeros_like(terms[:, 0])
     for j in range(A // T):  # k sequential adds, not a tree: the sum order is fixed
         acc = acc + terms[:, j]
     out.copy_(acc)
@@ -70,9 +70,10 @@ def token_sum(
     weights: Tensor | None,
     num_valid: Tensor | None,
     rows: Tensor | None = None,
+    accumulate: bool = True,
 ) -> Tensor:
     """out [T, D] += sum over j of y[rows[p]] * weights[p], p = positions [T * k] in ascending
-    order per token, only 0 <= p < num_valid. Float32 from out on, one rounding: the kernel's
-    order exactly."""
-    _token_sum(out, y, positions, weights, num_valid, rows)
+    order per token, only 0 <= p < num_valid (not accumulate: out = the sum, out's old values
+    unread). Float32 from out (or zero) on, one rounding: the kernel's order exactly."""
+    _token_sum(out, y, positions, weights, num_valid, rows, accumulate)
     return out
