@@ -8,7 +8,8 @@ patched with the default per-layer graphs), at T = 1: host us per call of
   - graphed: GraphedMoE.__call__ alone (copy in, replay, clone out);
   - replay: graph.replay() alone; copy_: the copy in; clone: the copy out;
 and the graph's GPU activities per replay (kernels, memsets, copies; the profiler's count) and
-its nodes and edges (cudaGraphDebugDotPrint, $OUT/<model>.dot); with --direct, the copies as
+its nodes and edges (cudaGraphDebugDotPrint, $OUT/<model>.dot); "replay pdl=...": the graph
+captured again with the fused decode kernels' PDL forced off / on; with --direct, the copies as
 cudaMemcpyAsync called through ctypes (no aten op). Every variant interleaved within each round.
 Writes $OUT/probe_replay_host.json.
 
@@ -24,9 +25,12 @@ import pathlib
 import statistics
 import time
 
+import dataclasses
+
 import torch
 
 from shufflemoe.bench.report import metadata
+from shufflemoe.ops.moe_decode import configs as decode_configs
 from shufflemoe.bench.suites.host_cost import SHAPES, _models, first_block
 
 CALLS, ROUNDS, SINGLE = 30, 15, 60
@@ -139,6 +143,11 @@ def main() -> None:
             dot = out / f"{shape.name}.dot"
             kept = kept_capture(run)
             fns["kept replay"] = kept.replay
+            for pdl in (False, True):  # the fused decode kernels with and without PDL
+                with decode_configs.override(
+                        lambda key, pdl=pdl: dataclasses.replace(decode_configs._choose(*key),
+                                                                 pdl=pdl)):
+                    fns[f"replay pdl={pdl}"] = kept_capture(run).replay
             rt, raw, n = cudart(), ctypes.c_void_p(kept.raw_cuda_graph()), ctypes.c_size_t(0)
             assert rt.cudaGraphDebugDotPrint(raw, str(dot).encode(), 0) == 0
             assert rt.cudaGraphGetNodes(raw, None, ctypes.byref(n)) == 0

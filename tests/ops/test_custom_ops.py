@@ -106,7 +106,7 @@ def _opcheck_cases() -> dict[str, tuple]:
         "quantize_fp8_groups": (h, r.num_valid, empty(A, 2 * I, dtype=fp8), empty(A, 1), 128),
         "scatter_add": (torch.zeros(T, I, device=DEV), y, r.token_ids, r.weights, r.num_valid, None),
         "scatter_add_token_major": (torch.zeros(T, I, device=DEV), y, r.positions, r.weights,
-                                    r.num_valid, torch.arange(A, dtype=i32, device=DEV)),
+                                    r.num_valid, torch.arange(A, dtype=i32, device=DEV), False),
         "combine_shuffling": (h, counts, starts, empty(A, 2 * I), empty(E // 2, dtype=i32)),
         "split_shuffling": (h, counts, starts, empty(A, 2 * I)),
         "decode_gate_up": (d["x"], d["w13"], None, r.counts, r.token_ids, r.weights,
