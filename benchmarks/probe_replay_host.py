@@ -23,7 +23,6 @@ import ctypes
 import json
 import pathlib
 import statistics
-import time
 
 import dataclasses
 
@@ -31,7 +30,7 @@ import torch
 
 from shufflemoe.bench.report import metadata
 from shufflemoe.ops.moe_decode import configs as decode_configs
-from shufflemoe.bench.suites.host_cost import SHAPES, _models, first_block
+from shufflemoe.bench.suites.host_cost import SHAPES, _models, _sample, first_block
 
 CALLS, ROUNDS, SINGLE = 30, 15, 60
 
@@ -85,16 +84,6 @@ def dot_counts(text: str) -> dict:
     for kind in ("KERNEL", "MEMSET", "MEMCPY", "EVENT_RECORD", "WAIT_EVENT", "EMPTY", "HOST"):
         counts[kind.lower()] = text.count(kind)
     return counts
-
-
-def host_us(fn, calls: int) -> float:
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) / calls * 1e6
 
 
 def activities(fn) -> dict:
@@ -154,9 +143,9 @@ def main() -> None:
             samples = {(name, n): [] for name in fns for n in (CALLS, 1)}
             for _ in range(ROUNDS):
                 for name, fn in fns.items():
-                    samples[(name, CALLS)].append(host_us(fn, CALLS))
+                    samples[(name, CALLS)].append(_sample(fn, CALLS)[0])
                     for _ in range(SINGLE // ROUNDS):
-                        samples[(name, 1)].append(host_us(fn, 1))
+                        samples[(name, 1)].append(_sample(fn, 1)[0])
             row = dict(model=shape.name, T=1, nodes=n.value, graph_nodes=dot_counts(dot.read_text()),
                        graph_activities=activities(graph.replay),
                        block_activities=activities(lambda: block(x)))

@@ -18,27 +18,16 @@ import argparse
 import json
 import pathlib
 import statistics
-import time
 
 import torch
 import torch._inductor.config as inductor_config
 
 from shufflemoe.bench.report import metadata
-from shufflemoe.bench.suites.host_cost import SHAPES, config, first_block
+from shufflemoe.bench.suites.host_cost import SHAPES, _sample, config, first_block
 from shufflemoe.integrations.transformers import patch
 from shufflemoe.integrations.transformers.models import build_model
 
 CALLS, ROUNDS = 30, 15
-
-
-def host_us(fn, calls: int) -> float:
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) / calls * 1e6
 
 
 def main() -> None:
@@ -73,7 +62,7 @@ def main() -> None:
             samples = {name: [] for name in fns}
             for _ in range(ROUNDS):
                 for name, fn in fns.items():
-                    samples[name].append(host_us(fn, CALLS))
+                    samples[name].append(_sample(fn, CALLS)[0])
         row = dict(model=shape.name, T=1, bitwise_equal=same)
         for name, s in samples.items():
             q = statistics.quantiles(s, n=5)
