@@ -153,3 +153,26 @@ def test_compiled_fused_decode_leaves_pdl_out():
         logger.removeHandler(handler)
     assert not [r for r in records if "every input is mutated" in r.getMessage()]
     assert torch.equal(got, want)
+
+
+def test_compiled_fused_shared_expert_makes_no_routing():
+    """The fused shared expert's routing (every token on one expert) is views of the layer's
+    persistent arange: a compiled graph makes no tensor for it (no arange or full node, which
+    Inductor would launch as kernels every call)."""
+    layer = make_layer(KERNEL_CONFIGS["llama4-bf16"], device=DEV)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    x = make_input(layer.config, 3, device=DEV)
+    with use_impl("triton"):
+        layer._hot()  # gathered for real first, as an eager call or patch() does
+        got = torch.compile(layer, fullgraph=True, backend=backend)(x)
+        want = layer(x)
+    calls = [str(n.target) for g in graphs for n in g.graph.nodes if n.op == "call_function"]
+    assert any("decode" in c for c in calls), "the fused decode kernels were not traced"
+    assert not [c for c in calls if "arange" in c or "full" in c], calls
+    assert torch.equal(got, want)

@@ -57,6 +57,10 @@ class _Hot:
     shared_gate: Tensor | None
     route: Callable[[Tensor, MoEConfig, Tensor | None], Routing]
     shared_fusable: bool  # a plain shared expert the fused decode kernels can run (_fuses_shared)
+    # [T] = (counts [1] = T, token ids = positions [T] = 0..T-1) int32 for T up to
+    # SHARED_FUSED_MAX_TOKENS: the fused shared expert's routing, views of one persistent arange
+    # (no kernel to make them in a call, a compiled graph or a capture); () when not fusable
+    one_expert: tuple[tuple[Tensor, Tensor], ...]
     # (region, T, stream, impl, batch-invariant tiles) -> _launch.Plan | None
     plans: dict = field(default_factory=dict)
 
@@ -68,6 +72,9 @@ PLAN_MAX_TOKENS = 256  # launch plans for T up to this (their shared workspace g
 # so that on a graph's side stream they never share arrival words with the routed experts'.
 SHARED_FUSED_MAX_TOKENS = 16
 SHARED_WORKSPACE = 1
+# Attributes _Hot does not depend on: setting them keeps it (torch.compile(layer) sets the first
+# two; a compiled call then reads the gathered _Hot, its tensors graph inputs, not made anew)
+_NOT_GATHERED = frozenset({"training", "_is_torch_compile", "_side_stream"})
 # Recorded regions, shared by layers of the same config and layouts (see MoE._planned).
 _TEMPLATES: dict[tuple, _launch.Template | None] = {}
 
@@ -230,23 +237,31 @@ class MoE(nn.Module):
 
     def __setattr__(self, name: str, value) -> None:
         super().__setattr__(name, value)
-        self.__dict__["_hot_parts"] = None
+        if name not in _NOT_GATHERED:
+            self.__dict__["_hot_parts"] = None
 
     def _apply(self, fn, recurse=True):
         self.__dict__["_hot_parts"] = None  # .to() / .cuda(): new devices and dtypes
         return super()._apply(fn, recurse)
 
     def _hot(self) -> _Hot:
-        hot = self.__dict__.get("_hot_parts")
+        hot = self._hot_parts  # plain attribute lookup: torch.compile sees the gathered one
         if hot is None:
             cfg = self.config
             fusable = (self.shared_w13 is not None and self.shared_gate is None
                        and not self.shared_split and not cfg.batch_invariant
                        and self.shared_w13.is_contiguous() and self.shared_w2.is_contiguous())
+            one = ()
+            if fusable:
+                iota = torch.arange(SHARED_FUSED_MAX_TOKENS + 1, dtype=torch.int32,
+                                    device=self.shared_w13.device)
+                one = tuple((iota[T : T + 1], iota[:T]) for T in range(len(iota)))
             hot = _Hot(self.expert_weights, self.router_weight, self.router_bias,
                        self.router_logits_bias, self.shared_w13, self.shared_w2, self.shared_gate,
-                       ROUTERS.get(cfg.router), fusable)
-            self.__dict__["_hot_parts"] = hot
+                       ROUTERS.get(cfg.router), fusable, one)
+            capturing = self.w13.is_cuda and torch.cuda.is_current_stream_capturing()
+            if not capturing:  # captured, the arange would be written only by the replay
+                self.__dict__["_hot_parts"] = hot
             if not torch.compiler.is_compiling():  # compiled: patch() gathers it for real first
                 moe_decode.reserve(self.w13, self.w2, quantization=cfg.quantization)
                 if fusable:
@@ -454,7 +469,7 @@ class MoE(nn.Module):
         weights over every SM, instead of two cuBLAS GEMMs and a SwiGLU launch."""
         cfg, T = self.config, x.shape[0]
         D, Is = cfg.hidden_size, cfg.shared_intermediate_size
-        counts, ids = _every_token_on_one_expert(T, x.device)
+        counts, ids = hot.one_expert[T]
         ops = backend_for(x)
         a = torch.empty(T, Is, dtype=x.dtype, device=x.device)
         ops.decode_gate_up(x, hot.shared_w13.view(1, 2 * Is, D), None, counts, ids, None, a,
@@ -470,16 +485,16 @@ class MoE(nn.Module):
         out = torch.empty_like(x)
         logits = router_logits(x, hot.router_weight, cfg.router_logits_dtype,
                                hot.router_logits_bias, cfg.batch_invariant)
-        counts, ids = _every_token_on_one_expert(x.shape[0], x.device)  # made outside the plan
+        counts, ids = hot.one_expert[x.shape[0]]
         w = hot.weights
 
         def region() -> None:
             self._fused_shared(hot, x, out)
             self._route_and_run(hot, x, logits, out)
 
-        self._planned(hot, "shared+routed", region, (x, logits, out, counts, ids),
+        self._planned(hot, "shared+routed", region, (x, logits, out),
                       (w.w13, w.w2, w.w13_scale, w.w2_scale, w.w13_bias, w.w2_bias,
-                       hot.router_bias, hot.shared_w13, hot.shared_w2))
+                       hot.router_bias, hot.shared_w13, hot.shared_w2, counts, ids))
         return out
 
     def _route_and_run(self, hot: _Hot, x: Tensor, logits: Tensor, out: Tensor,
@@ -540,27 +555,6 @@ class MoE(nn.Module):
 
 def _noop() -> None:
     pass
-
-
-_ONE_EXPERT: dict[tuple[int, torch.device], tuple[Tensor, Tensor]] = {}
-
-
-def _every_token_on_one_expert(T: int, device: torch.device) -> tuple[Tensor, Tensor]:
-    """(counts [1] = T, token ids = positions [T] = 0..T-1) int32: the fused shared expert's
-    routing, kept per (T, device) when made outside a compile trace and a CUDA-graph capture
-    (graphed()'s warm-up makes them before its capture; a launch plan's inputs must not be
-    filled inside it); made fresh inside those."""
-    if torch.compiler.is_compiling():
-        return (torch.full((1,), T, dtype=torch.int32, device=device),
-                torch.arange(T, dtype=torch.int32, device=device))
-    key = (T, device)
-    made = _ONE_EXPERT.get(key)
-    if made is None:
-        made = (torch.full((1,), T, dtype=torch.int32, device=device),
-                torch.arange(T, dtype=torch.int32, device=device))
-        if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
-            _ONE_EXPERT[key] = made
-    return made
 
 
 _UNSEEN = object()

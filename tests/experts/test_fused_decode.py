@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 import torch
 
-from factories import make_input, make_layer
+from factories import gpt_oss_config, make_input, make_layer
 from shufflemoe import MoEConfig, naive_moe
 from shufflemoe.ops import _impl, use_impl
 from shufflemoe.ops.moe_decode import configs
@@ -52,6 +52,9 @@ CONFIGS = {
     "mixtral fp32 with capacity drops": MoEConfig(hidden_size=24, intermediate_size=20,
                                                   num_experts=8, top_k=2, dtype=torch.float32,
                                                   capacity_factor=0.5),
+    # router bias, expert biases, the clamped swiglu_oai GLU
+    "gpt-oss (k=4 of 16)": gpt_oss_config(num_experts=16, top_k=4),
+    "gpt-oss mxfp4": gpt_oss_config(quantization="mxfp4"),
 }
 
 
@@ -77,7 +80,8 @@ def fused_calls(monkeypatch):
 
 
 CASES = [(name, 5) for name in CONFIGS] + [
-    ("llama4 (weights on input)", 1), ("qwen3 (k=8 of 128)", 1), ("llama4 fp8", 1)]
+    ("llama4 (weights on input)", 1), ("qwen3 (k=8 of 128)", 1), ("llama4 fp8", 1),
+    ("gpt-oss mxfp4", 1)]
 
 
 @pytest.mark.parametrize("name,T", CASES, ids=[f"{n}-T={t}" for n, t in CASES])
@@ -103,7 +107,8 @@ def test_switch_picks_the_path(fused_calls):
              ("llama4 fp8", 1, False), ("llama4 fp8_w8a16", 8, True),
              ("llama4 fp8_w8a16", 9, False), ("llama4 mxfp4", 8, True),
              ("llama4 mxfp4", 9, False), ("qwen3 mxfp4 (k=8 of 64)", 1, True),
-             ("qwen3 mxfp4 (k=8 of 64)", 2, False)]
+             ("qwen3 mxfp4 (k=8 of 64)", 2, False), ("gpt-oss (k=4 of 16)", 16, True),
+             ("gpt-oss (k=4 of 16)", 17, False)]
     qwen, llama4 = CONFIGS["qwen3 (k=8 of 128)"], CONFIGS["llama4 (weights on input)"]
     layer = make_layer(qwen, device=DEV)
     with use_impl("triton"):
@@ -129,7 +134,7 @@ def test_switch_picks_the_path(fused_calls):
 
 
 @pytest.mark.parametrize("name", ["llama4 (weights on input)", "mixtral fp8", "llama4 fp8_w8a16",
-                                  "qwen3 mxfp4 (k=8 of 64)"])
+                                  "qwen3 mxfp4 (k=8 of 64)", "gpt-oss (k=4 of 16)"])
 def test_fused_and_unfused_paths_agree(name):
     """The two paths differ only in rounding (the fused one keeps gate/up in float32)."""
     cfg = CONFIGS[name]

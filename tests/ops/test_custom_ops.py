@@ -110,11 +110,14 @@ def _opcheck_cases() -> dict[str, tuple]:
         "combine_shuffling": (h, counts, starts, empty(A, 2 * I), empty(E // 2, dtype=i32)),
         "split_shuffling": (h, counts, starts, empty(A, 2 * I)),
         "decode_gate_up": (d["x"], d["w13"], None, r.counts, r.token_ids, r.weights,
-                           empty(A, I, dtype=torch.bfloat16), None, None, 0, "none"),
+                           empty(A, I, dtype=torch.bfloat16), None, None, 0, "none",
+                           torch.randn(E, 2 * I, device=DEV).to(torch.bfloat16), "swiglu_oai",
+                           1.702, 7.0),
         "decode_down": (torch.randn(A, I, device=DEV).to(torch.bfloat16), None,
                         d["w13"][:, :D, :I].contiguous(), None, r.counts, r.token_ids,
                         r.positions, r.weights, torch.zeros(T, D, dtype=torch.bfloat16,
-                                                            device=DEV), True, 1, "none"),
+                                                            device=DEV), True, 1, "none",
+                        torch.randn(E, D, device=DEV).to(torch.bfloat16)),
     }
     refs = {  # the references of the kernels above take the same arguments
         "gather_scale", "gather_scale_fp8", "silu_mul", "silu_mul_fp8", "silu_mul_fp8_groups",

@@ -16,6 +16,7 @@ import torch
 from shufflemoe.ops import FP8_DTYPE, gather_scale, quantize_fp8_rowwise, sort_by_expert
 from shufflemoe.ops.moe_decode import configs, decode_down, decode_gate_up, kernel
 from shufflemoe.ops.quantize.formats import weight_format
+from shufflemoe.ops.silu_mul.reference import glu
 from shufflemoe.testing import assert_close, poisoned
 
 CUDA = torch.cuda.is_available()
@@ -517,3 +518,70 @@ def test_weight_only_default_tiles(quant):
 def test_mxfp4_needs_whole_scale_groups_per_k_step():
     with pytest.raises(ValueError, match="32-column scale groups"):
         run_wo("T=1 k=1 E=16", "mxfp4", wo_tiles(1, 16))
+
+
+# ------------------------------------------------------- gpt-oss: expert biases, clamped GLU
+# A limit inside the products' range (|h| ~ 1): the clamp changes some gates and ups.
+OAI = dict(activation="swiglu_oai", alpha=1.702, limit=0.75)
+
+
+def run_biased(case: str, quant: str, cfg: configs.DecodeConfig, impl: str = "triton",
+               seed: int = 0) -> None:
+    """gate_up with w13_bias and swiglu_oai, then down with w2_bias, each against float64 of its
+    own inputs (the weights' exact values; a as the kernel stored it), in every weight format."""
+    r, T, E = routing(case, seed + 3)
+    fmt, g = weight_format(quant), gen(seed)
+    stored, exact = [], []
+    for N, K in ((2 * WO_I, WO_D), (WO_D, WO_I)):
+        w = torch.randn(E, N, K, generator=g) / K**0.5
+        q, s = fmt.quantize(w, None) if fmt.quantized else (w.to(torch.bfloat16), None)
+        stored.append((q.to(DEV), None if s is None else s.to(DEV)))
+        exact.append(fmt.dequantize(q, s, None).double() if fmt.quantized else q.double())
+    (w13, s13), (w2, s2) = stored
+    b13, b2 = (torch.randn(E, N, generator=g).to(torch.bfloat16) for N in (2 * WO_I, WO_D))
+    n, experts = pairs(r)
+    fp8 = quant == "fp8_rowwise"
+    x = torch.randn(T, WO_D, generator=gen(seed + 1)).to(DEV, torch.bfloat16)
+    A = r.num_pairs
+    a = ((poisoned(A, WO_I, dtype=torch.uint8, device=DEV).view(FP8_DTYPE),
+          poisoned(A, dtype=torch.float32, device=DEV)) if fp8
+         else poisoned(A, WO_I, dtype=torch.bfloat16, device=DEV))
+    if fp8:
+        a[0].view(torch.uint8).fill_(0x7F)  # e4m3 NaN
+    base = torch.randn(T, WO_D, generator=gen(seed + 4)).to(DEV, torch.bfloat16)
+    out = base.clone()
+    with configs.override(cfg):
+        decode_gate_up(x, w13, r.counts, r.token_ids, r.weights, w13_scale=s13, w13_bias=b13,
+                       quantization=quant, out=a, impl=impl, **OAI)
+        decode_down(a, w2, r.counts, r.token_ids, r.positions, out, r.weights, w2_scale=s2,
+                    w2_bias=b2, quantization=quant, impl=impl)
+    xs = gather_scale(x, r.token_ids, r.weights, quantize=fp8, impl="torch")
+    x64 = (xs[0].double() * xs[1].double()[:, None] if fp8 else xs.double()).cpu()[:n]
+    h = torch.einsum("pd,pnd->pn", x64, exact[0][experts]) + b13.double()[experts]
+    gate, up = h.chunk(2, dim=1)
+    assert (gate > OAI["limit"]).any() and (up.abs() > OAI["limit"]).any(), "no value clamped"
+    got = a[0].double() * a[1].double()[:, None] if fp8 else a.double()
+    tol = "fp8_rowwise" if fp8 else "bfloat16"
+    assert_close(got[:n], glu(gate, up, *OAI.values()), tol, name=f"{quant} a")
+    assert torch.isnan(got[n:]).all(), "rows past num_valid were written"
+    y = torch.einsum("pi,pdi->pd", got[:n].cpu(), exact[1][experts]) + b2.double()[experts]
+    y = y * r.weights[:n].double().cpu()[:, None]
+    ref = base.double().cpu().index_add_(0, r.token_ids[:n].long().cpu(), y)
+    assert_close(out, ref, tol, name=f"{quant} out")
+
+
+BIASED = [(c, q) for q in ("none", "fp8_rowwise", "fp8_w8a16", "mxfp4")
+          for c in ("T=1 k=1 E=16", "odd T=9 k=3 E=7", "k=8 E=256", "capacity drops")]
+
+
+@pytest.mark.parametrize("case,quant", BIASED, ids=[f"{c}-{q}" for c, q in BIASED])
+def test_biases_and_clamped_glu_match_float64(case, quant):
+    run_biased(case, quant, wo_tiles(2))
+
+
+@pytest.mark.parametrize("quant", ["none", "fp8_rowwise", "fp8_w8a16", "mxfp4"])
+def test_biases_and_clamped_glu_other_tiles(quant):
+    """One-pair tiles (the GEMV and mxfp4 paths), no split; and the torch reference."""
+    run_biased("odd T=9 k=3 E=7", quant, wo_tiles(2, 32, block_m=1))
+    run_biased("T=1 k=1 E=16", quant, wo_tiles(1, 64))
+    run_biased("odd T=9 k=3 E=7", quant, wo_tiles(2), impl="torch")

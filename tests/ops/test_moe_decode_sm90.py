@@ -55,19 +55,23 @@ def _format(fp8: bool | str) -> tuple[str, bool]:
     return quant, quant == "fp8_rowwise"
 
 
-def gate_up(fp8: bool | str, split: int, rw: bool, pdl: bool, block_m: int = 16):
+def gate_up(fp8: bool | str, split: int, rw: bool, pdl: bool, block_m: int = 16,
+            oai: bool = False):
+    """oai: gpt-oss's expert bias and clamped swiglu_oai GLU."""
     from shufflemoe.ops.moe_decode import kernel
 
     quant, fp8 = _format(fp8)
     w, ws = WEIGHTS[quant]
-    sig = dict(x_ptr="*bf16", w_ptr=w, w_scale_ptr=ws, counts_ptr="*i32",
+    sig = dict(x_ptr="*bf16", w_ptr=w, w_scale_ptr=ws, bias_ptr="*bf16" if oai else None,
+               counts_ptr="*i32", alpha="fp32", limit="fp32",
                ids_ptr="*i32", rw_ptr="*fp32" if rw else None,
                a_ptr="*fp32" if fp8 else "*bf16", q_ptr="*fp8e4nv" if fp8 else None,
                scale_ptr="*fp32" if fp8 else None, part_ptr="*fp32" if split > 1 else None,
                words_ptr="*i32" if split > 1 or fp8 else None, E="i32", D="i32", I="i32",
                n_tiles="i32", k_split="i32", A="i32", words_rows="i32", **_split_arg(split))
     consts = dict(BLOCK_E=16, BLOCK_M=block_m, BLOCK_N=64, BLOCK_K=128 if quant == "none" else 256,
-                  **_split_const(split), QUANT=quant, HAS_RW=rw, UPCAST=False,
+                  **_split_const(split), QUANT=quant, ACT="swiglu_oai" if oai else "silu",
+                  HAS_LIMIT=oai, HAS_BIAS=oai, HAS_RW=rw, UPCAST=False,
                   W_TO_X=quant in ("fp8_w8a16", "mxfp4"), DOT_PRECISION="tf32", INTERPRET=False,
                   PDL=pdl, QUANT_BLOCK=1024, ROW_BLOCK=4096, ROW_CHUNKS=2)
     return compile_sm90(kernel._gate_up_kernel, sig, consts,
@@ -75,13 +79,14 @@ def gate_up(fp8: bool | str, split: int, rw: bool, pdl: bool, block_m: int = 16)
 
 
 def down(fp8: bool | str, split: int, k: int, pdl: bool, accumulate: bool = True,
-         block_m: int = 16):
+         block_m: int = 16, bias: bool = False):
     from shufflemoe.ops.moe_decode import kernel
 
     quant, fp8 = _format(fp8)
     w, ws = WEIGHTS[quant]
     sig = dict(a_ptr="*fp8e4nv" if fp8 else "*bf16", a_scale_ptr="*fp32" if fp8 else None,
-               w_ptr=w, w_scale_ptr=ws, counts_ptr="*i32", ids_ptr="*i32",
+               w_ptr=w, w_scale_ptr=ws, bias_ptr="*bf16" if bias else None, counts_ptr="*i32",
+               ids_ptr="*i32",
                pos_ptr="*i32", rw_ptr="*fp32", out_ptr="*bf16", y_ptr="*fp32" if k > 1 else None,
                part_ptr="*fp32" if split > 1 else None,
                words_ptr="*i32" if split > 1 or k > 1 else None, E="i32", D="i32",
@@ -90,7 +95,8 @@ def down(fp8: bool | str, split: int, k: int, pdl: bool, accumulate: bool = True
     consts = dict(K=k, TOP1=k == 1, ACCUMULATE=accumulate, BLOCK_E=128, BLOCK_M=block_m,
                   BLOCK_N=64,
                   BLOCK_K=128 if quant == "none" else 256, BLOCK_T=16, **_split_const(split),
-                  QUANT=quant, HAS_RW=True, UPCAST=False, W_TO_X=quant in ("fp8_w8a16", "mxfp4"),
+                  QUANT=quant, HAS_BIAS=bias, HAS_RW=True, UPCAST=False,
+                  W_TO_X=quant in ("fp8_w8a16", "mxfp4"),
                   DOT_PRECISION="tf32", INTERPRET=False, PDL=pdl)
     return compile_sm90(kernel._down_kernel, sig, consts, **({"launch_pdl": True} if pdl else {}))
 
@@ -123,6 +129,9 @@ BUILDS = {
     "down fp8_w8a16 k=8": lambda: down("fp8_w8a16", 1, 8, False),
     "gate_up mxfp4 split-K": lambda: gate_up("mxfp4", 2, True, False),
     "down mxfp4 top-1 PDL": lambda: down("mxfp4", 1, 1, True),
+    "gate_up bf16 gpt-oss (bias, clamped GLU) split-K": lambda: gate_up(False, 2, False, False,
+                                                                       oai=True),
+    "down bf16 gpt-oss (bias) k=4": lambda: down(False, 2, 4, False, bias=True),
     "grouped GEMM mxfp4": lambda: grouped_mxfp4("none", False),
     "grouped GEMM mxfp4 device TMA, swapped": lambda: grouped_mxfp4("device", True),
     "grouped GEMM mxfp4 16 x 128 x 256, swapped": lambda: grouped_mxfp4("none", True, 16, 256),
@@ -135,6 +144,10 @@ GEMV = {  # one pair a tile: no MMA
     "gate_up fp8_w8a16 one-pair tiles": lambda: gate_up("fp8_w8a16", 3, True, False, block_m=1),
     "gate_up mxfp4 one-pair tiles split-K": lambda: gate_up("mxfp4", 4, True, False, block_m=1),
     "down mxfp4 one-pair tiles k=8": lambda: down("mxfp4", 1, 8, False, block_m=1),
+    "gate_up mxfp4 gpt-oss one-pair tiles": lambda: gate_up("mxfp4", 2, False, False, block_m=1,
+                                                            oai=True),
+    "down mxfp4 gpt-oss one-pair tiles k=4": lambda: down("mxfp4", 1, 4, False, block_m=1,
+                                                          bias=True),
 }
 
 

@@ -39,11 +39,12 @@ class Shuffled(Experts):
             # unchecked like the rest: the layer made every tensor
             a = ops.decode_gate_up(x, w.w13, w.w13_scale, r.counts, r.token_ids, w_in,
                                    gate_up_outputs(None, r.num_pairs, w.intermediate_size,
-                                                   x.dtype, w8a8, x.device), 0, w.quantization)
+                                                   x.dtype, w8a8, x.device), 0, w.quantization,
+                                   w.w13_bias, (cfg.activation, cfg.swiglu_alpha, cfg.swiglu_limit))
             before_combine()
             ops.decode_down(*(a if isinstance(a, tuple) else (a, None)), w.w2, w.w2_scale,
                             r.counts, r.token_ids, r.positions, w_out, out, not overwrite, 0,
-                            w.quantization)
+                            w.quantization, w.w2_bias)
             return
         nv = None if r.all_routed else r.num_valid  # known: every row is valid
         xs = gather_input(ops, x, r.token_ids, w_in, w, nv)  # [A, D]
@@ -68,9 +69,7 @@ class Shuffled(Experts):
 
 def _fusable(x, w, cfg) -> bool:
     """The fused decode kernels take bf16/fp16/fp32, fp8 rowwise w8a8 and the weight-only
-    fp8_w8a16 and mxfp4 weights with plain SwiGLU (no clamp) and no expert biases, on rows in
-    the model dtype (not rows expert parallelism quantized before sending); the other cases
-    (fp8_block among them) run the four-launch pipeline."""
-    return (not isinstance(x, QuantizedRows) and w.quantization in decode_formats.FORMATS
-            and cfg.activation == "silu" and cfg.swiglu_limit is None
-            and w.w13_bias is None and w.w2_bias is None)
+    fp8_w8a16 and mxfp4 weights (with expert biases and either GLU), on rows in the model dtype
+    (not rows expert parallelism quantized before sending); the other cases (fp8_block among
+    them) run the four-launch pipeline."""
+    return not isinstance(x, QuantizedRows) and w.quantization in decode_formats.FORMATS

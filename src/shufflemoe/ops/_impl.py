@@ -185,10 +185,11 @@ class Ops:
     token_sum: Callable  # (out, y, positions, weights, num_valid, rows, accumulate=True) -> out
     combine_shuffling: Callable  # (x, counts, starts, out) -> (out, counts per local expert)
     split_shuffling: Callable  # (y, counts, starts, out) -> out
-    # (x, w13, w13_scale, counts, token_ids, row_weights, out[, workspace]) -> a | (q, scale)
+    # (x, w13, w13_scale, counts, token_ids, row_weights, out[, workspace, quant, bias,
+    #  (activation, alpha, limit)]) -> a | (q, scale)
     decode_gate_up: Callable
     # (a, a_scale, w2, w2_scale, counts, token_ids, positions, row_weights, out[, accumulate,
-    #  workspace]) -> out
+    #  workspace, quant, bias]) -> out
     decode_down: Callable
     quantize_fp8_groups: Callable  # (x, num_valid, q, scale, group) -> None (fills q, scale)
 

@@ -1,7 +1,10 @@
 """The routed experts at decode in two fused launches (after index_shuffle), for small A = T * k:
 
-    decode_gate_up: a = SwiGLU(gather(x) (* w_in) @ W13^T)     [A, I]  (+ fp8 rowwise quant)
-    decode_down:    out[t] += sum of t's pairs' (a @ W2^T) (* w_out)   [T, D]
+    decode_gate_up: a = GLU(gather(x) (* w_in) @ W13^T (+ b13))     [A, I]  (+ fp8 rowwise quant)
+    decode_down:    out[t] += sum of t's pairs' (a @ W2^T (+ b2)) (* w_out)   [T, D]
+
+GLU: SwiGLU, or gpt-oss's clamped variant (ops.silu_mul's activation, alpha, limit); b13, b2:
+expert biases (gpt-oss).
 
 Split-K spreads a few experts' weights over every SM; see kernel.py for the schedule and
 configs.py for when the ``shuffled`` strategy uses it. Weights in the model dtype or one of the
@@ -19,6 +22,7 @@ from ..._checks import INDEX_DTYPES, check_same_device, check_tensor
 from .._impl import ops_for, resolve, triton_available
 from ..quantize import FP8_DTYPE
 from ..quantize.formats import weight_format
+from ..silu_mul.reference import ACTIVATIONS
 from . import configs
 from .reference import FORMATS, WEIGHT_ONLY, format_of
 
@@ -62,6 +66,11 @@ def _check_weights(w: Tensor, w_scale: Tensor | None, name: str, x_dtype: torch.
     return quant
 
 
+def _check_bias(bias: Tensor | None, name: str, shape: list[int]) -> None:
+    if bias is not None:
+        check_tensor(name, bias, shape=shape, dtypes=X_DTYPES, contiguous=True)
+
+
 def _check_workspace(workspace: int) -> None:
     if not isinstance(workspace, int) or isinstance(workspace, bool) or workspace < 0:
         raise ValueError(f"workspace must be an int >= 0, got {workspace!r}")
@@ -95,6 +104,10 @@ def decode_gate_up(
     row_weights: Tensor | None = None,
     *,
     w13_scale: Tensor | None = None,
+    w13_bias: Tensor | None = None,
+    activation: str = "silu",
+    alpha: float = 1.0,
+    limit: float | None = None,
     quantization: str | None = None,
     out: Tensor | tuple[Tensor, Tensor] | None = None,
     workspace: int = 0,
@@ -102,7 +115,9 @@ def decode_gate_up(
 ) -> Tensor | tuple[Tensor, Tensor]:
     """x [T, D], w13 [E, 2I, D] (gate rows then up rows), counts [E] and token_ids [A] of a
     Routing (pairs sorted by expert, sum(counts) <= A routed), row_weights [A] float32 applied to
-    the input rows (Llama 4) -> a = silu(gate) * up [A, I] in x's dtype. quantization (the
+    the input rows (Llama 4) -> a = silu(gate) * up [A, I] in x's dtype; with w13_bias [E, 2I]
+    (gpt-oss) added to gate and up first, and activation, alpha, limit as ops.silu_mul's (gpt-oss:
+    "swiglu_oai", 1.702, 7.0), all in float32 before a is rounded. quantization (the
     weight format, ops/quantize/formats.py; default "fp8_rowwise" for float8_e4m3fn w13, else
     "none"): "fp8_rowwise" (w13_scale [E, 2I] float32) returns (q [A, I] e4m3, scale [A]
     float32), x quantized per row first; "fp8_w8a16" (e4m3 w13, w13_scale [E, 2I]) and "mxfp4"
@@ -120,12 +135,18 @@ def decode_gate_up(
     if row_weights is not None:
         check_tensor("row_weights", row_weights, shape=[A], dtypes=(torch.float32,),
                      contiguous=True)
+    _check_bias(w13_bias, "w13_bias", [E, two_i])
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {list(ACTIVATIONS)}, got {activation!r}")
+    if limit is not None and not limit > 0:
+        raise ValueError(f"limit must be None or positive, got {limit}")
     dev = check_same_device(x=x, w13=w13, counts=counts, token_ids=token_ids,
-                            row_weights=row_weights, w13_scale=w13_scale)
+                            row_weights=row_weights, w13_scale=w13_scale, w13_bias=w13_bias)
     out = gate_up_outputs(out, A, two_i // 2, x.dtype, quant == "fp8_rowwise", dev)
     _check_workspace(workspace)
-    return ops_for(resolve(impl, x)).decode_gate_up(x, w13, w13_scale, counts, token_ids,
-                                                     row_weights, out, workspace, quant)
+    return ops_for(resolve(impl, x)).decode_gate_up(
+        x, w13, w13_scale, counts, token_ids, row_weights, out, workspace, quant, w13_bias,
+        (activation, float(alpha), None if limit is None else float(limit)))
 
 
 def decode_down(
@@ -138,6 +159,7 @@ def decode_down(
     row_weights: Tensor | None = None,
     *,
     w2_scale: Tensor | None = None,
+    w2_bias: Tensor | None = None,
     quantization: str | None = None,
     accumulate: bool = True,
     workspace: int = 0,
@@ -145,7 +167,8 @@ def decode_down(
 ) -> Tensor:
     """a [A, I] (or the fp8 rowwise (q, scale) from decode_gate_up), w2 [E, D, I], counts [E],
     token_ids [A], positions [A = T * k] of a Routing; out [T, D] += for each token the sum of
-    its routed pairs' a @ w2[e]^T (times row_weights [A] float32, the output weights), in
+    its routed pairs' a @ w2[e]^T plus w2_bias[e] ([E, D], gpt-oss; times row_weights [A]
+    float32, the output weights), in
     float32, rounded once, in a fixed order (no atomics). quantization and w2_scale: as
     decode_gate_up's (mxfp4: uint8 w2 [E, D, I/2]). accumulate=False: out = that sum instead,
     for the tokens with a routed pair (the others' rows keep their values). workspace: as in
@@ -175,14 +198,16 @@ def decode_down(
     if row_weights is not None:
         check_tensor("row_weights", row_weights, shape=[A], dtypes=(torch.float32,),
                      contiguous=True)
+    _check_bias(w2_bias, "w2_bias", [E, D])
     check_same_device(a=q, w2=w2, counts=counts, token_ids=token_ids, positions=positions,
-                      out=out, row_weights=row_weights, a_scale=a_scale, w2_scale=w2_scale)
+                      out=out, row_weights=row_weights, a_scale=a_scale, w2_scale=w2_scale,
+                      w2_bias=w2_bias)
     if not isinstance(accumulate, bool):
         raise TypeError(f"accumulate must be a bool, got {type(accumulate).__name__}")
     _check_workspace(workspace)
     return ops_for(resolve(impl, q)).decode_down(q, a_scale, w2, w2_scale, counts, token_ids,
                                                   positions, row_weights, out, accumulate,
-                                                  workspace, quant)
+                                                  workspace, quant, w2_bias)
 
 
 def reserve(w13: Tensor, w2: Tensor, workspace: int = 0, quantization: str = "none") -> None:

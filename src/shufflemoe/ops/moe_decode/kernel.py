@@ -27,7 +27,7 @@ the last tile of each m-tile (a second arrival word) quantizes the m-tile's whol
 
 Weight-only formats (QUANT, ops/quantize/formats.py) keep x and a in x's dtype and dequantize
 the weight tile in registers in the K step, as the grouped GEMM does: fp8_w8a16 (e4m3, exact in
-bf16; w_scale[n] in the epilogue, before SwiGLU) and mxfp4 (two e2m1 a byte, an e8m0 scale per
+bf16; w_scale[n] in the epilogue, before the GLU) and mxfp4 (two e2m1 a byte, an e8m0 scale per
 32 along K, exact). Their weights stream at a half and a quarter of bf16's bytes.
 
 down's combine is token-major and deterministic. Top-1 (k == 1): a token has one pair, so the
@@ -36,6 +36,10 @@ stores its fp32 rows, and the last m-tile of each n-tile (a column arrival word)
 token's k rows through Routing.positions, in the token's choice order, into out in fp32 and
 rounds once: no atomics on out. ACCUMULATE False: the sum is written instead of added (the layer's
 fused shared expert writes out first, then the routed experts add into it).
+
+Expert biases (gpt-oss) are added in the epilogues in fp32: gate_up's after the weight scales,
+before the GLU (SwiGLU, or the clamped swiglu_oai of ops.silu_mul: ACT, HAS_LIMIT); down's before
+the output weight, as the grouped GEMM's epilogue adds them.
 
 Indexing: products that can pass 2^31 (token * D, expert * rows * K, pair * N) are int64.
 """
@@ -57,8 +61,9 @@ from .._launch import launch, persistent_zeros
 from ..quantize.kernel import (cast_to, e2m1_f16, e4m3_bits, e8m0_values, fp8_target,
                                mxfp4_values, row_scales, store_fp8)
 from ..quantize.reference import FP8_DTYPE
+from ..silu_mul.kernel import glu_f32
 from . import configs
-from .reference import WEIGHT_ONLY, format_of
+from .reference import SILU, WEIGHT_ONLY, Act, format_of
 
 _INTERPRETER_SMS = 8  # the SM count the heuristic plans for under the interpreter
 _COMBINE_TOKENS = 16  # tokens per step of down's token-major combine
@@ -309,6 +314,7 @@ def _gate_up_kernel(
     x_ptr,  # [T, D] tokens
     w_ptr,  # [E, 2I, D] gate rows then up rows (mxfp4: bytes [E, 2I, D / 2])
     w_scale_ptr,  # [E, 2I] fp32 (fp8_rowwise, fp8_w8a16); e8m0 [E, 2I, D / 32] (mxfp4)
+    bias_ptr,  # [E, 2I] expert bias, added before the GLU (HAS_BIAS)
     counts_ptr,  # [E] pairs per expert
     ids_ptr,  # [A] token of each pair
     rw_ptr,  # [A] fp32 input weight of each pair (HAS_RW)
@@ -322,8 +328,10 @@ def _gate_up_kernel(
     split,  # K ranges (a runtime value: Triton specializes 1, so split 1 drops the fixup)
     A,  # pairs (rows of a)
     words_rows,  # offset of the per-m-tile words in words_ptr
+    alpha, limit,  # swiglu_oai's alpha; the GLU's clamp (HAS_LIMIT), as ops.silu_mul's
     BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     QUANT: tl.constexpr,  # the weight format: "none" | "fp8_rowwise" | "fp8_w8a16" | "mxfp4"
+    ACT: tl.constexpr, HAS_LIMIT: tl.constexpr, HAS_BIAS: tl.constexpr,
     HAS_RW: tl.constexpr, UPCAST: tl.constexpr, W_TO_X: tl.constexpr,
     DOT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr, PDL: tl.constexpr,
     QUANT_BLOCK: tl.constexpr,  # columns per step when the last m-tile quantizes rows of a
@@ -392,7 +400,12 @@ def _gate_up_kernel(
                     ws_u = ws_u[:, None]
                 acc_g = acc_g * ws_g
                 acc_u = acc_u * ws_u
-            a = tl.math.div_rn(acc_g, 1.0 + tl.exp(-acc_g)) * acc_u  # silu(gate) * up, fp32
+            if HAS_BIAS:
+                b_g = tl.load(bias_ptr + gate_rows, mask=col_ok, other=0.0)
+                b_u = tl.load(bias_ptr + gate_rows + I, mask=col_ok, other=0.0)
+                acc_g += b_g.to(tl.float32)[:, None]
+                acc_u += b_u.to(tl.float32)[:, None]
+            a = glu_f32(acc_g, acc_u, ACT, HAS_LIMIT, alpha, limit)  # e.g. silu(gate) * up, fp32
             a_at = rows.to(tl.int64)[None, :] * I + cols[:, None]
             if QUANT == "fp8_rowwise":
                 tl.store(a_ptr + a_at, a, mask=mask)
@@ -453,6 +466,7 @@ def _down_kernel(
     a_scale_ptr,  # [A] fp32 (fp8_rowwise)
     w_ptr,  # [E, D, I] (mxfp4: bytes [E, D, I / 2])
     w_scale_ptr,  # [E, D] fp32 (fp8_rowwise, fp8_w8a16); e8m0 [E, D, I / 32] (mxfp4)
+    bias_ptr,  # [E, D] expert bias, added before the output weight (HAS_BIAS)
     counts_ptr,  # [E] pairs per expert
     ids_ptr,  # [A] token of each pair (TOP1)
     pos_ptr,  # [T * K] Routing.positions (not TOP1)
@@ -470,7 +484,7 @@ def _down_kernel(
     BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_T: tl.constexpr,  # tokens per step of the combine
     QUANT: tl.constexpr,  # the weight format, as in _gate_up_kernel
-    HAS_RW: tl.constexpr, UPCAST: tl.constexpr, W_TO_X: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_RW: tl.constexpr, UPCAST: tl.constexpr, W_TO_X: tl.constexpr,
     DOT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr, PDL: tl.constexpr,
 ):
     s, tile, u, n_tile, exists, g, row0, row_stop, total_tiles, num_valid = _program(
@@ -512,6 +526,8 @@ def _down_kernel(
                        * tl.load(w_scale_ptr + w_rows, mask=col_ok, other=0.0)[:, None])
             elif QUANT == "fp8_w8a16":
                 acc = acc * tl.load(w_scale_ptr + w_rows, mask=col_ok, other=0.0)[:, None]
+            if HAS_BIAS:
+                acc += tl.load(bias_ptr + w_rows, mask=col_ok, other=0.0).to(tl.float32)[:, None]
             if HAS_RW:
                 acc = acc * tl.load(rw_ptr + rows, mask=row_ok, other=0.0)[None, :]
             if TOP1:  # the pair's token has no other pair: read, add in fp32, round once
@@ -652,10 +668,13 @@ def _k_split(K: int, cfg: configs.GemmConfig) -> tuple[int, int]:
 @kernel_op("decode_gate_up", mutates_args=("a", "q", "scale"))
 def _gate_up_op(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Tensor,
                 token_ids: Tensor, row_weights: Optional[Tensor], a: Optional[Tensor],
-                q: Optional[Tensor], scale: Optional[Tensor], workspace: int, quant: str) -> None:
-    """a [A, I] (x's dtype), or for fp8 rowwise w13 (q [A, I], scale [A]) <- SwiGLU of the
-    gathered rows. The tiles are planned here, inside the op, so torch.compile never traces the
-    host logic."""
+                q: Optional[Tensor], scale: Optional[Tensor], workspace: int, quant: str,
+                bias: Optional[Tensor], activation: str, alpha: float,
+                limit: Optional[float]) -> None:
+    """a [A, I] (x's dtype), or for fp8 rowwise w13 (q [A, I], scale [A]) <- the GLU
+    (activation, alpha, limit: as ops.silu_mul's) of the gathered rows' products plus their
+    expert's bias [E, 2I]. The tiles are planned here, inside the op, so torch.compile never
+    traces the host logic."""
     (T, D), (E, two_i, _), A = x.shape, w13.shape, token_ids.shape[0]
     I = two_i // 2
     if A == 0 or I == 0:
@@ -679,11 +698,13 @@ def _gate_up_op(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Ten
     row_block = min(4096, next_power_of_2(D))
     with on_device(x):
         launch(_gate_up_kernel, (m_tiles * n_tiles * split,),
-            x, w13, w13_scale, counts, token_ids, row_weights, a,
+            x, w13, w13_scale, bias, counts, token_ids, row_weights, a,
             fp8_target(q)[0] if fp8 else None, scale, part, words,
-            E, D, I, n_tiles, k_split, split, A, m_tiles * n_tiles,
+            E, D, I, n_tiles, k_split, split, A, m_tiles * n_tiles, alpha,
+            0.0 if limit is None else limit,
             BLOCK_E=next_power_of_2(E), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-            BLOCK_K=cfg.block_k, QUANT=quant, HAS_RW=row_weights is not None,
+            BLOCK_K=cfg.block_k, QUANT=quant, ACT=activation, HAS_LIMIT=limit is not None,
+            HAS_BIAS=bias is not None, HAS_RW=row_weights is not None,
             UPCAST=_upcast(interpret, x.dtype, quant, w13.dtype),
             W_TO_X=quant in WEIGHT_ONLY,
             DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", INTERPRET=interpret,
@@ -695,8 +716,10 @@ def _gate_up_op(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Ten
 @kernel_op("decode_down", mutates_args=("out",))
 def _down_op(a: Tensor, a_scale: Optional[Tensor], w2: Tensor, w2_scale: Optional[Tensor],
              counts: Tensor, token_ids: Tensor, positions: Tensor, row_weights: Optional[Tensor],
-             out: Tensor, accumulate: bool, workspace: int, quant: str) -> None:
-    """out [T, D] (+)= the routed rows of a [A, I] through w2 [E, D, I], token-major."""
+             out: Tensor, accumulate: bool, workspace: int, quant: str,
+             bias: Optional[Tensor]) -> None:
+    """out [T, D] (+)= the routed rows of a [A, I] through w2 [E, D, I] plus their expert's
+    bias [E, D] (times the row weights), token-major."""
     (A, I), (E, D, _), T = a.shape, w2.shape, out.shape[0]
     if A == 0 or D == 0:
         return
@@ -717,11 +740,12 @@ def _down_op(a: Tensor, a_scale: Optional[Tensor], w2: Tensor, w2_scale: Optiona
     # its bf16 rounding is done by cast_to (the interpreter's own cast truncates).
     with on_device(a):
         launch(_down_kernel, (m_tiles * n_tiles * split,),
-            a, a_scale, w2, w2_scale, counts, token_ids, positions, row_weights, out, y, part,
-            words, E, D, I, n_tiles, k_split, split, A, T, m_tiles * n_tiles,
-            K=k, TOP1=k == 1, ACCUMULATE=accumulate, BLOCK_E=next_power_of_2(E), BLOCK_M=cfg.block_m,
-            BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, BLOCK_T=_COMBINE_TOKENS,
-            QUANT=quant, HAS_RW=row_weights is not None,
+            a, a_scale, w2, w2_scale, bias, counts, token_ids, positions, row_weights, out, y,
+            part, words, E, D, I, n_tiles, k_split, split, A, T, m_tiles * n_tiles,
+            K=k, TOP1=k == 1, ACCUMULATE=accumulate, BLOCK_E=next_power_of_2(E),
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+            BLOCK_T=_COMBINE_TOKENS, QUANT=quant, HAS_BIAS=bias is not None,
+            HAS_RW=row_weights is not None,
             UPCAST=_upcast(interpret, a.dtype, quant, w2.dtype), W_TO_X=quant in WEIGHT_ONLY,
             DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32", INTERPRET=interpret,
             PDL=pdl, **_launch_options(cfg, pdl))
@@ -729,21 +753,24 @@ def _down_op(a: Tensor, a_scale: Optional[Tensor], w2: Tensor, w2_scale: Optiona
 
 def gate_up(x: Tensor, w13: Tensor, w13_scale: Tensor | None, counts: Tensor, token_ids: Tensor,
             row_weights: Tensor | None, out: Tensor | tuple[Tensor, Tensor],
-            workspace: int = 0, quant: str | None = None) -> Tensor | tuple[Tensor, Tensor]:
+            workspace: int = 0, quant: str | None = None, bias: Tensor | None = None,
+            act: Act = SILU) -> Tensor | tuple[Tensor, Tensor]:
     """x [T, D], w13 [E, 2I, D] -> out: a [A, I] in x's dtype, or (q [A, I] e4m3, scale [A])
-    for fp8 rowwise w13 (quant: the weight format, see format_of). Arguments were checked
-    by the public function."""
+    for fp8 rowwise w13 (quant: the weight format, see format_of); bias [E, 2I]; act:
+    (activation, alpha, limit) as ops.silu_mul's. Arguments were checked by the public
+    function."""
     a, q, scale = (None, *out) if isinstance(out, tuple) else (out, None, None)
     _gate_up_op(x, w13, w13_scale, counts, token_ids, row_weights, a, q, scale, workspace,
-                format_of(w13, quant))
+                format_of(w13, quant), bias, *act)
     return out
 
 
 def down(a: Tensor, a_scale: Tensor | None, w2: Tensor, w2_scale: Tensor | None, counts: Tensor,
          token_ids: Tensor, positions: Tensor, row_weights: Tensor | None, out: Tensor,
-         accumulate: bool = True, workspace: int = 0, quant: str | None = None) -> Tensor:
-    """out [T, D] += (or, not accumulate, =) the routed rows of a [A, I] through w2 [E, D, I];
-    returns out. Arguments were checked by the public function."""
+         accumulate: bool = True, workspace: int = 0, quant: str | None = None,
+         bias: Tensor | None = None) -> Tensor:
+    """out [T, D] += (or, not accumulate, =) the routed rows of a [A, I] through w2 [E, D, I]
+    plus bias [E, D]; returns out. Arguments were checked by the public function."""
     _down_op(a, a_scale, w2, w2_scale, counts, token_ids, positions, row_weights, out, accumulate,
-             workspace, format_of(w2, quant))
+             workspace, format_of(w2, quant), bias)
     return out

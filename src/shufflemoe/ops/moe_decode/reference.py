@@ -16,7 +16,7 @@ from ..gather_scale.reference import gather_scale
 from ..grouped_gemm.reference import grouped_gemm
 from ..quantize.reference import FP8_DTYPE
 from ..scatter_add.reference import token_sum
-from ..silu_mul.reference import silu_mul
+from ..silu_mul.reference import Act, silu_mul
 
 
 def _num_valid(counts: Tensor) -> Tensor:
@@ -25,6 +25,7 @@ def _num_valid(counts: Tensor) -> Tensor:
 
 FORMATS = ("none", "fp8_rowwise", "fp8_w8a16", "mxfp4")  # the weight formats the kernels read
 WEIGHT_ONLY = ("fp8_w8a16", "mxfp4")  # ... of which these keep activations in x's dtype
+SILU: Act = ("silu", 1.0, None)  # the GLU: (activation, alpha, limit) as ops.silu_mul takes it
 
 
 def format_of(w: Tensor, quant: str | None) -> str:
@@ -36,22 +37,26 @@ def format_of(w: Tensor, quant: str | None) -> str:
 @inplace_op("decode_gate_up_ref", mutates_args=("a", "q", "scale"))
 def _gate_up(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Tensor,
              token_ids: Tensor, row_weights: Optional[Tensor], a: Optional[Tensor],
-             q: Optional[Tensor], scale: Optional[Tensor], workspace: int, quant: str) -> None:
+             q: Optional[Tensor], scale: Optional[Tensor], workspace: int, quant: str,
+             bias: Optional[Tensor], activation: str, alpha: float,
+             limit: Optional[float]) -> None:
     fp8 = quant == "fp8_rowwise"
     nv = _num_valid(counts)
     xs = gather_scale(x, token_ids, row_weights, nv, fp8, None)
     xq, x_scale = xs if fp8 else (xs, None)
     h = grouped_gemm(xq, w13, counts, x_scale, w13_scale, None, None, None, None,
-                     torch.float32, quantization=quant)  # [A, 2I]
-    silu_mul(h, nv, fp8, (q, scale) if fp8 else a)  # rows past num_valid keep their values
+                     torch.float32, quantization=quant, bias=bias)  # [A, 2I]
+    # rows past num_valid keep their values
+    silu_mul(h, nv, fp8, (q, scale) if fp8 else a, (activation, alpha, limit))
 
 
 @inplace_op("decode_down_ref", mutates_args=("out",))
 def _down(a: Tensor, a_scale: Optional[Tensor], w2: Tensor, w2_scale: Optional[Tensor],
           counts: Tensor, token_ids: Tensor, positions: Tensor, row_weights: Optional[Tensor],
-          out: Tensor, accumulate: bool, workspace: int, quant: str) -> None:
+          out: Tensor, accumulate: bool, workspace: int, quant: str,
+          bias: Optional[Tensor]) -> None:
     y = grouped_gemm(a, w2, counts, a_scale, w2_scale, None, None, None, None,
-                     torch.float32, quantization=quant)  # [A, D]
+                     torch.float32, quantization=quant, bias=bias)  # [A, D]
     nv = _num_valid(counts)
     if accumulate:
         token_sum(out, y, positions, row_weights, nv)
@@ -66,18 +71,20 @@ def _down(a: Tensor, a_scale: Optional[Tensor], w2: Tensor, w2_scale: Optional[T
 
 def gate_up(x: Tensor, w13: Tensor, w13_scale: Tensor | None, counts: Tensor, token_ids: Tensor,
             row_weights: Tensor | None, out: Tensor | tuple[Tensor, Tensor],
-            workspace: int = 0, quant: str | None = None) -> Tensor | tuple[Tensor, Tensor]:
+            workspace: int = 0, quant: str | None = None, bias: Tensor | None = None,
+            act: Act = SILU) -> Tensor | tuple[Tensor, Tensor]:
     """As ops.decode_gate_up (out allocated by the public function; no workspace here)."""
     a, q, scale = (None, *out) if isinstance(out, tuple) else (out, None, None)
     _gate_up(x, w13, w13_scale, counts, token_ids, row_weights, a, q, scale, workspace,
-             format_of(w13, quant))
+             format_of(w13, quant), bias, *act)
     return out
 
 
 def down(a: Tensor, a_scale: Tensor | None, w2: Tensor, w2_scale: Tensor | None, counts: Tensor,
          token_ids: Tensor, positions: Tensor, row_weights: Tensor | None, out: Tensor,
-         accumulate: bool = True, workspace: int = 0, quant: str | None = None) -> Tensor:
+         accumulate: bool = True, workspace: int = 0, quant: str | None = None,
+         bias: Tensor | None = None) -> Tensor:
     """As ops.decode_down (no workspace here)."""
     _down(a, a_scale, w2, w2_scale, counts, token_ids, positions, row_weights, out, accumulate,
-          workspace, format_of(w2, quant))
+          workspace, format_of(w2, quant), bias)
     return out

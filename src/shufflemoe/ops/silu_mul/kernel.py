@@ -42,7 +42,7 @@ def _load_pair(src, offs, I, mask):
 
 
 @triton.jit
-def _glu_f32(g, u, ACT: tl.constexpr, HAS_LIMIT: tl.constexpr, alpha, limit):
+def glu_f32(g, u, ACT: tl.constexpr, HAS_LIMIT: tl.constexpr, alpha, limit):
     """float32 act(gate, up): silu(g) * u, or gpt-oss's (u + 1) * g * sigmoid(alpha * g); with
     HAS_LIMIT, g = min(g, limit) and u = clamp(u, -limit, limit) first. alpha and limit are
     cast to float32 here: Inductor passes Python floats as float64."""
@@ -65,7 +65,7 @@ def _silu_mul_chunk(src, offs, I, mask, ACT: tl.constexpr, HAS_LIMIT: tl.constex
                     limit):
     """float32 act(gate, up) for columns offs of the rows starting at src ([gate | up])."""
     g, u = _load_pair(src, offs, I, mask)
-    return _glu_f32(g, u, ACT, HAS_LIMIT, alpha, limit)
+    return glu_f32(g, u, ACT, HAS_LIMIT, alpha, limit)
 
 
 @triton.jit
@@ -119,10 +119,10 @@ def _one_pass(src, dst, valid, I, alpha, limit, INTERPRET: tl.constexpr, BLOCK: 
         offs_b = BLOCK + tl.arange(0, BLOCK_B)[None, :]
         mask_b = valid[:, None] & (offs_b < I)
         g_b, u_b = _load_pair(src, offs_b, I, mask_b)
-    a_a = _glu_f32(g_a, u_a, ACT, HAS_LIMIT, alpha, limit)
+    a_a = glu_f32(g_a, u_a, ACT, HAS_LIMIT, alpha, limit)
     amax = tl.max(tl.abs(a_a), 1)
     if BLOCK_B > 0:
-        a_b = _glu_f32(g_b, u_b, ACT, HAS_LIMIT, alpha, limit)
+        a_b = glu_f32(g_b, u_b, ACT, HAS_LIMIT, alpha, limit)
         amax = tl.maximum(amax, tl.max(tl.abs(a_b), 1))
     inv, scale = row_scales(amax)
     store_fp8(dst + offs_a, a_a, inv[:, None], mask_a, INTERPRET)
