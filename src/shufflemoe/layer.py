@@ -259,10 +259,11 @@ class MoE(nn.Module):
             hot = _Hot(self.expert_weights, self.router_weight, self.router_bias,
                        self.router_logits_bias, self.shared_w13, self.shared_w2, self.shared_gate,
                        ROUTERS.get(cfg.router), fusable, one)
-            capturing = self.w13.is_cuda and torch.cuda.is_current_stream_capturing()
-            if not capturing:  # captured, the arange would be written only by the replay
+            compiling = torch.compiler.is_compiling()
+            if compiling or not (self.w13.is_cuda and torch.cuda.is_current_stream_capturing()):
+                # (not captured: the arange would be written only by the replay)
                 self.__dict__["_hot_parts"] = hot
-            if not torch.compiler.is_compiling():  # compiled: patch() gathers it for real first
+            if not compiling:  # compiled: gathered for real by an eager call or patch() first
                 moe_decode.reserve(self.w13, self.w2, quantization=cfg.quantization)
                 if fusable:
                     Is, D = cfg.shared_intermediate_size, cfg.hidden_size

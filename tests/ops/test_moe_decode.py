@@ -538,7 +538,7 @@ def run_biased(case: str, quant: str, cfg: configs.DecodeConfig, impl: str = "tr
         stored.append((q.to(DEV), None if s is None else s.to(DEV)))
         exact.append(fmt.dequantize(q, s, None).double() if fmt.quantized else q.double())
     (w13, s13), (w2, s2) = stored
-    b13, b2 = (torch.randn(E, N, generator=g).to(torch.bfloat16) for N in (2 * WO_I, WO_D))
+    b13, b2 = (torch.randn(E, N, generator=g).to(DEV, torch.bfloat16) for N in (2 * WO_I, WO_D))
     n, experts = pairs(r)
     fp8 = quant == "fp8_rowwise"
     x = torch.randn(T, WO_D, generator=gen(seed + 1)).to(DEV, torch.bfloat16)
@@ -557,14 +557,14 @@ def run_biased(case: str, quant: str, cfg: configs.DecodeConfig, impl: str = "tr
                     w2_bias=b2, quantization=quant, impl=impl)
     xs = gather_scale(x, r.token_ids, r.weights, quantize=fp8, impl="torch")
     x64 = (xs[0].double() * xs[1].double()[:, None] if fp8 else xs.double()).cpu()[:n]
-    h = torch.einsum("pd,pnd->pn", x64, exact[0][experts]) + b13.double()[experts]
+    h = torch.einsum("pd,pnd->pn", x64, exact[0][experts]) + b13.double().cpu()[experts]
     gate, up = h.chunk(2, dim=1)
     assert (gate > OAI["limit"]).any() and (up.abs() > OAI["limit"]).any(), "no value clamped"
     got = a[0].double() * a[1].double()[:, None] if fp8 else a.double()
     tol = "fp8_rowwise" if fp8 else "bfloat16"
     assert_close(got[:n], glu(gate, up, *OAI.values()), tol, name=f"{quant} a")
     assert torch.isnan(got[n:]).all(), "rows past num_valid were written"
-    y = torch.einsum("pi,pdi->pd", got[:n].cpu(), exact[1][experts]) + b2.double()[experts]
+    y = torch.einsum("pi,pdi->pd", got[:n].cpu(), exact[1][experts]) + b2.double().cpu()[experts]
     y = y * r.weights[:n].double().cpu()[:, None]
     ref = base.double().cpu().index_add_(0, r.token_ids[:n].long().cpu(), y)
     assert_close(out, ref, tol, name=f"{quant} out")
