@@ -130,6 +130,61 @@ def test_compiled_fused_decode_zeroes_no_arrival_words():
     assert torch.equal(got, layer(x))
 
 
+def split_k():
+    """16-wide tiles, K split 2 ways in both fused decode kernels (arrival words read)."""
+    from shufflemoe.ops.moe_decode import configs
+
+    gemm = configs.GemmConfig(16, 32, 2)
+    return configs.DecodeConfig(gemm, gemm)
+
+
+@pytest.mark.skipif(DEV != "cuda", reason="Inductor traces the kernels on a GPU only")
+@pytest.mark.parametrize("name", ["llama4-bf16", "llama4-fp8"])
+def test_compiled_fused_decode_fills_no_arrival_words(name):
+    """Compiled with split-K (and fp8's row quantization), where the fused decode kernels read
+    arrival words, they use the persistent buffer (kernel.held_words: a graph input they
+    mutate in place and leave zero): no fill, copy or clone of it in the compiled code."""
+    from torch._inductor.utils import run_and_get_code
+
+    from shufflemoe.ops.moe_decode import configs
+
+    layer = make_layer(KERNEL_CONFIGS[name], device=DEV)
+    x = make_input(layer.config, 3, seed=7, device=DEV)
+    with configs.override(split_k()), configs.override(configs.ALWAYS):
+        want = layer(x)  # eager first: the buffer is sized for these tiles
+        torch._dynamo.reset()
+        got, codes = run_and_get_code(torch.compile(layer, fullgraph=True), x)
+        again = torch.compile(layer, fullgraph=True)(x)  # the words came back to zero
+    code = "\n".join(codes)
+    assert code.count("_gate_up_kernel_") >= 1 and code.count("_down_kernel_") >= 1
+    extra = [line.strip() for line in code.splitlines()
+             if re.search(r"zeros|fill_|copy_|clone", line) and "def " not in line]
+    assert not extra, extra[:20]
+    assert torch.equal(got, want) and torch.equal(again, want)
+
+
+@pytest.mark.skipif(DEV != "cuda", reason="CUDA-graph trees need a GPU")
+def test_reduce_overhead_keeps_cuda_graphs():
+    """mode="reduce-overhead" (transformers' compiled generate): the kernels mutate the arrival
+    words, a static address (mark_static_address), so CUDA-graph trees still capture the
+    layer; replays match eager with fresh inputs."""
+    from torch._dynamo.utils import counters
+
+    from shufflemoe.ops.moe_decode import configs
+
+    layer = make_layer(KERNEL_CONFIGS["llama4-bf16"], device=DEV)
+    with configs.override(split_k()), configs.override(configs.ALWAYS):
+        layer(make_input(layer.config, 3, seed=8, device=DEV))
+        torch._dynamo.reset()
+        counters.clear()
+        compiled = torch.compile(layer, mode="reduce-overhead", fullgraph=True)
+        for seed in range(9, 14):
+            x = make_input(layer.config, 3, seed=seed, device=DEV)
+            got = compiled(x).clone()
+            assert torch.equal(got, layer(x)), seed
+    assert not counters["inductor"]["cudagraph_skips"], dict(counters["inductor"])
+
+
 @pytest.mark.skipif(DEV != "cuda", reason="Inductor traces the kernels on a GPU only")
 def test_compiled_fused_decode_leaves_pdl_out():
     """A tuning-table row with PDL launches without it when compiled: griddepcontrol's inline

@@ -588,13 +588,18 @@ def sm_count(device: torch.device) -> int:
 _WORDS: dict[tuple[torch.device, int], list[Tensor]] = {}
 
 
-def arrival_words(like: Tensor, n: int, workspace: int = 0) -> Tensor:
+def arrival_words(like: Tensor, n: int, workspace: int = 0,
+                  held: Tensor | None = None) -> Tensor:
     """n zeroed int32 arrival words on ``like``'s device. The kernels leave them zero, so one
     buffer per (device, workspace) serves every call in stream order: calls that may run at the
     same time on two streams use two workspaces (the layer's shared expert beside its routed
     experts). Old buffers are kept alive: a captured CUDA graph may still point at them. Inside
     a capture a new buffer cannot be zeroed before the replay, so warm up (as graphed() does) or
-    reserve first. Traced by torch.compile: fresh zeros in the graph (filled each call)."""
+    reserve first. ``held``: the buffer held_words gave the op (a graph input when compiled),
+    used when large enough; traced by torch.compile without one: fresh zeros in the graph
+    (a fill kernel each call)."""
+    if held is not None and held.numel() >= n:
+        return held[:n]
     device = like.device
     if traced((like,)):
         return torch.zeros(n, dtype=torch.int32, device=device)
@@ -604,8 +609,19 @@ def arrival_words(like: Tensor, n: int, workspace: int = 0) -> Tensor:
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         raise RuntimeError("the fused decode kernels need a larger arrival buffer inside a CUDA "
                            "graph capture; run the layer once at this size before capturing")
-    buffers.append(persistent_zeros(max(n, 1024), torch.int32, device))
-    return buffers[-1][:n]
+    words = persistent_zeros(max(n, 1024), torch.int32, device)
+    if device.type == "cuda":  # CUDA-graph trees (compile's reduce-overhead) may mutate it
+        torch._dynamo.mark_static_address(words)
+    buffers.append(words)
+    return words[:n]
+
+
+def held_words(like: Tensor, workspace: int) -> Tensor | None:
+    """The newest arrival buffer of (like's device, workspace), or None: what the ops pass their
+    kernels' launcher. Compiled, Dynamo makes it a graph input (a static address) and the
+    kernels mutate it in place, so no graph fills fresh words every call."""
+    buffers = _WORDS.get((like.device, workspace))
+    return buffers[-1] if buffers else None
 
 
 def reserve_arrival_words(w13: Tensor, w2: Tensor, max_pairs: int, workspace: int = 0,
@@ -665,16 +681,16 @@ def _k_split(K: int, cfg: configs.GemmConfig) -> tuple[int, int]:
     return per * cfg.block_k, cdiv(steps, per)
 
 
-@kernel_op("decode_gate_up", mutates_args=("a", "q", "scale"))
+@kernel_op("decode_gate_up", mutates_args=("a", "q", "scale", "words"))
 def _gate_up_op(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Tensor,
                 token_ids: Tensor, row_weights: Optional[Tensor], a: Optional[Tensor],
                 q: Optional[Tensor], scale: Optional[Tensor], workspace: int, quant: str,
-                bias: Optional[Tensor], activation: str, alpha: float,
-                limit: Optional[float]) -> None:
+                bias: Optional[Tensor], activation: str, alpha: float, limit: Optional[float],
+                words: Optional[Tensor]) -> None:
     """a [A, I] (x's dtype), or for fp8 rowwise w13 (q [A, I], scale [A]) <- the GLU
     (activation, alpha, limit: as ops.silu_mul's) of the gathered rows' products plus their
-    expert's bias [E, 2I]. The tiles are planned here, inside the op, so torch.compile never
-    traces the host logic."""
+    expert's bias [E, 2I]. words: held_words (left zero). The tiles are planned here, inside
+    the op, so torch.compile never traces the host logic."""
     (T, D), (E, two_i, _), A = x.shape, w13.shape, token_ids.shape[0]
     I = two_i // 2
     if A == 0 or I == 0:
@@ -686,10 +702,9 @@ def _gate_up_op(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Ten
     m_tiles = max_m_tiles(A, E, cfg.block_m)
     _check_block_k(quant, cfg)
     fp8 = quant == "fp8_rowwise"
-    # arrival words only where read (split-K, fp8's row quantization): a compiled graph fills
-    # fresh ones each call
-    words = (arrival_words(x, m_tiles * n_tiles + m_tiles, workspace) if split > 1 or fp8
-             else None)
+    # arrival words only where read (split-K, fp8's row quantization)
+    words = (arrival_words(x, m_tiles * n_tiles + m_tiles, workspace, words)
+             if split > 1 or fp8 else None)
     part = torch.empty(split, A, 2 * I, dtype=torch.float32, device=x.device) if split > 1 else None
     if fp8:  # a in fp32 first; each m-tile's last program quantizes its rows into (q, scale)
         a = torch.empty(A, I, dtype=torch.float32, device=x.device)
@@ -713,13 +728,13 @@ def _gate_up_op(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Ten
             **_launch_options(cfg, pdl))
 
 
-@kernel_op("decode_down", mutates_args=("out",))
+@kernel_op("decode_down", mutates_args=("out", "words"))
 def _down_op(a: Tensor, a_scale: Optional[Tensor], w2: Tensor, w2_scale: Optional[Tensor],
              counts: Tensor, token_ids: Tensor, positions: Tensor, row_weights: Optional[Tensor],
              out: Tensor, accumulate: bool, workspace: int, quant: str,
-             bias: Optional[Tensor]) -> None:
+             bias: Optional[Tensor], words: Optional[Tensor]) -> None:
     """out [T, D] (+)= the routed rows of a [A, I] through w2 [E, D, I] plus their expert's
-    bias [E, D] (times the row weights), token-major."""
+    bias [E, D] (times the row weights), token-major. words: held_words (left zero)."""
     (A, I), (E, D, _), T = a.shape, w2.shape, out.shape[0]
     if A == 0 or D == 0:
         return
@@ -730,8 +745,8 @@ def _down_op(a: Tensor, a_scale: Optional[Tensor], w2: Tensor, w2_scale: Optiona
     k_split, split = _k_split(I, cfg)
     n_tiles = cdiv(D, cfg.block_n)
     m_tiles = max_m_tiles(A, E, cfg.block_m)
-    words = (arrival_words(a, m_tiles * n_tiles + n_tiles, workspace) if split > 1 or k > 1
-             else None)  # only where read (split-K, the k > 1 combine)
+    words = (arrival_words(a, m_tiles * n_tiles + n_tiles, workspace, words)
+             if split > 1 or k > 1 else None)  # only where read (split-K, the k > 1 combine)
     part = torch.empty(split, A, D, dtype=torch.float32, device=a.device) if split > 1 else None
     y = torch.empty(A, D, dtype=torch.float32, device=a.device) if k > 1 else None
     interpret = interpreting()
@@ -761,7 +776,7 @@ def gate_up(x: Tensor, w13: Tensor, w13_scale: Tensor | None, counts: Tensor, to
     function."""
     a, q, scale = (None, *out) if isinstance(out, tuple) else (out, None, None)
     _gate_up_op(x, w13, w13_scale, counts, token_ids, row_weights, a, q, scale, workspace,
-                format_of(w13, quant), bias, *act)
+                format_of(w13, quant), bias, *act, held_words(x, workspace))
     return out
 
 
@@ -772,5 +787,5 @@ def down(a: Tensor, a_scale: Tensor | None, w2: Tensor, w2_scale: Tensor | None,
     """out [T, D] += (or, not accumulate, =) the routed rows of a [A, I] through w2 [E, D, I]
     plus bias [E, D]; returns out. Arguments were checked by the public function."""
     _down_op(a, a_scale, w2, w2_scale, counts, token_ids, positions, row_weights, out, accumulate,
-             workspace, format_of(w2, quant), bias)
+             workspace, format_of(w2, quant), bias, held_words(a, workspace))
     return out

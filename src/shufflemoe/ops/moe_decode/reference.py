@@ -38,8 +38,8 @@ def format_of(w: Tensor, quant: str | None) -> str:
 def _gate_up(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Tensor,
              token_ids: Tensor, row_weights: Optional[Tensor], a: Optional[Tensor],
              q: Optional[Tensor], scale: Optional[Tensor], workspace: int, quant: str,
-             bias: Optional[Tensor], activation: str, alpha: float,
-             limit: Optional[float]) -> None:
+             bias: Optional[Tensor], activation: str, alpha: float, limit: Optional[float],
+             words: Optional[Tensor] = None) -> None:  # words: the kernel's, unused
     fp8 = quant == "fp8_rowwise"
     nv = _num_valid(counts)
     xs = gather_scale(x, token_ids, row_weights, nv, fp8, None)
@@ -54,7 +54,7 @@ def _gate_up(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Tensor
 def _down(a: Tensor, a_scale: Optional[Tensor], w2: Tensor, w2_scale: Optional[Tensor],
           counts: Tensor, token_ids: Tensor, positions: Tensor, row_weights: Optional[Tensor],
           out: Tensor, accumulate: bool, workspace: int, quant: str,
-          bias: Optional[Tensor]) -> None:
+          bias: Optional[Tensor], words: Optional[Tensor] = None) -> None:  # words: unused
     y = grouped_gemm(a, w2, counts, a_scale, w2_scale, None, None, None, None,
                      torch.float32, quantization=quant, bias=bias)  # [A, D]
     nv = _num_valid(counts)
