@@ -57,10 +57,13 @@ class _Hot:
     shared_gate: Tensor | None
     route: Callable[[Tensor, MoEConfig, Tensor | None], Routing]
     shared_fusable: bool  # a plain shared expert the fused decode kernels can run (_fuses_shared)
-    # [T] = (counts [1] = T, token ids = positions [T] = 0..T-1) int32 for T up to
-    # SHARED_FUSED_MAX_TOKENS: the fused shared expert's routing, views of one persistent arange
-    # (no kernel to make them in a call, a compiled graph or a capture); () when not fusable
-    one_expert: tuple[tuple[Tensor, Tensor], ...]
+    # [T] = (counts [1] = T, token ids [T], positions [T] = 0..T-1) int32 for T up to
+    # SHARED_FUSED_MAX_TOKENS: the fused shared expert's routing, made once (no kernel makes
+    # them in a call, a compiled graph or a capture); () when not fusable. Separate tensors,
+    # not views of one: compiled, aliased graph inputs that a kernel may write (Inductor's
+    # analysis counts the decode kernels' index inputs as written) get a synthetic base, which
+    # CUDA-graph trees refuse to capture
+    one_expert: tuple[tuple[Tensor, Tensor, Tensor], ...]
     # (region, T, stream, impl, batch-invariant tiles) -> _launch.Plan | None
     plans: dict = field(default_factory=dict)
 
@@ -251,17 +254,13 @@ class MoE(nn.Module):
             fusable = (self.shared_w13 is not None and self.shared_gate is None
                        and not self.shared_split and not cfg.batch_invariant
                        and self.shared_w13.is_contiguous() and self.shared_w2.is_contiguous())
-            one = ()
-            if fusable:
-                iota = torch.arange(SHARED_FUSED_MAX_TOKENS + 1, dtype=torch.int32,
-                                    device=self.shared_w13.device)
-                one = tuple((iota[T : T + 1], iota[:T]) for T in range(len(iota)))
+            one = _every_token_on_one_expert(self.shared_w13.device) if fusable else ()
             hot = _Hot(self.expert_weights, self.router_weight, self.router_bias,
                        self.router_logits_bias, self.shared_w13, self.shared_w2, self.shared_gate,
                        ROUTERS.get(cfg.router), fusable, one)
             compiling = torch.compiler.is_compiling()
             if compiling or not (self.w13.is_cuda and torch.cuda.is_current_stream_capturing()):
-                # (not captured: the arange would be written only by the replay)
+                # (captured, its routing tensors would hold values only in the graph)
                 self.__dict__["_hot_parts"] = hot
             if not compiling:  # compiled: gathered for real by an eager call or patch() first
                 moe_decode.reserve(self.w13, self.w2, quantization=cfg.quantization)
@@ -470,13 +469,13 @@ class MoE(nn.Module):
         weights over every SM, instead of two cuBLAS GEMMs and a SwiGLU launch."""
         cfg, T = self.config, x.shape[0]
         D, Is = cfg.hidden_size, cfg.shared_intermediate_size
-        counts, ids = hot.one_expert[T]
+        counts, ids, positions = hot.one_expert[T]
         ops = backend_for(x)
         a = torch.empty(T, Is, dtype=x.dtype, device=x.device)
         ops.decode_gate_up(x, hot.shared_w13.view(1, 2 * Is, D), None, counts, ids, None, a,
                            SHARED_WORKSPACE)
-        return ops.decode_down(a, None, hot.shared_w2.view(1, D, Is), None, counts, ids, ids,
-                               None, out, False, SHARED_WORKSPACE)
+        return ops.decode_down(a, None, hot.shared_w2.view(1, D, Is), None, counts, ids,
+                               positions, None, out, False, SHARED_WORKSPACE)
 
     def _fused_shared_forward(self, x: Tensor, hot: _Hot) -> Tensor:
         """Eager decode with a fused shared expert, in one launch plan with routing and the
@@ -486,7 +485,7 @@ class MoE(nn.Module):
         out = torch.empty_like(x)
         logits = router_logits(x, hot.router_weight, cfg.router_logits_dtype,
                                hot.router_logits_bias, cfg.batch_invariant)
-        counts, ids = hot.one_expert[x.shape[0]]
+        counts, ids, positions = hot.one_expert[x.shape[0]]
         w = hot.weights
 
         def region() -> None:
@@ -495,7 +494,7 @@ class MoE(nn.Module):
 
         self._planned(hot, "shared+routed", region, (x, logits, out),
                       (w.w13, w.w2, w.w13_scale, w.w2_scale, w.w13_bias, w.w2_bias,
-                       hot.router_bias, hot.shared_w13, hot.shared_w2, counts, ids))
+                       hot.router_bias, hot.shared_w13, hot.shared_w2, counts, ids, positions))
         return out
 
     def _route_and_run(self, hot: _Hot, x: Tensor, logits: Tensor, out: Tensor,
@@ -556,6 +555,23 @@ class MoE(nn.Module):
 
 def _noop() -> None:
     pass
+
+
+_ONE_EXPERT: dict[torch.device, tuple[tuple[Tensor, ...], ...]] = {}
+
+
+def _every_token_on_one_expert(device: torch.device) -> tuple[tuple[Tensor, ...], ...]:
+    """_Hot.one_expert for layers on ``device``: made once and shared (made afresh, not kept,
+    while compiling or capturing: their values would exist only in that graph)."""
+    made = _ONE_EXPERT.get(device)
+    if made is None:
+        i32 = dict(dtype=torch.int32, device=device)
+        made = tuple((torch.full((1,), T, **i32), torch.arange(T, **i32), torch.arange(T, **i32))
+                     for T in range(SHARED_FUSED_MAX_TOKENS + 1))
+        if not (torch.compiler.is_compiling()
+                or (device.type == "cuda" and torch.cuda.is_current_stream_capturing())):
+            _ONE_EXPERT[device] = made
+    return made
 
 
 _UNSEEN = object()

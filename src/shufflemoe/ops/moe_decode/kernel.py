@@ -599,7 +599,7 @@ def arrival_words(like: Tensor, n: int, workspace: int = 0,
     used when large enough; traced by torch.compile without one: fresh zeros in the graph
     (a fill kernel each call)."""
     if held is not None and held.numel() >= n:
-        return held[:n]
+        return held  # whole: compiled, the mutated tensor is then the graph input itself
     device = like.device
     if traced((like,)):
         return torch.zeros(n, dtype=torch.int32, device=device)
