@@ -574,6 +574,10 @@ def _every_token_on_one_expert(device: torch.device) -> tuple[tuple[Tensor, ...]
         if not (torch.compiler.is_compiling()
                 or (device.type == "cuda" and torch.cuda.is_current_stream_capturing())):
             _ONE_EXPERT[device] = made
+            if device.type == "cuda":  # compiled, inputs Inductor counts as written (_Hot):
+                for row in made:  # static addresses, or CUDA-graph trees skip the graph
+                    for t in row:
+                        torch._dynamo.mark_static_address(t)
     return made
 
 
