@@ -76,7 +76,7 @@ PLAN_MAX_TOKENS = 256  # launch plans for T up to this (their shared workspace g
 SHARED_FUSED_MAX_TOKENS = 16
 SHARED_WORKSPACE = 1
 # Attributes _Hot does not depend on: setting them keeps it (torch.compile(layer) sets the first
-# two, and eager calls between compiled ones keep their launch plans)
+# two; a compiled call then reads the gathered _Hot, its tensors graph inputs, not made anew)
 _NOT_GATHERED = frozenset({"training", "_is_torch_compile", "_side_stream"})
 # Recorded regions, shared by layers of the same config and layouts (see MoE._planned).
 _TEMPLATES: dict[tuple, _launch.Template | None] = {}
@@ -248,12 +248,7 @@ class MoE(nn.Module):
         return super()._apply(fn, recurse)
 
     def _hot(self) -> _Hot:
-        # Compiled, gathered in the graph from the module's own tensors: a kept _Hot is a Python
-        # object Dynamo specializes on, one recompile per layer instance passed to one compiled
-        # function (the layer suite's rotated copies at 7339448: Scout TP8 531 us a call, 326
-        # before)
-        compiling = torch.compiler.is_compiling()
-        hot = None if compiling else self.__dict__.get("_hot_parts")
+        hot = self._hot_parts  # plain attribute lookup: torch.compile sees the gathered one
         if hot is None:
             cfg = self.config
             fusable = (self.shared_w13 is not None and self.shared_gate is None
@@ -263,9 +258,11 @@ class MoE(nn.Module):
             hot = _Hot(self.expert_weights, self.router_weight, self.router_bias,
                        self.router_logits_bias, self.shared_w13, self.shared_w2, self.shared_gate,
                        ROUTERS.get(cfg.router), fusable, one)
+            compiling = torch.compiler.is_compiling()
+            if compiling or not (self.w13.is_cuda and torch.cuda.is_current_stream_capturing()):
+                # (captured, its routing tensors would hold values only in the graph)
+                self.__dict__["_hot_parts"] = hot
             if not compiling:  # compiled: gathered for real by an eager call or patch() first
-                if not (self.w13.is_cuda and torch.cuda.is_current_stream_capturing()):
-                    self.__dict__["_hot_parts"] = hot  # (captured: routing tensors of the graph)
                 moe_decode.reserve(self.w13, self.w2, quantization=cfg.quantization)
                 if fusable:
                     Is, D = cfg.shared_intermediate_size, cfg.hidden_size
@@ -574,10 +571,6 @@ def _every_token_on_one_expert(device: torch.device) -> tuple[tuple[Tensor, ...]
         if not (torch.compiler.is_compiling()
                 or (device.type == "cuda" and torch.cuda.is_current_stream_capturing())):
             _ONE_EXPERT[device] = made
-            if device.type == "cuda":  # compiled, inputs Inductor counts as written (_Hot):
-                for row in made:  # static addresses, or CUDA-graph trees skip the graph
-                    for t in row:
-                        torch._dynamo.mark_static_address(t)
     return made
 
 
