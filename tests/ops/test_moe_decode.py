@@ -207,6 +207,17 @@ def test_one_pair_tiles(case, dtype):
     run_down(case, DTYPES[dtype], cfg, on_output=False)
 
 
+@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
+@pytest.mark.parametrize("case", ["T=1 k=1 E=16", "k=8 E=256", "capacity drops"])
+def test_narrow_one_pair_tiles(case, dtype):
+    """The tuning table's narrow one-pair tiles: 4 and 8 rows, one K step wider than K (masked
+    lanes), no split-K."""
+    cfg = configs.DecodeConfig(configs.GemmConfig(4, 64, 1, block_m=1),
+                               configs.GemmConfig(8, 32, 1, block_m=1))
+    run_gate_up(case, DTYPES[dtype], cfg)
+    run_down(case, DTYPES[dtype], cfg, on_output=False)
+
+
 @pytest.mark.parametrize("dtype", ["bf16", "fp8", "fp32"])
 def test_reference_matches_float64(dtype):
     for case in ("odd T=9 k=3 E=7", "capacity drops", "T=0"):

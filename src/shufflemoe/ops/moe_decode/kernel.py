@@ -300,10 +300,11 @@ def _gate_up_step(acc_g, acc_u, k0, k_hi, x_ptr, w_ptr, ws_ptr, tok, rw, inv, ro
         acc_u = _mxfp4_gemv(acc_u, w_ptr, ws_ptr, gate_rows + I, col_ok, k0, k_hi, D, even, odd,
                             BLOCK_K, UPCAST)
     else:
-        kk = k0 + tl.arange(0, BLOCK_K)
-        xt = tl.trans(_x_tile(x_ptr, tok, rw, inv, row_ok, kk, D, HAS_RW, QUANT, INTERPRET))
+        # weights first: their addresses need only the expert, x's wait for the token ids
         wg = _w_tile(w_ptr, ws_ptr, gate_rows, col_ok, k0, k_hi, D, QUANT, BLOCK_K, UPCAST)
         wu = _w_tile(w_ptr, ws_ptr, gate_rows + I, col_ok, k0, k_hi, D, QUANT, BLOCK_K, UPCAST)
+        kk = k0 + tl.arange(0, BLOCK_K)
+        xt = tl.trans(_x_tile(x_ptr, tok, rw, inv, row_ok, kk, D, HAS_RW, QUANT, INTERPRET))
         acc_g = _dot(acc_g, wg, xt, UPCAST, W_TO_X, DOT_PRECISION)
         acc_u = _dot(acc_u, wu, xt, UPCAST, W_TO_X, DOT_PRECISION)
     return acc_g, acc_u
@@ -452,10 +453,10 @@ def _down_step(acc, k0, k_hi, a_ptr, w_ptr, ws_ptr, rows, row_ok, w_rows, col_ok
         acc = _mxfp4_gemv(acc, w_ptr, ws_ptr, w_rows, col_ok, k0, k_hi, I, even, odd, BLOCK_K,
                           UPCAST)
     else:
+        w = _w_tile(w_ptr, ws_ptr, w_rows, col_ok, k0, k_hi, I, QUANT, BLOCK_K, UPCAST)
         kk = k0 + tl.arange(0, BLOCK_K)
         at = tl.load(a_ptr + rows.to(tl.int64)[:, None] * I + kk[None, :],
                      mask=row_ok[:, None] & (kk < k_hi)[None, :], other=0.0)
-        w = _w_tile(w_ptr, ws_ptr, w_rows, col_ok, k0, k_hi, I, QUANT, BLOCK_K, UPCAST)
         acc = _dot(acc, w, tl.trans(at), UPCAST, W_TO_X, DOT_PRECISION)
     return acc
 
