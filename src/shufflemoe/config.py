@@ -197,6 +197,11 @@ class MoEConfig:
     def quantized(self) -> bool:
         return self.quantization != "none"
 
+    @property
+    def act(self) -> tuple[str, float, float | None]:
+        """(activation, swiglu_alpha, swiglu_limit): what the GLU kernels take."""
+        return self.activation, self.swiglu_alpha, self.swiglu_limit
+
     def replace(self, **changes) -> MoEConfig:
         return dataclasses.replace(self, **changes)
 

@@ -126,7 +126,7 @@ def naive_moe(layer: MoE, x: Tensor, routing: Routing | None = None, *,
             up_mag = up_mag + 1.0
         return y, rss(1.1 * g_mag * up_mag, w2) + y.abs()
 
-    act = (cfg.activation, cfg.swiglu_alpha, cfg.swiglu_limit)
+    act = cfg.act
 
     def of(bias: Tensor | None, e: int) -> Tensor | None:
         return None if bias is None else bias[e]

@@ -258,6 +258,8 @@ def test_split_heuristic():
     assert configs.use_fused(64) and not configs.use_fused(65)
     assert not configs.use_fused(1, batch_invariant=True)
     assert configs.use_fused(8, top_k=8) and not configs.use_fused(1, quant="fp8_rowwise")
+    assert configs.use_fused(32, 8, "fp8_rowwise") and configs.use_fused(4, 4, "fp8_rowwise")
+    assert not configs.use_fused(40, 8, "fp8_rowwise") and not configs.use_fused(2, 2, "fp8_rowwise")
     with configs.override(configs.ALWAYS):
         assert configs.use_fused(72, top_k=8, quant="fp8_rowwise")
         assert configs.use_fused(64 * 8, 8, "mxfp4", 128)
@@ -438,14 +440,16 @@ def wo_tiles(split: int, block_k: int = 32, block_m: int = 16) -> configs.Decode
 
 
 def wo_weights(E: int, quant: str, seed: int = 0):
-    """(w13, w2, w13_scale, w2_scale) stored in ``quant`` and their exact float64 values."""
+    """(w13, w2, w13_scale, w2_scale) stored in ``quant`` (bf16 and no scales for "none") and
+    their exact float64 values."""
     fmt = weight_format(quant)
     g = gen(seed)
     stored, exact = [], []
     for N, K in ((2 * WO_I, WO_D), (WO_D, WO_I)):
-        q, s = fmt.quantize(torch.randn(E, N, K, generator=g) / K**0.5, None)
-        stored.append((q.to(DEV), s.to(DEV)))
-        exact.append(fmt.dequantize(q, s, None).double())
+        w = torch.randn(E, N, K, generator=g) / K**0.5
+        q, s = fmt.quantize(w, None) if fmt.quantized else (w.to(torch.bfloat16), None)
+        stored.append((q.to(DEV), None if s is None else s.to(DEV)))
+        exact.append(fmt.dequantize(q, s, None).double() if fmt.quantized else q.double())
     (q13, s13), (q2, s2) = stored
     return (q13, q2, s13, s2), tuple(exact)
 
@@ -541,14 +545,8 @@ def run_biased(case: str, quant: str, cfg: configs.DecodeConfig, impl: str = "tr
     """gate_up with w13_bias and swiglu_oai, then down with w2_bias, each against float64 of its
     own inputs (the weights' exact values; a as the kernel stored it), in every weight format."""
     r, T, E = routing(case, seed + 3)
-    fmt, g = weight_format(quant), gen(seed)
-    stored, exact = [], []
-    for N, K in ((2 * WO_I, WO_D), (WO_D, WO_I)):
-        w = torch.randn(E, N, K, generator=g) / K**0.5
-        q, s = fmt.quantize(w, None) if fmt.quantized else (w.to(torch.bfloat16), None)
-        stored.append((q.to(DEV), None if s is None else s.to(DEV)))
-        exact.append(fmt.dequantize(q, s, None).double() if fmt.quantized else q.double())
-    (w13, s13), (w2, s2) = stored
+    (w13, w2, s13, s2), exact = wo_weights(E, quant, seed)
+    g = gen(seed + 5)
     b13, b2 = (torch.randn(E, N, generator=g).to(DEV, torch.bfloat16) for N in (2 * WO_I, WO_D))
     n, experts = pairs(r)
     fp8 = quant == "fp8_rowwise"

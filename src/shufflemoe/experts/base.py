@@ -137,8 +137,7 @@ def glu(ops: Ops, h: Tensor, w: ExpertWeights, cfg: MoEConfig,
         num_valid: Tensor | None = None) -> Activation:
     """a = act(gate, up) [A, I] of the first GEMM's output h [A, 2I], quantized as the second
     GEMM takes it (fused): cfg.activation, swiglu_alpha, swiglu_limit (MoEConfig checked them)."""
-    return ops.silu_mul(h, num_valid, FORMATS[w.quantization].activation, None,
-                        (cfg.activation, cfg.swiglu_alpha, cfg.swiglu_limit))
+    return ops.silu_mul(h, num_valid, FORMATS[w.quantization].activation, None, cfg.act)
 
 
 def expert_gemm(

@@ -40,7 +40,7 @@ class Shuffled(Experts):
             a = ops.decode_gate_up(x, w.w13, w.w13_scale, r.counts, r.token_ids, w_in,
                                    gate_up_outputs(None, r.num_pairs, w.intermediate_size,
                                                    x.dtype, w8a8, x.device), 0, w.quantization,
-                                   w.w13_bias, (cfg.activation, cfg.swiglu_alpha, cfg.swiglu_limit))
+                                   w.w13_bias, cfg.act)
             before_combine()
             ops.decode_down(*(a if isinstance(a, tuple) else (a, None)), w.w2, w.w2_scale,
                             r.counts, r.token_ids, r.positions, w_out, out, not overwrite, 0,

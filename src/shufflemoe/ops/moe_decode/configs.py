@@ -9,7 +9,8 @@ Two choices, each a frozen dataclass that tests and benchmarks replace with ``ov
   its deterministic token-major combine, T = 1..8): bf16 Llama 4 Scout TP8 1.02-1.05x faster,
   Qwen3-30B-A3B (k = 8) 1.01-1.02x, Mixtral TP2 (k = 2) 0.99-1.03x, and the eager call costs the
   host less in 23 of 24 cases; fp8 rowwise 0.85-0.92x (its in-kernel quantization of a's rows costs more
-  than the launches it saves). So the default fuses every bf16 layer, not fp8 ones.
+  than the launches it saves). So the default fuses every bf16 layer, and fp8 ones only with many
+  experts a token at small A (Switch.fp8_min_top_k, fp8_max_pairs).
 - ``DecodeConfig``: tiles and split-K factors of the two fused GEMMs. The host knows A, E, D, I
   and the dtype, never the group sizes, so it plans for min(E, A) active experts: weight tiles =
   active experts x cdiv(N, block_n). The choice comes from the tuning table (tuned.py, written by
@@ -36,7 +37,16 @@ from .tuned import TABLE
 class Switch:
     max_pairs: int = 64  # fused while A = T * k <= max_pairs
     max_top_k: int = 1 << 30  # ... for layers with k <= max_top_k
-    fp8: bool = False  # ... and fp8 rowwise (w8a8) layers only when True
+    fp8: bool = False  # ... and fp8 rowwise (w8a8) layers when True, else only where
+    # k >= fp8_min_top_k and A <= fp8_max_pairs: with many experts a token, the unfused path's
+    # gather, SwiGLU and token-sum launches cost more than the fused kernels' in-register
+    # quantization. H100, tune_decode's layer phase at 6b70ae2 (CUDA graphs, fused with the
+    # table's PDL / unfused, us): Qwen3-30B-A3B (k = 8) T = 1 34.1 / 36.9, T = 2 45.0 / 51.0,
+    # T = 4 68.8 / 73.6, T = 8 119.5 / 115.0; Mixtral TP2 (k = 2) T = 1 84.1 / 82.3, T = 2
+    # 140.2 / 133.3; Llama 4 Scout TP8 (k = 1) T = 1 34.4 / 35.7, T = 2 39.7 / 39.1, T = 8
+    # 68.3 / 64.8 (results/tune_decode.json).
+    fp8_min_top_k: int = 4
+    fp8_max_pairs: int = 32
     # Weight-only layers (fp8_w8a16, mxfp4) fuse while T <= weight_only_tokens, or while T <= 2 x
     # that with at most one pair per two experts (2A <= E): there one-pair tiles stream each
     # active expert once. Measured on an H100 (benchmarks/results/probe_weight_only.json, CUDA
@@ -131,6 +141,16 @@ def _fp8() -> bool:
 
 
 @torch._dynamo.assume_constant_result
+def _fp8_min_top_k() -> int:
+    return _switch.get().fp8_min_top_k
+
+
+@torch._dynamo.assume_constant_result
+def _fp8_max_pairs() -> int:
+    return _switch.get().fp8_max_pairs
+
+
+@torch._dynamo.assume_constant_result
 def _weight_only_tokens() -> int:
     return _switch.get().weight_only_tokens
 
@@ -146,9 +166,10 @@ def use_fused(num_pairs: int, top_k: int = 1, quant: str = "none", num_experts: 
     experts in the weight format ``quant`` (one the fused kernels read) through the fused
     decode kernels. Never in batch-invariant mode: the split-K factor follows A, and with it
     the sum order."""
-    if (batch_invariant or num_pairs > _max_pairs() or top_k > _max_top_k()
-            or (quant == "fp8_rowwise" and not _fp8())):
+    if batch_invariant or num_pairs > _max_pairs() or top_k > _max_top_k():
         return False
+    if quant == "fp8_rowwise":
+        return _fp8() or (top_k >= _fp8_min_top_k() and num_pairs <= _fp8_max_pairs())
     T, most = num_pairs // max(top_k, 1), _weight_only_tokens()
     if quant == "mxfp4":
         return (top_k <= _mxfp4_max_top_k() or T == 1) and T <= 2 * most
