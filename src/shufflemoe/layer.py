@@ -29,6 +29,7 @@ from .ops import _launch, backend_for, moe_decode
 from .ops._impl import _default_impl
 from .ops.grouped_gemm import configs as gemm_configs
 from .ops.quantize.formats import FORMATS, weight_format
+from .ops.router import GEMV_MAX_TOKENS as ROUTER_GEMV_MAX_TOKENS
 from .routing import ROUTERS, route, router_logits
 from .types import ExpertWeights, Routing
 
@@ -408,18 +409,21 @@ class MoE(nn.Module):
             out, join = (torch.empty_like(x) if out is None else out), _noop
         else:  # decode: shared expert first, overlapping routing and GEMM13 on its own stream
             out, join = self.start_shared(x, out)
-        logits = router_logits(x, hot.router_weight, cfg.router_logits_dtype,
-                               hot.router_logits_bias, cfg.batch_invariant)
         if given or torch.compiler.is_compiling() or join is not _noop:
             # join: the shared expert runs on a side stream (captured): the routed combine must
             # wait for it before adding into out
-            self._route_and_run(hot, x, logits, out, join, first)
+            self._route_and_run(hot, x, self._logits(hot, x), out, join, first)
         else:  # eager, one stream: replayed from a launch plan when one can be made
             w = hot.weights
-            self._planned(hot, "routed", lambda: self._route_and_run(hot, x, logits, out, _noop,
-                                                                     first),
-                          (x, logits, out), (w.w13, w.w2, w.w13_scale, w.w2_scale, w.w13_bias,
-                                             w.w2_bias, hot.router_bias))
+            fixed = (w.w13, w.w2, w.w13_scale, w.w2_scale, w.w13_bias, w.w2_bias, hot.router_bias)
+            if self._logits_in_plan(x):
+                self._planned(hot, "routed", lambda: self._route_and_run(
+                    hot, x, self._logits(hot, x), out, _noop, first), (x, out),
+                    fixed + (hot.router_weight, hot.router_logits_bias))
+            else:
+                logits = self._logits(hot, x)
+                self._planned(hot, "routed", lambda: self._route_and_run(
+                    hot, x, logits, out, _noop, first), (x, logits, out), fixed)
         join()
         if first and self.shared_w13 is not None:
             self.shared_expert(x, out, accumulate=True)
@@ -481,21 +485,39 @@ class MoE(nn.Module):
         """Eager decode with a fused shared expert, in one launch plan with routing and the
         routed experts (which add into the out the shared expert wrote): one plan replay instead
         of two, and no zero fill."""
-        cfg = self.config
         out = torch.empty_like(x)
-        logits = router_logits(x, hot.router_weight, cfg.router_logits_dtype,
-                               hot.router_logits_bias, cfg.batch_invariant)
+        in_plan = self._logits_in_plan(x)
+        logits = None if in_plan else self._logits(hot, x)
         counts, ids, positions = hot.one_expert[x.shape[0]]
         w = hot.weights
 
         def region() -> None:
             self._fused_shared(hot, x, out)
-            self._route_and_run(hot, x, logits, out)
+            self._route_and_run(hot, x, self._logits(hot, x) if in_plan else logits, out)
 
-        self._planned(hot, "shared+routed", region, (x, logits, out),
-                      (w.w13, w.w2, w.w13_scale, w.w2_scale, w.w13_bias, w.w2_bias,
-                       hot.router_bias, hot.shared_w13, hot.shared_w2, counts, ids, positions))
+        fixed = (w.w13, w.w2, w.w13_scale, w.w2_scale, w.w13_bias, w.w2_bias, hot.router_bias,
+                 hot.shared_w13, hot.shared_w2, counts, ids, positions)
+        if in_plan:
+            self._planned(hot, "shared+routed", region, (x, out),
+                          fixed + (hot.router_weight, hot.router_logits_bias))
+        else:
+            self._planned(hot, "shared+routed", region, (x, logits, out), fixed)
         return out
+
+    def _logits(self, hot: _Hot, x: Tensor) -> Tensor:
+        """The router logits [T, E] of x [T, D]."""
+        cfg = self.config
+        return router_logits(x, hot.router_weight, cfg.router_logits_dtype,
+                             hot.router_logits_bias, cfg.batch_invariant)
+
+    def _logits_in_plan(self, x: Tensor) -> bool:
+        """Whether an eager call's launch plan computes the router logits too: at decode T on
+        the kernels they are one Triton launch (ops/router), which the plan replays, instead of
+        an aten GEMM before it (~8-10 us of host). Not through a cast (router_logits_dtype)
+        or batch_invariant's GEMM, which a plan cannot hold."""
+        cfg = self.config
+        return (x.shape[0] <= ROUTER_GEMV_MAX_TOKENS and not cfg.batch_invariant
+                and cfg.router_logits_dtype in (None, x.dtype))
 
     def _route_and_run(self, hot: _Hot, x: Tensor, logits: Tensor, out: Tensor,
                        join: Callable[[], None] = lambda: None, overwrite: bool = False) -> None:

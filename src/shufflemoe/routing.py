@@ -1,7 +1,9 @@
 """Routers: router logits [T, E] -> Routing (token-expert pairs sorted by expert).
 
-Each router kind is a registry entry. The logits come from ``F.linear(x, router_weight)`` in the
-model dtype, the way HF transformers computes them, so a patched model routes exactly as before.
+Each router kind is a registry entry. The logits are ``x @ router_weight^T`` in the model dtype,
+as HF transformers computes them (F.linear; at decode sizes on the GPU one Triton launch,
+ops/router: fp32 sums rounded once, as cuBLAS's, in another order), so a patched model routes
+as before.
 
 | router        | experts chosen by                          | weight of a chosen expert           |
 | ------------- | ------------------------------------------ | ----------------------------------- |
@@ -29,7 +31,6 @@ import dataclasses
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from ._registry import Registry
@@ -53,7 +54,7 @@ def router_logits(x: Tensor, router_weight: Tensor, dtype: torch.dtype | None = 
     if batch_invariant:
         logits = invariant_linear(x, router_weight)
         return logits if bias is None else logits + bias
-    return F.linear(x, router_weight, bias)
+    return backend_for(x).router_logits(x, router_weight, bias)  # decode T: one Triton launch
 
 
 def _renormalize_kept(r: Routing, top_k: int, scaling: float, eps: float = 0.0) -> Routing:

@@ -113,6 +113,8 @@ def _opcheck_cases() -> dict[str, tuple]:
                            empty(A, I, dtype=torch.bfloat16), None, None, 0, "none",
                            torch.randn(E, 2 * I, device=DEV).to(torch.bfloat16), "swiglu_oai",
                            1.702, 7.0, torch.zeros(1024, dtype=i32, device=DEV)),
+        "router_logits": (d["x"], torch.randn(E, D, device=DEV).to(d["x"].dtype),
+                          torch.randn(E, device=DEV).to(d["x"].dtype), empty(T, E, dtype=d["x"].dtype)),
         "decode_down": (torch.randn(A, I, device=DEV).to(torch.bfloat16), None,
                         d["w13"][:, :D, :I].contiguous(), None, r.counts, r.token_ids,
                         r.positions, r.weights, torch.zeros(T, D, dtype=torch.bfloat16,

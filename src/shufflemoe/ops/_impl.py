@@ -192,6 +192,7 @@ class Ops:
     #  workspace, quant, bias]) -> out
     decode_down: Callable
     quantize_fp8_groups: Callable  # (x, num_valid, q, scale, group) -> None (fills q, scale)
+    router_logits: Callable  # (x [T, D], w [E, D], bias [E] | None) -> logits [T, E]
 
 
 _OPS: dict[str, Ops] = {}
@@ -216,11 +217,12 @@ def load_ops() -> None:
     impls = ("torch", "triton") if _TRITON else ("torch",)
     for impl in impls:
         kind = "kernel" if impl == "triton" else "reference"
-        route, gather, gemm, silu, scatter, shuffle, quant, decode = (
+        route, gather, gemm, silu, scatter, shuffle, quant, decode, router = (
             importlib.import_module(f"shufflemoe.ops.{op}.{kind}")
             for op in ("index_shuffle", "gather_scale", "grouped_gemm", "silu_mul", "scatter_add",
-                       "shuffling", "quantize", "moe_decode"))
+                       "shuffling", "quantize", "moe_decode", "router"))
         _OPS[impl] = Ops(impl, route.index_shuffle, route.sort_by_expert, gather.gather_scale,
                          gemm.grouped_gemm, silu.silu_mul, scatter.scatter_add,
                          scatter.token_sum, shuffle.combine_shuffling, shuffle.split_shuffling,
-                         decode.gate_up, decode.down, quant.quantize_fp8_groups_into)
+                         decode.gate_up, decode.down, quant.quantize_fp8_groups_into,
+                         router.router_logits)

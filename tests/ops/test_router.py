@@ -1,0 +1,74 @@
+"""The router's logits at decode sizes (ops/router): the one-launch Triton GEMV (interpreter on
+the CPU, the GPU when there is one) against float64, rounded once: every logit within one step
+of its dtype of the exactly rounded value and nearly all equal to it; the bias added before the
+rounding; F.linear above GEMV_MAX_TOKENS; the output starts poisoned."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from shufflemoe.ops import ops_for
+from shufflemoe.ops.router import GEMV_MAX_TOKENS
+from shufflemoe.ops.router import kernel
+from shufflemoe.testing import poisoned
+
+CUDA = torch.cuda.is_available()
+DEV = "cuda" if CUDA else "cpu"
+
+
+def check(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> None:
+    """Within one step of the dtype of the exactly rounded logit, plus what an fp32 sum of D
+    products may lose (nothing a bf16 step sees); from bf16 inputs (exact fp32 products) nearly
+    every logit is the exactly rounded one."""
+    ref = x.double() @ w.double().t() + (0.0 if bias is None else bias.double())
+    want = ref.to(got.dtype)  # rounded once, to nearest even
+    assert got.dtype == x.dtype and got.shape == ref.shape
+    assert not torch.isnan(got).any(), "a logit was not written"
+    step = (want.double().abs() * torch.finfo(got.dtype).eps).clamp_min(2.0 ** -126)
+    mag = x.double().abs() @ w.double().abs().t()
+    sum_err = 2 * x.shape[1] ** 0.5 * torch.finfo(torch.float32).eps * mag
+    off = (got.double() - want.double()).abs()
+    assert bool((off <= step * 1.001 + sum_err).all()), float((off / step).max())
+    if got.dtype != torch.float32:
+        assert float((got == want).double().mean()) >= 0.98
+
+
+@pytest.mark.parametrize("T,E,D", [(1, 16, 5120), (2, 7, 130), (3, 128, 64), (5, 1, 40),
+                                   (8, 256, 72), (1, 8, 4096)])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_kernel_matches_float64(T, E, D, bias, dtype):
+    g = torch.Generator().manual_seed(T * 1000 + E + D)
+    x = torch.randn(T, D, generator=g).to(DEV, dtype)
+    w = (torch.randn(E, D, generator=g) / D**0.5).to(DEV, dtype)
+    b = torch.randn(E, generator=g).to(DEV, dtype) if bias else None
+    out = poisoned(T, E, dtype=dtype, device=DEV)
+    kernel._router_op(x, w, b, out)
+    check(out, x, w, b)
+
+
+def test_strided_rows_and_no_tokens():
+    """x rows with a stride (a slice of wider rows) read right; T = 0 writes nothing."""
+    g = torch.Generator().manual_seed(3)
+    wide = torch.randn(4, 96, generator=g).to(DEV, torch.bfloat16)
+    x, w = wide[:, :80], (torch.randn(16, 80, generator=g) / 9).to(DEV, torch.bfloat16)
+    out = poisoned(4, 16, dtype=torch.bfloat16, device=DEV)
+    kernel._router_op(x, w, None, out)
+    check(out, x, w, None)
+    empty = kernel.router_logits(x[:0], w, None)
+    assert empty.shape == (0, 16)
+
+
+def test_ops_entry_switches_to_f_linear_past_the_gemv():
+    """Ops.router_logits: the kernel up to GEMV_MAX_TOKENS tokens, F.linear (bit for bit) past."""
+    g = torch.Generator().manual_seed(5)
+    w = (torch.randn(32, 64, generator=g) / 8).to(DEV, torch.bfloat16)
+    for T in (GEMV_MAX_TOKENS, GEMV_MAX_TOKENS + 1):
+        x = torch.randn(T, 64, generator=g).to(DEV, torch.bfloat16)
+        got = ops_for("triton").router_logits(x, w, None)
+        check(got, x, w, None)
+        if T > GEMV_MAX_TOKENS:
+            assert torch.equal(got, torch.nn.functional.linear(x, w))
+    assert torch.equal(ops_for("torch").router_logits(x, w, None),
+                       torch.nn.functional.linear(x, w))
