@@ -49,13 +49,19 @@ def test_kernel_matches_float64(T, E, D, bias, dtype):
 
 
 def test_strided_rows_and_no_tokens():
-    """x rows with a stride (a slice of wider rows) read right; T = 0 writes nothing."""
+    """Rows of x and of the router weight with a stride (slices of wider rows) read right; a
+    weight or bias whose columns are strided goes to F.linear; T = 0 writes nothing."""
     g = torch.Generator().manual_seed(3)
-    wide = torch.randn(4, 96, generator=g).to(DEV, torch.bfloat16)
-    x, w = wide[:, :80], (torch.randn(16, 80, generator=g) / 9).to(DEV, torch.bfloat16)
+    x = torch.randn(4, 96, generator=g).to(DEV, torch.bfloat16)[:, :80]
+    w = (torch.randn(16, 112, generator=g) / 9).to(DEV, torch.bfloat16)[:, 8:88]
     out = poisoned(4, 16, dtype=torch.bfloat16, device=DEV)
     kernel._router_op(x, w, None, out)
     check(out, x, w, None)
+    check(kernel.router_logits(x, w, None), x, w, None)
+    wt = w.t().contiguous().t()  # [E, D] with column stride E
+    b = torch.randn(32, generator=g).to(DEV, torch.bfloat16)[::2]
+    for ww, bb in ((wt, None), (w, b)):
+        assert torch.equal(kernel.router_logits(x, ww, bb), torch.nn.functional.linear(x, ww, bb))
     empty = kernel.router_logits(x[:0], w, None)
     assert empty.shape == (0, 16)
 

@@ -27,13 +27,14 @@ _TILES = {1: (4096, 8), 2: (2048, 8), 4: (2048, 4), 8: (2048, 8)}
 
 
 @triton.jit
-def _router_kernel(x_ptr, w_ptr, b_ptr, out_ptr, T, D, E, x_stride, HAS_BIAS: tl.constexpr,
-                   BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, INTERPRET: tl.constexpr):
+def _router_kernel(x_ptr, w_ptr, b_ptr, out_ptr, T, D, E, x_stride, w_stride,
+                   HAS_BIAS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+                   INTERPRET: tl.constexpr):
     """out[t, e] = x[t] . w[e] (+ b[e]) for every token t < T, e = this program's expert."""
     e = tl.program_id(0)
     ts = tl.arange(0, BLOCK_T)
     t_ok = ts < T
-    row = w_ptr + e.to(tl.int64) * D
+    row = w_ptr + e.to(tl.int64) * w_stride
     acc = tl.zeros([BLOCK_T, BLOCK_D], tl.float32)
     d0 = 0
     while d0 < D:
@@ -53,7 +54,8 @@ def _router_kernel(x_ptr, w_ptr, b_ptr, out_ptr, T, D, E, x_stride, HAS_BIAS: tl
 
 @kernel_op("router_logits", mutates_args=("out",))
 def _router_op(x: Tensor, w: Tensor, bias: Optional[Tensor], out: Tensor) -> None:
-    """out [T, E] <- x [T, D] (unit column stride) @ w [E, D]^T (+ bias [E]), for decode T
+    """out [T, E] <- x [T, D] @ w [E, D]^T (+ bias [E]; rows of x and w at any stride, unit
+    column strides), for decode T
     (any T works: the token tile holds them all)."""
     (T, D), E = x.shape, w.shape[0]
     if T == 0 or E == 0:
@@ -62,15 +64,17 @@ def _router_op(x: Tensor, w: Tensor, bias: Optional[Tensor], out: Tensor) -> Non
     block_d, warps = _TILES.get(block_t, (max(64, 16384 // block_t), 8))  # beyond: any T
     interpret = interpreting()
     with on_device(x):
-        launch(_router_kernel, (E,), x, w, bias, out, T, D, E, x.stride(0),
+        launch(_router_kernel, (E,), x, w, bias, out, T, D, E, x.stride(0), w.stride(0),
                HAS_BIAS=bias is not None, BLOCK_T=block_t,
                BLOCK_D=min(block_d, next_power_of_2(D)), INTERPRET=interpret, num_warps=warps)
 
 
 def router_logits(x: Tensor, w: Tensor, bias: Tensor | None) -> Tensor:
-    """x [T, D], w [E, D] (contiguous), bias [E] | None -> logits [T, E] in x's dtype: one
-    launch while T <= GEMV_MAX_TOKENS, F.linear above."""
-    if x.shape[0] > GEMV_MAX_TOKENS or x.shape[1] > 1 and x.stride(1) != 1:
+    """x [T, D], w [E, D], bias [E] | None -> logits [T, E] in x's dtype: one launch while
+    T <= GEMV_MAX_TOKENS (and the columns of x and w, and bias, are at unit stride), else
+    F.linear."""
+    if (x.shape[0] > GEMV_MAX_TOKENS or x.stride(1) != 1 or w.stride(1) != 1
+            or (bias is not None and bias.stride(0) != 1)):
         return F.linear(x, w, bias)
     out = torch.empty(x.shape[0], w.shape[0], dtype=x.dtype, device=x.device)
     _router_op(x, w, bias, out)
