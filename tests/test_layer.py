@@ -1,5 +1,7 @@
 """The MoE module: forward against naive_moe, input shapes, from_weights, fp8, bad input."""
 
+import contextlib
+
 import pytest
 import torch
 
@@ -8,6 +10,7 @@ from shufflemoe.testing import tolerance_key
 from shufflemoe import EXPERTS, MoE, MoEConfig, naive_moe
 from shufflemoe.layer import SHARED_FUSED_MAX_TOKENS
 from shufflemoe.ops import use_impl
+from shufflemoe.ops.moe_decode import configs
 from shufflemoe.testing import assert_close
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -46,19 +49,29 @@ def test_layer_matches_reference(name, experts):
     check_layer(make_layer(cfg, experts=experts), make_input(cfg, 61))
 
 
+@pytest.mark.parametrize("merge", [1, 16], ids=["default", "merge-16"])
 @pytest.mark.parametrize("name", ["llama4-like", "deepseek-like", "qwen2-like"])
 @pytest.mark.parametrize("T", [1, 5, 16, 17])
-def test_eager_decode_fuses_a_plain_shared_expert(name, T):
+def test_eager_decode_fuses_a_plain_shared_expert(name, T, merge):
     """Up to SHARED_FUSED_MAX_TOKENS tokens the Triton path runs a plain shared expert through
-    the fused decode kernels, in one launch plan with the routed experts ("shared+routed"); a
-    gated one (Qwen2-MoE) and larger T keep the shared expert's own path. Each against float64."""
+    the fused decode kernels: up to Switch.shared_max_tokens (``merge``) in the routed experts'
+    own two launches ("merged"), above it in one launch plan with them ("shared+routed"); a
+    gated one (Qwen2-MoE) and larger T keep the shared expert's own path. Each against float64
+    (the default Switch records launch plans: their names say which path ran)."""
     cfg = CONFIGS[name]
     layer = make_layer(cfg, device=DEVICE)
-    with use_impl("triton"):
+    switch = (contextlib.nullcontext() if merge == 1
+              else configs.override(configs.Switch(shared_max_tokens=merge)))
+    with use_impl("triton"), switch:
         for seed in (1, 2):  # the second call replays the plan the first recorded
             check_layer(layer, make_input(cfg, T, seed=seed, device=DEVICE))
-    fused = any(key[0] == "shared+routed" for key in layer._hot().plans)
-    assert fused == (T <= SHARED_FUSED_MAX_TOKENS and name != "qwen2-like")
+        merged = layer._merges_shared(make_input(cfg, T, device=DEVICE), layer._hot())
+    plain = T <= SHARED_FUSED_MAX_TOKENS and name != "qwen2-like"
+    assert merged == (plain and T <= merge)
+    if merge == 1:
+        kinds = {key[0] for key in layer._hot().plans}
+        assert ("merged" in kinds) == merged
+        assert ("shared+routed" in kinds) == (plain and not merged)
 
 
 @pytest.mark.parametrize("impl", ["torch", "triton"])

@@ -25,6 +25,7 @@ from ._checks import check_tensor
 from .config import MoEConfig
 from .dispatch import Dispatch, LocalDispatch
 from .experts import EXPERTS, Experts
+from .experts.base import pair_weights
 from .ops import _launch, backend_for, moe_decode
 from .ops._impl import _default_impl
 from .ops.grouped_gemm import configs as gemm_configs
@@ -58,6 +59,7 @@ class _Hot:
     shared_gate: Tensor | None
     route: Callable[[Tensor, MoEConfig, Tensor | None], Routing]
     shared_fusable: bool  # a plain shared expert the fused decode kernels can run (_fuses_shared)
+    shared_merges: bool  # ... in the routed experts' launches (_merges_shared)
     # [T] = (counts [1] = T, token ids [T], positions [T] = 0..T-1) int32 for T up to
     # SHARED_FUSED_MAX_TOKENS: the fused shared expert's routing, made once (no kernel makes
     # them in a call, a compiled graph or a capture); () when not fusable. Separate tensors,
@@ -256,15 +258,21 @@ class MoE(nn.Module):
                        and not self.shared_split and not cfg.batch_invariant
                        and self.shared_w13.is_contiguous() and self.shared_w2.is_contiguous())
             one = _every_token_on_one_expert(self.shared_w13.device) if fusable else ()
+            merges = (fusable and cfg.quantization == "none" and not cfg.expert_bias
+                      and cfg.shared_intermediate_size == cfg.intermediate_size
+                      and isinstance(self.dispatch, LocalDispatch)
+                      and self.experts.name == "shuffled"
+                      and (cfg.top_k == 1 or cfg.deterministic))
             hot = _Hot(self.expert_weights, self.router_weight, self.router_bias,
                        self.router_logits_bias, self.shared_w13, self.shared_w2, self.shared_gate,
-                       ROUTERS.get(cfg.router), fusable, one)
+                       ROUTERS.get(cfg.router), fusable, merges, one)
             compiling = torch.compiler.is_compiling()
             if compiling or not (self.w13.is_cuda and torch.cuda.is_current_stream_capturing()):
                 # (captured, its routing tensors would hold values only in the graph)
                 self.__dict__["_hot_parts"] = hot
             if not compiling:  # compiled: gathered for real by an eager call or patch() first
-                moe_decode.reserve(self.w13, self.w2, quantization=cfg.quantization)
+                moe_decode.reserve(self.w13, self.w2, quantization=cfg.quantization,
+                                   shared_tokens=SHARED_FUSED_MAX_TOKENS if merges else 0)
                 if fusable:
                     Is, D = cfg.shared_intermediate_size, cfg.hidden_size
                     moe_decode.reserve(self.shared_w13.view(1, 2 * Is, D),
@@ -401,6 +409,8 @@ class MoE(nn.Module):
                  out: Tensor | None = None) -> Tensor:  # x [T, D]: the single-device flow
         hot, cfg = hot or self._hot(), self.config
         given = out is not None  # graph.py's capture (and its warm-up) into static buffers
+        if self._merges_shared(x, hot):
+            return self._merged_forward(x, hot, out)
         if (not given and self._fuses_shared(x, hot) and not torch.compiler.is_compiling()
                 and not (x.is_cuda and torch.cuda.is_current_stream_capturing())):
             return self._fused_shared_forward(x, hot)  # eager decode: one launch plan
@@ -466,6 +476,55 @@ class MoE(nn.Module):
                 and cfg.quantization in moe_decode.FORMATS
                 and moe_decode.configs.use_fused(T * cfg.top_k, cfg.top_k, cfg.quantization,
                                                  cfg.num_experts))
+
+    def _merges_shared(self, x: Tensor, hot: _Hot) -> bool:
+        """A plain shared expert of the routed experts' width in a bf16 (fp16, fp32) layer with
+        the shuffled strategy on one device, at T <= Switch.shared_max_tokens on the Triton
+        backend where the routed experts take the fused decode kernels: _merged runs both in
+        two launches (in every mode: eager, CUDA graph, compiled)."""
+        cfg, T = self.config, x.shape[0]
+        return (hot.shared_merges
+                and 0 < T <= min(moe_decode.configs.shared_max_tokens(), SHARED_FUSED_MAX_TOKENS)
+                and backend_for(x).name == "triton"
+                and moe_decode.configs.use_fused(T * cfg.top_k, cfg.top_k, "none",
+                                                 cfg.num_experts))
+
+    def _merged_forward(self, x: Tensor, hot: _Hot, out: Tensor | None) -> Tensor:
+        """out [T, D] = the shared expert's and the routed experts' output (_merged): eager, from
+        one launch plan (the router's logits inside it at decode T)."""
+        out = torch.empty_like(x) if out is None else out
+        if (torch.compiler.is_compiling()
+                or (x.is_cuda and torch.cuda.is_current_stream_capturing())):
+            self._merged(hot, x, self._logits, out)
+            return out
+        w = hot.weights
+        fixed = (w.w13, w.w2, hot.router_bias, hot.shared_w13, hot.shared_w2)
+        if self._logits_in_plan(x):
+            self._planned(hot, "merged", lambda: self._merged(hot, x, self._logits, out), (x, out),
+                          fixed + (hot.router_weight, hot.router_logits_bias))
+        else:
+            logits = self._logits(hot, x)
+            self._planned(hot, "merged", lambda: self._merged(hot, x, lambda *_: logits, out),
+                          (x, logits, out), fixed)
+        return out
+
+    def _merged(self, hot: _Hot, x: Tensor, logits: Callable[[_Hot, Tensor], Tensor],
+                out: Tensor) -> None:
+        """out [T, D] = shared expert + routed experts through the fused decode kernels, the
+        shared expert as an expert every token visits (ops.decode_gate_up's shared_w13): a [T +
+        A, I] holds its rows first, decode_down adds each token's shared row and then its pairs'
+        in fp32 and rounds once. Its gate_up programs need no routing: launched with PDL they
+        start while the router and index_shuffle run, so ``a`` is allocated before those launch
+        (no later allocation can hand them memory those kernels still use)."""
+        cfg, w, ops = self.config, hot.weights, backend_for(x)
+        a = torch.empty(x.shape[0] * (cfg.top_k + 1), cfg.intermediate_size, dtype=x.dtype,
+                        device=x.device)
+        r = hot.route(logits(hot, x), cfg, hot.router_bias)
+        w_in, w_out = pair_weights(r, cfg)
+        ops.decode_gate_up(x, w.w13, None, r.counts, r.token_ids, w_in, a, 0, "none", None,
+                           cfg.act, shared=hot.shared_w13, early=True)
+        ops.decode_down(a, None, w.w2, None, r.counts, r.token_ids, r.positions, w_out, out,
+                        False, 0, "none", None, shared=hot.shared_w2)
 
     def _fused_shared(self, hot: _Hot, x: Tensor, out: Tensor) -> Tensor:
         """out [T, D] = the shared expert of x [T, D], as a routing of every token to one expert

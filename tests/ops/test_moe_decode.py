@@ -336,6 +336,83 @@ def test_tuned_tilings_match_float64(dtype, gemm, fields):
     run_down("odd T=9 k=3 E=7", dt, cfg)
 
 
+def shared_weights(dtype: torch.dtype, seed: int = 9):
+    """A shared expert's (w13 [2I, D], w2 [D, I]) on DEV."""
+    g = gen(seed)
+    return ((torch.randn(2 * I, D, generator=g) / D**0.5).to(DEV, dtype),
+            (torch.randn(D, I, generator=g) / I**0.5).to(DEV, dtype))
+
+
+SHARED_CASES = ["T=1 k=1 E=16", "odd T=9 k=3 E=7", "capacity drops", "ids routed nowhere", "T=0"]
+SHARED_TILES = {  # (split, block_m): one m-tile of shared rows, several (4 and 1 a tile)
+    "16 rows": (1, 16), "16 rows split 3": (3, 16), "4 rows split 2": (2, 4), "one pair": (1, 1)}
+
+
+@pytest.mark.parametrize("impl", ["triton", "torch"])
+@pytest.mark.parametrize("tiles_name", SHARED_TILES)
+@pytest.mark.parametrize("case", SHARED_CASES)
+def test_shared_expert_in_the_same_launches(case, tiles_name, impl):
+    """shared_w13 / shared_w2: a's first T rows are the shared expert's SwiGLU of every token,
+    the pairs' follow (rows past num_valid untouched); down adds each token's shared row and its
+    pairs' (row weights on the pairs only) into out (accumulate) or writes the sum (every token,
+    routed or not). Against float64; a's poison rows stay NaN."""
+    split, bm = SHARED_TILES[tiles_name]
+    gemm = configs.GemmConfig(16, 16, split, block_m=bm)
+    r, T, E = routing(case)
+    (w13, w2, _, _), (w13_64, w2_64) = weights(E, torch.bfloat16)
+    sw13, sw2 = shared_weights(torch.bfloat16)
+    x = torch.randn(T, D, generator=gen(1)).to(DEV, torch.bfloat16)
+    n, experts = pairs(r)
+    on_input = split != 3  # Llama 4: the weights on the gathered rows; else on the outputs
+    a = poisoned(T + r.num_pairs, I, dtype=torch.bfloat16, device=DEV)
+    with configs.override(configs.DecodeConfig(gemm, gemm)):
+        got = decode_gate_up(x, w13, r.counts, r.token_ids, r.weights if on_input else None,
+                             out=a, shared_w13=sw13, impl=impl)
+    assert got is a
+    g, u = (x.double().cpu() @ sw13.double().cpu().t()).chunk(2, dim=1)
+    assert_close(a[:T], g / (1 + torch.exp(-g)) * u, "bfloat16")
+    assert_close(a[T:T + n], gate_up64(x, r, w13_64, on_input, False), "bfloat16")
+    assert torch.isnan(a[T + n:].float()).all(), "rows past num_valid were written"
+    for accumulate in (True, False):
+        base = torch.randn(T, D, generator=gen(4)).to(torch.bfloat16)
+        out = base.clone().to(DEV)
+        with configs.override(configs.DecodeConfig(gemm, gemm)):
+            decode_down(a, w2, r.counts, r.token_ids, r.positions, out,
+                        None if on_input else r.weights, accumulate=accumulate, shared_w2=sw2,
+                        impl=impl)
+        y = torch.einsum("pi,pdi->pd", a[T:T + n].double().cpu(), w2_64[experts])
+        if not on_input:
+            y = y * r.weights[:n].double().cpu()[:, None]
+        ref = a[:T].double().cpu() @ sw2.double().cpu().t()
+        if accumulate:
+            ref += base.double()
+        ref.index_add_(0, r.token_ids[:n].long().cpu(), y)
+        assert_close(out, ref, "bfloat16")
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda x, w, r, s: decode_gate_up(x, w, r.counts, r.token_ids, shared_w13=s.t()),
+     ValueError, "shared_w13 must"),
+    (lambda x, w, r, s: decode_gate_up(x, w, r.counts, r.token_ids, shared_w13=s.float()),
+     TypeError, "shared_w13 must have dtype"),
+    (lambda x, w, r, s: decode_gate_up(x, w, r.counts, r.token_ids, out=torch.empty(
+        r.num_pairs, I, dtype=x.dtype, device=x.device), shared_w13=s), ValueError, "out must"),
+    (lambda x, w, r, s: decode_gate_up(x, w, r.counts, r.token_ids, shared_w13=s,
+                                       w13_bias=torch.zeros(w.shape[:2], device=x.device)),
+     ValueError, "only taken with"),
+    (lambda x, w, r, s: decode_down(torch.zeros(r.num_pairs, I, dtype=x.dtype, device=x.device),
+                                    w[:, :D, :I].contiguous(), r.counts, r.token_ids,
+                                    r.positions, x, shared_w2=s[:D, :I].contiguous()),
+     ValueError, "a must have T \\+ A="),
+])
+def test_shared_expert_bad_input_raises(call, error, match):
+    r, T, E = routing("odd T=9 k=3 E=7")
+    (w13, _, _, _), _ = weights(E, torch.bfloat16)
+    x = torch.randn(T, D).to(DEV, torch.bfloat16)
+    with pytest.raises(error, match=match):
+        call(x, w13, r, shared_weights(torch.bfloat16)[0])
+
+
 @pytest.mark.parametrize("call, error, match", [
     (lambda x, w, r: decode_gate_up(x.float(), w, r.counts, r.token_ids), TypeError,
      "w13 must be torch.float32"),

@@ -3,6 +3,10 @@
     decode_gate_up: a = GLU(gather(x) (* w_in) @ W13^T (+ b13))     [A, I]  (+ fp8 rowwise quant)
     decode_down:    out[t] += sum of t's pairs' (a @ W2^T (+ b2)) (* w_out)   [T, D]
 
+With a shared expert's weights (shared_w13 [2I, D], shared_w2 [D, I], bf16/fp16/fp32 layers) the
+same two launches run it too, as an expert every token visits: a holds its T rows first, and
+down adds each token's shared row before its pairs', rounding once.
+
 GLU: SwiGLU, or gpt-oss's clamped variant (ops.silu_mul's activation, alpha, limit); b13, b2:
 expert biases (gpt-oss).
 
@@ -71,6 +75,20 @@ def _check_bias(bias: Tensor | None, name: str, shape: list[int]) -> None:
         check_tensor(name, bias, shape=shape, dtypes=X_DTYPES, contiguous=True)
 
 
+def _check_shared(w: Tensor | None, name: str, shape: list[int], dtype: torch.dtype,
+                  quant: str, bias: Tensor | None) -> int:
+    """The shared expert's weights for the routed ones' launches; returns its rows of a (T, or 0
+    without one)."""
+    if w is None:
+        return 0
+    check_tensor(name, w, shape=shape, dtypes=(dtype,), contiguous=True)
+    if quant != "none" or bias is not None:
+        raise ValueError(f"{name} is only taken with routed weights in the activations' dtype "
+                         f"and no expert bias (got quantization={quant!r}"
+                         f"{', an expert bias' if bias is not None else ''})")
+    return 1
+
+
 def _check_workspace(workspace: int) -> None:
     if not isinstance(workspace, int) or isinstance(workspace, bool) or workspace < 0:
         raise ValueError(f"workspace must be an int >= 0, got {workspace!r}")
@@ -111,6 +129,7 @@ def decode_gate_up(
     quantization: str | None = None,
     out: Tensor | tuple[Tensor, Tensor] | None = None,
     workspace: int = 0,
+    shared_w13: Tensor | None = None,
     impl: str | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """x [T, D], w13 [E, 2I, D] (gate rows then up rows), counts [E] and token_ids [A] of a
@@ -124,7 +143,8 @@ def decode_gate_up(
     (uint8 w13 [E, 2I, D/2], e8m0 w13_scale [E, 2I, D/32]) keep x and a in x's dtype. Rows past
     sum(counts) are not written (out: preallocated outputs). workspace: which buffer of split-K
     arrival words the kernel uses (0, 1, ...): calls that may run at the same time on two
-    streams need two."""
+    streams need two. shared_w13 [2I, D] (x's dtype, "none" format, no bias): a shared expert
+    in the same launch, a [T + A, I] with its rows (every token's, in order) first."""
     check_tensor("x", x, dim=2, dtypes=X_DTYPES, contiguous=True)
     check_tensor("w13", w13, dim=3, contiguous=True)
     E, two_i = w13.shape[:2]
@@ -140,13 +160,16 @@ def decode_gate_up(
         raise ValueError(f"activation must be one of {list(ACTIVATIONS)}, got {activation!r}")
     if limit is not None and not limit > 0:
         raise ValueError(f"limit must be None or positive, got {limit}")
+    s_rows = x.shape[0] * _check_shared(shared_w13, "shared_w13", [two_i, x.shape[1]], x.dtype,
+                                        quant, w13_bias)
     dev = check_same_device(x=x, w13=w13, counts=counts, token_ids=token_ids,
-                            row_weights=row_weights, w13_scale=w13_scale, w13_bias=w13_bias)
-    out = gate_up_outputs(out, A, two_i // 2, x.dtype, quant == "fp8_rowwise", dev)
+                            row_weights=row_weights, w13_scale=w13_scale, w13_bias=w13_bias,
+                            shared_w13=shared_w13)
+    out = gate_up_outputs(out, s_rows + A, two_i // 2, x.dtype, quant == "fp8_rowwise", dev)
     _check_workspace(workspace)
     return ops_for(resolve(impl, x)).decode_gate_up(
         x, w13, w13_scale, counts, token_ids, row_weights, out, workspace, quant, w13_bias,
-        (activation, float(alpha), None if limit is None else float(limit)))
+        (activation, float(alpha), None if limit is None else float(limit)), shared=shared_w13)
 
 
 def decode_down(
@@ -163,6 +186,7 @@ def decode_down(
     quantization: str | None = None,
     accumulate: bool = True,
     workspace: int = 0,
+    shared_w2: Tensor | None = None,
     impl: str | None = None,
 ) -> Tensor:
     """a [A, I] (or the fp8 rowwise (q, scale) from decode_gate_up), w2 [E, D, I], counts [E],
@@ -172,15 +196,20 @@ def decode_down(
     float32, rounded once, in a fixed order (no atomics). quantization and w2_scale: as
     decode_gate_up's (mxfp4: uint8 w2 [E, D, I/2]). accumulate=False: out = that sum instead,
     for the tokens with a routed pair (the others' rows keep their values). workspace: as in
-    decode_gate_up. Returns out."""
+    decode_gate_up. shared_w2 [D, I] (a's dtype, "none" format, no bias): a shared expert in the
+    same launch, a [T + A, I] with its rows first (as decode_gate_up's shared_w13 makes it),
+    each token's added before its pairs'. Returns out."""
     q, a_scale = a if isinstance(a, tuple) else (a, None)
     check_tensor("a", q, dim=2, dtypes=X_DTYPES + (FP8_DTYPE,), contiguous=True)
     check_tensor("w2", w2, dim=3, contiguous=True)
     E, D = w2.shape[:2]
     A = _check_routing(counts, token_ids, E)
-    if q.shape[0] != A:
-        raise ValueError(f"a must have A={A} rows (one per pair), got {list(q.shape)}")
     check_tensor("out", out, dim=2, dtypes=X_DTYPES, contiguous=True)
+    s_rows = out.shape[0] * _check_shared(shared_w2, "shared_w2", [D, q.shape[1]], q.dtype,
+                                          format_of(w2, quantization), w2_bias)
+    if q.shape[0] != s_rows + A:
+        raise ValueError(f"a must have {'T + ' if s_rows else ''}A={s_rows + A} rows (one per "
+                         f"{'token, then one per ' if s_rows else ''}pair), got {list(q.shape)}")
     quant = _check_weights(w2, w2_scale, "w2", out.dtype if q.dtype == FP8_DTYPE else q.dtype,
                            quantization, q.shape[1])
     rowwise = quant == "fp8_rowwise"
@@ -201,26 +230,28 @@ def decode_down(
     _check_bias(w2_bias, "w2_bias", [E, D])
     check_same_device(a=q, w2=w2, counts=counts, token_ids=token_ids, positions=positions,
                       out=out, row_weights=row_weights, a_scale=a_scale, w2_scale=w2_scale,
-                      w2_bias=w2_bias)
+                      w2_bias=w2_bias, shared_w2=shared_w2)
     if not isinstance(accumulate, bool):
         raise TypeError(f"accumulate must be a bool, got {type(accumulate).__name__}")
     _check_workspace(workspace)
     return ops_for(resolve(impl, q)).decode_down(q, a_scale, w2, w2_scale, counts, token_ids,
                                                   positions, row_weights, out, accumulate,
-                                                  workspace, quant, w2_bias)
+                                                  workspace, quant, w2_bias, shared=shared_w2)
 
 
-def reserve(w13: Tensor, w2: Tensor, workspace: int = 0, quantization: str = "none") -> None:
+def reserve(w13: Tensor, w2: Tensor, workspace: int = 0, quantization: str = "none",
+            shared_tokens: int = 0) -> None:
     """Allocate the fused kernels' persistent workspace for these weights (in ``quantization``'s
-    format) now, for every A the default Switch fuses (kernel.reserve_arrival_words): the layer
-    calls it when it gathers its weights on a GPU, outside any CUDA-graph capture and compile
-    trace."""
+    format) now, for every A the default Switch fuses, with a shared expert in the same
+    launches up to ``shared_tokens`` tokens (kernel.reserve_arrival_words): the layer calls it
+    when it gathers its weights on a GPU, outside any CUDA-graph capture and compile trace."""
     if (w13.is_cuda and triton_available() and quantization in FORMATS
             and not torch.cuda.is_current_stream_capturing()):
         from .kernel import reserve_arrival_words  # the kernels' module: it needs triton
 
         reserve_arrival_words(w13, w2, configs.Switch().max_pairs, workspace,
-                              weight_format(quantization).k_per_element, quantization)
+                              weight_format(quantization).k_per_element, quantization,
+                              shared_tokens)
 
 
 __all__ = ["FORMATS", "WEIGHT_ONLY", "configs", "decode_down", "decode_gate_up", "reserve"]

@@ -64,6 +64,11 @@ class Switch:
     # tiles) / 47.6 / 44.4, T = 8 151.8 / 163.1 / 139.1; Mixtral TP2 (k = 2) T = 1 112.0 / 114.6
     # / 116.6, T = 4 280.5 / 320.1 / 241.7.
     mxfp4_max_top_k: int = 1
+    # A plain shared expert of the routed experts' width (bf16/fp16/fp32 layers, no expert bias)
+    # joins their two launches while T <= shared_max_tokens (MoE._merges_shared): one launch
+    # streams both experts' weights, and with PDL its shared programs run beside the router
+    # and index_shuffle instead of before them.
+    shared_max_tokens: int = 1
 
 
 ALWAYS = Switch(max_pairs=1 << 30, max_top_k=1 << 30, fp8=True,
@@ -158,6 +163,12 @@ def _weight_only_tokens() -> int:
 @torch._dynamo.assume_constant_result
 def _mxfp4_max_top_k() -> int:
     return _switch.get().mxfp4_max_top_k
+
+
+@torch._dynamo.assume_constant_result
+def shared_max_tokens() -> int:
+    """Switch.shared_max_tokens in force."""
+    return _switch.get().shared_max_tokens
 
 
 def use_fused(num_pairs: int, top_k: int = 1, quant: str = "none", num_experts: int = 0,

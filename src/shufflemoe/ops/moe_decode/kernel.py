@@ -70,12 +70,13 @@ _COMBINE_TOKENS = 16  # tokens per step of down's token-major combine
 
 
 @triton.jit
-def _locate(counts_ptr, u, E, BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr):
+def _locate(counts_ptr, u, E, live, BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr):
     """m-tile u -> (exists, expert, first row, row stop, m-tiles in all, rows in all). Plain sums
     over a one-hot of u's expert (the grouped GEMM's 4-way tl.reduce costs 120 ms a program in
-    the interpreter at E = 256; on the GPU both are a few shuffles)."""
+    the interpreter at E = 256; on the GPU both are a few shuffles). Not ``live``: counts is not
+    read (every expert empty)."""
     offs = tl.arange(0, BLOCK_E)
-    m = tl.maximum(tl.load(counts_ptr + offs, mask=offs < E, other=0).to(tl.int32), 0)
+    m = tl.maximum(tl.load(counts_ptr + offs, mask=(offs < E) & live, other=0).to(tl.int32), 0)
     tiles = tl.cdiv(m, BLOCK_M)
     tile_end = tl.cumsum(tiles, 0)
     before = tile_end <= u
@@ -167,22 +168,44 @@ def _partials_sum(part_ptr, at, mask, split, stride_split):
 
 
 @triton.jit
-def _program(counts_ptr, E, n_tiles, split, BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr,
-             PDL: tl.constexpr):
-    """This program's work: (split s, tile, m-tile u, n-tile) from its id, then _locate's
-    (exists, expert, first row, row stop, m-tiles, rows). With programmatic dependent launch it
-    first waits for the previous kernel's memory, then lets the next kernel launch (whose
-    programs wait in turn before they touch memory)."""
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
+def _program(counts_ptr, E, n_tiles, split, T, BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr,
+             SHARED: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr):
+    """This program's work: (split s, tile, m-tile u, n-tile, shared, exists, expert, first row,
+    row stop, m-tiles in all, routed pairs). SHARED: the first cdiv(T, BLOCK_M) m-tiles are the
+    shared expert's (rows = tokens 0 .. T - 1, expert 0 of its own weights), the routed m-tiles
+    follow (their rows are pairs; a's rows for them start at T). With programmatic dependent
+    launch the program first waits for the previous kernel's memory, then lets the next kernel
+    launch (whose programs wait in turn before they touch memory); EARLY: the shared expert's
+    programs do not wait (they read only x and weights, and write only buffers the caller made
+    before the kernels they overlap were launched) and read no routing."""
     pid = tl.program_id(0)
     tile = pid // split
     u = tile // n_tiles
-    exists, g, row0, row_stop, total_tiles, num_valid = _locate(counts_ptr, u, E, BLOCK_E,
-                                                                BLOCK_M)
-    return (pid % split, tile, u, tile % n_tiles, exists, g, row0, row_stop, total_tiles,
-            num_valid)
+    if SHARED:
+        u_routed = u - tl.cdiv(T, BLOCK_M)
+    else:
+        u_routed = u
+    shared = u_routed < 0
+    if PDL:
+        if EARLY:
+            if u_routed >= 0:
+                gdc_wait()
+        else:
+            gdc_wait()
+        gdc_launch_dependents()
+    live = u_routed >= 0
+    if not EARLY:  # every program reads counts (the combine needs the rows in all)
+        live = live | True
+    exists, g, row0, row_stop, total_tiles, num_valid = _locate(counts_ptr, u_routed, E, live,
+                                                                BLOCK_E, BLOCK_M)
+    if SHARED:
+        exists = exists | shared
+        g = tl.where(shared, 0, g)
+        row0 = tl.where(shared, u * BLOCK_M, row0)
+        row_stop = tl.where(shared, T, row_stop)
+        total_tiles += tl.cdiv(T, BLOCK_M)
+    return (pid % split, tile, u, tile % n_tiles, shared, exists, g, row0, row_stop,
+            total_tiles, num_valid)
 
 
 @triton.jit
@@ -314,12 +337,14 @@ def _gate_up_step(acc_g, acc_u, k0, k_hi, x_ptr, w_ptr, ws_ptr, tok, rw, inv, ro
 def _gate_up_kernel(
     x_ptr,  # [T, D] tokens
     w_ptr,  # [E, 2I, D] gate rows then up rows (mxfp4: bytes [E, 2I, D / 2])
+    sw_ptr,  # [2I, D] the shared expert's gate rows then up rows (SHARED)
     w_scale_ptr,  # [E, 2I] fp32 (fp8_rowwise, fp8_w8a16); e8m0 [E, 2I, D / 32] (mxfp4)
     bias_ptr,  # [E, 2I] expert bias, added before the GLU (HAS_BIAS)
     counts_ptr,  # [E] pairs per expert
     ids_ptr,  # [A] token of each pair
     rw_ptr,  # [A] fp32 input weight of each pair (HAS_RW)
-    a_ptr,  # [A, I] SwiGLU output: x's dtype, or fp32 (fp8_rowwise: the last m-tile quantizes)
+    a_ptr,  # [A, I] SwiGLU output: x's dtype, or fp32 (fp8_rowwise: the last m-tile quantizes);
+    # SHARED: [T + A, I], the shared expert's rows first
     q_ptr,  # [A, I] e4m3 output (fp8_rowwise; uint8 view under the interpreter)
     scale_ptr,  # [A] fp32 row scales (fp8_rowwise)
     part_ptr,  # [split, A, 2I] fp32 partials (split > 1)
@@ -327,7 +352,8 @@ def _gate_up_kernel(
     # (split > 1 or fp8_rowwise)
     E, D, I, n_tiles, k_split,  # k_split: K elements per split, a multiple of BLOCK_K
     split,  # K ranges (a runtime value: Triton specializes 1, so split 1 drops the fixup)
-    A,  # pairs (rows of a)
+    A,  # rows of a (pairs, plus T with SHARED)
+    T,  # tokens (SHARED: the shared expert's rows)
     words_rows,  # offset of the per-m-tile words in words_ptr
     alpha, limit,  # swiglu_oai's alpha; the GLU's clamp (HAS_LIMIT), as ops.silu_mul's
     BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -335,18 +361,28 @@ def _gate_up_kernel(
     ACT: tl.constexpr, HAS_LIMIT: tl.constexpr, HAS_BIAS: tl.constexpr,
     HAS_RW: tl.constexpr, UPCAST: tl.constexpr, W_TO_X: tl.constexpr,
     DOT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr, PDL: tl.constexpr,
+    SHARED: tl.constexpr,  # the shared expert's tiles first (see _program; QUANT "none")
+    EARLY: tl.constexpr,  # ... and with PDL they start before the routing is done
     QUANT_BLOCK: tl.constexpr,  # columns per step when the last m-tile quantizes rows of a
     ROW_BLOCK: tl.constexpr, ROW_CHUNKS: tl.constexpr,  # fp8_rowwise: lanes and loads a row of x
 ):
-    s, tile, u, n_tile, exists, g, row0, row_stop, _, _ = _program(
-        counts_ptr, E, n_tiles, split, BLOCK_E, BLOCK_M, PDL)
+    s, tile, u, n_tile, shared, exists, g, row0, row_stop, _, _ = _program(
+        counts_ptr, E, n_tiles, split, T, BLOCK_E, BLOCK_M, SHARED, PDL, EARLY)
     if exists:
-        rows = row0 + tl.arange(0, BLOCK_M)
+        rows = row0 + tl.arange(0, BLOCK_M)  # pairs (shared: tokens)
         row_ok = rows < row_stop
-        tok = tl.load(ids_ptr + rows, mask=row_ok, other=0).to(tl.int64)
+        routed = row_ok & (shared == 0)
+        tok = tl.load(ids_ptr + rows, mask=routed, other=0).to(tl.int64)
         rw = tl.full([BLOCK_M], 1.0, tl.float32)
-        if HAS_RW:
-            rw = tl.load(rw_ptr + rows, mask=row_ok, other=0.0)
+        if HAS_RW:  # the shared expert's rows: weight 1
+            rw = tl.load(rw_ptr + rows, mask=routed, other=1.0)
+        if SHARED:
+            tok = tl.where(shared, rows.to(tl.int64), tok)
+            a_rows = rows + tl.where(shared, 0, T)  # a's rows: the shared expert's first
+            wg_ptr = tl.where(shared, sw_ptr, w_ptr)
+        else:
+            a_rows = rows
+            wg_ptr = w_ptr
         inv = rw
         if QUANT == "fp8_rowwise":
             n_rows = tl.minimum(row_stop - row0, BLOCK_M)
@@ -362,14 +398,14 @@ def _gate_up_kernel(
         if INTERPRET:  # range() over a tensor bound fails in the interpreter
             k0 = k_lo
             while k0 < k_hi:
-                acc_g, acc_u = _gate_up_step(acc_g, acc_u, k0, k_hi, x_ptr, w_ptr, w_scale_ptr,
+                acc_g, acc_u = _gate_up_step(acc_g, acc_u, k0, k_hi, x_ptr, wg_ptr, w_scale_ptr,
                                              tok, rw, inv, row_ok, gate_rows, col_ok, D, I,
                                              BLOCK_K, HAS_RW, QUANT, UPCAST, W_TO_X,
                                              DOT_PRECISION, INTERPRET)
                 k0 += BLOCK_K
         else:
             for k0 in range(k_lo, k_hi, BLOCK_K):
-                acc_g, acc_u = _gate_up_step(acc_g, acc_u, k0, k_hi, x_ptr, w_ptr, w_scale_ptr,
+                acc_g, acc_u = _gate_up_step(acc_g, acc_u, k0, k_hi, x_ptr, wg_ptr, w_scale_ptr,
                                              tok, rw, inv, row_ok, gate_rows, col_ok, D, I,
                                              BLOCK_K, HAS_RW, QUANT, UPCAST, W_TO_X,
                                              DOT_PRECISION, INTERPRET)
@@ -378,7 +414,7 @@ def _gate_up_kernel(
         acc_u = _acc_sum(acc_u, BLOCK_M, QUANT)
         mask = col_ok[:, None] & row_ok[None, :]  # [BN, BM]
         if split > 1:  # store both partials, arrive once; the last split sums them all
-            at = rows.to(tl.int64)[None, :] * (2 * I) + cols[:, None]
+            at = a_rows.to(tl.int64)[None, :] * (2 * I) + cols[:, None]
             stride = tl.cast(A, tl.int64) * (2 * I)  # one split's partials: may pass 2^31
             mine = part_ptr + s * stride
             tl.store(mine + at, acc_g, mask=mask)
@@ -407,7 +443,7 @@ def _gate_up_kernel(
                 acc_g += b_g.to(tl.float32)[:, None]
                 acc_u += b_u.to(tl.float32)[:, None]
             a = glu_f32(acc_g, acc_u, ACT, HAS_LIMIT, alpha, limit)  # e.g. silu(gate) * up, fp32
-            a_at = rows.to(tl.int64)[None, :] * I + cols[:, None]
+            a_at = a_rows.to(tl.int64)[None, :] * I + cols[:, None]
             if QUANT == "fp8_rowwise":
                 tl.store(a_ptr + a_at, a, mask=mask)
                 if _arrive(words_ptr + words_rows + u, n_tiles):
@@ -463,9 +499,10 @@ def _down_step(acc, k0, k_hi, a_ptr, w_ptr, ws_ptr, rows, row_ok, w_rows, col_ok
 
 @triton.jit
 def _down_kernel(
-    a_ptr,  # [A, I] activations (x's dtype, or e4m3 with a_scale)
+    a_ptr,  # [A, I] activations (x's dtype, or e4m3 with a_scale); SHARED: [T + A, I]
     a_scale_ptr,  # [A] fp32 (fp8_rowwise)
     w_ptr,  # [E, D, I] (mxfp4: bytes [E, D, I / 2])
+    sw_ptr,  # [D, I] the shared expert's (SHARED)
     w_scale_ptr,  # [E, D] fp32 (fp8_rowwise, fp8_w8a16); e8m0 [E, D, I / 32] (mxfp4)
     bias_ptr,  # [E, D] expert bias, added before the output weight (HAS_BIAS)
     counts_ptr,  # [E] pairs per expert
@@ -473,11 +510,11 @@ def _down_kernel(
     pos_ptr,  # [T * K] Routing.positions (not TOP1)
     rw_ptr,  # [A] fp32 output weight of each pair (HAS_RW)
     out_ptr,  # [T, D] accumulated into (ACCUMULATE), else written
-    y_ptr,  # [A, D] fp32 rows for the combine (not TOP1)
-    part_ptr,  # [split, A, D] fp32 partials (split > 1)
+    y_ptr,  # [A, D] fp32 rows for the combine (not TOP1; SHARED: [T + A, D])
+    part_ptr,  # [split, A, D] fp32 partials (split > 1; SHARED: [split, T + A, D])
     words_ptr,  # int32 arrival words: [m-tiles max * n_tiles] tiles, then [n_tiles] columns
     # (split > 1 or not TOP1)
-    E, D, I, n_tiles, k_split, split, A, T,
+    E, D, I, n_tiles, k_split, split, A, T,  # A: rows of a
     words_cols,  # offset of the per-n-tile words in words_ptr
     K: tl.constexpr,  # pairs per token (positions has T * K entries)
     TOP1: tl.constexpr,  # K == 1: each pair owns its token's row
@@ -487,12 +524,19 @@ def _down_kernel(
     QUANT: tl.constexpr,  # the weight format, as in _gate_up_kernel
     HAS_BIAS: tl.constexpr, HAS_RW: tl.constexpr, UPCAST: tl.constexpr, W_TO_X: tl.constexpr,
     DOT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr, PDL: tl.constexpr,
+    SHARED: tl.constexpr,  # a's first T rows are the shared expert's (see _program; not TOP1)
 ):
-    s, tile, u, n_tile, exists, g, row0, row_stop, total_tiles, num_valid = _program(
-        counts_ptr, E, n_tiles, split, BLOCK_E, BLOCK_M, PDL)
+    s, tile, u, n_tile, shared, exists, g, row0, row_stop, total_tiles, num_valid = _program(
+        counts_ptr, E, n_tiles, split, T, BLOCK_E, BLOCK_M, SHARED, PDL, False)
     if exists:
-        rows = row0 + tl.arange(0, BLOCK_M)
+        rows = row0 + tl.arange(0, BLOCK_M)  # pairs (shared: tokens)
         row_ok = rows < row_stop
+        if SHARED:
+            a_rows = rows + tl.where(shared, 0, T)
+            wd_ptr = tl.where(shared, sw_ptr, w_ptr)
+        else:
+            a_rows = rows
+            wd_ptr = w_ptr
         cols = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
         col_ok = cols < D
         w_rows = g.to(tl.int64) * D + cols  # [BN] rows of w viewed as [E*D, I]
@@ -502,17 +546,19 @@ def _down_kernel(
         if INTERPRET:  # range() over a tensor bound fails in the interpreter
             k0 = k_lo
             while k0 < k_hi:
-                acc = _down_step(acc, k0, k_hi, a_ptr, w_ptr, w_scale_ptr, rows, row_ok, w_rows,
-                                 col_ok, I, BLOCK_K, QUANT, UPCAST, W_TO_X, DOT_PRECISION)
+                acc = _down_step(acc, k0, k_hi, a_ptr, wd_ptr, w_scale_ptr, a_rows, row_ok,
+                                 w_rows, col_ok, I, BLOCK_K, QUANT, UPCAST, W_TO_X,
+                                 DOT_PRECISION)
                 k0 += BLOCK_K
         else:
             for k0 in range(k_lo, k_hi, BLOCK_K):
-                acc = _down_step(acc, k0, k_hi, a_ptr, w_ptr, w_scale_ptr, rows, row_ok, w_rows,
-                                 col_ok, I, BLOCK_K, QUANT, UPCAST, W_TO_X, DOT_PRECISION)
+                acc = _down_step(acc, k0, k_hi, a_ptr, wd_ptr, w_scale_ptr, a_rows, row_ok,
+                                 w_rows, col_ok, I, BLOCK_K, QUANT, UPCAST, W_TO_X,
+                                 DOT_PRECISION)
 
         acc = _acc_sum(acc, BLOCK_M, QUANT)
         mask = col_ok[:, None] & row_ok[None, :]  # [BN, BM]
-        at_y = rows.to(tl.int64)[None, :] * D + cols[:, None]
+        at_y = a_rows.to(tl.int64)[None, :] * D + cols[:, None]
         if split > 1:
             stride = tl.cast(A, tl.int64) * D
             tl.store(part_ptr + s * stride + at_y, acc, mask=mask)
@@ -529,8 +575,9 @@ def _down_kernel(
                 acc = acc * tl.load(w_scale_ptr + w_rows, mask=col_ok, other=0.0)[:, None]
             if HAS_BIAS:
                 acc += tl.load(bias_ptr + w_rows, mask=col_ok, other=0.0).to(tl.float32)[:, None]
-            if HAS_RW:
-                acc = acc * tl.load(rw_ptr + rows, mask=row_ok, other=0.0)[None, :]
+            if HAS_RW:  # the shared expert's rows: weight 1
+                acc = acc * tl.load(rw_ptr + rows, mask=row_ok & (shared == 0),
+                                    other=1.0)[None, :]
             if TOP1:  # the pair's token has no other pair: read, add in fp32, round once
                 tok = tl.load(ids_ptr + rows, mask=row_ok, other=0).to(tl.int64)
                 dst = out_ptr + tok[None, :] * D + cols[:, None]
@@ -541,15 +588,17 @@ def _down_kernel(
                 tl.store(y_ptr + at_y, acc, mask=mask)
                 if _arrive(words_ptr + words_cols + n_tile, total_tiles):
                     _combine(out_ptr, y_ptr, pos_ptr, cols, col_ok, num_valid, T, D, K, BLOCK_T,
-                             ACCUMULATE, INTERPRET)
+                             ACCUMULATE, SHARED, INTERPRET)
 
 
 @triton.jit
 def _combine(out_ptr, y_ptr, pos_ptr, cols, col_ok, num_valid, T, D, K: tl.constexpr,
-             BLOCK_T: tl.constexpr, ACCUMULATE: tl.constexpr, INTERPRET: tl.constexpr):
+             BLOCK_T: tl.constexpr, ACCUMULATE: tl.constexpr, SHARED: tl.constexpr,
+             INTERPRET: tl.constexpr):
     """out[t, cols] (+)= sum over j < K of y[positions[t * K + j], cols] for pairs below num_valid,
     for every token, in fp32 in choice order, rounded once (not ACCUMULATE: only tokens with a
-    pair below num_valid are written)."""
+    pair below num_valid are written). SHARED: y's first T rows are the shared expert's, added
+    first (every token written); the pairs' rows follow."""
     t0 = 0
     while t0 < T:
         ts = t0 + tl.arange(0, BLOCK_T)
@@ -559,14 +608,19 @@ def _combine(out_ptr, y_ptr, pos_ptr, cols, col_ok, num_valid, T, D, K: tl.const
         acc = tl.zeros([BLOCK_T, cols.shape[0]], tl.float32)  # [BT, BN]
         if ACCUMULATE:
             acc += tl.load(dst, mask=m, other=0.0).to(tl.float32)
+        pairs = y_ptr
+        if SHARED:
+            acc += tl.load(y_ptr + ts.to(tl.int64)[:, None] * D + cols[None, :], mask=m,
+                           other=0.0, cache_modifier=".cg")
+            pairs = y_ptr + tl.cast(T, tl.int64) * D
         routed = tl.zeros([BLOCK_T], tl.int1)
         for j in tl.static_range(K):
             p = tl.load(pos_ptr + ts.to(tl.int64) * K + j, mask=t_ok, other=0).to(tl.int64)
             ok = t_ok & (p >= 0) & (p < num_valid)
             routed = routed | ok
-            acc += tl.load(y_ptr + p[:, None] * D + cols[None, :],
+            acc += tl.load(pairs + p[:, None] * D + cols[None, :],
                            mask=ok[:, None] & col_ok[None, :], other=0.0, cache_modifier=".cg")
-        if not ACCUMULATE:  # written only where the token has a routed pair
+        if not (ACCUMULATE or SHARED):  # written only where the token has a routed pair
             m = m & routed[:, None]
         tl.store(dst, cast_to(acc, out_ptr.dtype.element_ty, INTERPRET), mask=m)
         t0 += BLOCK_T
@@ -626,18 +680,21 @@ def held_words(like: Tensor, workspace: int) -> Tensor | None:
 
 
 def reserve_arrival_words(w13: Tensor, w2: Tensor, max_pairs: int, workspace: int = 0,
-                          k_per_element: int = 1, quant: str = "none") -> None:
+                          k_per_element: int = 1, quant: str = "none",
+                          shared_tokens: int = 0) -> None:
     """Allocate now the arrival words every fused call of a layer (w13 [E, 2I, D], w2 [E, D, I];
     k_per_element: weight values a stored element holds along K, mxfp4's 2) with up to
-    ``max_pairs`` pairs needs, so that no later call allocates them: not while a CUDA graph
-    captures (which arrival_words refuses), nor while torch.compile's CUDA-graph trees warm up
-    (the buffer would land in their private pool and fail its check). Call it outside both."""
+    ``max_pairs`` pairs (and a shared expert in the same launches for up to ``shared_tokens``
+    tokens) needs, so that no later call allocates them: not while a CUDA graph captures (which
+    arrival_words refuses), nor while torch.compile's CUDA-graph trees warm up (the buffer would
+    land in their private pool and fail its check). Call it outside both."""
     (E, two_i, D), I = w13.shape, w2.shape[2]
     D, I = D * k_per_element, I * k_per_element
     sms, need = sm_count(w13.device), 0
-    for A in range(1, max_pairs + 1):
+    for A in range(1, max_pairs + shared_tokens + 1):
         plan = configs.select(A, E, D, I, w13.dtype, sms, quant)
-        up, dn = max_m_tiles(A, E, plan.gate_up.block_m), max_m_tiles(A, E, plan.down.block_m)
+        up = max_m_tiles(A, E, plan.gate_up.block_m) + shared_tokens
+        dn = max_m_tiles(A, E, plan.down.block_m) + shared_tokens
         need = max(need, up * cdiv(I, plan.gate_up.block_n) + up,
                    dn * cdiv(D, plan.down.block_n) + cdiv(D, plan.down.block_n))
     arrival_words(w13, need, workspace)
@@ -687,36 +744,42 @@ def _gate_up_op(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Ten
                 token_ids: Tensor, row_weights: Optional[Tensor], a: Optional[Tensor],
                 q: Optional[Tensor], scale: Optional[Tensor], workspace: int, quant: str,
                 bias: Optional[Tensor], activation: str, alpha: float, limit: Optional[float],
-                words: Optional[Tensor]) -> None:
+                words: Optional[Tensor], shared: Optional[Tensor], early: bool) -> None:
     """a [A, I] (x's dtype), or for fp8 rowwise w13 (q [A, I], scale [A]) <- the GLU
     (activation, alpha, limit: as ops.silu_mul's) of the gathered rows' products plus their
-    expert's bias [E, 2I]. words: held_words (left zero). The tiles are planned here, inside
-    the op, so torch.compile never traces the host logic."""
+    expert's bias [E, 2I]; with the shared expert's w13 ``shared`` [2I, D], a [T + A, I] holds
+    its rows first (early: with PDL its programs do not wait for the routing, see
+    _program). words: held_words (left zero). The tiles are planned here, inside the op, so
+    torch.compile never traces the host logic."""
     (T, D), (E, two_i, _), A = x.shape, w13.shape, token_ids.shape[0]
     I = two_i // 2
-    if A == 0 or I == 0:
+    s_rows = T if shared is not None else 0  # the shared expert's rows of a
+    if A + s_rows == 0 or I == 0:
         return
-    plan = configs.select(A, E, D, I, w13.dtype, sm_count(x.device), quant)
+    plan = configs.select(A + s_rows, E, D, I, w13.dtype, sm_count(x.device), quant)
     cfg = plan.gate_up
     k_split, split = _k_split(D, cfg)
     n_tiles = cdiv(I, cfg.block_n)
-    m_tiles = max_m_tiles(A, E, cfg.block_m)
+    m_tiles = max_m_tiles(A, E, cfg.block_m) + cdiv(s_rows, cfg.block_m)
     _check_block_k(quant, cfg)
     fp8 = quant == "fp8_rowwise"
     # arrival words only where read (split-K, fp8's row quantization)
     words = (arrival_words(x, m_tiles * n_tiles + m_tiles, workspace, words)
              if split > 1 or fp8 else None)
-    part = torch.empty(split, A, 2 * I, dtype=torch.float32, device=x.device) if split > 1 else None
+    part = (torch.empty(split, A + s_rows, 2 * I, dtype=torch.float32, device=x.device)
+            if split > 1 else None)
     if fp8:  # a in fp32 first; each m-tile's last program quantizes its rows into (q, scale)
         a = torch.empty(A, I, dtype=torch.float32, device=x.device)
     interpret = interpreting()
-    pdl = _pdl(plan, x, interpret)
+    early = early and shared is not None and split == 1  # (no partials buffer to allocate)
+    # early: PDL whatever the table says, as the overlap with the routing is the point
+    pdl = _pdl(plan.with_(pdl=plan.pdl or early), x, interpret)
     row_block = min(4096, next_power_of_2(D))
     with on_device(x):
         launch(_gate_up_kernel, (m_tiles * n_tiles * split,),
-            x, w13, w13_scale, bias, counts, token_ids, row_weights, a,
+            x, w13, shared, w13_scale, bias, counts, token_ids, row_weights, a,
             fp8_target(q)[0] if fp8 else None, scale, part, words,
-            E, D, I, n_tiles, k_split, split, A, m_tiles * n_tiles, alpha,
+            E, D, I, n_tiles, k_split, split, A + s_rows, T, m_tiles * n_tiles, alpha,
             0.0 if limit is None else limit,
             BLOCK_E=next_power_of_2(E), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
             BLOCK_K=cfg.block_k, QUANT=quant, ACT=activation, HAS_LIMIT=limit is not None,
@@ -724,7 +787,8 @@ def _gate_up_op(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Ten
             UPCAST=_upcast(interpret, x.dtype, quant, w13.dtype),
             W_TO_X=quant in WEIGHT_ONLY,
             DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", INTERPRET=interpret,
-            PDL=pdl, QUANT_BLOCK=min(1024, next_power_of_2(I)),
+            PDL=pdl, SHARED=shared is not None, EARLY=early,
+            QUANT_BLOCK=min(1024, next_power_of_2(I)),
             ROW_BLOCK=row_block, ROW_CHUNKS=cdiv(D, row_block),
             **_launch_options(cfg, pdl))
 
@@ -733,60 +797,69 @@ def _gate_up_op(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Ten
 def _down_op(a: Tensor, a_scale: Optional[Tensor], w2: Tensor, w2_scale: Optional[Tensor],
              counts: Tensor, token_ids: Tensor, positions: Tensor, row_weights: Optional[Tensor],
              out: Tensor, accumulate: bool, workspace: int, quant: str,
-             bias: Optional[Tensor], words: Optional[Tensor]) -> None:
+             bias: Optional[Tensor], words: Optional[Tensor], shared: Optional[Tensor]) -> None:
     """out [T, D] (+)= the routed rows of a [A, I] through w2 [E, D, I] plus their expert's
-    bias [E, D] (times the row weights), token-major. words: held_words (left zero)."""
-    (A, I), (E, D, _), T = a.shape, w2.shape, out.shape[0]
-    if A == 0 or D == 0:
+    bias [E, D] (times the row weights), token-major; with the shared expert's w2 ``shared``
+    [D, I], a [T + A, I] holds its rows first, added first. words: held_words (left zero)."""
+    (rows, I), (E, D, _), T = a.shape, w2.shape, out.shape[0]
+    if rows == 0 or D == 0:
         return
+    s_rows = T if shared is not None else 0
+    A = rows - s_rows  # routed pairs
     k = A // T
-    plan = configs.select(A, E, D, I, w2.dtype, sm_count(a.device), quant)
+    top1 = k == 1 and shared is None  # each token's row is one program's
+    plan = configs.select(rows, E, D, I, w2.dtype, sm_count(a.device), quant)
     cfg = plan.down
     _check_block_k(quant, cfg)
     k_split, split = _k_split(I, cfg)
     n_tiles = cdiv(D, cfg.block_n)
-    m_tiles = max_m_tiles(A, E, cfg.block_m)
+    m_tiles = max_m_tiles(A, E, cfg.block_m) + cdiv(s_rows, cfg.block_m)
     words = (arrival_words(a, m_tiles * n_tiles + n_tiles, workspace, words)
-             if split > 1 or k > 1 else None)  # only where read (split-K, the k > 1 combine)
-    part = torch.empty(split, A, D, dtype=torch.float32, device=a.device) if split > 1 else None
-    y = torch.empty(A, D, dtype=torch.float32, device=a.device) if k > 1 else None
+             if split > 1 or not top1 else None)  # only where read (split-K, the combine)
+    part = (torch.empty(split, rows, D, dtype=torch.float32, device=a.device)
+            if split > 1 else None)
+    y = torch.empty(rows, D, dtype=torch.float32, device=a.device) if not top1 else None
     interpret = interpreting()
     pdl = _pdl(plan, a, interpret)
     # The interpreter runs programs in order, so out can be read-modify-written in its dtype;
     # its bf16 rounding is done by cast_to (the interpreter's own cast truncates).
     with on_device(a):
         launch(_down_kernel, (m_tiles * n_tiles * split,),
-            a, a_scale, w2, w2_scale, bias, counts, token_ids, positions, row_weights, out, y,
-            part, words, E, D, I, n_tiles, k_split, split, A, T, m_tiles * n_tiles,
-            K=k, TOP1=k == 1, ACCUMULATE=accumulate, BLOCK_E=next_power_of_2(E),
+            a, a_scale, w2, shared, w2_scale, bias, counts, token_ids, positions, row_weights,
+            out, y, part, words, E, D, I, n_tiles, k_split, split, rows, T, m_tiles * n_tiles,
+            K=k, TOP1=top1, ACCUMULATE=accumulate, BLOCK_E=next_power_of_2(E),
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
             BLOCK_T=_COMBINE_TOKENS, QUANT=quant, HAS_BIAS=bias is not None,
             HAS_RW=row_weights is not None,
             UPCAST=_upcast(interpret, a.dtype, quant, w2.dtype), W_TO_X=quant in WEIGHT_ONLY,
             DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32", INTERPRET=interpret,
-            PDL=pdl, **_launch_options(cfg, pdl))
+            PDL=pdl, SHARED=shared is not None, **_launch_options(cfg, pdl))
 
 
 def gate_up(x: Tensor, w13: Tensor, w13_scale: Tensor | None, counts: Tensor, token_ids: Tensor,
             row_weights: Tensor | None, out: Tensor | tuple[Tensor, Tensor],
             workspace: int = 0, quant: str | None = None, bias: Tensor | None = None,
-            act: Act = SILU) -> Tensor | tuple[Tensor, Tensor]:
+            act: Act = SILU, shared: Tensor | None = None,
+            early: bool = False) -> Tensor | tuple[Tensor, Tensor]:
     """x [T, D], w13 [E, 2I, D] -> out: a [A, I] in x's dtype, or (q [A, I] e4m3, scale [A])
     for fp8 rowwise w13 (quant: the weight format, see format_of); bias [E, 2I]; act:
-    (activation, alpha, limit) as ops.silu_mul's. Arguments were checked by the public
+    (activation, alpha, limit) as ops.silu_mul's; shared [2I, D]: a [T + A, I], the shared
+    expert's rows first (early: see _program's EARLY). Arguments were checked by the public
     function."""
     a, q, scale = (None, *out) if isinstance(out, tuple) else (out, None, None)
     _gate_up_op(x, w13, w13_scale, counts, token_ids, row_weights, a, q, scale, workspace,
-                format_of(w13, quant), bias, *act, held_words(x, workspace))
+                format_of(w13, quant), bias, *act, held_words(x, workspace), shared, early)
     return out
 
 
 def down(a: Tensor, a_scale: Tensor | None, w2: Tensor, w2_scale: Tensor | None, counts: Tensor,
          token_ids: Tensor, positions: Tensor, row_weights: Tensor | None, out: Tensor,
          accumulate: bool = True, workspace: int = 0, quant: str | None = None,
-         bias: Tensor | None = None) -> Tensor:
+         bias: Tensor | None = None, shared: Tensor | None = None) -> Tensor:
     """out [T, D] += (or, not accumulate, =) the routed rows of a [A, I] through w2 [E, D, I]
-    plus bias [E, D]; returns out. Arguments were checked by the public function."""
+    plus bias [E, D]; shared [D, I]: a [T + A, I] holds the shared expert's rows first, each
+    token's added before its pairs'. Returns out. Arguments were checked by the public
+    function."""
     _down_op(a, a_scale, w2, w2_scale, counts, token_ids, positions, row_weights, out, accumulate,
-             workspace, format_of(w2, quant), bias, held_words(a, workspace))
+             workspace, format_of(w2, quant), bias, held_words(a, workspace), shared)
     return out

@@ -34,12 +34,25 @@ def format_of(w: Tensor, quant: str | None) -> str:
     return quant or ("fp8_rowwise" if w.dtype == FP8_DTYPE else "none")
 
 
+def _all_tokens(x: Tensor) -> Tensor:
+    """counts [1] = T: every row of x on one expert (the shared expert)."""
+    return torch.full((1,), x.shape[0], dtype=torch.int32, device=x.device)
+
+
 @inplace_op("decode_gate_up_ref", mutates_args=("a", "q", "scale"))
 def _gate_up(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Tensor,
              token_ids: Tensor, row_weights: Optional[Tensor], a: Optional[Tensor],
              q: Optional[Tensor], scale: Optional[Tensor], workspace: int, quant: str,
              bias: Optional[Tensor], activation: str, alpha: float, limit: Optional[float],
-             words: Optional[Tensor] = None) -> None:  # words: the kernel's, unused
+             words: Optional[Tensor] = None, shared: Optional[Tensor] = None) -> None:
+    # words: the kernel's, unused; shared [2I, D]: a's first T rows are the shared expert's
+    act = (activation, alpha, limit)
+    if shared is not None:
+        T = x.shape[0]
+        h = grouped_gemm(x, shared.unsqueeze(0), _all_tokens(x), None, None, None, None, None,
+                         None, torch.float32)
+        silu_mul(h, None, False, a[:T], act)
+        a = a[T:]
     fp8 = quant == "fp8_rowwise"
     nv = _num_valid(counts)
     xs = gather_scale(x, token_ids, row_weights, nv, fp8, None)
@@ -47,14 +60,27 @@ def _gate_up(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Tensor
     h = grouped_gemm(xq, w13, counts, x_scale, w13_scale, None, None, None, None,
                      torch.float32, quantization=quant, bias=bias)  # [A, 2I]
     # rows past num_valid keep their values
-    silu_mul(h, nv, fp8, (q, scale) if fp8 else a, (activation, alpha, limit))
+    silu_mul(h, nv, fp8, (q, scale) if fp8 else a, act)
 
 
 @inplace_op("decode_down_ref", mutates_args=("out",))
 def _down(a: Tensor, a_scale: Optional[Tensor], w2: Tensor, w2_scale: Optional[Tensor],
           counts: Tensor, token_ids: Tensor, positions: Tensor, row_weights: Optional[Tensor],
           out: Tensor, accumulate: bool, workspace: int, quant: str,
-          bias: Optional[Tensor], words: Optional[Tensor] = None) -> None:  # words: unused
+          bias: Optional[Tensor], words: Optional[Tensor] = None,
+          shared: Optional[Tensor] = None) -> None:
+    # words: unused; shared [D, I]: a's first T rows are the shared expert's, added first
+    if shared is not None:
+        T = out.shape[0]
+        acc = grouped_gemm(a[:T], shared.unsqueeze(0), _all_tokens(out), None, None, None,
+                           None, None, None, torch.float32)  # [T, D]
+        if accumulate:
+            acc = out.float() + acc
+        y = grouped_gemm(a[T:], w2, counts, None, None, None, None, None, None, torch.float32,
+                         bias=bias)
+        token_sum(acc, y, positions, row_weights, _num_valid(counts))
+        out.copy_(acc)
+        return
     y = grouped_gemm(a, w2, counts, a_scale, w2_scale, None, None, None, None,
                      torch.float32, quantization=quant, bias=bias)  # [A, D]
     nv = _num_valid(counts)
@@ -72,19 +98,21 @@ def _down(a: Tensor, a_scale: Optional[Tensor], w2: Tensor, w2_scale: Optional[T
 def gate_up(x: Tensor, w13: Tensor, w13_scale: Tensor | None, counts: Tensor, token_ids: Tensor,
             row_weights: Tensor | None, out: Tensor | tuple[Tensor, Tensor],
             workspace: int = 0, quant: str | None = None, bias: Tensor | None = None,
-            act: Act = SILU) -> Tensor | tuple[Tensor, Tensor]:
-    """As ops.decode_gate_up (out allocated by the public function; no workspace here)."""
+            act: Act = SILU, shared: Tensor | None = None,
+            early: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+    """As ops.decode_gate_up (out allocated by the public function; no workspace here; early:
+    the kernels' launch detail)."""
     a, q, scale = (None, *out) if isinstance(out, tuple) else (out, None, None)
     _gate_up(x, w13, w13_scale, counts, token_ids, row_weights, a, q, scale, workspace,
-             format_of(w13, quant), bias, *act)
+             format_of(w13, quant), bias, *act, None, shared)
     return out
 
 
 def down(a: Tensor, a_scale: Tensor | None, w2: Tensor, w2_scale: Tensor | None, counts: Tensor,
          token_ids: Tensor, positions: Tensor, row_weights: Tensor | None, out: Tensor,
          accumulate: bool = True, workspace: int = 0, quant: str | None = None,
-         bias: Tensor | None = None) -> Tensor:
+         bias: Tensor | None = None, shared: Tensor | None = None) -> Tensor:
     """As ops.decode_down (no workspace here)."""
     _down(a, a_scale, w2, w2_scale, counts, token_ids, positions, row_weights, out, accumulate,
-          workspace, format_of(w2, quant), bias)
+          workspace, format_of(w2, quant), bias, None, shared)
     return out

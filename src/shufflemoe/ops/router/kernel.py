@@ -15,8 +15,9 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 from torch import Tensor
+from triton.language.extra.cuda import gdc_launch_dependents
 
-from .._common import next_power_of_2, on_device
+from .._common import next_power_of_2, on_device, traced
 from .._impl import interpreting, kernel_op
 from .._launch import launch
 from ..quantize.kernel import cast_to
@@ -29,8 +30,12 @@ _TILES = {1: (4096, 8), 2: (2048, 8), 4: (2048, 4), 8: (2048, 8)}
 @triton.jit
 def _router_kernel(x_ptr, w_ptr, b_ptr, out_ptr, T, D, E, x_stride, w_stride,
                    HAS_BIAS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
-                   INTERPRET: tl.constexpr):
-    """out[t, e] = x[t] . w[e] (+ b[e]) for every token t < T, e = this program's expert."""
+                   INTERPRET: tl.constexpr, PDL: tl.constexpr):
+    """out[t, e] = x[t] . w[e] (+ b[e]) for every token t < T, e = this program's expert. PDL:
+    let a next kernel launched with programmatic dependent launch (index_shuffle's) start at
+    once; it waits for this one before it reads the logits."""
+    if PDL:
+        gdc_launch_dependents()
     e = tl.program_id(0)
     ts = tl.arange(0, BLOCK_T)
     t_ok = ts < T
@@ -66,7 +71,8 @@ def _router_op(x: Tensor, w: Tensor, bias: Optional[Tensor], out: Tensor) -> Non
     with on_device(x):
         launch(_router_kernel, (E,), x, w, bias, out, T, D, E, x.stride(0), w.stride(0),
                HAS_BIAS=bias is not None, BLOCK_T=block_t,
-               BLOCK_D=min(block_d, next_power_of_2(D)), INTERPRET=interpret, num_warps=warps)
+               BLOCK_D=min(block_d, next_power_of_2(D)), INTERPRET=interpret,
+               PDL=x.is_cuda and not interpret and not traced((x,)), num_warps=warps)
 
 
 def router_logits(x: Tensor, w: Tensor, bias: Tensor | None) -> Tensor:
