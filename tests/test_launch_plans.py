@@ -15,6 +15,7 @@ from factories import gpt_oss_config, make_input, make_layer
 from shufflemoe import MoEConfig
 from shufflemoe import layer as moe_layer
 from shufflemoe.ops import _launch, use_impl
+from shufflemoe.ops.moe_decode import configs
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -62,9 +63,13 @@ def test_replays_are_bitwise_the_region(name):
                 for i, layer in enumerate((a, b)):
                     got = layer(make_input(cfg, T, seed=10 * T + i, device=DEVICE))
                     assert torch.equal(got, want[T, i]), f"T={T} layer {i}"
-    # a plain shared expert joins the routed experts' plan at decode sizes (MoE._fuses_shared)
+    # a plain shared expert joins the routed experts' launches up to Switch.shared_max_tokens
+    # (MoE._merges_shared), their plan above it (MoE._fuses_shared)
+    merge = configs.Switch().shared_max_tokens if cfg.shared_intermediate_size else 0
     region = "shared+routed" if cfg.shared_intermediate_size else "routed"
-    assert planned_tokens(a, region) == planned_tokens(b, region) == list(Ts)
+    for layer in (a, b):
+        assert planned_tokens(layer, "merged") == [T for T in Ts if T <= merge]
+        assert planned_tokens(layer, region) == [T for T in Ts if T > merge]
     assert not torch.equal(want[1, 0], want[1, 1])  # the layers differ: b replays its weights
 
 

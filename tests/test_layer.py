@@ -49,7 +49,8 @@ def test_layer_matches_reference(name, experts):
     check_layer(make_layer(cfg, experts=experts), make_input(cfg, 61))
 
 
-@pytest.mark.parametrize("merge", [1, 16], ids=["default", "merge-16"])
+@pytest.mark.parametrize("merge", [configs.Switch().shared_max_tokens, 16],
+                         ids=["default", "merge-16"])
 @pytest.mark.parametrize("name", ["llama4-like", "deepseek-like", "qwen2-like"])
 @pytest.mark.parametrize("T", [1, 5, 16, 17])
 def test_eager_decode_fuses_a_plain_shared_expert(name, T, merge):
@@ -60,7 +61,8 @@ def test_eager_decode_fuses_a_plain_shared_expert(name, T, merge):
     (the default Switch records launch plans: their names say which path ran)."""
     cfg = CONFIGS[name]
     layer = make_layer(cfg, device=DEVICE)
-    switch = (contextlib.nullcontext() if merge == 1
+    default = merge == configs.Switch().shared_max_tokens
+    switch = (contextlib.nullcontext() if default
               else configs.override(configs.Switch(shared_max_tokens=merge)))
     with use_impl("triton"), switch:
         for seed in (1, 2):  # the second call replays the plan the first recorded
@@ -68,7 +70,7 @@ def test_eager_decode_fuses_a_plain_shared_expert(name, T, merge):
         merged = layer._merges_shared(make_input(cfg, T, device=DEVICE), layer._hot())
     plain = T <= SHARED_FUSED_MAX_TOKENS and name != "qwen2-like"
     assert merged == (plain and T <= merge)
-    if merge == 1:
+    if default:
         kinds = {key[0] for key in layer._hot().plans}
         assert ("merged" in kinds) == merged
         assert ("shared+routed" in kinds) == (plain and not merged)

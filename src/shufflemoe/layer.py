@@ -4,7 +4,9 @@
      |- router:  logits = x @ Wr^T [T, E] -> Routing (pairs sorted by expert, on the device)
      |- shared expert (own CUDA stream for small T): out = SwiGLU(x) [T, D]
      `- dispatch.run(experts): out += routed experts' output (scatter-add into out)
-    (prefill with top-1 routing: the routed experts write out, the shared expert adds into it)
+    (prefill with top-1 routing: the routed experts write out, the shared expert adds into it;
+    decode at T <= Switch.shared_max_tokens: the shared expert in the routed experts' two fused
+    launches, _merged)
 
 No step copies a size to the host with the ``shuffled`` strategy, so the layer can be captured in
 one CUDA graph (see graph.py).
@@ -638,20 +640,21 @@ def _noop() -> None:
     pass
 
 
-_ONE_EXPERT: dict[torch.device, tuple[tuple[Tensor, ...], ...]] = {}
+_ONE_EXPERT: dict[tuple[torch.device, int], tuple[tuple[Tensor, ...], ...]] = {}
 
 
 def _every_token_on_one_expert(device: torch.device) -> tuple[tuple[Tensor, ...], ...]:
     """_Hot.one_expert for layers on ``device``: made once and shared (made afresh, not kept,
     while compiling or capturing: their values would exist only in that graph)."""
-    made = _ONE_EXPERT.get(device)
+    key = (device, SHARED_FUSED_MAX_TOKENS)  # (a test may lower the limit for a while)
+    made = _ONE_EXPERT.get(key)
     if made is None:
         i32 = dict(dtype=torch.int32, device=device)
         made = tuple((torch.full((1,), T, **i32), torch.arange(T, **i32), torch.arange(T, **i32))
                      for T in range(SHARED_FUSED_MAX_TOKENS + 1))
         if not (torch.compiler.is_compiling()
                 or (device.type == "cuda" and torch.cuda.is_current_stream_capturing())):
-            _ONE_EXPERT[device] = made
+            _ONE_EXPERT[key] = made
     return made
 
 

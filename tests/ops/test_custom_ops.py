@@ -112,7 +112,7 @@ def _opcheck_cases() -> dict[str, tuple]:
         "decode_gate_up": (d["x"], d["w13"], None, r.counts, r.token_ids, r.weights,
                            empty(A, I, dtype=torch.bfloat16), None, None, 0, "none",
                            torch.randn(E, 2 * I, device=DEV).to(torch.bfloat16), "swiglu_oai",
-                           1.702, 7.0, torch.zeros(1024, dtype=i32, device=DEV)),
+                           1.702, 7.0, torch.zeros(1024, dtype=i32, device=DEV), None, False),
         "router_logits": (d["x"], torch.randn(E, D, device=DEV).to(d["x"].dtype),
                           torch.randn(E, device=DEV).to(d["x"].dtype), empty(T, E, dtype=d["x"].dtype)),
         "decode_down": (torch.randn(A, I, device=DEV).to(torch.bfloat16), None,
@@ -120,7 +120,7 @@ def _opcheck_cases() -> dict[str, tuple]:
                         r.positions, r.weights, torch.zeros(T, D, dtype=torch.bfloat16,
                                                             device=DEV), True, 1, "none",
                         torch.randn(E, D, device=DEV).to(torch.bfloat16),
-                        torch.zeros(1024, dtype=i32, device=DEV)),
+                        torch.zeros(1024, dtype=i32, device=DEV), None),
     }
     refs = {  # the references of the kernels above take the same arguments
         "gather_scale", "gather_scale_fp8", "silu_mul", "silu_mul_fp8", "silu_mul_fp8_groups",

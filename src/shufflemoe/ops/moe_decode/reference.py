@@ -44,8 +44,10 @@ def _gate_up(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Tensor
              token_ids: Tensor, row_weights: Optional[Tensor], a: Optional[Tensor],
              q: Optional[Tensor], scale: Optional[Tensor], workspace: int, quant: str,
              bias: Optional[Tensor], activation: str, alpha: float, limit: Optional[float],
-             words: Optional[Tensor] = None, shared: Optional[Tensor] = None) -> None:
-    # words: the kernel's, unused; shared [2I, D]: a's first T rows are the shared expert's
+             words: Optional[Tensor] = None, shared: Optional[Tensor] = None,
+             early: bool = False) -> None:
+    # words: the kernel's, unused; shared [2I, D]: a's first T rows are the shared expert's;
+    # early: the kernel's launch detail
     act = (activation, alpha, limit)
     if shared is not None:
         T = x.shape[0]
