@@ -56,8 +56,9 @@ def _format(fp8: bool | str) -> tuple[str, bool]:
 
 
 def gate_up(fp8: bool | str, split: int, rw: bool, pdl: bool, block_m: int = 16,
-            oai: bool = False):
-    """oai: gpt-oss's expert bias and clamped swiglu_oai GLU."""
+            oai: bool = False, shared: bool = False):
+    """oai: gpt-oss's expert bias and clamped swiglu_oai GLU; shared: a shared expert's tiles
+    first, not waiting for the routing (EARLY)."""
     from shufflemoe.ops.moe_decode import kernel
 
     quant, fp8 = _format(fp8)
@@ -68,8 +69,9 @@ def gate_up(fp8: bool | str, split: int, rw: bool, pdl: bool, block_m: int = 16,
                a_ptr="*fp32" if fp8 else "*bf16", q_ptr="*fp8e4nv" if fp8 else None,
                scale_ptr="*fp32" if fp8 else None, part_ptr="*fp32" if split > 1 else None,
                words_ptr="*i32" if split > 1 or fp8 else None, E="i32", D="i32", I="i32",
-               n_tiles="i32", k_split="i32", A="i32", words_rows="i32", **_split_arg(split))
-    consts = dict(BLOCK_E=16, BLOCK_M=block_m, BLOCK_N=64, BLOCK_K=128 if quant == "none" else 256,
+               n_tiles="i32", k_split="i32", A="i32", words_rows="i32",
+               sw_ptr="*bf16" if shared else None, T="i32", **_split_arg(split))
+    consts = dict(SHARED=shared, EARLY=shared, BLOCK_E=16, BLOCK_M=block_m, BLOCK_N=64, BLOCK_K=128 if quant == "none" else 256,
                   **_split_const(split), QUANT=quant, ACT="swiglu_oai" if oai else "silu",
                   HAS_LIMIT=oai, HAS_BIAS=oai, HAS_RW=rw, UPCAST=False,
                   W_TO_X=quant in ("fp8_w8a16", "mxfp4"), DOT_PRECISION="tf32", INTERPRET=False,
@@ -79,7 +81,7 @@ def gate_up(fp8: bool | str, split: int, rw: bool, pdl: bool, block_m: int = 16,
 
 
 def down(fp8: bool | str, split: int, k: int, pdl: bool, accumulate: bool = True,
-         block_m: int = 16, bias: bool = False):
+         block_m: int = 16, bias: bool = False, shared: bool = False):
     from shufflemoe.ops.moe_decode import kernel
 
     quant, fp8 = _format(fp8)
@@ -91,8 +93,10 @@ def down(fp8: bool | str, split: int, k: int, pdl: bool, accumulate: bool = True
                part_ptr="*fp32" if split > 1 else None,
                words_ptr="*i32" if split > 1 or k > 1 else None, E="i32", D="i32",
                I="i32", n_tiles="i32", k_split="i32", A="i32", T="i32", words_cols="i32",
-               **_split_arg(split))
-    consts = dict(K=k, TOP1=k == 1, ACCUMULATE=accumulate, BLOCK_E=128, BLOCK_M=block_m,
+               sw_ptr="*bf16" if shared else None, **_split_arg(split))
+    if shared:  # the combine, as for k > 1
+        sig.update(y_ptr="*fp32", words_ptr="*i32")
+    consts = dict(SHARED=shared, K=k, TOP1=k == 1 and not shared, ACCUMULATE=accumulate, BLOCK_E=128, BLOCK_M=block_m,
                   BLOCK_N=64,
                   BLOCK_K=128 if quant == "none" else 256, BLOCK_T=16, **_split_const(split),
                   QUANT=quant, HAS_BIAS=bias, HAS_RW=True, UPCAST=False,
@@ -132,6 +136,10 @@ BUILDS = {
     "gate_up bf16 gpt-oss (bias, clamped GLU) split-K": lambda: gate_up(False, 2, False, False,
                                                                        oai=True),
     "down bf16 gpt-oss (bias) k=4": lambda: down(False, 2, 4, False, bias=True),
+    "gate_up bf16 shared expert first, early, PDL": lambda: gate_up(False, 1, True, True,
+                                                                   shared=True),
+    "down bf16 shared expert first k=1 split-K PDL": lambda: down(False, 2, 1, True,
+                                                                 accumulate=False, shared=True),
     "grouped GEMM mxfp4": lambda: grouped_mxfp4("none", False),
     "grouped GEMM mxfp4 device TMA, swapped": lambda: grouped_mxfp4("device", True),
     "grouped GEMM mxfp4 16 x 128 x 256, swapped": lambda: grouped_mxfp4("none", True, 16, 256),
@@ -148,6 +156,10 @@ GEMV = {  # one pair a tile: no MMA
                                                             oai=True),
     "down mxfp4 gpt-oss one-pair tiles k=4": lambda: down("mxfp4", 1, 4, False, block_m=1,
                                                           bias=True),
+    "gate_up bf16 one-pair tiles shared expert first, early, PDL": lambda: gate_up(
+        False, 1, True, True, block_m=1, shared=True),
+    "down bf16 one-pair tiles shared expert first k=1 PDL": lambda: down(
+        False, 1, 1, True, accumulate=False, block_m=1, shared=True),
 }
 
 
