@@ -526,7 +526,7 @@ class MoE(nn.Module):
         ops.decode_gate_up(x, w.w13, None, r.counts, r.token_ids, w_in, a, 0, "none", None,
                            cfg.act, shared=hot.shared_w13, early=True)
         ops.decode_down(a, None, w.w2, None, r.counts, r.token_ids, r.positions, w_out, out,
-                        False, 0, "none", None, shared=hot.shared_w2)
+                        False, 0, "none", None, shared=hot.shared_w2, early=True)
 
     def _fused_shared(self, hot: _Hot, x: Tensor, out: Tensor) -> Tensor:
         """out [T, D] = the shared expert of x [T, D], as a routing of every token to one expert

@@ -390,6 +390,35 @@ def test_shared_expert_in_the_same_launches(case, tiles_name, impl):
         assert_close(out, ref, "bfloat16")
 
 
+@pytest.mark.parametrize("tiles_name", ["16 rows", "one pair", "4 rows split 2"])
+@pytest.mark.parametrize("case", ["T=1 k=1 E=16", "odd T=9 k=3 E=7", "capacity drops"])
+def test_early_shared_programs_give_the_same_bits(case, tiles_name):
+    """The layer's merged call (early=True): gate_up's shared programs count their stored rows
+    in a handshake word and down's shared programs wait for that count instead of the whole of
+    gate_up (with PDL on a GPU they overlap it). The same bits as without, and the words end at
+    zero (the next call starts from them)."""
+    split, bm = SHARED_TILES[tiles_name]
+    gate_up_tiles = configs.GemmConfig(16, 16, 1, block_m=bm)  # early needs gate_up unsplit
+    down_tiles = configs.GemmConfig(16, 16, split, block_m=bm)
+    r, T, E = routing(case)
+    (w13, w2, _, _), _ = weights(E, torch.bfloat16)
+    sw13, sw2 = shared_weights(torch.bfloat16)
+    x = torch.randn(T, D, generator=gen(1)).to(DEV, torch.bfloat16)
+    outs = []
+    for early in (False, True, True):  # twice: the second starts from the words the first left
+        a = poisoned(T + r.num_pairs, I, dtype=torch.bfloat16, device=DEV)
+        out = poisoned(T, D, dtype=torch.bfloat16, device=DEV)
+        with configs.override(configs.DecodeConfig(gate_up_tiles, down_tiles)):
+            kernel.gate_up(x, w13, None, r.counts, r.token_ids, r.weights, a, shared=sw13,
+                           early=early)
+            kernel.down(a, None, w2, None, r.counts, r.token_ids, r.positions, None, out,
+                        False, shared=sw2, early=early)
+        outs.append(out)
+        assert int(kernel.arrival_words(x, 2, kernel.FLAG_WORKSPACE).abs().sum()) == 0
+    assert not torch.isnan(outs[0].float()).any()
+    assert torch.equal(outs[1], outs[0]) and torch.equal(outs[2], outs[0])
+
+
 @pytest.mark.parametrize("call, error, match", [
     (lambda x, w, r, s: decode_gate_up(x, w, r.counts, r.token_ids, shared_w13=s.t()),
      ValueError, "shared_w13 must"),

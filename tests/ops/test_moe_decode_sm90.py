@@ -70,7 +70,8 @@ def gate_up(fp8: bool | str, split: int, rw: bool, pdl: bool, block_m: int = 16,
                scale_ptr="*fp32" if fp8 else None, part_ptr="*fp32" if split > 1 else None,
                words_ptr="*i32" if split > 1 or fp8 else None, E="i32", D="i32", I="i32",
                n_tiles="i32", k_split="i32", A="i32", words_rows="i32",
-               sw_ptr="*bf16" if shared else None, T="i32", **_split_arg(split))
+               sw_ptr="*bf16" if shared else None, T="i32",
+               flag_ptr="*i32" if shared else None, **_split_arg(split))
     consts = dict(SHARED=shared, EARLY=shared, BLOCK_E=16, BLOCK_M=block_m, BLOCK_N=64, BLOCK_K=128 if quant == "none" else 256,
                   **_split_const(split), QUANT=quant, ACT="swiglu_oai" if oai else "silu",
                   HAS_LIMIT=oai, HAS_BIAS=oai, HAS_RW=rw, UPCAST=False,
@@ -93,10 +94,11 @@ def down(fp8: bool | str, split: int, k: int, pdl: bool, accumulate: bool = True
                part_ptr="*fp32" if split > 1 else None,
                words_ptr="*i32" if split > 1 or k > 1 else None, E="i32", D="i32",
                I="i32", n_tiles="i32", k_split="i32", A="i32", T="i32", words_cols="i32",
-               sw_ptr="*bf16" if shared else None, **_split_arg(split))
+               sw_ptr="*bf16" if shared else None, flag_ptr="*i32" if shared else None,
+               flag_expected="i32", **_split_arg(split))
     if shared:  # the combine, as for k > 1
         sig.update(y_ptr="*fp32", words_ptr="*i32")
-    consts = dict(SHARED=shared, K=k, TOP1=k == 1 and not shared, ACCUMULATE=accumulate, BLOCK_E=128, BLOCK_M=block_m,
+    consts = dict(SHARED=shared, EARLY=shared, K=k, TOP1=k == 1 and not shared, ACCUMULATE=accumulate, BLOCK_E=128, BLOCK_M=block_m,
                   BLOCK_N=64,
                   BLOCK_K=128 if quant == "none" else 256, BLOCK_T=16, **_split_const(split),
                   QUANT=quant, HAS_BIAS=bias, HAS_RW=True, UPCAST=False,
@@ -138,7 +140,7 @@ BUILDS = {
     "down bf16 gpt-oss (bias) k=4": lambda: down(False, 2, 4, False, bias=True),
     "gate_up bf16 shared expert first, early, PDL": lambda: gate_up(False, 1, True, True,
                                                                    shared=True),
-    "down bf16 shared expert first k=1 split-K PDL": lambda: down(False, 2, 1, True,
+    "down bf16 shared expert first, early, k=1 split-K PDL": lambda: down(False, 2, 1, True,
                                                                  accumulate=False, shared=True),
     "grouped GEMM mxfp4": lambda: grouped_mxfp4("none", False),
     "grouped GEMM mxfp4 device TMA, swapped": lambda: grouped_mxfp4("device", True),
@@ -158,7 +160,7 @@ GEMV = {  # one pair a tile: no MMA
                                                           bias=True),
     "gate_up bf16 one-pair tiles shared expert first, early, PDL": lambda: gate_up(
         False, 1, True, True, block_m=1, shared=True),
-    "down bf16 one-pair tiles shared expert first k=1 PDL": lambda: down(
+    "down bf16 one-pair tiles shared expert first, early, k=1 PDL": lambda: down(
         False, 1, 1, True, accumulate=False, block_m=1, shared=True),
 }
 

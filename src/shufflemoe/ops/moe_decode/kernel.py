@@ -155,6 +155,21 @@ def _arrive(word_ptr, expected):
 
 
 @triton.jit
+def _await_shared(flag_ptr, expected, programs):
+    """down's shared-expert programs (EARLY): wait until gate_up's ``expected`` shared programs
+    have stored their rows of a (flag_ptr[0], counted with release), then count this program
+    in flag_ptr[1]; the last of ``programs`` puts both words back to zero (nothing else touches
+    them in this pair of launches)."""
+    seen = tl.atomic_add(flag_ptr, 0, sem="acquire")
+    while seen < expected:
+        seen = tl.atomic_add(flag_ptr, 0, sem="acquire")
+    tl.debug_barrier()  # every thread's loads of a come after the acquire
+    if tl.atomic_add(flag_ptr + 1, 1, sem="relaxed") == programs - 1:
+        tl.atomic_xchg(flag_ptr, 0)
+        tl.atomic_xchg(flag_ptr + 1, 0)
+
+
+@triton.jit
 def _partials_sum(part_ptr, at, mask, split, stride_split):
     """Sum of the split partials at ``at`` in split order (a fixed order: the result does not
     depend on which program arrived last); .cg: they were written by other programs."""
@@ -350,6 +365,7 @@ def _gate_up_kernel(
     part_ptr,  # [split, A, 2I] fp32 partials (split > 1)
     words_ptr,  # int32 arrival words: [m-tiles max * n_tiles] tiles, then [m-tiles max] rows
     # (split > 1 or fp8_rowwise)
+    flag_ptr,  # int32 [2]: shared programs done (EARLY: each adds one after storing its rows)
     E, D, I, n_tiles, k_split,  # k_split: K elements per split, a multiple of BLOCK_K
     split,  # K ranges (a runtime value: Triton specializes 1, so split 1 drops the fixup)
     A,  # rows of a (pairs, plus T with SHARED)
@@ -362,7 +378,8 @@ def _gate_up_kernel(
     HAS_RW: tl.constexpr, UPCAST: tl.constexpr, W_TO_X: tl.constexpr,
     DOT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr, PDL: tl.constexpr,
     SHARED: tl.constexpr,  # the shared expert's tiles first (see _program; QUANT "none")
-    EARLY: tl.constexpr,  # ... and with PDL they start before the routing is done
+    EARLY: tl.constexpr,  # ... they start before the routing is done (with PDL) and tell
+    # down's shared programs when their rows of a are stored (flag_ptr; split 1)
     QUANT_BLOCK: tl.constexpr,  # columns per step when the last m-tile quantizes rows of a
     ROW_BLOCK: tl.constexpr, ROW_CHUNKS: tl.constexpr,  # fp8_rowwise: lanes and loads a row of x
 ):
@@ -451,6 +468,10 @@ def _gate_up_kernel(
                                    INTERPRET)
             else:
                 tl.store(a_ptr + a_at, cast_to(a, a_ptr.dtype.element_ty, INTERPRET), mask=mask)
+                if EARLY:
+                    if shared:
+                        tl.debug_barrier()  # every thread's stores happen before the release
+                        tl.atomic_add(flag_ptr, 1, sem="release")
 
 
 @triton.jit
@@ -492,7 +513,8 @@ def _down_step(acc, k0, k_hi, a_ptr, w_ptr, ws_ptr, rows, row_ok, w_rows, col_ok
         w = _w_tile(w_ptr, ws_ptr, w_rows, col_ok, k0, k_hi, I, QUANT, BLOCK_K, UPCAST)
         kk = k0 + tl.arange(0, BLOCK_K)
         at = tl.load(a_ptr + rows.to(tl.int64)[:, None] * I + kk[None, :],
-                     mask=row_ok[:, None] & (kk < k_hi)[None, :], other=0.0)
+                     mask=row_ok[:, None] & (kk < k_hi)[None, :], other=0.0,
+                     cache_modifier=".cg")  # (EARLY: rows other programs of gate_up wrote)
         acc = _dot(acc, w, tl.trans(at), UPCAST, W_TO_X, DOT_PRECISION)
     return acc
 
@@ -514,6 +536,8 @@ def _down_kernel(
     part_ptr,  # [split, A, D] fp32 partials (split > 1; SHARED: [split, T + A, D])
     words_ptr,  # int32 arrival words: [m-tiles max * n_tiles] tiles, then [n_tiles] columns
     # (split > 1 or not TOP1)
+    flag_ptr,  # int32 [2]: gate_up's shared programs done, then this launch's past the wait
+    flag_expected,  # gate_up's shared programs (EARLY)
     E, D, I, n_tiles, k_split, split, A, T,  # A: rows of a
     words_cols,  # offset of the per-n-tile words in words_ptr
     K: tl.constexpr,  # pairs per token (positions has T * K entries)
@@ -525,9 +549,15 @@ def _down_kernel(
     HAS_BIAS: tl.constexpr, HAS_RW: tl.constexpr, UPCAST: tl.constexpr, W_TO_X: tl.constexpr,
     DOT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr, PDL: tl.constexpr,
     SHARED: tl.constexpr,  # a's first T rows are the shared expert's (see _program; not TOP1)
+    EARLY: tl.constexpr,  # the shared programs wait for gate_up's shared rows of a (flag_ptr),
+    # not for all of gate_up, and for the rest only before their epilogue
 ):
     s, tile, u, n_tile, shared, exists, g, row0, row_stop, total_tiles, num_valid = _program(
-        counts_ptr, E, n_tiles, split, T, BLOCK_E, BLOCK_M, SHARED, PDL, False)
+        counts_ptr, E, n_tiles, split, T, BLOCK_E, BLOCK_M, SHARED, PDL, EARLY)
+    if EARLY:
+        if shared:
+            _await_shared(flag_ptr, flag_expected,
+                          tl.cdiv(T, BLOCK_M) * n_tiles * split)
     if exists:
         rows = row0 + tl.arange(0, BLOCK_M)  # pairs (shared: tokens)
         row_ok = rows < row_stop
@@ -557,6 +587,13 @@ def _down_kernel(
                                  DOT_PRECISION)
 
         acc = _acc_sum(acc, BLOCK_M, QUANT)
+        if EARLY:
+            if shared:  # the routing and all of a, for the combine: as the other programs
+                if PDL:
+                    gdc_wait()
+                _, _, _, _, total_tiles, num_valid = _locate(counts_ptr, 0, E, True, BLOCK_E,
+                                                             BLOCK_M)
+                total_tiles += tl.cdiv(T, BLOCK_M)
         mask = col_ok[:, None] & row_ok[None, :]  # [BN, BM]
         at_y = a_rows.to(tl.int64)[None, :] * D + cols[:, None]
         if split > 1:
@@ -698,6 +735,8 @@ def reserve_arrival_words(w13: Tensor, w2: Tensor, max_pairs: int, workspace: in
         need = max(need, up * cdiv(I, plan.gate_up.block_n) + up,
                    dn * cdiv(D, plan.down.block_n) + cdiv(D, plan.down.block_n))
     arrival_words(w13, need, workspace)
+    if shared_tokens:
+        arrival_words(w13, 2, FLAG_WORKSPACE)
 
 
 def max_m_tiles(A: int, E: int, block_m: int) -> int:
@@ -712,6 +751,16 @@ def _pdl(plan: configs.DecodeConfig, like: Tensor, interpret: bool) -> bool:
     asm and then takes every argument for written (copies of counts, ids, x: torch 2.11, the
     Qwen3-30B-A3B compiled decode step fell from 1.30x transformers' to 1.01x)."""
     return plan.pdl and not interpret and not traced((like,))
+
+
+FLAG_WORKSPACE = 2  # the arrival words of _await_shared's handshake (0: routed, 1: shared)
+
+
+def _early(early: bool, shared: Tensor | None, gate_up_split: int, like: Tensor) -> bool:
+    """Whether a merged call's shared programs run EARLY: asked for, with a shared expert, a
+    gate_up without split-K partials (their buffer would be allocated after the launches they
+    overlap), and not while torch.compile traces (no persistent handshake words there)."""
+    return early and shared is not None and gate_up_split == 1 and not traced((like,))
 
 
 def _launch_options(cfg: configs.GemmConfig, pdl: bool) -> dict:
@@ -771,7 +820,7 @@ def _gate_up_op(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Ten
     if fp8:  # a in fp32 first; each m-tile's last program quantizes its rows into (q, scale)
         a = torch.empty(A, I, dtype=torch.float32, device=x.device)
     interpret = interpreting()
-    early = early and shared is not None and split == 1  # (no partials buffer to allocate)
+    early = _early(early, shared, split, x)
     # early: PDL whatever the table says, as the overlap with the routing is the point
     pdl = _pdl(plan.with_(pdl=plan.pdl or early), x, interpret)
     row_block = min(4096, next_power_of_2(D))
@@ -779,7 +828,7 @@ def _gate_up_op(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Ten
         launch(_gate_up_kernel, (m_tiles * n_tiles * split,),
             x, w13, shared, w13_scale, bias, counts, token_ids, row_weights, a,
             fp8_target(q)[0] if fp8 else None, scale, part, words,
-            E, D, I, n_tiles, k_split, split, A + s_rows, T, m_tiles * n_tiles, alpha,
+            arrival_words(x, 2, FLAG_WORKSPACE) if early else None, E, D, I, n_tiles, k_split, split, A + s_rows, T, m_tiles * n_tiles, alpha,
             0.0 if limit is None else limit,
             BLOCK_E=next_power_of_2(E), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
             BLOCK_K=cfg.block_k, QUANT=quant, ACT=activation, HAS_LIMIT=limit is not None,
@@ -797,10 +846,12 @@ def _gate_up_op(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Ten
 def _down_op(a: Tensor, a_scale: Optional[Tensor], w2: Tensor, w2_scale: Optional[Tensor],
              counts: Tensor, token_ids: Tensor, positions: Tensor, row_weights: Optional[Tensor],
              out: Tensor, accumulate: bool, workspace: int, quant: str,
-             bias: Optional[Tensor], words: Optional[Tensor], shared: Optional[Tensor]) -> None:
+             bias: Optional[Tensor], words: Optional[Tensor], shared: Optional[Tensor],
+             early: bool) -> None:
     """out [T, D] (+)= the routed rows of a [A, I] through w2 [E, D, I] plus their expert's
     bias [E, D] (times the row weights), token-major; with the shared expert's w2 ``shared``
-    [D, I], a [T + A, I] holds its rows first, added first. words: held_words (left zero)."""
+    [D, I], a [T + A, I] holds its rows first, added first (early: as the gate_up call that
+    wrote a; its shared programs wait only for gate_up's). words: held_words (left zero)."""
     (rows, I), (E, D, _), T = a.shape, w2.shape, out.shape[0]
     if rows == 0 or D == 0:
         return
@@ -819,6 +870,8 @@ def _down_op(a: Tensor, a_scale: Optional[Tensor], w2: Tensor, w2_scale: Optiona
     part = (torch.empty(split, rows, D, dtype=torch.float32, device=a.device)
             if split > 1 else None)
     y = torch.empty(rows, D, dtype=torch.float32, device=a.device) if not top1 else None
+    gu = plan.gate_up  # the gate_up call's tiles: how many shared programs stored rows of a
+    early = _early(early, shared, _k_split(D, gu)[1], a)
     interpret = interpreting()
     pdl = _pdl(plan, a, interpret)
     # The interpreter runs programs in order, so out can be read-modify-written in its dtype;
@@ -826,14 +879,16 @@ def _down_op(a: Tensor, a_scale: Optional[Tensor], w2: Tensor, w2_scale: Optiona
     with on_device(a):
         launch(_down_kernel, (m_tiles * n_tiles * split,),
             a, a_scale, w2, shared, w2_scale, bias, counts, token_ids, positions, row_weights,
-            out, y, part, words, E, D, I, n_tiles, k_split, split, rows, T, m_tiles * n_tiles,
+            out, y, part, words, arrival_words(a, 2, FLAG_WORKSPACE) if early else None,
+            cdiv(T, gu.block_m) * cdiv(I, gu.block_n), E, D, I, n_tiles, k_split, split, rows, T,
+            m_tiles * n_tiles,
             K=k, TOP1=top1, ACCUMULATE=accumulate, BLOCK_E=next_power_of_2(E),
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
             BLOCK_T=_COMBINE_TOKENS, QUANT=quant, HAS_BIAS=bias is not None,
             HAS_RW=row_weights is not None,
             UPCAST=_upcast(interpret, a.dtype, quant, w2.dtype), W_TO_X=quant in WEIGHT_ONLY,
             DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32", INTERPRET=interpret,
-            PDL=pdl, SHARED=shared is not None, **_launch_options(cfg, pdl))
+            PDL=pdl, SHARED=shared is not None, EARLY=early, **_launch_options(cfg, pdl))
 
 
 def gate_up(x: Tensor, w13: Tensor, w13_scale: Tensor | None, counts: Tensor, token_ids: Tensor,
@@ -855,11 +910,12 @@ def gate_up(x: Tensor, w13: Tensor, w13_scale: Tensor | None, counts: Tensor, to
 def down(a: Tensor, a_scale: Tensor | None, w2: Tensor, w2_scale: Tensor | None, counts: Tensor,
          token_ids: Tensor, positions: Tensor, row_weights: Tensor | None, out: Tensor,
          accumulate: bool = True, workspace: int = 0, quant: str | None = None,
-         bias: Tensor | None = None, shared: Tensor | None = None) -> Tensor:
+         bias: Tensor | None = None, shared: Tensor | None = None,
+         early: bool = False) -> Tensor:
     """out [T, D] += (or, not accumulate, =) the routed rows of a [A, I] through w2 [E, D, I]
     plus bias [E, D]; shared [D, I]: a [T + A, I] holds the shared expert's rows first, each
-    token's added before its pairs'. Returns out. Arguments were checked by the public
-    function."""
+    token's added before its pairs' (early: as the gate_up call that wrote a). Returns out.
+    Arguments were checked by the public function."""
     _down_op(a, a_scale, w2, w2_scale, counts, token_ids, positions, row_weights, out, accumulate,
-             workspace, format_of(w2, quant), bias, held_words(a, workspace), shared)
+             workspace, format_of(w2, quant), bias, held_words(a, workspace), shared, early)
     return out

@@ -70,8 +70,9 @@ def _down(a: Tensor, a_scale: Optional[Tensor], w2: Tensor, w2_scale: Optional[T
           counts: Tensor, token_ids: Tensor, positions: Tensor, row_weights: Optional[Tensor],
           out: Tensor, accumulate: bool, workspace: int, quant: str,
           bias: Optional[Tensor], words: Optional[Tensor] = None,
-          shared: Optional[Tensor] = None) -> None:
-    # words: unused; shared [D, I]: a's first T rows are the shared expert's, added first
+          shared: Optional[Tensor] = None, early: bool = False) -> None:
+    # words: unused; shared [D, I]: a's first T rows are the shared expert's, added first;
+    # early: the kernel's launch detail
     if shared is not None:
         T = out.shape[0]
         acc = grouped_gemm(a[:T], shared.unsqueeze(0), _all_tokens(out), None, None, None,
@@ -113,8 +114,9 @@ def gate_up(x: Tensor, w13: Tensor, w13_scale: Tensor | None, counts: Tensor, to
 def down(a: Tensor, a_scale: Tensor | None, w2: Tensor, w2_scale: Tensor | None, counts: Tensor,
          token_ids: Tensor, positions: Tensor, row_weights: Tensor | None, out: Tensor,
          accumulate: bool = True, workspace: int = 0, quant: str | None = None,
-         bias: Tensor | None = None, shared: Tensor | None = None) -> Tensor:
-    """As ops.decode_down (no workspace here)."""
+         bias: Tensor | None = None, shared: Tensor | None = None,
+         early: bool = False) -> Tensor:
+    """As ops.decode_down (no workspace here; early: the kernels' launch detail)."""
     _down(a, a_scale, w2, w2_scale, counts, token_ids, positions, row_weights, out, accumulate,
           workspace, format_of(w2, quant), bias, None, shared)
     return out
