@@ -67,12 +67,13 @@ class Switch:
     # A plain shared expert of the routed experts' width (bf16/fp16/fp32 layers, no expert bias)
     # joins their two launches while T <= shared_max_tokens (MoE._merges_shared): one launch
     # streams both experts' weights, and with PDL its shared programs run beside the router
-    # and index_shuffle instead of before them. H100, CUDA graphs, the shared expert in its own
-    # launches / in the routed ones, us (results/probe_merged.json, at 6337855): Llama 4 Scout
-    # TP8 T = 1 31.7 / 30.0, T = 2 44.4 / 42.2, T = 4 65.1 / 67.4, T = 8 91.3 / 93.8; Maverick
-    # TP8 T = 1 37.0 / 36.7, T = 2 51.0 / 48.8, T = 4 70.0 / 72.6, T = 8 111.8 / 126.8;
-    # DeepSeek-V3 TP8 (k = 8) 1.02-1.06x faster merged at T = 1..8. Past T = 2 the tiles the
-    # table picks for A + T pairs stream the shared weights once per one-pair m-tile.
+    # and index_shuffle, and down's beside gate_up's routed tail. H100, CUDA graphs, the shared
+    # expert in its own launches / in the routed ones, us (results/probe_merged.json, at
+    # c37ba67): Llama 4 Scout TP8 T = 1 31.9 / 28.3, T = 2 44.6 / 42.4, T = 4 63.9 / 64.1, T = 8
+    # 89.1 / 89.5; Maverick TP8 T = 1 38.1 / 33.6, T = 2 51.6 / 46.4, T = 4 71.7 / 74.6, T = 8
+    # 107.8 / 127.5; DeepSeek-V3 TP8 (k = 8) 1.01-1.05x faster merged at T = 1..8. Past T = 2
+    # the tiles the table picks for A + T pairs stream the shared weights once per one-pair
+    # m-tile.
     shared_max_tokens: int = 2
 
 
