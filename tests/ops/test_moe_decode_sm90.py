@@ -119,8 +119,8 @@ def grouped_mxfp4(tma: str, swap_ab: bool, block_m: int = 64, block_k: int = 128
     consts = dict(BLOCK_G=128, BLOCK_M=block_m, BLOCK_N=128, BLOCK_K=block_k, TMA=tma,
                   SWAP_AB=swap_ab, FLATTEN=False, QUANT="mxfp4", HAS_BIAS=False,
                   HAS_WEIGHT_IDS=False, HAS_ROW_WEIGHTS=False, SCATTER="add", UPCAST=False,
-                  DOT_PRECISION="tf32", INTERPRET=False, PDL=True)
-    return compile_sm90(kernel._grouped_gemm_kernel, sig, consts, launch_pdl=True)
+                  DOT_PRECISION="tf32", INTERPRET=False)
+    return compile_sm90(kernel._grouped_gemm_kernel, sig, consts)
 
 
 BUILDS = {

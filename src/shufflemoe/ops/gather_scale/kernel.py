@@ -19,7 +19,6 @@ from torch import Tensor
 from .._common import cdiv, next_power_of_2
 from .._impl import interpreting, kernel_op
 from .._launch import launch
-from .._pdl import pdl_on, pdl_options, pdl_start
 from ..quantize.kernel import cast_to, fp8_target, quant_block, row_scales, store_fp8
 from ..quantize.reference import FP8_DTYPE
 
@@ -50,9 +49,7 @@ def _gather_scale_kernel(
     HAS_NV: tl.constexpr,
     INTERPRET: tl.constexpr,  # round with integer arithmetic (interpreter casts are wrong)
     BLOCK_D: tl.constexpr,  # columns per program (grid axis 1 covers D)
-    PDL: tl.constexpr,  # programmatic dependent launch (ops/_pdl.py)
 ):
-    pdl_start(PDL)
     row = tl.program_id(0)
     valid, tok, w = _row_source(ids_ptr, w_ptr, nv_ptr, row, HAS_W, HAS_NV)
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -78,9 +75,7 @@ def _gather_scale_fp8_kernel(
     INTERPRET: tl.constexpr,  # round with integer arithmetic (interpreter casts are wrong)
     BLOCK_D: tl.constexpr,  # the whole row when ONE_PASS, else a chunk
     ONE_PASS: tl.constexpr,  # the row fits in registers: read it once
-    PDL: tl.constexpr,  # programmatic dependent launch (ops/_pdl.py)
 ):
-    pdl_start(PDL)
     row = tl.program_id(0)
     valid, tok, w = _row_source(ids_ptr, w_ptr, nv_ptr, row, HAS_W, HAS_NV)
     src = x_ptr + tok * D
@@ -129,8 +124,7 @@ def _gather_scale_op(x: Tensor, token_ids: Tensor, weights: Optional[Tensor],
     launch(_gather_scale_kernel, (A, cdiv(D, block)),
         x, token_ids, weights, num_valid, out, D,
         HAS_W=weights is not None, HAS_NV=num_valid is not None, INTERPRET=interpreting(),
-        BLOCK_D=block, PDL=pdl_on(x), num_warps=4 if block <= 1024 else 8,
-        **pdl_options(pdl_on(x)))
+        BLOCK_D=block, num_warps=4 if block <= 1024 else 8)
 
 
 @kernel_op("gather_scale_fp8", mutates_args=("q", "scale"))
@@ -144,8 +138,7 @@ def _gather_scale_fp8_op(x: Tensor, token_ids: Tensor, weights: Optional[Tensor]
     launch(_gather_scale_fp8_kernel, (A,),
         x, token_ids, weights, num_valid, target, scale, D,
         HAS_W=weights is not None, HAS_NV=num_valid is not None, INTERPRET=interpret,
-        BLOCK_D=block, ONE_PASS=one_pass, PDL=pdl_on(x), num_warps=8 if block >= 4096 else 4,
-        **pdl_options(pdl_on(x)))
+        BLOCK_D=block, ONE_PASS=one_pass, num_warps=8 if block >= 4096 else 4)
 
 
 def gather_scale(

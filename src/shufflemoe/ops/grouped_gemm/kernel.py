@@ -58,7 +58,6 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from .._common import cdiv, next_power_of_2, on_device, traced
 from .._impl import interpreting, kernel_op
 from .._launch import launch
-from .._pdl import pdl_on, pdl_options, pdl_start
 from ..quantize import FP8_BLOCK, FP8_DTYPE, MX_GROUP
 from ..quantize.kernel import mxfp4_values
 from . import configs
@@ -260,9 +259,7 @@ def _grouped_gemm_kernel(
     UPCAST: tl.constexpr,  # cast tiles to fp32 before tl.dot (interpreter)
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs (tf32 would drop 13 mantissa bits)
     INTERPRET: tl.constexpr,  # the interpreter needs a while loop (range() of a tensor fails)
-    PDL: tl.constexpr,  # programmatic dependent launch (ops/_pdl.py)
 ):
-    pdl_start(PDL)
     pid = tl.program_id(0)
     offs_g = tl.arange(0, BLOCK_G)
     m = tl.load(m_sizes_ptr + offs_g, mask=offs_g < G, other=0).to(tl.int32)
@@ -390,8 +387,7 @@ def _grouped_gemm_op(x: Tensor, w: Tensor, m_sizes: Tensor, x_scale: Optional[Te
             HAS_ROW_WEIGHTS=row_weights is not None,
             SCATTER="none" if scatter_ids is None else scatter,
             UPCAST=upcast, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-            INTERPRET=interpret, PDL=pdl_on(x), num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages, **pdl_options(pdl_on(x)),
+            INTERPRET=interpret, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
     if dst is not out:
         out.copy_(dst)

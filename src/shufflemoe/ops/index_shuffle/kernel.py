@@ -29,11 +29,12 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
 from ...types import Routing
-from .._common import cdiv, next_power_of_2
-from .._impl import kernel_op
+from .._common import cdiv, next_power_of_2, traced
+from .._impl import interpreting, kernel_op
 from .._launch import launch
-from .._pdl import pdl_on, pdl_options, pdl_start
 
 SCORING_IDS = {"none": 0, "softmax": 1, "sigmoid": 2}
 # Below the key of every float (canonical NaN aside): marks taken experts and padding columns.
@@ -185,9 +186,13 @@ def _route_kernel(
     HAS_W: tl.constexpr,
     HAS_CAP: tl.constexpr,
     SINGLE: tl.constexpr,  # one block: place the pairs here (no scratch, no second launch)
-    PDL: tl.constexpr,  # programmatic dependent launch (ops/_pdl.py)
+    PDL: tl.constexpr,  # launched with programmatic dependent launch: let the next kernel
+    # launch at once (its programs wait for this one, or read none of its outputs), then wait
+    # for the previous kernel's memory
 ):
-    pdl_start(PDL)
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
     P: tl.constexpr = BT * KP
     blk = tl.program_id(0)
     t = blk * BT + tl.arange(0, BT)
@@ -360,13 +365,13 @@ def _route_op(src: Tensor, topk_weights: Optional[Tensor], counts: Tensor, token
     win = topk_weights if topk_weights is not None else src
     # One program (decode): with PDL the next kernel launches as this one starts, so its
     # programs that need no routing (the fused decode kernels' shared expert) run beside it.
-    pdl = single and pdl_on(src)
+    pdl = single and src.is_cuda and not interpreting() and not traced((src,))
     launch(_route_kernel, (nb,),
         src, src.stride(0), win, win.stride(0), counts, token_ids, expert_ids, weights, num_valid,
         positions, scratch_i[0], scratch_i[1], scratch_w, hist, T, cap, scaling,
         K=k, KP=kp, BT=block_tokens, BEC=expert_chunk, SCORING=scoring, RENORM=renormalize,
         HAS_W=topk_weights is not None, SINGLE=single, PDL=pdl, num_warps=num_warps, **meta,
-        **pdl_options(pdl))
+        **({"launch_pdl": True} if pdl else {}))
     if not single:
         # At most one wave of place programs; each reads the histogram table once.
         per_prog = cdiv(nb, min(nb, place_programs))
