@@ -427,15 +427,10 @@ class MoE(nn.Module):
             self._route_and_run(hot, x, self._logits(hot, x), out, join, first)
         else:  # eager, one stream: replayed from a launch plan when one can be made
             w = hot.weights
-            fixed = (w.w13, w.w2, w.w13_scale, w.w2_scale, w.w13_bias, w.w2_bias, hot.router_bias)
-            if self._logits_in_plan(x):
-                self._planned(hot, "routed", lambda: self._route_and_run(
-                    hot, x, self._logits(hot, x), out, _noop, first), (x, out),
-                    fixed + (hot.router_weight, hot.router_logits_bias))
-            else:
-                logits = self._logits(hot, x)
-                self._planned(hot, "routed", lambda: self._route_and_run(
-                    hot, x, logits, out, _noop, first), (x, logits, out), fixed)
+            self._planned_with_logits(
+                hot, "routed", x, out,
+                lambda logits: self._route_and_run(hot, x, logits(), out, _noop, first),
+                (w.w13, w.w2, w.w13_scale, w.w2_scale, w.w13_bias, w.w2_bias, hot.router_bias))
         join()
         if first and self.shared_w13 is not None:
             self.shared_expert(x, out, accumulate=True)
@@ -497,21 +492,15 @@ class MoE(nn.Module):
         out = torch.empty_like(x) if out is None else out
         if (torch.compiler.is_compiling()
                 or (x.is_cuda and torch.cuda.is_current_stream_capturing())):
-            self._merged(hot, x, self._logits, out)
+            self._merged(hot, x, lambda: self._logits(hot, x), out)
             return out
         w = hot.weights
-        fixed = (w.w13, w.w2, hot.router_bias, hot.shared_w13, hot.shared_w2)
-        if self._logits_in_plan(x):
-            self._planned(hot, "merged", lambda: self._merged(hot, x, self._logits, out), (x, out),
-                          fixed + (hot.router_weight, hot.router_logits_bias))
-        else:
-            logits = self._logits(hot, x)
-            self._planned(hot, "merged", lambda: self._merged(hot, x, lambda *_: logits, out),
-                          (x, logits, out), fixed)
+        self._planned_with_logits(hot, "merged", x, out,
+                                  lambda logits: self._merged(hot, x, logits, out),
+                                  (w.w13, w.w2, hot.router_bias, hot.shared_w13, hot.shared_w2))
         return out
 
-    def _merged(self, hot: _Hot, x: Tensor, logits: Callable[[_Hot, Tensor], Tensor],
-                out: Tensor) -> None:
+    def _merged(self, hot: _Hot, x: Tensor, logits: Callable[[], Tensor], out: Tensor) -> None:
         """out [T, D] = shared expert + routed experts through the fused decode kernels, the
         shared expert as an expert every token visits (ops.decode_gate_up's shared_w13): a [T +
         A, I] holds its rows first, decode_down adds each token's shared row and then its pairs'
@@ -521,7 +510,7 @@ class MoE(nn.Module):
         cfg, w, ops = self.config, hot.weights, backend_for(x)
         a = torch.empty(x.shape[0] * (cfg.top_k + 1), cfg.intermediate_size, dtype=x.dtype,
                         device=x.device)
-        r = hot.route(logits(hot, x), cfg, hot.router_bias)
+        r = hot.route(logits(), cfg, hot.router_bias)
         w_in, w_out = pair_weights(r, cfg)
         ops.decode_gate_up(x, w.w13, None, r.counts, r.token_ids, w_in, a, 0, "none", None,
                            cfg.act, shared=hot.shared_w13, early=True)
@@ -547,22 +536,17 @@ class MoE(nn.Module):
         routed experts (which add into the out the shared expert wrote): one plan replay instead
         of two, and no zero fill."""
         out = torch.empty_like(x)
-        in_plan = self._logits_in_plan(x)
-        logits = None if in_plan else self._logits(hot, x)
         counts, ids, positions = hot.one_expert[x.shape[0]]
         w = hot.weights
 
-        def region() -> None:
+        def region(logits: Callable[[], Tensor]) -> None:
             self._fused_shared(hot, x, out)
-            self._route_and_run(hot, x, self._logits(hot, x) if in_plan else logits, out)
+            self._route_and_run(hot, x, logits(), out)
 
-        fixed = (w.w13, w.w2, w.w13_scale, w.w2_scale, w.w13_bias, w.w2_bias, hot.router_bias,
-                 hot.shared_w13, hot.shared_w2, counts, ids, positions)
-        if in_plan:
-            self._planned(hot, "shared+routed", region, (x, out),
-                          fixed + (hot.router_weight, hot.router_logits_bias))
-        else:
-            self._planned(hot, "shared+routed", region, (x, logits, out), fixed)
+        self._planned_with_logits(
+            hot, "shared+routed", x, out, region,
+            (w.w13, w.w2, w.w13_scale, w.w2_scale, w.w13_bias, w.w2_bias, hot.router_bias,
+             hot.shared_w13, hot.shared_w2, counts, ids, positions))
         return out
 
     def _logits(self, hot: _Hot, x: Tensor) -> Tensor:
@@ -570,6 +554,19 @@ class MoE(nn.Module):
         cfg = self.config
         return router_logits(x, hot.router_weight, cfg.router_logits_dtype,
                              hot.router_logits_bias, cfg.batch_invariant)
+
+    def _planned_with_logits(self, hot: _Hot, name: str, x: Tensor, out: Tensor,
+                             region: Callable[[Callable[[], Tensor]], None],
+                             fixed: tuple[Tensor | None, ...]) -> None:
+        """_planned(region(logits)), ``logits()`` giving the router's logits of x: computed
+        inside the plan where _logits_in_plan (dynamic inputs (x, out), the router's weight and
+        bias fixed ones), else once before it (dynamic inputs (x, logits, out))."""
+        if self._logits_in_plan(x):
+            self._planned(hot, name, lambda: region(lambda: self._logits(hot, x)), (x, out),
+                          fixed + (hot.router_weight, hot.router_logits_bias))
+        else:
+            logits = self._logits(hot, x)
+            self._planned(hot, name, lambda: region(lambda: logits), (x, logits, out), fixed)
 
     def _logits_in_plan(self, x: Tensor) -> bool:
         """Whether an eager call's launch plan computes the router logits too: at decode T on

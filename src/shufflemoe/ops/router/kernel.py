@@ -60,8 +60,7 @@ def _router_kernel(x_ptr, w_ptr, b_ptr, out_ptr, T, D, E, x_stride, w_stride,
 @kernel_op("router_logits", mutates_args=("out",))
 def _router_op(x: Tensor, w: Tensor, bias: Optional[Tensor], out: Tensor) -> None:
     """out [T, E] <- x [T, D] @ w [E, D]^T (+ bias [E]; rows of x and w at any stride, unit
-    column strides), for decode T
-    (any T works: the token tile holds them all)."""
+    column strides). Meant for decode T; any T works (the token tile holds them all)."""
     (T, D), E = x.shape, w.shape[0]
     if T == 0 or E == 0:
         return
