@@ -41,6 +41,13 @@ Expert biases (gpt-oss) are added in the epilogues in fp32: gate_up's after the 
 before the GLU (SwiGLU, or the clamped swiglu_oai of ops.silu_mul: ACT, HAS_LIMIT); down's before
 the output weight, as the grouped GEMM's epilogue adds them.
 
+A shared expert in the same launches (SHARED, the layer's merged decode): its m-tiles come first
+(rows = tokens 0 .. T - 1 of its own weights, no routing read), a holds its T rows before the
+pairs', and down's combine adds each token's shared row before its pairs' (so k = 1 combines
+too). EARLY (with PDL): gate_up's shared programs skip the wait for index_shuffle and count
+their stored rows of a in a handshake word; down's shared programs wait for that count, not
+for all of gate_up, and for the grid only before their epilogue (see _await_shared).
+
 Indexing: products that can pass 2^31 (token * D, expert * rows * K, pair * N) are int64.
 """
 
