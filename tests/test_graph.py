@@ -99,7 +99,7 @@ def test_layers_share_one_pool():
     torch.cuda.synchronize()
     rest = torch.cuda.memory_reserved() - base - first
     assert rest < first, f"7 more layers took {rest} bytes, the first {first}"
-    assert pool.nbytes() == sum(2 * b * cfg.hidden_size * 2 for b in buckets)
+    assert pool.nbytes() == sum(3 * b * cfg.hidden_size * 2 for b in buckets)  # in, out, scratch
     for step, T in enumerate((1, 16, 9, 64, 1)):
         for i, (layer, g) in enumerate(zip(layers, graphs)):
             x = make_input(cfg, T, seed=10 * step + i, device="cuda")
@@ -203,3 +203,53 @@ def test_a_callers_capture_waits_for_the_shared_expert_stream():
             graph.replay()
             torch.cuda.synchronize()
             assert torch.equal(out, want)
+
+
+@gpu
+def test_a_replay_is_one_allocation_and_one_graph_launch():
+    """A replay launches no aten copy in or clone out: the graph's own memcpy nodes are pointed
+    at the caller's x and at a fresh output. Each output is its own tensor (an earlier one keeps
+    its values), inputs may be non-contiguous or overwritten right after the call, and zero
+    tokens run the layer."""
+    cfg = CONFIGS["llama4-like"]
+    layer = make_layer(cfg, device="cuda")
+    decode = graphed(layer, token_buckets=(1, 4))
+    xs = [make_input(cfg, T, seed=s, device="cuda") for s, T in enumerate((1, 3, 4, 1))]
+    refs = [naive_moe(layer, x, layer.route(x), with_magnitude=True) for x in xs]
+    ys = [decode(x.clone()) for x in xs]  # each input freed (and its memory reused) at once
+    for i, (y, (ref, mag)) in enumerate(zip(ys, refs)):
+        assert_close(y, ref, tolerance_key(cfg), name=f"call {i}", magnitude=mag)
+    assert len({y.data_ptr() for y in ys}) == len(ys)
+    x = xs[1]
+    decode(x)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        y = decode(x)
+        x.normal_()  # the caller overwrites its input after the call: stream order protects it
+    torch.cuda.synchronize()
+    ops = {e.name for e in prof.events()}
+    assert not ops & {"aten::copy_", "aten::clone", "aten::contiguous"}, ops
+    assert_close(y, refs[1][0], tolerance_key(cfg), magnitude=refs[1][1])
+    wide = torch.empty(cfg.hidden_size, 3, device="cuda", dtype=x.dtype).t()  # not contiguous
+    wide.copy_(xs[1])
+    assert_close(decode(wide), refs[1][0], tolerance_key(cfg), magnitude=refs[1][1])
+    empty = decode(xs[0][:0])
+    assert empty.shape == (0, cfg.hidden_size)
+
+
+@gpu
+def test_a_refused_retarget_falls_back_to_the_eager_layer(monkeypatch):
+    """Where CUDA refuses to point a graph's copies at an input, the layer warns and runs
+    eagerly from then on, with the same results."""
+    from shufflemoe import graph as graph_module
+
+    cfg = CONFIGS["qwen3-like"]
+    layer = make_layer(cfg, device="cuda")
+    decode = graphed(layer, token_buckets=(1, 4))
+    x = make_input(cfg, 3, device="cuda")
+    ref, mag = naive_moe(layer, x, layer.route(x), with_magnitude=True)
+    monkeypatch.setattr(graph_module, "set_copy", lambda *args: 1)  # cudaErrorInvalidValue
+    with pytest.warns(RuntimeWarning, match="without CUDA graphs"):
+        y = decode(x)
+    assert_close(y, ref, tolerance_key(cfg), magnitude=mag)
+    assert not decode._graphs and not decode.buckets
+    assert_close(decode(x), ref, tolerance_key(cfg), magnitude=mag)

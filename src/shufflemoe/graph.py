@@ -5,20 +5,31 @@ routing: only the input changes. Inputs are padded with zero rows up to the smal
 fits (each token's output depends on its own row only, so padding never changes real rows; the
 zero rows do route to experts 0..k-1, which may read one or two experts more than needed).
 
+Host cost: each graph begins with a copy into its static input and ends with a copy out of its
+static output, both captured as memcpy nodes. A replay points those two nodes at the caller's
+input and at a fresh output tensor (cudaGraphExecMemcpyNodeSetParams1D, _cudart.py) and launches
+the graph: one allocation, two runtime calls and one graph launch, where copying in and cloning
+out from Python would launch two more aten ops (~11 us of host time each on an H100 host).
+
 Memory: graphs made with one ``GraphPool`` share its CUDA memory pool and, per (bucket, width,
-dtype), one static input and one static output. A layer's intermediates are freed before its
-capture ends, so the next capture reuses their blocks: the pool holds about the largest single
-capture's intermediates, however many layers and buckets share it. This is safe because the
-graphs of a pool replay one at a time, on one stream, and every replay copies its output out.
+dtype), one static input, one static output and the scratch rows their copies were captured
+with. A layer's intermediates are freed before its capture ends, so the next capture reuses their
+blocks: the pool holds about the largest single capture's intermediates, however many layers and
+buckets share it. This is safe because the graphs of a pool replay one at a time, on one stream,
+and every replay copies its output out.
 """
 
 from __future__ import annotations
 
+import ctypes
+import warnings
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
+from ._cudart import memcpy_nodes, set_copy
 from .layer import MoE
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -33,19 +44,21 @@ class GraphPool:
             else torch.device(device)
         self.handle = torch.cuda.graph_pool_handle()
         self.stream = torch.cuda.Stream(self.device)  # captures and warm-ups run here
-        self._io: dict[tuple, tuple[Tensor, Tensor]] = {}
+        self._io: dict[tuple, tuple[Tensor, Tensor, Tensor]] = {}
 
-    def io(self, rows: int, width: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        """(static input, static output), both [rows, width], shared by every graph of that size."""
+    def io(self, rows: int, width: int, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
+        """(static input, static output, scratch), each [rows, width], shared by every graph of
+        that size (scratch: the far end of the copies in and out at capture, never replayed)."""
         key = (rows, width, dtype)
         if key not in self._io:
             x = torch.zeros(rows, width, dtype=dtype, device=self.device)
-            self._io[key] = (x, torch.empty_like(x))
+            self._io[key] = (x, torch.empty_like(x), torch.zeros_like(x))
         return self._io[key]
 
     def nbytes(self) -> int:
-        """Bytes of the static inputs and outputs (the pool's own blocks are not counted)."""
-        return sum(2 * x.numel() * x.element_size() for x, _ in self._io.values())
+        """Bytes of the static inputs, outputs and scratch rows (the pool's own blocks are not
+        counted)."""
+        return sum(3 * x.numel() * x.element_size() for x, _, _ in self._io.values())
 
 
 class GraphedMoE:
@@ -76,66 +89,104 @@ class GraphedMoE:
         self.buckets = sorted(set(token_buckets))
         self.warmup = warmup
         self.pool = pool or GraphPool(layer.w13.device)
-        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._graphs: dict[int, _Graph] = {}
         self._replays: dict[tuple, tuple] = {}  # (shape, dtype, device) -> _replay_for(x)
         if not lazy:
             for b in reversed(self.buckets):  # largest first: the rest fit in its blocks
-                self._capture(b)
+                if self._capture(b) is None:
+                    break
 
-    def _capture(self, bucket: int) -> torch.cuda.CUDAGraph:
+    def _capture(self, bucket: int) -> _Graph | None:
         cfg, pool = self.layer.config, self.pool
-        x, out = pool.io(bucket, cfg.hidden_size, cfg.dtype)
+        x, out, scratch = pool.io(bucket, cfg.hidden_size, cfg.dtype)
         main = torch.cuda.current_stream(pool.device)
         pool.stream.wait_stream(main)
         with torch.no_grad(), torch.cuda.stream(pool.stream):
             for _ in range(self.warmup):  # compiles kernels (may sync), off the capture
                 self.layer.forward_into(x, out)
-            graph = torch.cuda.CUDAGraph()
+            graph = torch.cuda.CUDAGraph(keep_graph=True)  # keeps the nodes to find the copies
             # capture_begin/end, not torch.cuda.graph(): that also runs gc.collect() and
             # empty_cache() per capture, seconds over the layers of a large model.
             pool.stream.synchronize()
             graph.capture_begin(pool=pool.handle)
             try:
+                x.copy_(scratch)  # the copy in and the copy out, retargeted per replay
                 self.layer.forward_into(x, out)
+                scratch.copy_(out)
             finally:
                 graph.capture_end()
         main.wait_stream(pool.stream)
-        self._graphs[bucket] = graph
-        return graph
+        graph.instantiate()
+        copies = memcpy_nodes(graph.raw_cuda_graph())
+        into = [c for c in copies if (c.src, c.dst) == (scratch.data_ptr(), x.data_ptr())]
+        outof = [c for c in copies if (c.src, c.dst) == (out.data_ptr(), scratch.data_ptr())]
+        if len(into) != 1 or len(outof) != 1:  # e.g. no libcudart mapped into this process
+            self._stop_replaying(f"found {len(into)} copies in and {len(outof)} out in the "
+                                 "captured graph, not one each")
+            return None
+        captured = self._graphs[bucket] = _Graph(
+            graph, ctypes.c_void_p(graph.raw_cuda_graph_exec()), into[0].node, outof[0].node, x, out)
+        return captured
 
     def _replay_for(self, x: Tensor) -> tuple | None:
-        """(graph, static input rows and static output rows [T, D] viewed in x's shape (flat:
-        as they are), rows to zero | None) of the smallest bucket that holds x's T tokens
-        (captured now if lazy), or None: above the largest bucket, or an input the layer must
-        reject (it then raises)."""
+        """(graph, exec handle, copy-in node, copy-out node, static input address, static output
+        address, bytes, output shape, static rows to zero | None) of the smallest bucket that
+        holds x's T tokens (captured now if lazy), or None: no tokens, above the largest bucket,
+        or an input the layer must reject (it then raises)."""
         cfg = self.layer.config
         if (x.dtype != cfg.dtype or x.device != self.layer.w13.device or x.dim() not in (2, 3)
                 or x.shape[-1] != cfg.hidden_size):
             return None
         T = x.numel() // cfg.hidden_size
         bucket = next((b for b in self.buckets if b >= T), None)
-        if bucket is None:
+        if bucket is None or T == 0:  # a memcpy node cannot copy zero bytes
             return None
-        graph = self._graphs.get(bucket) or self._capture(bucket)
-        static, out = self.pool.io(bucket, cfg.hidden_size, cfg.dtype)
+        g = self._graphs.get(bucket) or self._capture(bucket)
+        if g is None:
+            return None
         replay = self._replays[(x.shape, x.dtype, x.device)] = (
-            graph, static[:T].view(x.shape), out[:T] if self.flat else out[:T].view(x.shape),
-            static[T:] if T < bucket else None)
+            g.graph, g.handle, g.into, g.outof, g.x.data_ptr(), g.out.data_ptr(),
+            x.numel() * x.element_size(), (T, cfg.hidden_size) if self.flat else x.shape,
+            g.x[T:] if T < bucket else None)
         return replay
 
     def __call__(self, x: Tensor) -> Tensor:
-        # The host path of a decode step: one dict lookup, a copy in, the replay, a copy out.
+        # The host path of a decode step: one dict lookup, an allocation, the copies retargeted
+        # to x and to the new output, the replay.
         replay = (None if _capturing()  # captured into the caller's graph
                   else self._replays.get((x.shape, x.dtype, x.device)) or self._replay_for(x))
-        if replay is None:  # above the largest bucket, or a bad input (the layer says why)
+        if replay is None:  # no tokens, above the largest bucket, or a bad input (the layer says)
             out = self.layer(x)
             return out.view(-1, out.shape[-1]) if self.flat else out
-        graph, static, out, pad = replay
-        static.copy_(x)
+        graph, handle, into, outof, static_x, static_out, nbytes, shape, pad = replay
+        if not x.is_contiguous():
+            x = x.contiguous()
+        y = torch.empty(shape, dtype=x.dtype, device=x.device)
         if pad is not None:
             pad.zero_()
+        if (set_copy(handle, into, static_x, x.data_ptr(), nbytes)
+                or set_copy(handle, outof, y.data_ptr(), static_out, nbytes)):
+            self._stop_replaying("CUDA refused to point a graph's copies at this input")
+            return self(x)
         graph.replay()
-        return out.clone()
+        return y
+
+    def _stop_replaying(self, why: str) -> None:
+        """The graphs' copies cannot be retargeted (``why``): from now on the layer runs eagerly,
+        as above the largest bucket, correct but launched from Python."""
+        warnings.warn(f"shufflemoe.graphed: {why}; this layer now runs without CUDA graphs",
+                      RuntimeWarning, stacklevel=3)
+        self.buckets, self._graphs, self._replays = [], {}, {}
+
+
+class _Graph(NamedTuple):
+    """One bucket's captured graph: its exec handle, its two memcpy nodes, its static rows."""
+    graph: torch.cuda.CUDAGraph
+    handle: ctypes.c_void_p
+    into: ctypes.c_void_p
+    outof: ctypes.c_void_p
+    x: Tensor
+    out: Tensor
 
 
 _capturing = torch._C._cuda_isCurrentStreamCapturing  # torch.cuda's, without its Python frame
