@@ -41,7 +41,7 @@ def kept_capture(run) -> torch.cuda.CUDAGraph:
     """The layer's T = 1 graph captured again as GraphedMoE._capture does, keeping its
     cudaGraph_t (keep_graph=True) for cudaGraphDebugDotPrint."""
     pool, layer = run.pool, run.layer
-    x, out = pool.io(1, layer.config.hidden_size, layer.config.dtype)
+    x, out, _ = pool.io(1, layer.config.hidden_size, layer.config.dtype)
     main = torch.cuda.current_stream()
     pool.stream.wait_stream(main)
     graph = torch.cuda.CUDAGraph(keep_graph=True)
