@@ -87,6 +87,7 @@ def probe(shape, out: pathlib.Path) -> dict:
             run._replays[(x.shape, x.dtype, x.device)]
         g = run._graphs[1]
         res = torch.empty(yshape, dtype=x.dtype, device=x.device)
+        dtype, dev = x.dtype, x.device
         kept = kept_capture(run)  # the layer alone: the graph before the copies moved in
 
         def before():  # 86ca069's replay: aten copy in, replay, aten clone out
@@ -101,6 +102,8 @@ def probe(shape, out: pathlib.Path) -> dict:
         fns = {"block": lambda: block(x), "graphed": lambda: run(x), "graphed before": before,
                "replay": graph.replay, "kept replay": kept.replay,
                "empty": lambda: torch.empty(yshape, dtype=x.dtype, device=x.device),
+               "empty_like": lambda: torch.empty_like(x), "new_empty": lambda: x.new_empty(yshape),
+               "empty dev": lambda: torch.empty(yshape, dtype=dtype, device=dev),
                "set_copy x2": retarget,
                "copy_": lambda: g.x.copy_(x.view(1, -1)), "clone": g.out.clone}
         dot = out / f"{shape.name}.dot"
