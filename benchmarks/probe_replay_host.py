@@ -83,9 +83,10 @@ def probe(shape, out: pathlib.Path) -> dict:
         for _ in range(3):
             block(x)
         run = block.__dict__["_shufflemoe"].run
-        graph, handle, into, outof, static_x, static_out, nbytes, yshape, pad = \
+        graph, handle, into, outof, static_x, static_out, nbytes, flat_shape, pad = \
             run._replays[(x.shape, x.dtype, x.device)]
         g = run._graphs[1]
+        yshape = x.shape if flat_shape is None else flat_shape
         res = torch.empty(yshape, dtype=x.dtype, device=x.device)
         dtype, dev = x.dtype, x.device
         kept = kept_capture(run)  # the layer alone: the graph before the copies moved in
