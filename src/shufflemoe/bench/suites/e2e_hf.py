@@ -21,9 +21,11 @@ for both sides.
 
 Phases: prefill of 2048 tokens (batch 1, no cache, logits of the last token only); decode at
 batch 1 and 64 after a 128-token prompt. Decode times are medians of >= 3 repeats (ms, with
-min / max); the paths launched from Python (eager, per-layer graphs: bound by the host) take
-their INTERLEAVED_REPEATS samples in turns, ABC ABC ..., each path on its own copy of the model,
-so that a slow spell of the host falls on all of them; tokens/s = batch / step time. floor_ms
+min / max); the decode paths bound by the host (eager and per-layer graphs, launched from
+Python; torch.compile at batch 1; compiled generate, which syncs every step) take their
+INTERLEAVED_REPEATS samples in turns, ABC ABC ..., within each group of modes
+(INTERLEAVED_GROUPS), each path on its own copy of the model, so that a slow spell of the host
+falls on all of them; tokens/s = batch / step time. floor_ms
 (decode): the bytes a step must read (weights but the embedding table, routed experts in
 expected use, the prompt's KV cache) over the read ceiling; x_floor = ms / floor_ms. check: logits of the timed path (prefill; one decode step with
 fixed input tokens; generate's second position, over the sequences whose first token matches
@@ -56,7 +58,10 @@ GENERATE_TOKENS = (8, 40)  # per-step time of compiled generate from these two l
 # generate is 1.32x its eager error on e2e's first prompt, ours 2.2x, and over 8 prompts both are
 # within 1% of transformers' eager mean (H100, benchmarks/results/probe_generate_b1.json).
 GENERATE_CHECK_SEQUENCES = 8
-INTERLEAVED_MODES = ("eager", "layer_graphs")  # decode launched from Python: timed in turns
+# Decode bound by the host (launched from Python; compiled generate syncs every step): timed in
+# turns, one group of modes at a time (the compiled groups hold two compiled models at once).
+INTERLEAVED_GROUPS = (("eager", "layer_graphs"), ("compile",), ("compiled_generate",))
+INTERLEAVED_MODES = tuple(m for group in INTERLEAVED_GROUPS for m in group)
 INTERLEAVED_REPEATS, INTERLEAVED_REPEATS_QUICK = 7, 3
 # A row's logits error against the float32 model may be this many times transformers' bf16 eager
 # error, plus the floor: about one bf16 rounding of the logits (2^-8), for paths whose reference
@@ -231,7 +236,6 @@ class _Run:
     fp32: dict  # (phase, batch) -> the float32 model's logits (and ("first token", batch))
     rows: list[dict] = field(default_factory=list)
     refs: dict = field(default_factory=dict)  # the same keys -> transformers' bf16 eager logits
-    compiled: object = None  # torch.compile(model) of the current compile path
 
     def add(self, path: Path, phase: str, batch: int, timing: dict | None, note: str = "",
             logits: torch.Tensor | None = None, ref_key: tuple | None = None, first=None) -> None:
@@ -264,21 +268,11 @@ def _measure_one(run: _Run, model, path: Path, phase: str, batch: int) -> None:
     if graph and e2e_paths.DEVICE != "cuda":
         run.add(path, phase, batch, None, note="skipped: CUDA graphs need a GPU")
         return
-    step_call = None
-    if path.mode == "compile":
-        if run.compiled is None:
-            run.compiled = torch.compile(model, **COMPILE_OPTIONS)
-        step_call = run.compiled
     if phase == "prefill":
-        timing, logits = e2e_paths.time_prefill(model, model if step_call is None else step_call, reps, graph)
-        run.add(path, phase, batch, timing, logits=logits)
-    elif path.mode == "compiled_generate":
-        timing, logits, first = e2e_paths.time_generate(model, batch, *GENERATE_TOKENS, repeats,
-                                                        check_prompts(batch))
-        run.add(path, phase, batch, timing, logits=logits, ref_key=("generate", batch), first=first)
+        timing, logits = e2e_paths.time_prefill(model, model, reps, graph)
     else:
-        timing, logits = e2e_paths.time_decode(model, batch, steps, repeats, graph, step_call)
-        run.add(path, phase, batch, timing, logits=logits)
+        timing, logits = e2e_paths.time_decode(model, batch, steps, repeats, graph)
+    run.add(path, phase, batch, timing, logits=logits)
 
 
 def _measure(run: _Run, model, path: Path, phases: tuple[str, ...] | None = None) -> None:
@@ -298,69 +292,93 @@ def _measure(run: _Run, model, path: Path, phases: tuple[str, ...] | None = None
 
 
 def interleaved(path: Path) -> bool:
-    """Decode paths launched from Python (host-bound): timed in turns with each other."""
+    """Decode paths bound by the host: timed in turns with the others of their group."""
     return path.mode in INTERLEAVED_MODES and "decode" in path.phases
 
 
-def _interleaved_decode(run: _Run, model, paths: list[Path]) -> None:
-    """The host-bound decode rows, ABAB...: per batch one Decoder per path (transformers' paths on
-    ``model``, switching its experts implementation before each of their samples; ours on two
-    patched copies with the same weights, eager and per-layer graphs), then ``repeats`` rounds in
-    which every path takes one sample of ``steps`` steps, so that a slow spell of the host falls
-    on all of them. Rows are added in ``paths`` order (transformers' eager default first: the
-    reference of the checks)."""
+def _twin(model, graph_buckets):
+    """A patched copy of ``model`` with the same weights."""
+    twin = build_model(model.config, torch.bfloat16, e2e_paths.DEVICE)
+    twin.load_state_dict(model.state_dict())
+    return patch(twin, graph_buckets=graph_buckets)
+
+
+def _timer(path: Path, model, batch: int, steps: int, repeats: int):
+    """(sample: ms per decode step, check: run.add's logits arguments) of one path on ``model``,
+    warmed up (per-layer graphs captured, compiled code compiled)."""
+    if path.mode == "compiled_generate":
+        gen = e2e_paths.Generator(model, batch, *GENERATE_TOKENS)
+
+        def check() -> dict:
+            logits, first = gen.check(check_prompts(batch))
+            return dict(logits=logits, ref_key=("generate", batch), first=first)
+        return gen.sample, check
+    call = torch.compile(model, **COMPILE_OPTIONS) if path.mode == "compile" else None
+    dec = e2e_paths.Decoder(model, batch, steps * repeats + 6, graph=False, step_call=call)
+    for _ in range(3):
+        dec.advance()
+    return (lambda: e2e_paths.elapsed_ms(lambda: [dec.advance() for _ in range(steps)]) / steps,
+            lambda: dict(logits=dec.checked_logits()))
+
+
+def _interleaved(run: _Run, model, paths: list[Path], references: bool) -> None:
+    """Host-bound decode rows of one group of modes, ABAB...: per batch one timer per path
+    (transformers' paths on ``model``, switching its experts implementation before each of their
+    samples; ours on patched copies with the same weights: eager, per-layer graphs), then
+    ``repeats`` rounds in which every path takes one sample, so that a slow spell of the host
+    falls on all of them. Rows are added in ``paths`` order. ``references``: the group holds
+    transformers' eager default (first), whose greedy step is then the reference of compiled
+    generate's check."""
     ctx = run.ctx
     steps, repeats = (8, INTERLEAVED_REPEATS_QUICK) if ctx.quick else (16, INTERLEAVED_REPEATS)
-
-    def copy(graph_buckets):
-        twin = build_model(model.config, torch.bfloat16, e2e_paths.DEVICE)
-        twin.load_state_dict(model.state_dict())
-        return patch(twin, graph_buckets=graph_buckets)
-
     unpatch(model)
-    ours = {setup: copy(buckets) for setup, buckets in (("patch_eager", None), ("patch", "auto"))
+    ours = {setup: _twin(model, buckets) for setup, buckets in (("patch_eager", None), ("patch", "auto"))
             if any(p.setup == setup for p in paths)}
 
     def prepare(path: Path):
-        if path.setup == "hf" and path.experts is not None:
+        if path.setup == "hf" and path.experts not in (None, model.config._experts_implementation):
             model.set_experts_implementation(path.experts)
         return model if path.setup == "hf" else ours[path.setup]
 
     for batch in BATCHES:
         todo = [p for p in paths if batch in (p.batches or BATCHES)]
+        if not todo:
+            continue
         if ctx.seconds_left() < 90:
             for p in todo:
                 run.add(p, "decode", batch, None, note="skipped: time budget")
             continue
-        decoders, samples = {}, {p.impl: [] for p in todo}
+        timers, samples = {}, {p.impl: [] for p in todo}
         try:
             with torch.no_grad():
                 for p in todo:
-                    decoders[p.impl] = e2e_paths.Decoder(prepare(p), batch, steps * repeats + 6, graph=False)
-                    for _ in range(3):  # warm-up (captures the per-layer graphs)
-                        decoders[p.impl].advance()
+                    timers[p.impl] = _timer(p, prepare(p), batch, steps, repeats)
                 for _ in range(repeats):
                     for p in todo:
                         prepare(p)
-                        dec = decoders[p.impl]
-                        samples[p.impl].append(e2e_paths.elapsed_ms(lambda: [dec.advance() for _ in range(steps)]) / steps)
+                        samples[p.impl].append(timers[p.impl][0]())
                 for p in todo:
                     note = f"interleaved with {len(todo) - 1} other paths"
-                    if layer_graphs_in_use(prepare(p)) is False and p.mode == "layer_graphs":
+                    if p.mode == "layer_graphs" and layer_graphs_in_use(prepare(p)) is False:
                         note += "; per-layer graphs NOT in use"
+                    prepare(p)
                     run.add(p, "decode", batch, e2e_paths.stats(samples[p.impl]), note=note,
-                            logits=decoders[p.impl].checked_logits())
-                prepare(paths[0])  # the reference of compiled generate's check, eager
-                first, step_logits = e2e_paths.greedy_step(model, batch, check_prompts(batch))
-                run.refs[("first token", batch)], run.refs[("generate", batch)] = first, step_logits
-        except Exception as e:  # noqa: BLE001 - an OOM or a failed capture is a result
+                            **timers[p.impl][1]())
+                if references:
+                    prepare(paths[0])  # the reference of compiled generate's check, eager
+                    first, step_logits = e2e_paths.greedy_step(model, batch, check_prompts(batch))
+                    run.refs[("first token", batch)], run.refs[("generate", batch)] = first, step_logits
+        except Exception as e:  # noqa: BLE001 - an OOM or a failed capture or compile is a result
             traceback.print_exc()
             for p in todo:
                 run.add(p, "decode", batch, None, note=f"failed: {type(e).__name__}: {str(e)[:160]}")
-        del decoders
-    for m in ours.values():
-        unpatch(m)
+        del timers
+    for m in (model, *ours.values()):  # drop compiled code and graph pools
+        m.__dict__.pop("_compiled_call", None)
+        if m is not model:
+            unpatch(m)
     ours.clear()
+    torch._dynamo.reset()
     gc.collect()
     if e2e_paths.DEVICE == "cuda":
         torch.cuda.empty_cache()
@@ -375,9 +393,10 @@ def _bench_shape(shape: Shape, ctx: Context) -> list[dict]:
     floors = {b: decode_bytes(model, b) for b in BATCHES}
     reference, *rest = paths(shape.model_type)
     order = [reference] + sorted(rest, key=lambda p: PRIORITY[p.mode])
-    turns = [p for p in order if interleaved(p)]
-    ctx.progress(0, len(order) + 1, f"{shape.name}: decode, interleaved: {', '.join(p.impl for p in turns)}")
-    _interleaved_decode(run, model, turns)
+    for modes in INTERLEAVED_GROUPS:
+        turns = [p for p in order if interleaved(p) and p.mode in modes]
+        ctx.progress(0, len(order) + 1, f"{shape.name}: decode, interleaved: {', '.join(p.impl for p in turns)}")
+        _interleaved(run, model, turns, references=modes == INTERLEAVED_GROUPS[0])
     for n, path in enumerate(order):
         phases = tuple(ph for ph in path.phases if not (ph == "decode" and interleaved(path)))
         if not phases:
@@ -385,11 +404,6 @@ def _bench_shape(shape: Shape, ctx: Context) -> list[dict]:
         ctx.progress(n + 1, len(order) + 1, f"{shape.name}: {path.impl} ({path.mode})")
         _prepare(model, path)
         _measure(run, model, path, phases)
-        if path.mode in ("compile", "compiled_generate"):  # drop compiled code and graph pools
-            run.compiled = None
-            model.__dict__.pop("_compiled_call", None)
-            torch._dynamo.reset()
-            gc.collect()
     unpatch(model)
     for r in run.rows:  # decode steps are bound by reads: their floor is bytes / read ceiling
         if r["phase"] == "decode":

@@ -153,30 +153,43 @@ def prompt_tokens(model, batch: int, prompt: int = 0) -> torch.Tensor:
     return tokens(model.config.vocab_size, batch, PROMPT_TOKENS, seed=batch + PROMPT_STRIDE * prompt)
 
 
+class Generator:
+    """transformers' compiled generate on a static cache (given as past_key_values so that every
+    call reuses one shape) at ``batch``; built with a warm-up that compiles the decode step."""
+
+    def __init__(self, model, batch: int, short: int, long: int):
+        self.model, self.batch, self.short, self.long = model, batch, short, long
+        self.cache = StaticCache(config=model.config, max_cache_len=PROMPT_TOKENS + long + 8)
+        self.run(long)
+
+    def run(self, n: int, prompt: int = 0, **extra):
+        self.cache.reset()
+        ids = prompt_tokens(self.model, self.batch, prompt)
+        return self.model.generate(ids, attention_mask=torch.ones_like(ids), past_key_values=self.cache,
+                                   max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0,
+                                   compile_config=COMPILE_CONFIG, **extra)
+
+    def sample(self) -> float:
+        """ms per decode step = (time of ``long`` new tokens - ``short``) / (long - short), on
+        prompt 0."""
+        t_short = elapsed_ms(lambda: self.run(self.short))
+        t_long = elapsed_ms(lambda: self.run(self.long))
+        return (t_long - t_short) / (self.long - self.short)
+
+    def check(self, prompts: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits [prompts * B, V] of the second generated position, first generated tokens
+        [prompts * B]) over ``prompts`` prompts."""
+        outs = [self.run(2, i, output_logits=True, return_dict_in_generate=True) for i in range(prompts)]
+        return (torch.cat([o.logits[1].float() for o in outs]),
+                torch.cat([o.sequences[:, PROMPT_TOKENS] for o in outs]))
+
+
 def time_generate(model, batch: int, short: int, long: int, repeats: int,
                   prompts: int = 1) -> tuple[dict, torch.Tensor, torch.Tensor]:
-    """transformers' compiled generate on a static cache (given as past_key_values so that every
-    call reuses one shape): ms per decode step = (time of ``long`` new tokens - ``short``) /
-    (long - short), ``repeats`` samples, on prompt 0. Also, for the check, over ``prompts``
-    prompts: (logits [prompts * B, V] of the second generated position, first generated tokens
-    [prompts * B])."""
-    cache = StaticCache(config=model.config, max_cache_len=PROMPT_TOKENS + long + 8)
-
-    def generate(n: int, prompt: int = 0, **extra):
-        cache.reset()
-        ids = prompt_tokens(model, batch, prompt)
-        return model.generate(ids, attention_mask=torch.ones_like(ids), past_key_values=cache,
-                              max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0,
-                              compile_config=COMPILE_CONFIG, **extra)
-
-    generate(long)  # warm-up: compiles the decode step
-    samples = []
-    for _ in range(repeats):
-        t_short, t_long = elapsed_ms(lambda: generate(short)), elapsed_ms(lambda: generate(long))
-        samples.append((t_long - t_short) / (long - short))
-    outs = [generate(2, i, output_logits=True, return_dict_in_generate=True) for i in range(prompts)]
-    return (stats(samples), torch.cat([o.logits[1].float() for o in outs]),
-            torch.cat([o.sequences[:, PROMPT_TOKENS] for o in outs]))
+    """(stats of ``repeats`` Generator samples, then its check over ``prompts`` prompts)."""
+    gen = Generator(model, batch, short, long)
+    samples = [gen.sample() for _ in range(repeats)]
+    return (stats(samples), *gen.check(prompts))
 
 
 def greedy_step(model, batch: int, prompts: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
