@@ -152,7 +152,7 @@ def e2e_prefill_profile() -> None:
                 unpatch(model)
                 model.set_experts_implementation(name)
             with torch.no_grad():
-                ms = e2e_paths.time_prefill(model, model, 5, graph=False)[0]["ms"]
+                ms = e2e_paths.time_prefill(model, 5, graph=False)[0]["ms"]
                 torch.cuda.synchronize()
                 t0 = time.perf_counter()
                 model(ids, use_cache=False, logits_to_keep=1)

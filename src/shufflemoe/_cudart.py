@@ -28,11 +28,10 @@ class _Memcpy3DParms(ctypes.Structure):  # cudaMemcpy3DParms
 
 
 class Copy(NamedTuple):
-    """One memcpy node of a graph: the node's handle, and the bytes it copies."""
+    """One memcpy node of a graph: the node's handle, and the addresses it copies between."""
     node: ctypes.c_void_p
     src: int
     dst: int
-    nbytes: int
 
 
 @functools.cache
@@ -76,7 +75,7 @@ def memcpy_nodes(graph: int) -> list[Copy]:
                "cudaGraphMemcpyNodeGetParams")
         if parms.extent.y == parms.extent.z == 1 and not (parms.srcArray or parms.dstArray):
             copies.append(Copy(ctypes.c_void_p(node), (parms.srcPtr.ptr or 0) + parms.srcPos.x,
-                               (parms.dstPtr.ptr or 0) + parms.dstPos.x, parms.extent.x))
+                               (parms.dstPtr.ptr or 0) + parms.dstPos.x))
     return copies
 
 

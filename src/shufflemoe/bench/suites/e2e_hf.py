@@ -269,7 +269,7 @@ def _measure_one(run: _Run, model, path: Path, phase: str, batch: int) -> None:
         run.add(path, phase, batch, None, note="skipped: CUDA graphs need a GPU")
         return
     if phase == "prefill":
-        timing, logits = e2e_paths.time_prefill(model, model, reps, graph)
+        timing, logits = e2e_paths.time_prefill(model, reps, graph)
     else:
         timing, logits = e2e_paths.time_decode(model, batch, steps, repeats, graph)
     run.add(path, phase, batch, timing, logits=logits)

@@ -76,11 +76,11 @@ def captured(fn: Callable[[], torch.Tensor | None]) -> Callable[[], torch.Tensor
     return replay
 
 
-def time_prefill(model, call, reps: int, graph: bool) -> tuple[dict, torch.Tensor]:
-    """(stats, last-token logits [1, V] float) of one PREFILL_TOKENS forward through ``call``
-    (the model or its torch.compile'd wrapper; replayed from one CUDA graph when ``graph``)."""
+def time_prefill(model, reps: int, graph: bool) -> tuple[dict, torch.Tensor]:
+    """(stats, last-token logits [1, V] float) of one PREFILL_TOKENS forward through ``model``
+    (replayed from one CUDA graph when ``graph``)."""
     ids = prefill_ids(model)
-    run = lambda: call(ids, use_cache=False, logits_to_keep=1).logits  # noqa: E731
+    run = lambda: model(ids, use_cache=False, logits_to_keep=1).logits  # noqa: E731
     if graph:
         run = captured(run)
     for _ in range(2):
