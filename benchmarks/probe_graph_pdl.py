@@ -66,18 +66,21 @@ def pdl_forced(on: bool | None):
         route_kernel.traced, router_kernel.traced = saved
 
 
-def capture(fn) -> torch.cuda.CUDAGraph:
+def capture(fn, keep: bool = False, pool=None) -> torch.cuda.CUDAGraph:
+    """fn captured; keep: CUDAGraph(keep_graph=True) and instantiated after (as GraphedMoE)."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
         for _ in range(2):
             fn()
         s.synchronize()
-        g = torch.cuda.CUDAGraph()
-        g.capture_begin()
+        g = torch.cuda.CUDAGraph(keep_graph=keep)
+        g.capture_begin(pool=pool)
         fn()
         g.capture_end()
     torch.cuda.current_stream().wait_stream(s)
+    if keep:
+        g.instantiate()
     torch.cuda.synchronize()
     return g
 
@@ -129,20 +132,26 @@ def measure(graphs: dict, extra: dict) -> dict:
 
 
 def layer_row(shape) -> dict:
-    model = patch(build_model(config(shape), torch.bfloat16, "cuda"), graph_buckets=None)
+    model = patch(build_model(config(shape), torch.bfloat16, "cuda"))
     block = first_block(model)
     D = shape.fields["hidden_size"]
     x = torch.randn(1, D, device="cuda", dtype=torch.bfloat16)
     with torch.no_grad():
-        block(x.view(1, 1, D))  # builds the layer
-    layer = block.__dict__["_shufflemoe"].layer
+        res = block(x.view(1, 1, D))  # builds and captures the layer (res: its copy's target)
+    state = block.__dict__["_shufflemoe"]
+    layer = state.layer
     out = torch.empty_like(x)
-    graphs = {}
+    graphs = {"GraphedMoE's": state.run._graphs[1].graph}
     with torch.no_grad():
         for name, on in (("default", None), ("pdl off", False), ("pdl on", True)):
             with pdl_forced(on):
                 graphs[name] = capture(lambda: layer.forward_into(x, out))
-    return measure(graphs, dict(model=shape.name, T=1))
+        graphs["keep_graph"] = capture(lambda: layer.forward_into(x, out), keep=True)
+        graphs["keep_graph, pool"] = capture(lambda: layer.forward_into(x, out), keep=True,
+                                             pool=state.run.pool.handle)
+    row = measure(graphs, dict(model=shape.name, T=1))
+    del res  # GraphedMoE's graph copied out into it
+    return row
 
 
 def noop_row(programs: int) -> dict:
