@@ -13,6 +13,12 @@ ctypes), ROUNDS samples of CALLS back-to-back calls from a drained queue and of 
 variant interleaved; GPU us per replay (events) for the layer variants.
 Writes $OUT/probe_graph_pdl.json.
 
+Result (H100, at f957d9b, results/probe_graph_pdl.json; host us per replay, 30 back to back):
+every graph replays in 2.9-4.8 us (cudaGraphLaunch alone 2.0-3.4), PDL on or off, kept or not,
+in GraphedMoE's pool or not, four no-op kernels included (2.9); GraphedMoE's own graphs 2.9-3.8
+(Qwen3 2.9, Scout 3.5, Mixtral 3.8, gpt-oss 3.1). The hypothesis is refuted: the ~10 us of
+probe_replay_host's run at 140cd61 was that machine's host, not the graphs.
+
     PYTHONPATH=src python benchmarks/probe_graph_pdl.py --out $OUT
 """
 
