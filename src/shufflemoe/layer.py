@@ -260,7 +260,7 @@ class MoE(nn.Module):
                        and not self.shared_split and not cfg.batch_invariant
                        and self.shared_w13.is_contiguous() and self.shared_w2.is_contiguous())
             one = _every_token_on_one_expert(self.shared_w13.device) if fusable else ()
-            merges = (fusable and cfg.quantization == "none" and not cfg.expert_bias
+            merges = (fusable and cfg.quantization in moe_decode.FORMATS and not cfg.expert_bias
                       and cfg.shared_intermediate_size == cfg.intermediate_size
                       and isinstance(self.dispatch, LocalDispatch)
                       and self.experts.name == "shuffled"
@@ -475,15 +475,17 @@ class MoE(nn.Module):
                                                  cfg.num_experts))
 
     def _merges_shared(self, x: Tensor, hot: _Hot) -> bool:
-        """A plain shared expert of the routed experts' width in a bf16 (fp16, fp32) layer with
-        the shuffled strategy on one device, at T <= Switch.shared_max_tokens on the Triton
-        backend where the routed experts take the fused decode kernels: _merged runs both in
-        two launches (in every mode: eager, CUDA graph, compiled)."""
+        """A plain shared expert of the routed experts' width, in a layer whose routed experts
+        the fused decode kernels read (bf16, fp16, fp32, or stored fp8 rowwise, fp8_w8a16 or
+        mxfp4; no expert bias) with the shuffled strategy on one device, at T <=
+        Switch.shared_max_tokens on the Triton backend where the routed experts take the fused
+        decode kernels: _merged runs both in two launches (in every mode: eager, CUDA graph,
+        compiled)."""
         cfg, T = self.config, x.shape[0]
         return (hot.shared_merges
                 and 0 < T <= min(moe_decode.configs.shared_max_tokens(), SHARED_FUSED_MAX_TOKENS)
                 and backend_for(x).name == "triton"
-                and moe_decode.configs.use_fused(T * cfg.top_k, cfg.top_k, "none",
+                and moe_decode.configs.use_fused(T * cfg.top_k, cfg.top_k, cfg.quantization,
                                                  cfg.num_experts))
 
     def _merged_forward(self, x: Tensor, hot: _Hot, out: Tensor | None) -> Tensor:
@@ -497,25 +499,30 @@ class MoE(nn.Module):
         w = hot.weights
         self._planned_with_logits(hot, "merged", x, out,
                                   lambda logits: self._merged(hot, x, logits, out),
-                                  (w.w13, w.w2, hot.router_bias, hot.shared_w13, hot.shared_w2))
+                                  (w.w13, w.w2, w.w13_scale, w.w2_scale, hot.router_bias,
+                                   hot.shared_w13, hot.shared_w2))
         return out
 
     def _merged(self, hot: _Hot, x: Tensor, logits: Callable[[], Tensor], out: Tensor) -> None:
         """out [T, D] = shared expert + routed experts through the fused decode kernels, the
         shared expert as an expert every token visits (ops.decode_gate_up's shared_w13): a [T +
         A, I] holds its rows first, decode_down adds each token's shared row and then its pairs'
-        in fp32 and rounds once. Its gate_up programs need no routing: launched with PDL they
+        in fp32 and rounds once (routed experts stored fp8 rowwise: the shared rows stay in x's
+        dtype, in a third buffer). Its gate_up programs need no routing: launched with PDL they
         start while the router and index_shuffle run, so ``a`` is allocated before those launch
         (no later allocation can hand them memory those kernels still use)."""
         cfg, w, ops = self.config, hot.weights, backend_for(x)
-        a = torch.empty(x.shape[0] * (cfg.top_k + 1), cfg.intermediate_size, dtype=x.dtype,
-                        device=x.device)
+        T, I, quant = x.shape[0], cfg.intermediate_size, cfg.quantization
+        a = moe_decode.gate_up_outputs(None, T * cfg.top_k, I, x.dtype, quant == "fp8_rowwise",
+                                       x.device, T)
         r = hot.route(logits(), cfg, hot.router_bias)
         w_in, w_out = pair_weights(r, cfg)
-        ops.decode_gate_up(x, w.w13, None, r.counts, r.token_ids, w_in, a, 0, "none", None,
+        ops.decode_gate_up(x, w.w13, w.w13_scale, r.counts, r.token_ids, w_in, a, 0, quant, None,
                            cfg.act, shared=hot.shared_w13, early=True)
-        ops.decode_down(a, None, w.w2, None, r.counts, r.token_ids, r.positions, w_out, out,
-                        False, 0, "none", None, shared=hot.shared_w2, early=True)
+        q, scale, sa = a if isinstance(a, tuple) else (a, None, None)
+        ops.decode_down(q, scale, w.w2, w.w2_scale, r.counts, r.token_ids, r.positions, w_out,
+                        out, False, 0, quant, None, shared=hot.shared_w2, early=True,
+                        shared_a=sa)
 
     def _fused_shared(self, hot: _Hot, x: Tensor, out: Tensor) -> Tensor:
         """out [T, D] = the shared expert of x [T, D], as a routing of every token to one expert

@@ -598,6 +598,112 @@ def test_weight_only_formats_match_float64(case, quant, impl):
     run_wo(case, quant, wo_tiles(2), impl)
 
 
+SHARED_FORMATS = ("fp8_rowwise",) + WEIGHT_ONLY
+SHARED_QUANT_TILES = {"16 rows": wo_tiles(1), "4 rows split 2": wo_tiles(2, block_m=4),
+                      "one pair bk64": wo_tiles(1, 64, block_m=1)}
+SHARED_QUANT_CASES = [(c, q) for q in SHARED_FORMATS
+                      for c in ("T=1 k=1 E=16", "odd T=9 k=3 E=7", "capacity drops", "T=0")]
+
+
+def shared_outputs(T: int, A: int, quant: str):
+    """Poisoned outputs of a merged decode_gate_up: a [T + A, I], or fp8 rowwise (q, scale, sa)."""
+    if quant != "fp8_rowwise":
+        return poisoned(T + A, WO_I, dtype=torch.bfloat16, device=DEV)
+    q = poisoned(A, WO_I, dtype=torch.uint8, device=DEV).view(FP8_DTYPE)
+    q.view(torch.uint8).fill_(0x7F)  # e4m3 NaN
+    return (q, poisoned(A, dtype=torch.float32, device=DEV),
+            poisoned(T, WO_I, dtype=torch.bfloat16, device=DEV))
+
+
+def shared_and_routed(a, T: int, n: int, quant: str):
+    """(the shared expert's rows, the valid pairs' rows) of a merged gate_up's outputs, float64."""
+    if quant == "fp8_rowwise":
+        q, scale, sa = a
+        return sa.double().cpu(), (q.double() * scale.double()[:, None]).cpu()[:n]
+    return a[:T].double().cpu(), a[T:T + n].double().cpu()
+
+
+@pytest.mark.parametrize("impl", ["triton", "torch"])
+@pytest.mark.parametrize("tiles_name", SHARED_QUANT_TILES)
+@pytest.mark.parametrize("case,quant", SHARED_QUANT_CASES,
+                         ids=[f"{c}-{q}" for c, q in SHARED_QUANT_CASES])
+def test_shared_expert_beside_quantized_experts(case, quant, tiles_name, impl):
+    """A shared expert in x's dtype in the launches of routed experts stored as fp8 rowwise
+    (w8a8: its rows of a stay unquantized, in sa), fp8_w8a16 or mxfp4: the shared rows (no
+    scales, no input weights) and the pairs' rows of a, then out = base + shared + routed
+    (accumulate) or shared + routed, each against float64; poisoned rows stay NaN; with the
+    layer's early handshake the same bits."""
+    cfg = SHARED_QUANT_TILES[tiles_name]
+    r, T, E = routing(case)
+    (w13, w2, s13, s2), (w13_64, w2_64) = wo_weights(E, quant)
+    g = gen(9)
+    sw13 = (torch.randn(2 * WO_I, WO_D, generator=g) / WO_D**0.5).to(DEV, torch.bfloat16)
+    sw2 = (torch.randn(WO_D, WO_I, generator=g) / WO_I**0.5).to(DEV, torch.bfloat16)
+    x = torch.randn(T, WO_D, generator=gen(1)).to(DEV, torch.bfloat16)
+    n, experts = pairs(r)
+    fp8 = quant == "fp8_rowwise"
+    a = shared_outputs(T, r.num_pairs, quant)
+    with configs.override(cfg):
+        got = decode_gate_up(x, w13, r.counts, r.token_ids, r.weights, w13_scale=s13,
+                             quantization=quant, out=a, shared_w13=sw13, impl=impl)
+    assert got is a
+    shared, routed = shared_and_routed(a, T, n, quant)
+    gate, up = (x.double().cpu() @ sw13.double().cpu().t()).chunk(2, dim=1)
+    assert_close(shared, gate / (1 + torch.exp(-gate)) * up, "bfloat16", name="shared rows")
+    assert_close(routed, gate_up64(x, r, w13_64, True, fp8),
+                 "fp8_rowwise" if fp8 else "bfloat16", name=f"{quant} pairs' rows")
+    past = (a[0].view(torch.uint8)[n:] == 0x7F).all() if fp8 else torch.isnan(
+        a[T + n:].float()).all()
+    assert past, "rows past num_valid were written"
+    y = torch.einsum("pi,pdi->pd", routed, w2_64[experts])
+    tokens = r.token_ids[:n].long().cpu()
+    base = torch.randn(T, WO_D, generator=gen(4)).to(DEV, torch.bfloat16)
+    for accumulate in (True, False):
+        out = base.clone()
+        with configs.override(cfg):
+            decode_down(a, w2, r.counts, r.token_ids, r.positions, out, w2_scale=s2,
+                        quantization=quant, accumulate=accumulate, shared_w2=sw2, impl=impl)
+        ref = shared @ sw2.double().cpu().t() + (base.double().cpu() if accumulate else 0.0)
+        assert_close(out, ref.index_add_(0, tokens, y), "bfloat16", name=f"{quant} out")
+    if impl == "triton":  # the layer's merged call: the same bits with the early handshake
+        early_out = poisoned(T, WO_D, dtype=torch.bfloat16, device=DEV)
+        b = shared_outputs(T, r.num_pairs, quant)
+        with configs.override(cfg):
+            kernel.gate_up(x, w13, s13, r.counts, r.token_ids, r.weights, b, 0, quant,
+                           shared=sw13, early=True)
+            q, scale, sa = b if fp8 else (b, None, None)
+            kernel.down(q, scale, w2, s2, r.counts, r.token_ids, r.positions, None, early_out,
+                        False, 0, quant, shared=sw2, early=True, shared_a=sa)
+        assert torch.equal(early_out, out)
+        assert int(kernel.arrival_words(x, 2, kernel.FLAG_WORKSPACE).abs().sum()) == 0
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda x, w, s, r, sw, a: decode_gate_up(x, w, r.counts, r.token_ids, w13_scale=s,
+                                              out=a[:2], shared_w13=sw),
+     TypeError, "out must be a \\(q, scale, sa\\) tuple"),
+    (lambda x, w, s, r, sw, a: decode_gate_up(x, w, r.counts, r.token_ids, w13_scale=s,
+                                              out=(*a[:2], a[2][:, :8]), shared_w13=sw),
+     ValueError, "out\\[2\\] must"),
+    (lambda x, w, s, r, sw, a: decode_down(a[:2], w, r.counts, r.token_ids, r.positions,
+                                           x, w2_scale=s, shared_w2=sw),
+     TypeError, "goes with fp8 rowwise and shared_w2 only"),
+    (lambda x, w, s, r, sw, a: decode_down(a, w, r.counts, r.token_ids, r.positions,
+                                           x, w2_scale=s),
+     TypeError, "goes with fp8 rowwise and shared_w2 only"),
+])
+def test_shared_expert_beside_fp8_bad_input_raises(call, error, match):
+    r, T, E = routing("odd T=9 k=3 E=7")
+    (w13, w2, s13, s2), _ = wo_weights(E, "fp8_rowwise")
+    x = torch.randn(T, WO_D).to(DEV, torch.bfloat16)
+    a = shared_outputs(T, r.num_pairs, "fp8_rowwise")
+    gate_up = "out" in match
+    sw = torch.zeros((2 * WO_I, WO_D) if gate_up else (WO_D, WO_I), dtype=torch.bfloat16,
+                     device=DEV)
+    with pytest.raises(error, match=match):
+        call(x, w13 if gate_up else w2, s13 if gate_up else s2, r, sw, a)
+
+
 @pytest.mark.parametrize("quant", WEIGHT_ONLY)
 @pytest.mark.parametrize("cfg", [wo_tiles(1, 64), wo_tiles(3), wo_tiles(5, 64),
                                  wo_tiles(2, 32, block_m=1), wo_tiles(1, 64, block_m=1)],

@@ -3,9 +3,10 @@
     decode_gate_up: a = GLU(gather(x) (* w_in) @ W13^T (+ b13))     [A, I]  (+ fp8 rowwise quant)
     decode_down:    out[t] += sum of t's pairs' (a @ W2^T (+ b2)) (* w_out)   [T, D]
 
-With a shared expert's weights (shared_w13 [2I, D], shared_w2 [D, I], bf16/fp16/fp32 layers) the
-same two launches run it too, as an expert every token visits: a holds its T rows first, and
-down adds each token's shared row before its pairs', rounding once.
+With a shared expert's weights (shared_w13 [2I, D], shared_w2 [D, I], in the activations' dtype,
+whatever the routed experts' format) the same two launches run it too, as an expert every token
+visits: a holds its T rows first (fp8 rowwise: a third output, sa [T, I] in x's dtype, holds
+them, unquantized), and down adds each token's shared row before its pairs', rounding once.
 
 GLU: SwiGLU, or gpt-oss's clamped variant (ops.silu_mul's activation, alpha, limit); b13, b2:
 expert biases (gpt-oss).
@@ -76,16 +77,14 @@ def _check_bias(bias: Tensor | None, name: str, shape: list[int]) -> None:
 
 
 def _check_shared(w: Tensor | None, name: str, shape: list[int], dtype: torch.dtype,
-                  quant: str, bias: Tensor | None) -> int:
-    """The shared expert's weights for the routed ones' launches; returns its rows of a (T, or 0
-    without one)."""
+                  bias: Tensor | None) -> int:
+    """The shared expert's weights (in the activations' dtype) for the routed ones' launches;
+    returns its rows of a per token (1, or 0 without one)."""
     if w is None:
         return 0
     check_tensor(name, w, shape=shape, dtypes=(dtype,), contiguous=True)
-    if quant != "none" or bias is not None:
-        raise ValueError(f"{name} is only taken with routed weights in the activations' dtype "
-                         f"and no expert bias (got quantization={quant!r}"
-                         f"{', an expert bias' if bias is not None else ''})")
+    if bias is not None:
+        raise ValueError(f"{name} is only taken with routed experts without an expert bias")
     return 1
 
 
@@ -94,24 +93,36 @@ def _check_workspace(workspace: int) -> None:
         raise ValueError(f"workspace must be an int >= 0, got {workspace!r}")
 
 
-def gate_up_outputs(out, A: int, I: int, dtype: torch.dtype, fp8: bool, dev: torch.device):
+def gate_up_outputs(out, A: int, I: int, dtype: torch.dtype, fp8: bool, dev: torch.device,
+                    shared_rows: int | None = None):
     """decode_gate_up's outputs: a [A, I] in x's dtype, or for fp8 rowwise (fp8) (q [A, I],
-    scale [A]), checked when given, else allocated (the shuffled strategy's unchecked call
-    allocates them here)."""
+    scale [A]); with a shared expert of shared_rows (T) rows, a [T + A, I], or (q, scale, sa
+    [T, I] in x's dtype); checked when given, else allocated (the shuffled strategy's unchecked
+    call allocates them here)."""
+    shared = shared_rows is not None
     if fp8:
         if out is None:
-            return (torch.empty(A, I, dtype=FP8_DTYPE, device=dev),
-                    torch.empty(A, dtype=torch.float32, device=dev))
-        if not isinstance(out, tuple) or len(out) != 2:
-            raise TypeError("out must be a (q, scale) tuple for float8_e4m3fn w13")
+            out = (torch.empty(A, I, dtype=FP8_DTYPE, device=dev),
+                   torch.empty(A, dtype=torch.float32, device=dev))
+            return out + (torch.empty(shared_rows, I, dtype=dtype, device=dev),) if shared \
+                else out
+        if not isinstance(out, tuple) or len(out) != 2 + shared:
+            raise TypeError("out must be a (q, scale, sa) tuple for float8_e4m3fn w13 and a "
+                            "shared expert" if shared else
+                            "out must be a (q, scale) tuple for float8_e4m3fn w13")
         check_tensor("out[0]", out[0], shape=[A, I], dtypes=(FP8_DTYPE,), device=dev,
                      contiguous=True)
         check_tensor("out[1]", out[1], shape=[A], dtypes=(torch.float32,), device=dev,
                      contiguous=True)
+        if shared:
+            check_tensor("out[2]", out[2], shape=[shared_rows, I], dtypes=(dtype,), device=dev,
+                         contiguous=True)
         return out
+    rows = A + (shared_rows or 0)
     if out is None:
-        return torch.empty(A, I, dtype=dtype, device=dev)
-    return check_tensor("out", out, shape=[A, I], dtypes=(dtype,), device=dev, contiguous=True)
+        return torch.empty(rows, I, dtype=dtype, device=dev)
+    return check_tensor("out", out, shape=[rows, I], dtypes=(dtype,), device=dev,
+                        contiguous=True)
 
 
 def decode_gate_up(
@@ -127,11 +138,11 @@ def decode_gate_up(
     alpha: float = 1.0,
     limit: float | None = None,
     quantization: str | None = None,
-    out: Tensor | tuple[Tensor, Tensor] | None = None,
+    out: Tensor | tuple[Tensor, ...] | None = None,
     workspace: int = 0,
     shared_w13: Tensor | None = None,
     impl: str | None = None,
-) -> Tensor | tuple[Tensor, Tensor]:
+) -> Tensor | tuple[Tensor, ...]:
     """x [T, D], w13 [E, 2I, D] (gate rows then up rows), counts [E] and token_ids [A] of a
     Routing (pairs sorted by expert, sum(counts) <= A routed), row_weights [A] float32 applied to
     the input rows (Llama 4) -> a = silu(gate) * up [A, I] in x's dtype; with w13_bias [E, 2I]
@@ -143,8 +154,10 @@ def decode_gate_up(
     (uint8 w13 [E, 2I, D/2], e8m0 w13_scale [E, 2I, D/32]) keep x and a in x's dtype. Rows past
     sum(counts) are not written (out: preallocated outputs). workspace: which buffer of split-K
     arrival words the kernel uses (0, 1, ...): calls that may run at the same time on two
-    streams need two. shared_w13 [2I, D] (x's dtype, "none" format, no bias): a shared expert
-    in the same launch, a [T + A, I] with its rows (every token's, in order) first."""
+    streams need two. shared_w13 [2I, D] (x's dtype, not quantized, whatever w13's format; no
+    expert bias): a shared expert in the same launch, a [T + A, I] with its rows (every
+    token's, in order) first; for fp8 rowwise its rows stay in x's dtype, a third output:
+    (q [A, I], scale [A], sa [T, I])."""
     check_tensor("x", x, dim=2, dtypes=X_DTYPES, contiguous=True)
     check_tensor("w13", w13, dim=3, contiguous=True)
     E, two_i = w13.shape[:2]
@@ -160,12 +173,12 @@ def decode_gate_up(
         raise ValueError(f"activation must be one of {list(ACTIVATIONS)}, got {activation!r}")
     if limit is not None and not limit > 0:
         raise ValueError(f"limit must be None or positive, got {limit}")
-    s_rows = x.shape[0] * _check_shared(shared_w13, "shared_w13", [two_i, x.shape[1]], x.dtype,
-                                        quant, w13_bias)
+    shared = _check_shared(shared_w13, "shared_w13", [two_i, x.shape[1]], x.dtype, w13_bias)
     dev = check_same_device(x=x, w13=w13, counts=counts, token_ids=token_ids,
                             row_weights=row_weights, w13_scale=w13_scale, w13_bias=w13_bias,
                             shared_w13=shared_w13)
-    out = gate_up_outputs(out, s_rows + A, two_i // 2, x.dtype, quant == "fp8_rowwise", dev)
+    out = gate_up_outputs(out, A, two_i // 2, x.dtype, quant == "fp8_rowwise", dev,
+                          x.shape[0] if shared else None)
     _check_workspace(workspace)
     return ops_for(resolve(impl, x)).decode_gate_up(
         x, w13, w13_scale, counts, token_ids, row_weights, out, workspace, quant, w13_bias,
@@ -173,7 +186,7 @@ def decode_gate_up(
 
 
 def decode_down(
-    a: Tensor | tuple[Tensor, Tensor],
+    a: Tensor | tuple[Tensor, ...],
     w2: Tensor,
     counts: Tensor,
     token_ids: Tensor,
@@ -189,29 +202,40 @@ def decode_down(
     shared_w2: Tensor | None = None,
     impl: str | None = None,
 ) -> Tensor:
-    """a [A, I] (or the fp8 rowwise (q, scale) from decode_gate_up), w2 [E, D, I], counts [E],
+    """a [A, I] (or the fp8 rowwise (q, scale[, sa]) from decode_gate_up), w2 [E, D, I], counts [E],
     token_ids [A], positions [A = T * k] of a Routing; out [T, D] += for each token the sum of
     its routed pairs' a @ w2[e]^T plus w2_bias[e] ([E, D], gpt-oss; times row_weights [A]
     float32, the output weights), in
     float32, rounded once, in a fixed order (no atomics). quantization and w2_scale: as
     decode_gate_up's (mxfp4: uint8 w2 [E, D, I/2]). accumulate=False: out = that sum instead,
     for the tokens with a routed pair (the others' rows keep their values). workspace: as in
-    decode_gate_up. shared_w2 [D, I] (a's dtype, "none" format, no bias): a shared expert in the
-    same launch, a [T + A, I] with its rows first (as decode_gate_up's shared_w13 makes it),
-    each token's added before its pairs'. Returns out."""
-    q, a_scale = a if isinstance(a, tuple) else (a, None)
+    decode_gate_up. shared_w2 [D, I] (the activations' dtype, not quantized, no expert bias): a
+    shared expert in the same launch, a [T + A, I] with its rows first, or for fp8 rowwise a =
+    (q, scale, sa [T, I]) (as decode_gate_up's shared_w13 makes them), each token's added before
+    its pairs'. Returns out."""
+    q, a_scale, sa = a, None, None
+    if isinstance(a, tuple):
+        if len(a) not in (2, 3):
+            raise TypeError(f"a must be a tensor, (q, scale) or (q, scale, sa), got a tuple of "
+                            f"{len(a)}")
+        q, a_scale, sa = (*a, None)[:3]
     check_tensor("a", q, dim=2, dtypes=X_DTYPES + (FP8_DTYPE,), contiguous=True)
     check_tensor("w2", w2, dim=3, contiguous=True)
     E, D = w2.shape[:2]
     A = _check_routing(counts, token_ids, E)
     check_tensor("out", out, dim=2, dtypes=X_DTYPES, contiguous=True)
-    s_rows = out.shape[0] * _check_shared(shared_w2, "shared_w2", [D, q.shape[1]], q.dtype,
-                                          format_of(w2, quantization), w2_bias)
+    act = out.dtype if q.dtype == FP8_DTYPE else q.dtype  # the activations' dtype
+    shared = _check_shared(shared_w2, "shared_w2", [D, q.shape[1]], act, w2_bias)
+    if (sa is not None) != (q.dtype == FP8_DTYPE and shared):
+        raise TypeError("a = (q, scale, sa) goes with fp8 rowwise and shared_w2 only")
+    if sa is not None:
+        check_tensor("a's sa", sa, shape=[out.shape[0], q.shape[1]], dtypes=(act,),
+                     contiguous=True)
+    s_rows = out.shape[0] if shared and sa is None else 0  # the shared expert's rows of q
     if q.shape[0] != s_rows + A:
         raise ValueError(f"a must have {'T + ' if s_rows else ''}A={s_rows + A} rows (one per "
                          f"{'token, then one per ' if s_rows else ''}pair), got {list(q.shape)}")
-    quant = _check_weights(w2, w2_scale, "w2", out.dtype if q.dtype == FP8_DTYPE else q.dtype,
-                           quantization, q.shape[1])
+    quant = _check_weights(w2, w2_scale, "w2", act, quantization, q.shape[1])
     rowwise = quant == "fp8_rowwise"
     if (q.dtype == FP8_DTYPE) != rowwise or (a_scale is not None) != rowwise:
         raise TypeError("fp8_rowwise needs a = (q, scale) with e4m3 q, and other formats a in "
@@ -230,13 +254,14 @@ def decode_down(
     _check_bias(w2_bias, "w2_bias", [E, D])
     check_same_device(a=q, w2=w2, counts=counts, token_ids=token_ids, positions=positions,
                       out=out, row_weights=row_weights, a_scale=a_scale, w2_scale=w2_scale,
-                      w2_bias=w2_bias, shared_w2=shared_w2)
+                      w2_bias=w2_bias, shared_w2=shared_w2, sa=sa)
     if not isinstance(accumulate, bool):
         raise TypeError(f"accumulate must be a bool, got {type(accumulate).__name__}")
     _check_workspace(workspace)
     return ops_for(resolve(impl, q)).decode_down(q, a_scale, w2, w2_scale, counts, token_ids,
                                                   positions, row_weights, out, accumulate,
-                                                  workspace, quant, w2_bias, shared=shared_w2)
+                                                  workspace, quant, w2_bias, shared=shared_w2,
+                                                  shared_a=sa)
 
 
 def reserve(w13: Tensor, w2: Tensor, workspace: int = 0, quantization: str = "none",

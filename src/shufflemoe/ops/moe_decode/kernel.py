@@ -356,6 +356,29 @@ def _gate_up_step(acc_g, acc_u, k0, k_hi, x_ptr, w_ptr, ws_ptr, tok, rw, inv, ro
 
 
 @triton.jit
+def _gate_up_loop(k_lo, k_hi, x_ptr, w_ptr, ws_ptr, tok, rw, inv, row_ok, gate_rows, col_ok, D, I,
+                  BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+                  HAS_RW: tl.constexpr, QUANT: tl.constexpr, UPCAST: tl.constexpr,
+                  W_TO_X: tl.constexpr, DOT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    """gate_up's K loop over [k_lo, k_hi): the (gate, up) accumulators [BN, BM] in float32."""
+    acc_g = _acc0(BLOCK_N, BLOCK_M, BLOCK_K, QUANT)
+    acc_u = _acc0(BLOCK_N, BLOCK_M, BLOCK_K, QUANT)
+    if INTERPRET:  # range() over a tensor bound fails in the interpreter
+        k0 = k_lo
+        while k0 < k_hi:
+            acc_g, acc_u = _gate_up_step(acc_g, acc_u, k0, k_hi, x_ptr, w_ptr, ws_ptr, tok, rw,
+                                         inv, row_ok, gate_rows, col_ok, D, I, BLOCK_K, HAS_RW,
+                                         QUANT, UPCAST, W_TO_X, DOT_PRECISION, INTERPRET)
+            k0 += BLOCK_K
+    else:
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            acc_g, acc_u = _gate_up_step(acc_g, acc_u, k0, k_hi, x_ptr, w_ptr, ws_ptr, tok, rw,
+                                         inv, row_ok, gate_rows, col_ok, D, I, BLOCK_K, HAS_RW,
+                                         QUANT, UPCAST, W_TO_X, DOT_PRECISION, INTERPRET)
+    return _acc_sum(acc_g, BLOCK_M, QUANT), _acc_sum(acc_u, BLOCK_M, QUANT)
+
+
+@triton.jit
 def _gate_up_kernel(
     x_ptr,  # [T, D] tokens
     w_ptr,  # [E, 2I, D] gate rows then up rows (mxfp4: bytes [E, 2I, D / 2])
@@ -366,7 +389,8 @@ def _gate_up_kernel(
     ids_ptr,  # [A] token of each pair
     rw_ptr,  # [A] fp32 input weight of each pair (HAS_RW)
     a_ptr,  # [A, I] SwiGLU output: x's dtype, or fp32 (fp8_rowwise: the last m-tile quantizes);
-    # SHARED: [T + A, I], the shared expert's rows first
+    # SHARED: [T + A, I], the shared expert's rows first (fp8_rowwise: [A, I], see sa_ptr)
+    sa_ptr,  # [T, I] x's dtype: the shared expert's rows of a (SHARED with fp8_rowwise)
     q_ptr,  # [A, I] e4m3 output (fp8_rowwise; uint8 view under the interpreter)
     scale_ptr,  # [A] fp32 row scales (fp8_rowwise)
     part_ptr,  # [split, A, 2I] fp32 partials (split > 1)
@@ -384,9 +408,11 @@ def _gate_up_kernel(
     ACT: tl.constexpr, HAS_LIMIT: tl.constexpr, HAS_BIAS: tl.constexpr,
     HAS_RW: tl.constexpr, UPCAST: tl.constexpr, W_TO_X: tl.constexpr,
     DOT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr, PDL: tl.constexpr,
-    SHARED: tl.constexpr,  # the shared expert's tiles first (see _program; QUANT "none")
+    SHARED: tl.constexpr,  # the shared expert's tiles first (see _program; its weights in x's
+    # dtype: with a quantized QUANT, SHARED_K columns a step, a K loop of its own)
     EARLY: tl.constexpr,  # ... they start before the routing is done (with PDL) and tell
     # down's shared programs when their rows of a are stored (flag_ptr; split 1)
+    SHARED_K: tl.constexpr,
     QUANT_BLOCK: tl.constexpr,  # columns per step when the last m-tile quantizes rows of a
     ROW_BLOCK: tl.constexpr, ROW_CHUNKS: tl.constexpr,  # fp8_rowwise: lanes and loads a row of x
 ):
@@ -400,45 +426,53 @@ def _gate_up_kernel(
         rw = tl.full([BLOCK_M], 1.0, tl.float32)
         if HAS_RW:  # the shared expert's rows: weight 1
             rw = tl.load(rw_ptr + rows, mask=routed, other=1.0)
+        MIXED: tl.constexpr = SHARED and QUANT != "none"
         if SHARED:
             tok = tl.where(shared, rows.to(tl.int64), tok)
-            a_rows = rows + tl.where(shared, 0, T)  # a's rows: the shared expert's first
-            wg_ptr = tl.where(shared, sw_ptr, w_ptr)
+            p_rows = rows + tl.where(shared, 0, T)  # partials' and a's rows: the shared first
+            if QUANT == "fp8_rowwise":
+                a_rows = rows  # pairs' rows of the fp32 a, tokens' rows of sa
+            else:
+                a_rows = p_rows
+            if MIXED:
+                wg_ptr = w_ptr
+            else:
+                wg_ptr = tl.where(shared, sw_ptr, w_ptr)
         else:
+            p_rows = rows
             a_rows = rows
             wg_ptr = w_ptr
         inv = rw
         if QUANT == "fp8_rowwise":
             n_rows = tl.minimum(row_stop - row0, BLOCK_M)
+            if SHARED:  # the shared expert's rows stay in x's dtype
+                n_rows = tl.where(shared, 0, n_rows)
             inv, x_scale = row_scales(_row_amax(x_ptr, ids_ptr, rw_ptr, row0, n_rows, D, HAS_RW,
                                                 BLOCK_M, ROW_BLOCK, ROW_CHUNKS))
         cols = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
         col_ok = cols < I
         gate_rows = g.to(tl.int64) * (2 * I) + cols  # [BN] rows of w viewed as [E*2I, D]
-        acc_g = _acc0(BLOCK_N, BLOCK_M, BLOCK_K, QUANT)
-        acc_u = _acc0(BLOCK_N, BLOCK_M, BLOCK_K, QUANT)
         k_lo = s * k_split
         k_hi = tl.minimum(k_lo + k_split, D)
-        if INTERPRET:  # range() over a tensor bound fails in the interpreter
-            k0 = k_lo
-            while k0 < k_hi:
-                acc_g, acc_u = _gate_up_step(acc_g, acc_u, k0, k_hi, x_ptr, wg_ptr, w_scale_ptr,
-                                             tok, rw, inv, row_ok, gate_rows, col_ok, D, I,
+        if MIXED:
+            if shared:  # the shared expert's weights in x's dtype
+                acc_g, acc_u = _gate_up_loop(k_lo, k_hi, x_ptr, sw_ptr, w_scale_ptr, tok, rw, inv,
+                                             row_ok, gate_rows, col_ok, D, I, BLOCK_N, BLOCK_M,
+                                             SHARED_K, HAS_RW, "none", UPCAST, False,
+                                             DOT_PRECISION, INTERPRET)
+            else:
+                acc_g, acc_u = _gate_up_loop(k_lo, k_hi, x_ptr, w_ptr, w_scale_ptr, tok, rw, inv,
+                                             row_ok, gate_rows, col_ok, D, I, BLOCK_N, BLOCK_M,
                                              BLOCK_K, HAS_RW, QUANT, UPCAST, W_TO_X,
                                              DOT_PRECISION, INTERPRET)
-                k0 += BLOCK_K
         else:
-            for k0 in range(k_lo, k_hi, BLOCK_K):
-                acc_g, acc_u = _gate_up_step(acc_g, acc_u, k0, k_hi, x_ptr, wg_ptr, w_scale_ptr,
-                                             tok, rw, inv, row_ok, gate_rows, col_ok, D, I,
-                                             BLOCK_K, HAS_RW, QUANT, UPCAST, W_TO_X,
-                                             DOT_PRECISION, INTERPRET)
-
-        acc_g = _acc_sum(acc_g, BLOCK_M, QUANT)
-        acc_u = _acc_sum(acc_u, BLOCK_M, QUANT)
+            acc_g, acc_u = _gate_up_loop(k_lo, k_hi, x_ptr, wg_ptr, w_scale_ptr, tok, rw, inv,
+                                         row_ok, gate_rows, col_ok, D, I, BLOCK_N, BLOCK_M,
+                                         BLOCK_K, HAS_RW, QUANT, UPCAST, W_TO_X, DOT_PRECISION,
+                                         INTERPRET)
         mask = col_ok[:, None] & row_ok[None, :]  # [BN, BM]
         if split > 1:  # store both partials, arrive once; the last split sums them all
-            at = a_rows.to(tl.int64)[None, :] * (2 * I) + cols[:, None]
+            at = p_rows.to(tl.int64)[None, :] * (2 * I) + cols[:, None]
             stride = tl.cast(A, tl.int64) * (2 * I)  # one split's partials: may pass 2^31
             mine = part_ptr + s * stride
             tl.store(mine + at, acc_g, mask=mask)
@@ -459,6 +493,9 @@ def _gate_up_kernel(
                 else:
                     ws_g = ws_g[:, None]
                     ws_u = ws_u[:, None]
+                if MIXED:  # the shared expert's weights carry no scales
+                    ws_g = tl.where(shared, 1.0, ws_g)
+                    ws_u = tl.where(shared, 1.0, ws_u)
                 acc_g = acc_g * ws_g
                 acc_u = acc_u * ws_u
             if HAS_BIAS:
@@ -469,16 +506,42 @@ def _gate_up_kernel(
             a = glu_f32(acc_g, acc_u, ACT, HAS_LIMIT, alpha, limit)  # e.g. silu(gate) * up, fp32
             a_at = a_rows.to(tl.int64)[None, :] * I + cols[:, None]
             if QUANT == "fp8_rowwise":
-                tl.store(a_ptr + a_at, a, mask=mask)
-                if _arrive(words_ptr + words_rows + u, n_tiles):
-                    _quantize_rows(a_ptr, q_ptr, scale_ptr, rows, row_ok, I, BLOCK_M, QUANT_BLOCK,
-                                   INTERPRET)
+                if SHARED:
+                    if shared:  # the shared expert's rows, in x's dtype
+                        tl.store(sa_ptr + a_at, cast_to(a, sa_ptr.dtype.element_ty, INTERPRET),
+                                 mask=mask)
+                        _release_shared(flag_ptr, EARLY)
+                    else:
+                        _store_quantized(a, a_ptr, a_at, mask, q_ptr, scale_ptr, words_ptr,
+                                         words_rows + u, n_tiles, rows, row_ok, I, BLOCK_M,
+                                         QUANT_BLOCK, INTERPRET)
+                else:
+                    _store_quantized(a, a_ptr, a_at, mask, q_ptr, scale_ptr, words_ptr,
+                                     words_rows + u, n_tiles, rows, row_ok, I, BLOCK_M,
+                                     QUANT_BLOCK, INTERPRET)
             else:
                 tl.store(a_ptr + a_at, cast_to(a, a_ptr.dtype.element_ty, INTERPRET), mask=mask)
-                if EARLY:
-                    if shared:
-                        tl.debug_barrier()  # every thread's stores happen before the release
-                        tl.atomic_add(flag_ptr, 1, sem="release")
+                if shared:
+                    _release_shared(flag_ptr, EARLY)
+
+
+@triton.jit
+def _store_quantized(a, a_ptr, a_at, mask, q_ptr, scale_ptr, words_ptr, word, n_tiles, rows,
+                     row_ok, I, BLOCK_M: tl.constexpr, QUANT_BLOCK: tl.constexpr,
+                     INTERPRET: tl.constexpr):
+    """fp8 rowwise: store this tile's fp32 rows of a; the m-tile's last tile quantizes them."""
+    tl.store(a_ptr + a_at, a, mask=mask)
+    if _arrive(words_ptr + word, n_tiles):
+        _quantize_rows(a_ptr, q_ptr, scale_ptr, rows, row_ok, I, BLOCK_M, QUANT_BLOCK,
+                       INTERPRET)
+
+
+@triton.jit
+def _release_shared(flag_ptr, EARLY: tl.constexpr):
+    """EARLY: a shared program of gate_up has stored its rows of a: count it for down's."""
+    if EARLY:
+        tl.debug_barrier()  # every thread's stores happen before the release
+        tl.atomic_add(flag_ptr, 1, sem="release")
 
 
 @triton.jit
@@ -527,8 +590,31 @@ def _down_step(acc, k0, k_hi, a_ptr, w_ptr, ws_ptr, rows, row_ok, w_rows, col_ok
 
 
 @triton.jit
+def _down_loop(k_lo, k_hi, a_ptr, w_ptr, ws_ptr, rows, row_ok, w_rows, col_ok, I,
+               BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+               QUANT: tl.constexpr, UPCAST: tl.constexpr, W_TO_X: tl.constexpr,
+               DOT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    """down's K loop over [k_lo, k_hi): the accumulator [BN, BM] in float32."""
+    acc = _acc0(BLOCK_N, BLOCK_M, BLOCK_K, QUANT)
+    if INTERPRET:  # range() over a tensor bound fails in the interpreter
+        k0 = k_lo
+        while k0 < k_hi:
+            acc = _down_step(acc, k0, k_hi, a_ptr, w_ptr, ws_ptr, rows, row_ok, w_rows, col_ok,
+                             I, BLOCK_K, QUANT, UPCAST, W_TO_X, DOT_PRECISION)
+            k0 += BLOCK_K
+    else:
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            acc = _down_step(acc, k0, k_hi, a_ptr, w_ptr, ws_ptr, rows, row_ok, w_rows, col_ok,
+                             I, BLOCK_K, QUANT, UPCAST, W_TO_X, DOT_PRECISION)
+    return _acc_sum(acc, BLOCK_M, QUANT)
+
+
+@triton.jit
 def _down_kernel(
     a_ptr,  # [A, I] activations (x's dtype, or e4m3 with a_scale); SHARED: [T + A, I]
+    # (fp8_rowwise: [A, I], the shared expert's rows in sa_ptr)
+    sa_ptr,  # [T, I] the shared expert's rows of a in x's dtype (SHARED with a quantized QUANT:
+    # sa_ptr is a_ptr itself but for fp8_rowwise)
     a_scale_ptr,  # [A] fp32 (fp8_rowwise)
     w_ptr,  # [E, D, I] (mxfp4: bytes [E, D, I / 2])
     sw_ptr,  # [D, I] the shared expert's (SHARED)
@@ -558,6 +644,7 @@ def _down_kernel(
     SHARED: tl.constexpr,  # a's first T rows are the shared expert's (see _program; not TOP1)
     EARLY: tl.constexpr,  # the shared programs wait for gate_up's shared rows of a (flag_ptr),
     # not for all of gate_up, and for the rest only before their epilogue
+    SHARED_K: tl.constexpr,  # as in _gate_up_kernel
 ):
     s, tile, u, n_tile, shared, exists, g, row0, row_stop, total_tiles, num_valid = _program(
         counts_ptr, E, n_tiles, split, T, BLOCK_E, BLOCK_M, SHARED, PDL, EARLY)
@@ -568,32 +655,39 @@ def _down_kernel(
     if exists:
         rows = row0 + tl.arange(0, BLOCK_M)  # pairs (shared: tokens)
         row_ok = rows < row_stop
+        MIXED: tl.constexpr = SHARED and QUANT != "none"
         if SHARED:
-            a_rows = rows + tl.where(shared, 0, T)
-            wd_ptr = tl.where(shared, sw_ptr, w_ptr)
+            y_rows = rows + tl.where(shared, 0, T)  # the partials' and y's rows: shared first
+            if QUANT == "fp8_rowwise":
+                a_rows = rows  # pairs' rows of q, tokens' rows of sa
+            else:
+                a_rows = y_rows
+            if MIXED:
+                wd_ptr = w_ptr
+            else:
+                wd_ptr = tl.where(shared, sw_ptr, w_ptr)
         else:
+            y_rows = rows
             a_rows = rows
             wd_ptr = w_ptr
         cols = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
         col_ok = cols < D
         w_rows = g.to(tl.int64) * D + cols  # [BN] rows of w viewed as [E*D, I]
-        acc = _acc0(BLOCK_N, BLOCK_M, BLOCK_K, QUANT)
         k_lo = s * k_split
         k_hi = tl.minimum(k_lo + k_split, I)
-        if INTERPRET:  # range() over a tensor bound fails in the interpreter
-            k0 = k_lo
-            while k0 < k_hi:
-                acc = _down_step(acc, k0, k_hi, a_ptr, wd_ptr, w_scale_ptr, a_rows, row_ok,
-                                 w_rows, col_ok, I, BLOCK_K, QUANT, UPCAST, W_TO_X,
-                                 DOT_PRECISION)
-                k0 += BLOCK_K
+        if MIXED:
+            if shared:  # the shared expert's weights and rows of a in the activations' dtype
+                acc = _down_loop(k_lo, k_hi, sa_ptr, sw_ptr, w_scale_ptr, a_rows, row_ok,
+                                 w_rows, col_ok, I, BLOCK_N, BLOCK_M, SHARED_K, "none", UPCAST,
+                                 False, DOT_PRECISION, INTERPRET)
+            else:
+                acc = _down_loop(k_lo, k_hi, a_ptr, w_ptr, w_scale_ptr, a_rows, row_ok, w_rows,
+                                 col_ok, I, BLOCK_N, BLOCK_M, BLOCK_K, QUANT, UPCAST, W_TO_X,
+                                 DOT_PRECISION, INTERPRET)
         else:
-            for k0 in range(k_lo, k_hi, BLOCK_K):
-                acc = _down_step(acc, k0, k_hi, a_ptr, wd_ptr, w_scale_ptr, a_rows, row_ok,
-                                 w_rows, col_ok, I, BLOCK_K, QUANT, UPCAST, W_TO_X,
-                                 DOT_PRECISION)
-
-        acc = _acc_sum(acc, BLOCK_M, QUANT)
+            acc = _down_loop(k_lo, k_hi, a_ptr, wd_ptr, w_scale_ptr, a_rows, row_ok, w_rows,
+                             col_ok, I, BLOCK_N, BLOCK_M, BLOCK_K, QUANT, UPCAST, W_TO_X,
+                             DOT_PRECISION, INTERPRET)
         if EARLY:
             if shared:  # the routing and all of a, for the combine: as the other programs
                 if PDL:
@@ -602,7 +696,7 @@ def _down_kernel(
                                                              BLOCK_M)
                 total_tiles += tl.cdiv(T, BLOCK_M)
         mask = col_ok[:, None] & row_ok[None, :]  # [BN, BM]
-        at_y = a_rows.to(tl.int64)[None, :] * D + cols[:, None]
+        at_y = y_rows.to(tl.int64)[None, :] * D + cols[:, None]
         if split > 1:
             stride = tl.cast(A, tl.int64) * D
             tl.store(part_ptr + s * stride + at_y, acc, mask=mask)
@@ -612,11 +706,14 @@ def _down_kernel(
         else:
             last = True
         if last:
-            if QUANT == "fp8_rowwise":
-                acc = (acc * tl.load(a_scale_ptr + rows, mask=row_ok, other=0.0)[None, :]
-                       * tl.load(w_scale_ptr + w_rows, mask=col_ok, other=0.0)[:, None])
-            elif QUANT == "fp8_w8a16":
-                acc = acc * tl.load(w_scale_ptr + w_rows, mask=col_ok, other=0.0)[:, None]
+            if QUANT == "fp8_rowwise" or QUANT == "fp8_w8a16":
+                scale = tl.load(w_scale_ptr + w_rows, mask=col_ok, other=0.0)[:, None]
+                if QUANT == "fp8_rowwise":
+                    scale = scale * tl.load(a_scale_ptr + rows, mask=row_ok & (shared == 0),
+                                            other=0.0)[None, :]
+                if MIXED:  # the shared expert's weights and rows carry no scales
+                    scale = tl.where(shared, 1.0, scale)
+                acc = acc * scale
             if HAS_BIAS:
                 acc += tl.load(bias_ptr + w_rows, mask=col_ok, other=0.0).to(tl.float32)[:, None]
             if HAS_RW:  # the shared expert's rows: weight 1
@@ -795,18 +892,28 @@ def _k_split(K: int, cfg: configs.GemmConfig) -> tuple[int, int]:
     return per * cfg.block_k, cdiv(steps, per)
 
 
-@kernel_op("decode_gate_up", mutates_args=("a", "q", "scale", "words"))
+def _shared_k(cfg: configs.GemmConfig, w: Tensor, x_dtype: torch.dtype, quant: str) -> int:
+    """The K step of a merged shared expert's weights (x's dtype) beside routed weights in a
+    quantized format: as many bytes a row as the routed step's (at least 16 columns, a dot's)."""
+    if quant == "none":
+        return cfg.block_k
+    bits = w.element_size() * 8 // (2 if quant == "mxfp4" else 1)
+    return max(16, cfg.block_k * bits // (x_dtype.itemsize * 8))
+
+
+@kernel_op("decode_gate_up", mutates_args=("a", "q", "scale", "sa", "words"))
 def _gate_up_op(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Tensor,
                 token_ids: Tensor, row_weights: Optional[Tensor], a: Optional[Tensor],
-                q: Optional[Tensor], scale: Optional[Tensor], workspace: int, quant: str,
-                bias: Optional[Tensor], activation: str, alpha: float, limit: Optional[float],
-                words: Optional[Tensor], shared: Optional[Tensor], early: bool) -> None:
+                q: Optional[Tensor], scale: Optional[Tensor], sa: Optional[Tensor],
+                workspace: int, quant: str, bias: Optional[Tensor], activation: str,
+                alpha: float, limit: Optional[float], words: Optional[Tensor],
+                shared: Optional[Tensor], early: bool) -> None:
     """a [A, I] (x's dtype), or for fp8 rowwise w13 (q [A, I], scale [A]) <- the GLU
     (activation, alpha, limit: as ops.silu_mul's) of the gathered rows' products plus their
-    expert's bias [E, 2I]; with the shared expert's w13 ``shared`` [2I, D], a [T + A, I] holds
-    its rows first (early: with PDL its programs do not wait for the routing, see
-    _program). words: held_words (left zero). The tiles are planned here, inside the op, so
-    torch.compile never traces the host logic."""
+    expert's bias [E, 2I]; with the shared expert's w13 ``shared`` [2I, D] (x's dtype), a
+    [T + A, I] holds its rows first, or for fp8 rowwise sa [T, I] holds them (early: with PDL
+    its programs do not wait for the routing, see _program). words: held_words (left zero).
+    The tiles are planned here, inside the op, so torch.compile never traces the host logic."""
     (T, D), (E, two_i, _), A = x.shape, w13.shape, token_ids.shape[0]
     I = two_i // 2
     s_rows = T if shared is not None else 0  # the shared expert's rows of a
@@ -825,7 +932,7 @@ def _gate_up_op(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Ten
     part = (torch.empty(split, A + s_rows, 2 * I, dtype=torch.float32, device=x.device)
             if split > 1 else None)
     if fp8:  # a in fp32 first; each m-tile's last program quantizes its rows into (q, scale)
-        a = torch.empty(A, I, dtype=torch.float32, device=x.device)
+        a = torch.empty(A, I, dtype=torch.float32, device=x.device)  # (the shared rows: sa)
     interpret = interpreting()
     early = _early(early, shared, split, x)
     # early: PDL whatever the table says, as the overlap with the routing is the point
@@ -833,7 +940,7 @@ def _gate_up_op(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Ten
     row_block = min(4096, next_power_of_2(D))
     with on_device(x):
         launch(_gate_up_kernel, (m_tiles * n_tiles * split,),
-            x, w13, shared, w13_scale, bias, counts, token_ids, row_weights, a,
+            x, w13, shared, w13_scale, bias, counts, token_ids, row_weights, a, sa,
             fp8_target(q)[0] if fp8 else None, scale, part, words,
             arrival_words(x, 2, FLAG_WORKSPACE) if early else None, E, D, I, n_tiles, k_split, split, A + s_rows, T, m_tiles * n_tiles, alpha,
             0.0 if limit is None else limit,
@@ -844,26 +951,30 @@ def _gate_up_op(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Ten
             W_TO_X=quant in WEIGHT_ONLY,
             DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", INTERPRET=interpret,
             PDL=pdl, SHARED=shared is not None, EARLY=early,
+            SHARED_K=_shared_k(cfg, w13, x.dtype, quant),
             QUANT_BLOCK=min(1024, next_power_of_2(I)),
             ROW_BLOCK=row_block, ROW_CHUNKS=cdiv(D, row_block),
             **_launch_options(cfg, pdl))
 
 
 @kernel_op("decode_down", mutates_args=("out", "words"))
-def _down_op(a: Tensor, a_scale: Optional[Tensor], w2: Tensor, w2_scale: Optional[Tensor],
-             counts: Tensor, token_ids: Tensor, positions: Tensor, row_weights: Optional[Tensor],
-             out: Tensor, accumulate: bool, workspace: int, quant: str,
-             bias: Optional[Tensor], words: Optional[Tensor], shared: Optional[Tensor],
-             early: bool) -> None:
+def _down_op(a: Tensor, a_scale: Optional[Tensor], sa: Optional[Tensor], w2: Tensor,
+             w2_scale: Optional[Tensor], counts: Tensor, token_ids: Tensor, positions: Tensor,
+             row_weights: Optional[Tensor], out: Tensor, accumulate: bool, workspace: int,
+             quant: str, bias: Optional[Tensor], words: Optional[Tensor],
+             shared: Optional[Tensor], early: bool) -> None:
     """out [T, D] (+)= the routed rows of a [A, I] through w2 [E, D, I] plus their expert's
     bias [E, D] (times the row weights), token-major; with the shared expert's w2 ``shared``
-    [D, I], a [T + A, I] holds its rows first, added first (early: as the gate_up call that
-    wrote a; its shared programs wait only for gate_up's). words: held_words (left zero)."""
-    (rows, I), (E, D, _), T = a.shape, w2.shape, out.shape[0]
+    [D, I] (a's dtype), a [T + A, I] holds its rows first (for fp8 rowwise, a [A, I] and sa
+    [T, I] in out's dtype), added first (early: as the gate_up call that wrote a; its shared
+    programs wait only for gate_up's). words: held_words (left zero)."""
+    (A, I), (E, D, _), T = a.shape, w2.shape, out.shape[0]
+    s_rows = T if shared is not None else 0
+    if sa is None:  # the shared expert's rows, if any, are a's first
+        A -= s_rows
+    rows = A + s_rows  # rows of a's partials and of y: the shared expert's first
     if rows == 0 or D == 0:
         return
-    s_rows = T if shared is not None else 0
-    A = rows - s_rows  # routed pairs
     k = A // T
     top1 = k == 1 and shared is None  # each token's row is one program's
     plan = configs.select(rows, E, D, I, w2.dtype, sm_count(a.device), quant)
@@ -885,7 +996,8 @@ def _down_op(a: Tensor, a_scale: Optional[Tensor], w2: Tensor, w2_scale: Optiona
     # its bf16 rounding is done by cast_to (the interpreter's own cast truncates).
     with on_device(a):
         launch(_down_kernel, (m_tiles * n_tiles * split,),
-            a, a_scale, w2, shared, w2_scale, bias, counts, token_ids, positions, row_weights,
+            a, a if sa is None else sa, a_scale, w2, shared, w2_scale, bias, counts, token_ids,
+            positions, row_weights,
             out, y, part, words, arrival_words(a, 2, FLAG_WORKSPACE) if early else None,
             cdiv(T, gu.block_m) * cdiv(I, gu.block_n), E, D, I, n_tiles, k_split, split, rows, T,
             m_tiles * n_tiles,
@@ -895,7 +1007,8 @@ def _down_op(a: Tensor, a_scale: Optional[Tensor], w2: Tensor, w2_scale: Optiona
             HAS_RW=row_weights is not None,
             UPCAST=_upcast(interpret, a.dtype, quant, w2.dtype), W_TO_X=quant in WEIGHT_ONLY,
             DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32", INTERPRET=interpret,
-            PDL=pdl, SHARED=shared is not None, EARLY=early, **_launch_options(cfg, pdl))
+            PDL=pdl, SHARED=shared is not None, EARLY=early,
+            SHARED_K=_shared_k(cfg, w2, out.dtype, quant), **_launch_options(cfg, pdl))
 
 
 def gate_up(x: Tensor, w13: Tensor, w13_scale: Tensor | None, counts: Tensor, token_ids: Tensor,
@@ -906,10 +1019,12 @@ def gate_up(x: Tensor, w13: Tensor, w13_scale: Tensor | None, counts: Tensor, to
     """x [T, D], w13 [E, 2I, D] -> out: a [A, I] in x's dtype, or (q [A, I] e4m3, scale [A])
     for fp8 rowwise w13 (quant: the weight format, see format_of); bias [E, 2I]; act:
     (activation, alpha, limit) as ops.silu_mul's; shared [2I, D]: a [T + A, I], the shared
-    expert's rows first (early: see _program's EARLY). Arguments were checked by the public
-    function."""
-    a, q, scale = (None, *out) if isinstance(out, tuple) else (out, None, None)
-    _gate_up_op(x, w13, w13_scale, counts, token_ids, row_weights, a, q, scale, workspace,
+    expert's rows first, or for fp8 rowwise out = (q, scale, sa [T, I]) with them in sa (early:
+    see _program's EARLY). Arguments were checked by the public function."""
+    a, q, scale, sa = out, None, None, None
+    if isinstance(out, tuple):  # fp8 rowwise: (q, scale), with a shared expert (q, scale, sa)
+        a, (q, scale, sa) = None, (*out, None)[:3]
+    _gate_up_op(x, w13, w13_scale, counts, token_ids, row_weights, a, q, scale, sa, workspace,
                 format_of(w13, quant), bias, *act, held_words(x, workspace), shared, early)
     return out
 
@@ -918,11 +1033,12 @@ def down(a: Tensor, a_scale: Tensor | None, w2: Tensor, w2_scale: Tensor | None,
          token_ids: Tensor, positions: Tensor, row_weights: Tensor | None, out: Tensor,
          accumulate: bool = True, workspace: int = 0, quant: str | None = None,
          bias: Tensor | None = None, shared: Tensor | None = None,
-         early: bool = False) -> Tensor:
+         early: bool = False, shared_a: Tensor | None = None) -> Tensor:
     """out [T, D] += (or, not accumulate, =) the routed rows of a [A, I] through w2 [E, D, I]
-    plus bias [E, D]; shared [D, I]: a [T + A, I] holds the shared expert's rows first, each
-    token's added before its pairs' (early: as the gate_up call that wrote a). Returns out.
-    Arguments were checked by the public function."""
-    _down_op(a, a_scale, w2, w2_scale, counts, token_ids, positions, row_weights, out, accumulate,
-             workspace, format_of(w2, quant), bias, held_words(a, workspace), shared, early)
+    plus bias [E, D]; shared [D, I]: a [T + A, I] holds the shared expert's rows first, or for
+    fp8 rowwise shared_a [T, I] holds them; each token's added before its pairs' (early: as the
+    gate_up call that wrote a). Returns out. Arguments were checked by the public function."""
+    _down_op(a, a_scale, shared_a, w2, w2_scale, counts, token_ids, positions, row_weights, out,
+             accumulate, workspace, format_of(w2, quant), bias, held_words(a, workspace), shared,
+             early)
     return out

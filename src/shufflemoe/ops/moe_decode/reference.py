@@ -39,22 +39,25 @@ def _all_tokens(x: Tensor) -> Tensor:
     return torch.full((1,), x.shape[0], dtype=torch.int32, device=x.device)
 
 
-@inplace_op("decode_gate_up_ref", mutates_args=("a", "q", "scale"))
+@inplace_op("decode_gate_up_ref", mutates_args=("a", "q", "scale", "sa"))
 def _gate_up(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Tensor,
              token_ids: Tensor, row_weights: Optional[Tensor], a: Optional[Tensor],
-             q: Optional[Tensor], scale: Optional[Tensor], workspace: int, quant: str,
-             bias: Optional[Tensor], activation: str, alpha: float, limit: Optional[float],
-             words: Optional[Tensor] = None, shared: Optional[Tensor] = None,
-             early: bool = False) -> None:
-    # words: the kernel's, unused; shared [2I, D]: a's first T rows are the shared expert's;
-    # early: the kernel's launch detail
+             q: Optional[Tensor], scale: Optional[Tensor], sa: Optional[Tensor], workspace: int,
+             quant: str, bias: Optional[Tensor], activation: str, alpha: float,
+             limit: Optional[float], words: Optional[Tensor] = None,
+             shared: Optional[Tensor] = None, early: bool = False) -> None:
+    # words: the kernel's, unused; shared [2I, D]: a's first T rows are the shared expert's
+    # (fp8 rowwise: sa's); early: the kernel's launch detail
     act = (activation, alpha, limit)
     if shared is not None:
         T = x.shape[0]
         h = grouped_gemm(x, shared.unsqueeze(0), _all_tokens(x), None, None, None, None, None,
                          None, torch.float32)
-        silu_mul(h, None, False, a[:T], act)
-        a = a[T:]
+        if sa is None:
+            silu_mul(h, None, False, a[:T], act)
+            a = a[T:]
+        else:
+            silu_mul(h, None, False, sa, act)
     fp8 = quant == "fp8_rowwise"
     nv = _num_valid(counts)
     xs = gather_scale(x, token_ids, row_weights, nv, fp8, None)
@@ -66,21 +69,23 @@ def _gate_up(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Tensor
 
 
 @inplace_op("decode_down_ref", mutates_args=("out",))
-def _down(a: Tensor, a_scale: Optional[Tensor], w2: Tensor, w2_scale: Optional[Tensor],
-          counts: Tensor, token_ids: Tensor, positions: Tensor, row_weights: Optional[Tensor],
-          out: Tensor, accumulate: bool, workspace: int, quant: str,
-          bias: Optional[Tensor], words: Optional[Tensor] = None,
+def _down(a: Tensor, a_scale: Optional[Tensor], sa: Optional[Tensor], w2: Tensor,
+          w2_scale: Optional[Tensor], counts: Tensor, token_ids: Tensor, positions: Tensor,
+          row_weights: Optional[Tensor], out: Tensor, accumulate: bool, workspace: int,
+          quant: str, bias: Optional[Tensor], words: Optional[Tensor] = None,
           shared: Optional[Tensor] = None, early: bool = False) -> None:
-    # words: unused; shared [D, I]: a's first T rows are the shared expert's, added first;
-    # early: the kernel's launch detail
+    # words: unused; shared [D, I]: a's first T rows (fp8 rowwise: sa) are the shared expert's,
+    # added first; early: the kernel's launch detail
     if shared is not None:
         T = out.shape[0]
-        acc = grouped_gemm(a[:T], shared.unsqueeze(0), _all_tokens(out), None, None, None,
+        if sa is None:
+            sa, a = a[:T], a[T:]
+        acc = grouped_gemm(sa, shared.unsqueeze(0), _all_tokens(out), None, None, None,
                            None, None, None, torch.float32)  # [T, D]
         if accumulate:
             acc = out.float() + acc
-        y = grouped_gemm(a[T:], w2, counts, None, None, None, None, None, None, torch.float32,
-                         bias=bias)
+        y = grouped_gemm(a, w2, counts, a_scale, w2_scale, None, None, None, None,
+                         torch.float32, quantization=quant, bias=bias)
         token_sum(acc, y, positions, row_weights, _num_valid(counts))
         out.copy_(acc)
         return
@@ -105,8 +110,10 @@ def gate_up(x: Tensor, w13: Tensor, w13_scale: Tensor | None, counts: Tensor, to
             early: bool = False) -> Tensor | tuple[Tensor, Tensor]:
     """As ops.decode_gate_up (out allocated by the public function; no workspace here; early:
     the kernels' launch detail)."""
-    a, q, scale = (None, *out) if isinstance(out, tuple) else (out, None, None)
-    _gate_up(x, w13, w13_scale, counts, token_ids, row_weights, a, q, scale, workspace,
+    a, q, scale, sa = out, None, None, None
+    if isinstance(out, tuple):  # fp8 rowwise: (q, scale), with a shared expert (q, scale, sa)
+        a, (q, scale, sa) = None, (*out, None)[:3]
+    _gate_up(x, w13, w13_scale, counts, token_ids, row_weights, a, q, scale, sa, workspace,
              format_of(w13, quant), bias, *act, None, shared)
     return out
 
@@ -115,8 +122,8 @@ def down(a: Tensor, a_scale: Tensor | None, w2: Tensor, w2_scale: Tensor | None,
          token_ids: Tensor, positions: Tensor, row_weights: Tensor | None, out: Tensor,
          accumulate: bool = True, workspace: int = 0, quant: str | None = None,
          bias: Tensor | None = None, shared: Tensor | None = None,
-         early: bool = False) -> Tensor:
+         early: bool = False, shared_a: Tensor | None = None) -> Tensor:
     """As ops.decode_down (no workspace here; early: the kernels' launch detail)."""
-    _down(a, a_scale, w2, w2_scale, counts, token_ids, positions, row_weights, out, accumulate,
-          workspace, format_of(w2, quant), bias, None, shared)
+    _down(a, a_scale, shared_a, w2, w2_scale, counts, token_ids, positions, row_weights, out,
+          accumulate, workspace, format_of(w2, quant), bias, None, shared)
     return out
