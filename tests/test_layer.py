@@ -80,16 +80,19 @@ def test_eager_decode_fuses_a_plain_shared_expert(name, T, merge):
 @pytest.mark.parametrize("T", [1, 2, 3])
 def test_quantized_experts_merge_a_plain_shared_expert(quantization, T):
     """Routed experts stored fp8 rowwise, fp8_w8a16 or mxfp4 take a bf16 shared expert into
-    their two fused launches up to Switch.shared_max_tokens, as bf16 layers do (the fused path
-    forced on: configs.ALWAYS), eagerly and from the recorded plan; each call against float64."""
+    their two fused launches up to Switch.shared_quantized_max_tokens (the default: T = 1, fp8
+    rowwise and fp8_w8a16; configs.ALWAYS: T <= 2, every format), eagerly and from the recorded
+    plan; each call against float64."""
     cfg = CONFIGS["llama4-like"].replace(hidden_size=64, intermediate_size=32,
                                          shared_intermediate_size=32, quantization=quantization)
     layer = make_layer(cfg, device=DEVICE)
-    assert configs.ALWAYS.shared_max_tokens == 2
-    with use_impl("triton"), configs.override(configs.ALWAYS):
-        for seed in (1, 2):  # the second call replays the plan the first recorded
-            check_layer(layer, make_input(cfg, T, seed=seed, device=DEVICE))
-        assert layer._merges_shared(make_input(cfg, T, device=DEVICE), layer._hot()) == (T <= 2)
+    x = make_input(cfg, T, device=DEVICE)
+    with use_impl("triton"):
+        assert layer._merges_shared(x, layer._hot()) == (T == 1 and quantization != "mxfp4")
+        with configs.override(configs.ALWAYS):
+            for seed in (1, 2):  # the second call replays the plan the first recorded
+                check_layer(layer, make_input(cfg, T, seed=seed, device=DEVICE))
+            assert layer._merges_shared(x, layer._hot()) == (T <= 2)
 
 
 @pytest.mark.parametrize("impl", ["torch", "triton"])

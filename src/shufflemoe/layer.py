@@ -477,16 +477,15 @@ class MoE(nn.Module):
     def _merges_shared(self, x: Tensor, hot: _Hot) -> bool:
         """A plain shared expert of the routed experts' width, in a layer whose routed experts
         the fused decode kernels read (bf16, fp16, fp32, or stored fp8 rowwise, fp8_w8a16 or
-        mxfp4; no expert bias) with the shuffled strategy on one device, at T <=
-        Switch.shared_max_tokens on the Triton backend where the routed experts take the fused
-        decode kernels: _merged runs both in two launches (in every mode: eager, CUDA graph,
-        compiled)."""
+        mxfp4; no expert bias) with the shuffled strategy on one device, on the Triton backend,
+        where configs.merges_shared says (T <= Switch.shared_max_tokens, or for quantized
+        routed experts shared_quantized_max_tokens): _merged runs both in two launches (in every
+        mode: eager, CUDA graph, compiled)."""
         cfg, T = self.config, x.shape[0]
-        return (hot.shared_merges
-                and 0 < T <= min(moe_decode.configs.shared_max_tokens(), SHARED_FUSED_MAX_TOKENS)
+        return (hot.shared_merges and 0 < T <= SHARED_FUSED_MAX_TOKENS
                 and backend_for(x).name == "triton"
-                and moe_decode.configs.use_fused(T * cfg.top_k, cfg.top_k, cfg.quantization,
-                                                 cfg.num_experts))
+                and moe_decode.configs.merges_shared(T, cfg.top_k, cfg.quantization,
+                                                     cfg.num_experts))
 
     def _merged_forward(self, x: Tensor, hot: _Hot, out: Tensor | None) -> Tensor:
         """out [T, D] = the shared expert's and the routed experts' output (_merged): eager, from

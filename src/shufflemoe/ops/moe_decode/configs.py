@@ -75,10 +75,21 @@ class Switch:
     # the tiles the table picks for A + T pairs stream the shared weights once per one-pair
     # m-tile.
     shared_max_tokens: int = 2
+    # Routed experts stored in these formats merge a shared expert (bf16: it keeps its dtype, a
+    # second K loop; fp8 rowwise: its rows of a unquantized, the fused path taken whatever the
+    # fp8 rule above) while T <= shared_quantized_max_tokens. Measured on an H200 (not an H100;
+    # CUDA graphs, separate / merged us, results/probe_merged_quantized.json, at a62a1a7):
+    # Llama 4 Scout TP8 T = 1 fp8 rowwise 27.6 / 24.8, fp8_w8a16 28.5 / 25.3; Maverick TP8 T = 1
+    # 34.3 / 28.8, 30.3 / 27.5; at T = 2 merged lost 2-9% (one-pair tiles stream the shared
+    # weights, twice the routed bytes, once per token), and mxfp4 lost 6-8% at T = 1.
+    shared_quantized_max_tokens: int = 1
+    shared_quantized_formats: tuple[str, ...] = ("fp8_rowwise", "fp8_w8a16")
 
 
 ALWAYS = Switch(max_pairs=1 << 30, max_top_k=1 << 30, fp8=True,
-                weight_only_tokens=1 << 30, mxfp4_max_top_k=1 << 30)  # tests and benchmarks
+                weight_only_tokens=1 << 30, mxfp4_max_top_k=1 << 30,
+                shared_quantized_max_tokens=2,
+                shared_quantized_formats=("fp8_rowwise", "fp8_w8a16", "mxfp4"))  # tests
 NEVER = Switch(max_pairs=0)
 
 
@@ -175,6 +186,28 @@ def _mxfp4_max_top_k() -> int:
 def shared_max_tokens() -> int:
     """Switch.shared_max_tokens in force."""
     return _switch.get().shared_max_tokens
+
+
+@torch._dynamo.assume_constant_result
+def _shared_quantized_max_tokens() -> int:
+    return _switch.get().shared_quantized_max_tokens
+
+
+@torch._dynamo.assume_constant_result
+def _shared_quantized_formats() -> tuple[str, ...]:
+    return _switch.get().shared_quantized_formats
+
+
+def merges_shared(T: int, top_k: int, quant: str, num_experts: int) -> bool:
+    """Whether ``shuffled`` runs a plain shared expert in the fused decode launches of a top-k
+    layer's routed experts (stored in the weight format ``quant``) at T tokens."""
+    if quant == "none":
+        most = shared_max_tokens()
+    else:
+        most = _shared_quantized_max_tokens() if quant in _shared_quantized_formats() else 0
+    # fp8 rowwise: fused whenever merged (the fp8 rule weighs the unmerged fused path)
+    return T <= most and use_fused(T * top_k, top_k, "none" if quant == "fp8_rowwise" else quant,
+                                   num_experts)
 
 
 def use_fused(num_pairs: int, top_k: int = 1, quant: str = "none", num_experts: int = 0,
