@@ -83,7 +83,7 @@ def probe(shape, out: pathlib.Path) -> dict:
         for _ in range(3):
             block(x)
         run = block.__dict__["_shufflemoe"].run
-        graph, handle, into, outof, static_x, static_out, nbytes, flat_shape, pad = \
+        graph, handle, into, outof, static_x, static_out, nbytes, flat_shape, pad, _ = \
             run._replays[(x.shape, x.dtype, x.device)]
         g = run._graphs[1]
         yshape = x.shape if flat_shape is None else flat_shape

@@ -253,3 +253,35 @@ def test_a_refused_retarget_falls_back_to_the_eager_layer(monkeypatch):
     assert_close(y, ref, tolerance_key(cfg), magnitude=mag)
     assert not decode._graphs and not decode.buckets
     assert_close(decode(x), ref, tolerance_key(cfg), magnitude=mag)
+
+
+@gpu
+def test_copies_are_pointed_again_only_where_an_address_changed(monkeypatch):
+    """A replay calls the runtime only for a copy whose address (or size) changed: the same
+    input buffer, refilled, is read again without one and its new values followed; a new buffer,
+    and fewer tokens of the same buffer (same address, fewer bytes), point the copy in again.
+    Every call against float64."""
+    from shufflemoe import graph as graph_module
+
+    cfg = CONFIGS["qwen3-like"]
+    layer = make_layer(cfg, device="cuda")
+    decode = graphed(layer, token_buckets=(4,))
+    into = []
+    real = graph_module.set_copy
+
+    def counting(handle, node, *args):
+        into.append(node.value == decode._graphs[4].into.value)
+        return real(handle, node, *args)
+
+    monkeypatch.setattr(graph_module, "set_copy", counting)
+    buf = torch.empty(3, cfg.hidden_size, device="cuda", dtype=cfg.dtype)
+    other = torch.empty_like(buf)
+    expected_copies_in = 0
+    for step, (x, T) in enumerate(((buf, 3), (buf, 3), (buf, 3), (other, 3), (other, 3),
+                                   (buf, 2), (buf, 2), (buf, 3))):
+        x = x[:T]
+        x.copy_(make_input(cfg, T, seed=step, device="cuda"))  # new values, same address
+        ref, mag = naive_moe(layer, x, layer.route(x), with_magnitude=True)
+        assert_close(decode(x), ref, tolerance_key(cfg), name=f"step {step}", magnitude=mag)
+        expected_copies_in += step in (0, 3, 5, 7)  # first call, new buffer, new size (twice)
+        assert sum(into) == expected_copies_in, (step, into)

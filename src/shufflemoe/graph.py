@@ -9,7 +9,9 @@ Host cost: each graph begins with a copy into its static input and ends with a c
 static output, both captured as memcpy nodes. A replay points those two nodes at the caller's
 input and at a fresh output tensor (cudaGraphExecMemcpyNodeSetParams1D, _cudart.py) and launches
 the graph: one allocation, two runtime calls and one graph launch, where copying in and cloning
-out from Python would launch two more aten ops (~11 us of host time each on an H100 host).
+out from Python would launch two more aten ops (~11 us of host time each on an H100 host). A
+node already pointing at the address (a decode loop's allocator often hands a layer the same
+blocks step after step) is left as it is: no runtime call.
 
 Memory: graphs made with one ``GraphPool`` share its CUDA memory pool and, per (bucket, width,
 dtype), one static input, one static output and the scratch rows their copies were captured
@@ -125,14 +127,16 @@ class GraphedMoE:
                                  "captured graph, not one each")
             return None
         captured = self._graphs[bucket] = _Graph(
-            graph, ctypes.c_void_p(graph.raw_cuda_graph_exec()), into[0].node, outof[0].node, x, out)
+            graph, ctypes.c_void_p(graph.raw_cuda_graph_exec()), into[0].node, outof[0].node, x, out,
+            [0, 0, 0])
         return captured
 
     def _replay_for(self, x: Tensor) -> tuple | None:
         """(graph, exec handle, copy-in node, copy-out node, static input address, static output
-        address, bytes, [T, D] where flat and x is 3-D | None, static rows to zero | None) of
-        the smallest bucket that holds x's T tokens (captured now if lazy), or None: no tokens,
-        above the largest bucket, or an input the layer must reject (it then raises)."""
+        address, bytes, [T, D] where flat and x is 3-D | None, static rows to zero | None, the
+        graph's ``pointed``) of the smallest bucket that holds x's T tokens (captured now if
+        lazy), or None: no tokens, above the largest bucket, or an input the layer must reject
+        (it then raises)."""
         cfg = self.layer.config
         if (x.dtype != cfg.dtype or x.device != self.layer.w13.device or x.dim() not in (2, 3)
                 or x.shape[-1] != cfg.hidden_size):
@@ -147,27 +151,31 @@ class GraphedMoE:
         replay = self._replays[(x.shape, x.dtype, x.device)] = (
             g.graph, g.handle, g.into, g.outof, g.x.data_ptr(), g.out.data_ptr(),
             x.numel() * x.element_size(), (T, cfg.hidden_size) if self.flat and x.dim() == 3 else None,
-            g.x[T:] if T < bucket else None)
+            g.x[T:] if T < bucket else None, g.pointed)
         return replay
 
     def __call__(self, x: Tensor) -> Tensor:
         # The host path of a decode step: one dict lookup, an allocation, the copies retargeted
-        # to x and to the new output, the replay.
+        # to x and to the new output (where they point elsewhere), the replay.
         replay = (None if _capturing()  # captured into the caller's graph
                   else self._replays.get((x.shape, x.dtype, x.device)) or self._replay_for(x))
         if replay is None:  # no tokens, above the largest bucket, or a bad input (the layer says)
             out = self.layer(x)
             return out.view(-1, out.shape[-1]) if self.flat else out
-        graph, handle, into, outof, static_x, static_out, nbytes, flat_shape, pad = replay
+        graph, handle, into, outof, static_x, static_out, nbytes, flat_shape, pad, pointed = replay
         if not x.is_contiguous():
             x = x.contiguous()
         y = torch.empty_like(x)  # (torch.empty with a shape, dtype and device: ~4 us more)
         if pad is not None:
             pad.zero_()
-        if (set_copy(handle, into, static_x, x.data_ptr(), nbytes)
-                or set_copy(handle, outof, y.data_ptr(), static_out, nbytes)):
+        src, dst = x.data_ptr(), y.data_ptr()
+        moved_in = pointed[0] != src or pointed[2] != nbytes
+        moved_out = pointed[1] != dst or pointed[2] != nbytes
+        if ((moved_in and set_copy(handle, into, static_x, src, nbytes))
+                or (moved_out and set_copy(handle, outof, dst, static_out, nbytes))):
             self._stop_replaying("CUDA refused to point a graph's copies at this input")
             return self(x)
+        pointed[:] = src, dst, nbytes
         graph.replay()
         return y if flat_shape is None else y.view(flat_shape)
 
@@ -180,13 +188,15 @@ class GraphedMoE:
 
 
 class _Graph(NamedTuple):
-    """One bucket's captured graph: its exec handle, its two memcpy nodes, its static rows."""
+    """One bucket's captured graph: its exec handle, its two memcpy nodes, its static rows, and
+    where its copies point now (input address, output address, bytes; 0s: the scratch rows)."""
     graph: torch.cuda.CUDAGraph
     handle: ctypes.c_void_p
     into: ctypes.c_void_p
     outof: ctypes.c_void_p
     x: Tensor
     out: Tensor
+    pointed: list[int]
 
 
 _capturing = torch._C._cuda_isCurrentStreamCapturing  # torch.cuda's, without its Python frame

@@ -49,6 +49,15 @@ WEIGHTS = {"none": ("*bf16", None), "fp8_rowwise": ("*fp8e4nv", "*fp32"),
            "fp8_w8a16": ("*fp8e4nv", "*fp32"), "mxfp4": ("*u8", "*u8")}
 
 
+def _block_k(quant: str) -> int:
+    return 128 if quant == "none" else 256
+
+
+def _shared_k(quant: str) -> int:
+    """kernel._shared_k for bf16 activations: the routed step's bytes in bf16 columns."""
+    return {"none": 128, "mxfp4": 64}.get(quant, 128)
+
+
 def _format(fp8: bool | str) -> tuple[str, bool]:
     """(weight format, whether activations are fp8): True is fp8 rowwise, False bf16."""
     quant = fp8 if isinstance(fp8, str) else ("fp8_rowwise" if fp8 else "none")
@@ -71,8 +80,10 @@ def gate_up(fp8: bool | str, split: int, rw: bool, pdl: bool, block_m: int = 16,
                words_ptr="*i32" if split > 1 or fp8 else None, E="i32", D="i32", I="i32",
                n_tiles="i32", k_split="i32", A="i32", words_rows="i32",
                sw_ptr="*bf16" if shared else None, T="i32",
+               sa_ptr="*bf16" if shared and fp8 else None,
                flag_ptr="*i32" if shared else None, **_split_arg(split))
-    consts = dict(SHARED=shared, EARLY=shared, BLOCK_E=16, BLOCK_M=block_m, BLOCK_N=64, BLOCK_K=128 if quant == "none" else 256,
+    consts = dict(SHARED=shared, EARLY=shared, BLOCK_E=16, BLOCK_M=block_m, BLOCK_N=64,
+                  BLOCK_K=_block_k(quant), SHARED_K=_shared_k(quant),
                   **_split_const(split), QUANT=quant, ACT="swiglu_oai" if oai else "silu",
                   HAS_LIMIT=oai, HAS_BIAS=oai, HAS_RW=rw, UPCAST=False,
                   W_TO_X=quant in ("fp8_w8a16", "mxfp4"), DOT_PRECISION="tf32", INTERPRET=False,
@@ -95,12 +106,13 @@ def down(fp8: bool | str, split: int, k: int, pdl: bool, accumulate: bool = True
                words_ptr="*i32" if split > 1 or k > 1 else None, E="i32", D="i32",
                I="i32", n_tiles="i32", k_split="i32", A="i32", T="i32", words_cols="i32",
                sw_ptr="*bf16" if shared else None, flag_ptr="*i32" if shared else None,
-               flag_expected="i32", **_split_arg(split))
+               sa_ptr="*bf16" if shared else None, flag_expected="i32", **_split_arg(split))
     if shared:  # the combine, as for k > 1
         sig.update(y_ptr="*fp32", words_ptr="*i32")
     consts = dict(SHARED=shared, EARLY=shared, K=k, TOP1=k == 1 and not shared, ACCUMULATE=accumulate, BLOCK_E=128, BLOCK_M=block_m,
                   BLOCK_N=64,
-                  BLOCK_K=128 if quant == "none" else 256, BLOCK_T=16, **_split_const(split),
+                  BLOCK_K=_block_k(quant), SHARED_K=_shared_k(quant), BLOCK_T=16,
+                  **_split_const(split),
                   QUANT=quant, HAS_BIAS=bias, HAS_RW=True, UPCAST=False,
                   W_TO_X=quant in ("fp8_w8a16", "mxfp4"),
                   DOT_PRECISION="tf32", INTERPRET=False, PDL=pdl)
@@ -142,6 +154,14 @@ BUILDS = {
                                                                    shared=True),
     "down bf16 shared expert first, early, k=1 split-K PDL": lambda: down(False, 2, 1, True,
                                                                  accumulate=False, shared=True),
+    "gate_up fp8 with a bf16 shared expert (sa), early, PDL": lambda: gate_up(
+        True, 1, True, True, shared=True),
+    "down fp8 with a bf16 shared expert (sa), early, k=1 split-K PDL": lambda: down(
+        True, 2, 1, True, accumulate=False, shared=True),
+    "gate_up fp8_w8a16 with a bf16 shared expert, early, PDL": lambda: gate_up(
+        "fp8_w8a16", 1, True, True, shared=True),
+    "down mxfp4 with a bf16 shared expert, early, k=1 PDL": lambda: down(
+        "mxfp4", 1, 1, True, accumulate=False, shared=True),
     "grouped GEMM mxfp4": lambda: grouped_mxfp4("none", False),
     "grouped GEMM mxfp4 device TMA, swapped": lambda: grouped_mxfp4("device", True),
     "grouped GEMM mxfp4 16 x 128 x 256, swapped": lambda: grouped_mxfp4("none", True, 16, 256),
@@ -162,6 +182,12 @@ GEMV = {  # one pair a tile: no MMA
         False, 1, True, True, block_m=1, shared=True),
     "down bf16 one-pair tiles shared expert first, early, k=1 PDL": lambda: down(
         False, 1, 1, True, accumulate=False, block_m=1, shared=True),
+    "gate_up fp8 one-pair tiles with a bf16 shared expert (sa), early, PDL": lambda: gate_up(
+        True, 1, True, True, block_m=1, shared=True),
+    "down fp8_w8a16 one-pair tiles with a bf16 shared expert, k=1 split-K PDL": lambda: down(
+        "fp8_w8a16", 2, 1, True, accumulate=False, block_m=1, shared=True),
+    "gate_up mxfp4 one-pair tiles with a bf16 shared expert, early, PDL": lambda: gate_up(
+        "mxfp4", 1, True, True, block_m=1, shared=True),
 }
 
 

@@ -9,7 +9,9 @@ transformers model at real widths (random bf16 weights, transformers' init), cal
 | compile | torch.compile(block), its default experts (T = 1) | torch.compile of the patched block (T = 1) |
 
 us (the ratio's time): host time to issue one call, the mean of CALLS back-to-back calls without
-a sync (the queue is drained before each sample), median over ROUNDS samples [p20, p80], every
+a sync (the queue is drained before each sample), each call's input the other of two tensors
+than the last's (a new address every call: per-layer graphs point their copy in again each
+call, their worst case; the output's memory is freed after each call, as a model frees it), median over ROUNDS samples [p20, p80], every
 path of a case interleaved within each round (ABC ABC ...), so a slow spell of the host falls on
 all of them. wall_us: the same calls up to a synchronize, per call (host or GPU, whichever
 bounds). gpu_us: the block captured in one CUDA graph, median replay time (the GPU work alone;
@@ -21,6 +23,7 @@ so gpu_us is a lower bound there; host time is what this suite judges.
 from __future__ import annotations
 
 import gc
+import itertools
 import statistics
 import time
 import traceback
@@ -130,24 +133,29 @@ def _fits_batched_mm(shape: Shape, T: int) -> bool:
     return T * f["num_experts_per_tok"] * 3 * f["hidden_size"] * inter * 2 <= BATCHED_MM_MAX_BYTES
 
 
-def _paths(shape: Shape, T: int, models: dict, x: torch.Tensor) -> list[_Path]:
+def _alternating(call: Callable[[torch.Tensor], object], xs: tuple[torch.Tensor, ...]) -> Callable[[], object]:
+    """call on each of xs in turn, one per call."""
+    turns = itertools.cycle(xs)
+    return lambda: call(next(turns))
+
+
+def _paths(shape: Shape, T: int, models: dict, xs: tuple[torch.Tensor, ...]) -> list[_Path]:
     paths = []
     for impl in shape.experts:
         if impl == "batched_mm" and not _fits_batched_mm(shape, T):
             continue
-        block = first_block(models[impl])
         label = f"transformers {impl or 'default'}"
-        paths.append(_Path(label, "peer", "eager", lambda b=block: b(x)))
+        paths.append(_Path(label, "peer", "eager", _alternating(first_block(models[impl]), xs)))
     ours_eager, ours_graphs = first_block(models["ours eager"]), first_block(models["ours graphs"])
-    paths.append(_Path("shufflemoe (graph_buckets=None)", "ours", "eager", lambda: ours_eager(x)))
+    paths.append(_Path("shufflemoe (graph_buckets=None)", "ours", "eager", _alternating(ours_eager, xs)))
     if DEVICE == "cuda":
-        paths.append(_Path("shufflemoe (default: per-layer graphs)", "ours", "layer_graphs", lambda: ours_graphs(x)))
+        paths.append(_Path("shufflemoe (default: per-layer graphs)", "ours", "layer_graphs",
+                           _alternating(ours_graphs, xs)))
     if T in COMPILE_T:
         peer = first_block(models[shape.experts[0]])
         for impl, side, block in ((f"transformers {shape.experts[0] or 'default'} + torch.compile", "peer", peer),
                                   ("shufflemoe + torch.compile", "ours", ours_eager)):
-            compiled = torch.compile(block, **COMPILE_OPTIONS)
-            paths.append(_Path(impl, side, "compile", lambda c=compiled: c(x)))
+            paths.append(_Path(impl, side, "compile", _alternating(torch.compile(block, **COMPILE_OPTIONS), xs)))
     return paths
 
 
@@ -158,7 +166,7 @@ def _case(shape: Shape, T: int, models: dict, ctx: Context) -> list[dict]:
     live, rows = [], []
     base = dict(model=shape.name, T=T)
     with torch.no_grad():
-        for p in _paths(shape, T, models, x):
+        for p in _paths(shape, T, models, (x, x.clone())):
             try:
                 for _ in range(3):  # warm-up: compiles, captures, autotunes
                     p.fn()
