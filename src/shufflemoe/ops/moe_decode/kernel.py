@@ -46,10 +46,7 @@ A shared expert in the same launches (SHARED, the layer's merged decode): its m-
 pairs', and down's combine adds each token's shared row before its pairs' (so k = 1 combines
 too). EARLY (with PDL): gate_up's shared programs skip the wait for index_shuffle and count
 their stored rows of a in a handshake word; down's shared programs wait for that count, not
-for all of gate_up, and for the grid only before their epilogue (see _await_shared). Beside
-routed weights in a quantized format (MIXED) the shared expert keeps its dtype: its programs
-run a K loop of their own (SHARED_K columns a step, no scales), and with fp8 rowwise its rows of
-a go to sa (x's dtype, unquantized) instead of the fp32 rows the pairs' quantization reads.
+for all of gate_up, and for the grid only before their epilogue (see _await_shared).
 
 Indexing: products that can pass 2^31 (token * D, expert * rows * K, pair * N) are int64.
 """
@@ -415,7 +412,7 @@ def _gate_up_kernel(
     # dtype: with a quantized QUANT, SHARED_K columns a step, a K loop of its own)
     EARLY: tl.constexpr,  # ... they start before the routing is done (with PDL) and tell
     # down's shared programs when their rows of a are stored (flag_ptr; split 1)
-    SHARED_K: tl.constexpr,  # the shared expert's K step beside a quantized QUANT (_shared_k)
+    SHARED_K: tl.constexpr,
     QUANT_BLOCK: tl.constexpr,  # columns per step when the last m-tile quantizes rows of a
     ROW_BLOCK: tl.constexpr, ROW_CHUNKS: tl.constexpr,  # fp8_rowwise: lanes and loads a row of x
 ):
