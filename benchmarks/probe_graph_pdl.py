@@ -10,7 +10,7 @@ two decode kernels launched
 and, to separate PDL from the kernels, graphs of four trivial Triton kernels (one program, or
 1024) launched without / with PDL. Host us per graph.replay() (and per cudaGraphLaunch through
 ctypes), ROUNDS samples of CALLS back-to-back calls from a drained queue and of one call, every
-variant interleaved; GPU us per replay (events) for the layer variants.
+variant interleaved; GPU us per replay (bench.timing.time_fn of the replay) for every graph.
 Writes $OUT/probe_graph_pdl.json.
 
 Result (H100, at f957d9b, results/probe_graph_pdl.json; host us per replay, 30 back to back):
@@ -36,8 +36,10 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from shufflemoe._cudart import runtime
 from shufflemoe.bench.report import metadata
 from shufflemoe.bench.suites.host_cost import SHAPES, _sample, config, first_block
+from shufflemoe.bench.timing import time_fn
 from shufflemoe.integrations.transformers import patch
 from shufflemoe.integrations.transformers.models import build_model
 from shufflemoe.ops.index_shuffle import kernel as route_kernel
@@ -91,30 +93,9 @@ def capture(fn, keep: bool = False, pool=None) -> torch.cuda.CUDAGraph:
     return g
 
 
-def gpu_us(g: torch.cuda.CUDAGraph, reps: int = 50) -> float:
-    for _ in range(5):
-        g.replay()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3)
-    return statistics.median(times)
-
-
-def launcher():
-    lib = next(line.split()[-1] for line in open("/proc/self/maps") if "libcudart.so" in line)
-    rt = ctypes.CDLL(lib)
-    rt.cudaGraphLaunch.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-    rt.cudaGraphLaunch.restype = ctypes.c_int
-    return rt
-
-
 def measure(graphs: dict, extra: dict) -> dict:
-    rt = launcher()
+    rt = runtime()
+    rt.cudaGraphLaunch.argtypes, rt.cudaGraphLaunch.restype = [ctypes.c_void_p] * 2, ctypes.c_int
     fns = {}
     for name, g in graphs.items():
         fns[name] = g.replay
@@ -133,7 +114,8 @@ def measure(graphs: dict, extra: dict) -> dict:
         row[f"{name} x{c}"] = dict(us=round(statistics.median(s), 2), p20=round(q[0], 2),
                                     p80=round(q[3], 2))
     for name, g in graphs.items():
-        row[f"{name} gpu_us"] = round(gpu_us(g), 2)
+        row[f"{name} gpu_us"] = round(time_fn(lambda i, g=g: g.replay(), 1, graph=False,
+                                              reps=50).median_us, 2)
     return row
 
 

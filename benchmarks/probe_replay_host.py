@@ -31,7 +31,7 @@ import statistics
 import torch
 
 from shufflemoe.bench.report import metadata
-from shufflemoe._cudart import set_copy
+from shufflemoe._cudart import runtime, set_copy
 from shufflemoe.bench.suites.host_cost import SHAPES, _models, _sample, first_block
 
 CALLS, ROUNDS, SINGLE = 30, 15, 60
@@ -54,12 +54,6 @@ def kept_capture(run) -> torch.cuda.CUDAGraph:
     main.wait_stream(pool.stream)
     graph.instantiate()
     return graph
-
-
-def cudart() -> ctypes.CDLL:
-    """The CUDA runtime torch loaded (its path from /proc/self/maps)."""
-    lib = next(line.split()[-1] for line in open("/proc/self/maps") if "libcudart.so" in line)
-    return ctypes.CDLL(lib)
 
 
 def activities(fn) -> dict:
@@ -108,7 +102,7 @@ def probe(shape, out: pathlib.Path) -> dict:
                "set_copy x2": retarget,
                "copy_": lambda: g.x.copy_(x.view(1, -1)), "clone": g.out.clone}
         dot = out / f"{shape.name}.dot"
-        rt, raw, n = cudart(), ctypes.c_void_p(g.graph.raw_cuda_graph()), ctypes.c_size_t(0)
+        rt, raw, n = runtime(), ctypes.c_void_p(g.graph.raw_cuda_graph()), ctypes.c_size_t(0)
         assert rt.cudaGraphDebugDotPrint(raw, str(dot).encode(), 0) == 0
         assert rt.cudaGraphGetNodes(raw, None, ctypes.byref(n)) == 0
         samples = {(name, n): [] for name in fns for n in (CALLS, 1)}
