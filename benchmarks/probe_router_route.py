@@ -24,6 +24,8 @@ from torch.profiler import ProfilerActivity, profile
 from shufflemoe import graphed, preset
 from shufflemoe import layer as moe_layer
 from shufflemoe.bench.report import metadata
+from shufflemoe.bench.timing import time_fn
+from shufflemoe.ops.router import kernel as router_kernel
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from probe_combine import _check, _eager_host_us, _graph_us, _layers  # noqa: E402
@@ -55,6 +57,14 @@ def separate(layers, on: bool):
         moe_layer._TEMPLATES.clear()
 
 
+def routing_us(layer, xs) -> float:
+    """The routing alone (MoE._routing: the router's launch, and index_shuffle's where separate)
+    in CUDA-graph replays, median us."""
+    hot = layer._hot()
+    return round(time_fn(lambda i: layer._routing(hot, xs[i]), len(xs), graph=True,
+                         reps=40).median_us, 2)
+
+
 def timeline(layer, x) -> list[tuple[str, float, float]]:
     decode = graphed(layer, (x.shape[0],))
     for _ in range(3):
@@ -77,10 +87,16 @@ def main() -> None:
     p.add_argument("--tokens", nargs="+", type=int, default=[1, 2, 4, 8])
     p.add_argument("--presets", nargs="+", default=list(PRESETS))
     p.add_argument("--formats", nargs="+", default=["none", "fp8_rowwise"])
+    p.add_argument("--router-warps", type=int, default=0,
+                   help="run the router kernel (both paths) with this many warps at every T")
+    p.add_argument("--no-host", action="store_true", help="skip the eager host times")
     args = p.parse_args()
+    if args.router_warps:
+        router_kernel._TILES = {t: (d, args.router_warps) for t, (d, _) in router_kernel._TILES.items()}
     args.out.mkdir(parents=True, exist_ok=True)
     deadline = time.time() + args.budget
     meta = metadata()
+    meta["router_tiles"] = {str(t): list(v) for t, v in router_kernel._TILES.items()}
     rows = []
     for name in args.presets:
         for fmt in args.formats:
@@ -103,9 +119,13 @@ def main() -> None:
                         row["separate"] = _graph_us(layers, xs, False)
                     with separate(layers, False):
                         row["fused_again"] = _graph_us(layers, xs, False)
-                        row["fused_host"] = _eager_host_us(layers, xs, False)
+                        row["routing_fused"] = routing_us(layers[0], xs)
+                        if not args.no_host:
+                            row["fused_host"] = _eager_host_us(layers, xs, False)
                     with separate(layers, True):
-                        row["separate_host"] = _eager_host_us(layers, xs, False)
+                        row["routing_separate"] = routing_us(layers[0], xs)
+                        if not args.no_host:
+                            row["separate_host"] = _eager_host_us(layers, xs, False)
                     if T == 1:
                         with separate(layers, False):
                             row["fused_kernels"] = timeline(layers[0], xs[0])
@@ -113,8 +133,9 @@ def main() -> None:
                             row["separate_kernels"] = timeline(layers[0], xs[0])
                 fused = min(row["fused"]["us"], row["fused_again"]["us"])
                 row["speedup"] = round(row["separate"]["us"] / fused, 3)
-                row["host_saved_us"] = round(row["separate_host"]["host_us"]
-                                             - row["fused_host"]["host_us"], 1)
+                if not args.no_host:
+                    row["host_saved_us"] = round(row["separate_host"]["host_us"]
+                                                 - row["fused_host"]["host_us"], 1)
                 rows.append(row)
                 print(json.dumps({k: v for k, v in row.items() if not k.endswith("kernels")}),
                       flush=True)
