@@ -6,7 +6,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from factories import check_routing, configs, make_input, make_layer
-from shufflemoe import MoEConfig
 from shufflemoe.reference import routing_triples
 from shufflemoe.routing import route, router_logits
 
@@ -157,34 +156,3 @@ def test_renormalize_over_chosen_experts_keeps_the_lost_share_out(router, impl):
     for key, w in want.items():
         assert got[key] == pytest.approx(w.item(), rel=1e-6)
     assert got[(1, 2)] < 1.0  # the lost expert 0's share is gone
-
-
-@pytest.mark.parametrize("router", ["topk", "llama4", "group_limited", "topk-kept"])
-def test_layer_routes_in_the_router_launch_where_it_can(router):
-    """MoE.route (forward's routing): where the router is index_shuffle of the logits (topk
-    without renormalizing after drops, llama4), at decode T the Triton path routes in the
-    router's launch (ops.router_route), bit for bit the logits-then-route path; group_limited
-    and topk renormalizing over the kept experts keep that path."""
-    from shufflemoe.ops import use_impl
-    from shufflemoe.routing import shuffle_args
-
-    kw = dict(hidden_size=48, intermediate_size=16, num_experts=16, top_k=4, renormalize=True,
-              dtype=torch.float32)  # (check_routing's float32 weights)
-    if router == "llama4":
-        kw.update(router="llama4", scoring="sigmoid", top_k=1, renormalize=False,
-                  apply_router_weight_on_input=True)
-    elif router == "group_limited":
-        kw.update(router="group_limited", n_group=4, topk_group=2, correction_bias=True)
-    elif router == "topk-kept":
-        kw.update(capacity_factor=1.0, renormalize_over="kept")
-    cfg = MoEConfig(**kw)
-    assert (shuffle_args(cfg) is None) == (router in ("group_limited", "topk-kept"))
-    layer = make_layer(cfg, 3, device=DEV)
-    with use_impl("triton"), torch.no_grad():
-        for T in (1, 5, 8, 9):
-            x = make_input(cfg, T, T, device=DEV)
-            got = layer.route(x)
-            want = route(router_logits(x, layer.router_weight), cfg, layer.router_bias)
-            for f in ("counts", "token_ids", "expert_ids", "weights", "num_valid", "positions"):
-                assert torch.equal(getattr(got, f), getattr(want, f)), (T, f)
-            check_routing(layer, x, got)

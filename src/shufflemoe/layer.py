@@ -29,12 +29,11 @@ from .dispatch import Dispatch, LocalDispatch
 from .experts import EXPERTS, Experts
 from .experts.base import pair_weights
 from .ops import _launch, backend_for, moe_decode
-from .ops import router as router_op
 from .ops._impl import _default_impl
 from .ops.grouped_gemm import configs as gemm_configs
 from .ops.quantize.formats import FORMATS, weight_format
 from .ops.router import GEMV_MAX_TOKENS as ROUTER_GEMV_MAX_TOKENS
-from .routing import ROUTERS, router_logits, shuffle_args
+from .routing import ROUTERS, route, router_logits
 from .types import ExpertWeights, Routing
 
 _WEIGHT_NAMES = ("router_weight", "router_bias", "router_logits_bias", "w13", "w2", "w13_scale",
@@ -61,9 +60,6 @@ class _Hot:
     shared_w2: Tensor | None
     shared_gate: Tensor | None
     route: Callable[[Tensor, MoEConfig, Tensor | None], Routing]
-    # (scoring, renormalize, scaling): the router is index_shuffle of the logits with these
-    # (routing.shuffle_args), which ops.router_route runs in the router's launch at decode T
-    shuffle: tuple[str, bool, float] | None
     shared_fusable: bool  # a plain shared expert the fused decode kernels can run (_fuses_shared)
     shared_merges: bool  # ... in the routed experts' launches (_merges_shared)
     # [T] = (counts [1] = T, token ids [T], positions [T] = 0..T-1) int32 for T up to
@@ -269,10 +265,9 @@ class MoE(nn.Module):
                       and isinstance(self.dispatch, LocalDispatch)
                       and self.experts.name == "shuffled"
                       and (cfg.top_k == 1 or cfg.deterministic))
-            shuffle = None if cfg.batch_invariant else shuffle_args(cfg)
             hot = _Hot(self.expert_weights, self.router_weight, self.router_bias,
                        self.router_logits_bias, self.shared_w13, self.shared_w2, self.shared_gate,
-                       ROUTERS.get(cfg.router), shuffle, fusable, merges, one)
+                       ROUTERS.get(cfg.router), fusable, merges, one)
             compiling = torch.compiler.is_compiling()
             if compiling or not (self.w13.is_cuda and torch.cuda.is_current_stream_capturing()):
                 # (captured, its routing tensors would hold values only in the graph)
@@ -280,8 +275,6 @@ class MoE(nn.Module):
             if not compiling:  # compiled: gathered for real by an eager call or patch() first
                 moe_decode.reserve(self.w13, self.w2, quantization=cfg.quantization,
                                    shared_tokens=SHARED_FUSED_MAX_TOKENS if merges else 0)
-                if shuffle is not None:
-                    router_op.reserve(self.router_weight)
                 if fusable:
                     Is, D = cfg.shared_intermediate_size, cfg.hidden_size
                     moe_decode.reserve(self.shared_w13.view(1, 2 * Is, D),
@@ -294,8 +287,11 @@ class MoE(nn.Module):
                              self.w2_bias, self.config.quantization)
 
     def route(self, x: Tensor) -> Routing:
-        """x [T, D] -> Routing over all E experts (as forward routes)."""
-        return self._routing(self._hot(), x)
+        """x [T, D] -> Routing over all E experts."""
+        cfg = self.config
+        logits = router_logits(x, self.router_weight, cfg.router_logits_dtype,
+                               self.router_logits_bias, cfg.batch_invariant)
+        return route(logits, cfg, self.router_bias)
 
     def shared_expert(self, x: Tensor, out: Tensor, part: int | None = None,
                       accumulate: bool = False) -> Tensor:
@@ -428,12 +424,12 @@ class MoE(nn.Module):
         if given or torch.compiler.is_compiling() or join is not _noop:
             # join: the shared expert runs on a side stream (captured): the routed combine must
             # wait for it before adding into out
-            self._route_and_run(hot, x, self._routing(hot, x), out, join, first)
+            self._route_and_run(hot, x, self._logits(hot, x), out, join, first)
         else:  # eager, one stream: replayed from a launch plan when one can be made
             w = hot.weights
-            self._planned_routing(
+            self._planned_with_logits(
                 hot, "routed", x, out,
-                lambda routing: self._route_and_run(hot, x, routing(), out, _noop, first),
+                lambda logits: self._route_and_run(hot, x, logits(), out, _noop, first),
                 (w.w13, w.w2, w.w13_scale, w.w2_scale, w.w13_bias, w.w2_bias, hot.router_bias))
         join()
         if first and self.shared_w13 is not None:
@@ -493,20 +489,20 @@ class MoE(nn.Module):
 
     def _merged_forward(self, x: Tensor, hot: _Hot, out: Tensor | None) -> Tensor:
         """out [T, D] = the shared expert's and the routed experts' output (_merged): eager, from
-        one launch plan (the router inside it at decode T)."""
+        one launch plan (the router's logits inside it at decode T)."""
         out = torch.empty_like(x) if out is None else out
         if (torch.compiler.is_compiling()
                 or (x.is_cuda and torch.cuda.is_current_stream_capturing())):
-            self._merged(hot, x, lambda: self._routing(hot, x), out)
+            self._merged(hot, x, lambda: self._logits(hot, x), out)
             return out
         w = hot.weights
-        self._planned_routing(hot, "merged", x, out,
-                              lambda routing: self._merged(hot, x, routing, out),
-                              (w.w13, w.w2, w.w13_scale, w.w2_scale, hot.router_bias,
-                               hot.shared_w13, hot.shared_w2))
+        self._planned_with_logits(hot, "merged", x, out,
+                                  lambda logits: self._merged(hot, x, logits, out),
+                                  (w.w13, w.w2, w.w13_scale, w.w2_scale, hot.router_bias,
+                                   hot.shared_w13, hot.shared_w2))
         return out
 
-    def _merged(self, hot: _Hot, x: Tensor, routing: Callable[[], Routing], out: Tensor) -> None:
+    def _merged(self, hot: _Hot, x: Tensor, logits: Callable[[], Tensor], out: Tensor) -> None:
         """out [T, D] = shared expert + routed experts through the fused decode kernels, the
         shared expert as an expert every token visits (ops.decode_gate_up's shared_w13): a [T +
         A, I] holds its rows first, decode_down adds each token's shared row and then its pairs'
@@ -518,7 +514,7 @@ class MoE(nn.Module):
         T, I, quant = x.shape[0], cfg.intermediate_size, cfg.quantization
         a = moe_decode.gate_up_outputs(None, T * cfg.top_k, I, x.dtype, quant == "fp8_rowwise",
                                        x.device, T)
-        r = routing()
+        r = hot.route(logits(), cfg, hot.router_bias)
         w_in, w_out = pair_weights(r, cfg)
         ops.decode_gate_up(x, w.w13, w.w13_scale, r.counts, r.token_ids, w_in, a, 0, quant, None,
                            cfg.act, shared=hot.shared_w13, early=True)
@@ -549,11 +545,11 @@ class MoE(nn.Module):
         counts, ids, positions = hot.one_expert[x.shape[0]]
         w = hot.weights
 
-        def region(routing: Callable[[], Routing]) -> None:
+        def region(logits: Callable[[], Tensor]) -> None:
             self._fused_shared(hot, x, out)
-            self._route_and_run(hot, x, routing(), out)
+            self._route_and_run(hot, x, logits(), out)
 
-        self._planned_routing(
+        self._planned_with_logits(
             hot, "shared+routed", x, out, region,
             (w.w13, w.w2, w.w13_scale, w.w2_scale, w.w13_bias, w.w2_bias, hot.router_bias,
              hot.shared_w13, hot.shared_w2, counts, ids, positions))
@@ -565,30 +561,18 @@ class MoE(nn.Module):
         return router_logits(x, hot.router_weight, cfg.router_logits_dtype,
                              hot.router_logits_bias, cfg.batch_invariant)
 
-    def _routing(self, hot: _Hot, x: Tensor) -> Routing:
-        """The Routing of x [T, D]: where the router is index_shuffle of the logits and the
-        logits are the router kernel's (_logits_in_plan), both in one launch (ops.router_route,
-        the same bits), else the router on _logits."""
-        cfg = self.config
-        if hot.shuffle is not None and self._logits_in_plan(x):
-            return backend_for(x).router_route(x, hot.router_weight, hot.router_logits_bias,
-                                               cfg.top_k, *hot.shuffle, cfg.capacity(x.shape[0]))
-        return hot.route(self._logits(hot, x), cfg, hot.router_bias)
-
-    def _planned_routing(self, hot: _Hot, name: str, x: Tensor, out: Tensor,
-                         region: Callable[[Callable[[], Routing]], None],
-                         fixed: tuple[Tensor | None, ...]) -> None:
-        """_planned(region(routing)), ``routing()`` giving x's Routing: the router inside the
-        plan where _logits_in_plan (dynamic inputs (x, out), the router's weight and bias fixed
-        ones; _routing), else its logits once before it (dynamic inputs (x, logits, out))."""
+    def _planned_with_logits(self, hot: _Hot, name: str, x: Tensor, out: Tensor,
+                             region: Callable[[Callable[[], Tensor]], None],
+                             fixed: tuple[Tensor | None, ...]) -> None:
+        """_planned(region(logits)), ``logits()`` giving the router's logits of x: computed
+        inside the plan where _logits_in_plan (dynamic inputs (x, out), the router's weight and
+        bias fixed ones), else once before it (dynamic inputs (x, logits, out))."""
         if self._logits_in_plan(x):
-            self._planned(hot, name, lambda: region(lambda: self._routing(hot, x)), (x, out),
+            self._planned(hot, name, lambda: region(lambda: self._logits(hot, x)), (x, out),
                           fixed + (hot.router_weight, hot.router_logits_bias))
         else:
             logits = self._logits(hot, x)
-            self._planned(hot, name,
-                          lambda: region(lambda: hot.route(logits, self.config, hot.router_bias)),
-                          (x, logits, out), fixed)
+            self._planned(hot, name, lambda: region(lambda: logits), (x, logits, out), fixed)
 
     def _logits_in_plan(self, x: Tensor) -> bool:
         """Whether an eager call's launch plan computes the router logits too: at decode T on
@@ -599,10 +583,11 @@ class MoE(nn.Module):
         return (x.shape[0] <= ROUTER_GEMV_MAX_TOKENS and not cfg.batch_invariant
                 and cfg.router_logits_dtype in (None, x.dtype))
 
-    def _route_and_run(self, hot: _Hot, x: Tensor, routing: Routing, out: Tensor,
+    def _route_and_run(self, hot: _Hot, x: Tensor, logits: Tensor, out: Tensor,
                        join: Callable[[], None] = lambda: None, overwrite: bool = False) -> None:
-        """out += the routed experts' output for x's Routing (overwrite: out = it, local
-        dispatch only, see _routed_first)."""
+        """out += the routed experts' output for router logits [T, E] (overwrite: out = it,
+        local dispatch only, see _routed_first)."""
+        routing = hot.route(logits, self.config, hot.router_bias)
         if overwrite:
             self.dispatch.run(self.experts, x, routing, hot.weights, out, self.config, join,
                               overwrite=True)

@@ -75,18 +75,6 @@ def drops_before_normalizing(cfg: MoEConfig) -> bool:
     return cfg.renormalize and cfg.capacity_factor is not None and cfg.renormalize_over == "kept"
 
 
-def shuffle_args(cfg: MoEConfig) -> tuple[str, bool, float] | None:
-    """(scoring, renormalize, scaling) where cfg's router is index_shuffle of the logits alone
-    with these arguments (the registered topk, unless it renormalizes after dropping; llama4),
-    else None."""
-    router = ROUTERS.get(cfg.router)
-    if router is _llama4:
-        return "sigmoid", False, cfg.routed_scaling_factor
-    if router is _topk and not drops_before_normalizing(cfg):
-        return cfg.scoring, cfg.renormalize, cfg.routed_scaling_factor
-    return None
-
-
 # Routers call the ops unchecked: MoEConfig validated every option, the layer made the logits.
 @ROUTERS.register("topk")
 def _topk(logits: Tensor, cfg: MoEConfig, bias: Tensor | None) -> Routing:
@@ -96,13 +84,15 @@ def _topk(logits: Tensor, cfg: MoEConfig, bias: Tensor | None) -> Routing:
         r = ops.index_shuffle(logits, cfg.top_k, cfg.scoring, False, 1.0, capacity,
                               batch_invariant=cfg.batch_invariant)
         return _renormalize_kept(r, cfg.top_k, cfg.routed_scaling_factor)
-    return ops.index_shuffle(logits, cfg.top_k, *shuffle_args(cfg), capacity,
+    return ops.index_shuffle(logits, cfg.top_k, cfg.scoring, cfg.renormalize,
+                             cfg.routed_scaling_factor, capacity,
                              batch_invariant=cfg.batch_invariant)
 
 
 @ROUTERS.register("llama4")
 def _llama4(logits: Tensor, cfg: MoEConfig, bias: Tensor | None) -> Routing:
-    return backend_for(logits).index_shuffle(logits, cfg.top_k, *shuffle_args(cfg),
+    return backend_for(logits).index_shuffle(logits, cfg.top_k, "sigmoid", False,
+                                             cfg.routed_scaling_factor,
                                              cfg.capacity(logits.shape[0]),
                                              batch_invariant=cfg.batch_invariant)
 

@@ -193,9 +193,6 @@ class Ops:
     decode_down: Callable
     quantize_fp8_groups: Callable  # (x, num_valid, q, scale, group) -> None (fills q, scale)
     router_logits: Callable  # (x [T, D], w [E, D], bias [E] | None) -> logits [T, E]
-    # (x, w, bias, top_k, scoring, renormalize, scaling, capacity) -> Routing: index_shuffle of
-    # router_logits, in one launch at decode sizes
-    router_route: Callable
 
 
 _OPS: dict[str, Ops] = {}
@@ -228,4 +225,4 @@ def load_ops() -> None:
                          gemm.grouped_gemm, silu.silu_mul, scatter.scatter_add,
                          scatter.token_sum, shuffle.combine_shuffling, shuffle.split_shuffling,
                          decode.gate_up, decode.down, quant.quantize_fp8_groups_into,
-                         router.router_logits, router.router_route)
+                         router.router_logits)

@@ -193,24 +193,8 @@ def _route_kernel(
     if PDL:
         gdc_launch_dependents()
         gdc_wait()
-    route_block(src_ptr, src_stride, win_ptr, win_stride, counts_ptr, tok_ptr, exp_ptr, w_ptr,
-                nv_ptr, pos_ptr, skey_ptr, sid_ptr, sw_ptr, hist_ptr, T, cap, scaling,
-                tl.program_id(0), E, K, KP, BT, BEC, NB, FROM_SCORES, SCORING, RENORM, HAS_W,
-                HAS_CAP, SINGLE)
-
-
-@triton.jit
-def route_block(src_ptr, src_stride, win_ptr, win_stride, counts_ptr, tok_ptr, exp_ptr, w_ptr,
-                nv_ptr, pos_ptr, skey_ptr, sid_ptr, sw_ptr, hist_ptr, T, cap, scaling, blk,
-                E: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, BT: tl.constexpr,
-                BEC: tl.constexpr, NB: tl.constexpr, FROM_SCORES: tl.constexpr,
-                SCORING: tl.constexpr, RENORM: tl.constexpr, HAS_W: tl.constexpr,
-                HAS_CAP: tl.constexpr, SINGLE: tl.constexpr):
-    """Block ``blk`` of BT tokens (_route_kernel's arguments): its pairs' top-k (FROM_SCORES)
-    or given ids, sorted by (bucket, pair index); SINGLE (one block holds every token): placed
-    in the outputs, else written to the scratch for _place_kernel. The router's last program
-    calls it too, on the logits its launch wrote (ops/router)."""
     P: tl.constexpr = BT * KP
+    blk = tl.program_id(0)
     t = blk * BT + tl.arange(0, BT)
     jj = tl.arange(0, KP)
     pair_ok = (t < T)[:, None] & (jj < K)[None, :]
@@ -308,7 +292,7 @@ def _place_kernel(
         blk += 1
 
 
-def num_buckets(E: int, from_scores: bool) -> int:
+def _num_buckets(E: int, from_scores: bool) -> int:
     """Buckets: a power of two above every bucket id, at least 32."""
     return max(32, next_power_of_2(E if from_scores else E + 1))
 
@@ -375,7 +359,7 @@ def _route_op(src: Tensor, topk_weights: Optional[Tensor], counts: Tensor, token
     E, k = num_experts, top_k
     kp = next_power_of_2(k)
     nb = cdiv(T, block_tokens)
-    nbins = num_buckets(E, from_scores)
+    nbins = _num_buckets(E, from_scores)
     cap = 0 if capacity is None else capacity
     meta = dict(E=E, NB=nbins, FROM_SCORES=from_scores, HAS_CAP=capacity is not None)
     win = topk_weights if topk_weights is not None else src
@@ -415,7 +399,7 @@ def _route(src: Tensor, topk_weights: Tensor | None, E: int, k: int, from_scores
         raise ValueError(f"a single-program config needs block_tokens >= T={T}")
     kp = next_power_of_2(k)
     nb = 0 if cfg.single else cdiv(T, cfg.block_tokens)
-    nbins = num_buckets(E, from_scores)
+    nbins = _num_buckets(E, from_scores)
     counts = torch.empty(E, dtype=torch.int32, device=dev)
     token_ids = torch.empty(A, dtype=torch.int32, device=dev)
     expert_ids = torch.empty(A, dtype=torch.int32, device=dev)

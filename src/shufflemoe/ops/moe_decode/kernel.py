@@ -64,8 +64,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .._common import cdiv, next_power_of_2, on_device, traced
 from .._impl import interpreting, kernel_op
-from .._arrival import arrival_words, arrive, held_words
-from .._launch import launch
+from .._launch import launch, persistent_zeros
 from ..quantize.kernel import (cast_to, e2m1_f16, e4m3_bits, e8m0_values, fp8_target,
                                mxfp4_values, row_scales, store_fp8)
 from ..quantize.reference import FP8_DTYPE
@@ -149,6 +148,17 @@ def _w_tile(w_ptr, ws_ptr, w_rows, col_ok, k0, k_hi, K, QUANT: tl.constexpr,
         w = tl.load(w_ptr + w_rows[:, None] * K + kk[None, :],
                     mask=col_ok[:, None] & (kk < k_hi)[None, :], other=0.0)
     return w
+
+
+@triton.jit
+def _arrive(word_ptr, expected):
+    """After this program's stores: count its arrival; True for the last of ``expected``, which
+    also puts the word back to zero (after it, nobody else touches the word in this launch)."""
+    tl.debug_barrier()  # every thread's stores happen before the release below
+    last = tl.atomic_add(word_ptr, 1, sem="acq_rel") == expected - 1
+    if last:
+        tl.atomic_xchg(word_ptr, 0)
+    return last
 
 
 @triton.jit
@@ -467,7 +477,7 @@ def _gate_up_kernel(
             mine = part_ptr + s * stride
             tl.store(mine + at, acc_g, mask=mask)
             tl.store(mine + at + I, acc_u, mask=mask)
-            last = arrive(words_ptr + tile, split)
+            last = _arrive(words_ptr + tile, split)
             if last:
                 acc_g = _partials_sum(part_ptr, at, mask, split, stride)
                 acc_u = _partials_sum(part_ptr, at + I, mask, split, stride)
@@ -521,7 +531,7 @@ def _store_quantized(a, a_ptr, a_at, mask, q_ptr, scale_ptr, words_ptr, word, n_
                      INTERPRET: tl.constexpr):
     """fp8 rowwise: store this tile's fp32 rows of a; the m-tile's last tile quantizes them."""
     tl.store(a_ptr + a_at, a, mask=mask)
-    if arrive(words_ptr + word, n_tiles):
+    if _arrive(words_ptr + word, n_tiles):
         _quantize_rows(a_ptr, q_ptr, scale_ptr, rows, row_ok, I, BLOCK_M, QUANT_BLOCK,
                        INTERPRET)
 
@@ -690,7 +700,7 @@ def _down_kernel(
         if split > 1:
             stride = tl.cast(A, tl.int64) * D
             tl.store(part_ptr + s * stride + at_y, acc, mask=mask)
-            last = arrive(words_ptr + tile, split)
+            last = _arrive(words_ptr + tile, split)
             if last:
                 acc = _partials_sum(part_ptr, at_y, mask, split, stride)
         else:
@@ -717,7 +727,7 @@ def _down_kernel(
                 tl.store(dst, cast_to(acc, out_ptr.dtype.element_ty, INTERPRET), mask=mask)
             else:
                 tl.store(y_ptr + at_y, acc, mask=mask)
-                if arrive(words_ptr + words_cols + n_tile, total_tiles):
+                if _arrive(words_ptr + words_cols + n_tile, total_tiles):
                     _combine(out_ptr, y_ptr, pos_ptr, cols, col_ok, num_valid, T, D, K, BLOCK_T,
                              ACCUMULATE, SHARED, INTERPRET)
 
@@ -769,6 +779,45 @@ def sm_count(device: torch.device) -> int:
     if device.type != "cuda":
         return _INTERPRETER_SMS
     return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+_WORDS: dict[tuple[torch.device, int], list[Tensor]] = {}
+
+
+def arrival_words(like: Tensor, n: int, workspace: int = 0,
+                  held: Tensor | None = None) -> Tensor:
+    """n zeroed int32 arrival words on ``like``'s device. The kernels leave them zero, so one
+    buffer per (device, workspace) serves every call in stream order: calls that may run at the
+    same time on two streams use two workspaces (the layer's shared expert beside its routed
+    experts). Old buffers are kept alive: a captured CUDA graph may still point at them. Inside
+    a capture a new buffer cannot be zeroed before the replay, so warm up (as graphed() does) or
+    reserve first. ``held``: the buffer held_words gave the op (a graph input when compiled),
+    used when large enough; traced by torch.compile without one: fresh zeros in the graph
+    (a fill kernel each call)."""
+    if held is not None and held.numel() >= n:
+        return held  # whole: compiled, the mutated tensor is then the graph input itself
+    device = like.device
+    if traced((like,)):
+        return torch.zeros(n, dtype=torch.int32, device=device)
+    buffers = _WORDS.setdefault((device, workspace), [])
+    if buffers and buffers[-1].numel() >= n:
+        return buffers[-1][:n]
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError("the fused decode kernels need a larger arrival buffer inside a CUDA "
+                           "graph capture; run the layer once at this size before capturing")
+    words = persistent_zeros(max(n, 1024), torch.int32, device)
+    if device.type == "cuda":  # CUDA-graph trees (compile's reduce-overhead) may mutate it
+        torch._dynamo.mark_static_address(words)
+    buffers.append(words)
+    return words[:n]
+
+
+def held_words(like: Tensor, workspace: int) -> Tensor | None:
+    """The newest arrival buffer of (like's device, workspace), or None: what the ops pass their
+    kernels' launcher. Compiled, Dynamo makes it a graph input (a static address) and the
+    kernels mutate it in place, so no graph fills fresh words every call."""
+    buffers = _WORDS.get((like.device, workspace))
+    return buffers[-1] if buffers else None
 
 
 def reserve_arrival_words(w13: Tensor, w2: Tensor, max_pairs: int, workspace: int = 0,
