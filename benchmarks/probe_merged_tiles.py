@@ -1,0 +1,121 @@
+"""Tiles for the merged decode (the shared expert in the routed experts' two fused launches) chosen
+in the layer, not in the GEMMs alone: tune_decode.py times each GEMM of the routed experts by
+itself, while a merged call runs the shared expert's programs beside the router, index_shuffle and
+the routed ones. One GPU call: for Llama 4 Scout and Maverick TP8 at T = 1 (bf16 and fp8 rowwise
+routed experts, a bf16 shared expert), the layer in CUDA graphs (weights and inputs rotating, as
+the layer suite does) with the table's tiles, then down's tile varied with gate_up's fixed, then
+gate_up's with the best down (coordinate descent); the best checked against float64 and timed
+again beside the table's.
+
+    PYTHONPATH=src python benchmarks/probe_merged_tiles.py --out $OUT [--budget 420]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+import time
+
+import torch
+
+from shufflemoe import preset
+from shufflemoe.bench.report import metadata
+from shufflemoe.ops.moe_decode import configs
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from probe_combine import _check, _graph_us, _layers  # noqa: E402
+
+PRESETS = {"scout-tp8": preset("llama4-scout", tp=8),
+           "maverick-tp8": preset("llama4-maverick", tp=8)}
+# one pair a tile (block_m = 1): (block_n, bytes of K a step, warps); tune_decode's GEMV_TILES
+GEMV = ((4, 2048, 4), (4, 4096, 4), (4, 4096, 8), (8, 2048, 8), (8, 4096, 8), (16, 1024, 4),
+        (32, 512, 4), (64, 256, 4))
+MMA = ((64, 256, 4, 3), (32, 256, 4, 4), (64, 128, 4, 4))  # down only: (block_n, bytes, warps, stages)
+N_SETS = 8
+
+
+def gemm(tile, itemsize: int, tiles_n: int, K: int, sms: int, split_ok: bool):
+    """A GemmConfig from a candidate: K split so that every SM gets a program (where allowed)."""
+    block_n, nbytes, warps = tile[:3]
+    stages, block_m = (tile[3], 16) if len(tile) == 4 else (2, 1)
+    block_k = nbytes // itemsize
+    split = configs.split_for(tiles_n, -(-K // block_k), sms) if split_ok else 1
+    return configs.GemmConfig(block_n, block_k, split, warps, stages, block_m)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True, type=pathlib.Path)
+    p.add_argument("--budget", type=float, default=420.0)
+    p.add_argument("--formats", nargs="+", default=["none", "fp8_rowwise"])
+    p.add_argument("--presets", nargs="+", default=list(PRESETS))
+    args = p.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    deadline = time.time() + args.budget
+    meta, rows = metadata(), []
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for name in args.presets:
+        for fmt in args.formats:
+            cfg = PRESETS[name].replace(quantization=fmt)
+            layers = _layers(cfg, "cuda", False)
+            xs = [torch.randn(1, cfg.hidden_size, device="cuda", dtype=cfg.dtype)
+                  for _ in range(N_SETS)]
+            D, I = cfg.hidden_size, cfg.intermediate_size
+            itemsize = 1 if fmt == "fp8_rowwise" else 2
+            table = configs.select(2, cfg.num_experts, D, I, layers[0].w13.dtype, sms, fmt)
+
+            def time_with(plan):
+                with configs.override(plan), torch.no_grad():
+                    return _graph_us(layers, xs, False)["us"]
+
+            row = dict(preset=name, format=fmt, T=1, table=[table.gate_up.__dict__,
+                                                            table.down.__dict__, table.pdl])
+            row["table_us"] = time_with(table)
+            best, best_us, tried = table, row["table_us"], []
+            # down: 2 experts' tiles (routed + shared) of D rows
+            for tile in GEMV + MMA:
+                if time.time() > deadline:
+                    break
+                dn = gemm(tile, itemsize, 2 * -(-D // tile[0]), I, sms, True)
+                plan = best.with_(down=dn)
+                try:
+                    us = time_with(plan)
+                except Exception as e:  # noqa: BLE001 (a tile the kernel refuses)
+                    tried.append(dict(down=dn.__dict__, error=str(e)[:120]))
+                    continue
+                tried.append(dict(down=dn.__dict__, us=us))
+                if us < best_us:
+                    best, best_us = plan, us
+            for tile in GEMV:  # gate_up: no split (the shared programs run early only unsplit)
+                if time.time() > deadline:
+                    break
+                gu = gemm(tile, itemsize, 2 * -(-I // tile[0]), D, sms, False)
+                plan = best.with_(gate_up=gu)
+                try:
+                    us = time_with(plan)
+                except Exception as e:  # noqa: BLE001
+                    tried.append(dict(gate_up=gu.__dict__, error=str(e)[:120]))
+                    continue
+                tried.append(dict(gate_up=gu.__dict__, us=us))
+                if us < best_us:
+                    best, best_us = plan, us
+            with configs.override(best), torch.no_grad():
+                row["check"] = _check(layers[0], xs[0])
+            row["best"] = [best.gate_up.__dict__, best.down.__dict__, best.pdl]
+            row["best_us"] = time_with(best)
+            row["table_again_us"] = time_with(table)
+            row["speedup"] = round(min(row["table_us"], row["table_again_us"]) / row["best_us"], 3)
+            row["tried"] = tried
+            rows.append(row)
+            print(json.dumps({k: v for k, v in row.items() if k != "tried"}), flush=True)
+            del layers
+            torch.cuda.empty_cache()
+    meta["seconds"] = round(time.time() - deadline + args.budget)
+    (args.out / "probe_merged_tiles.json").write_text(json.dumps(dict(meta=meta, rows=rows),
+                                                                 indent=1))
+
+
+if __name__ == "__main__":
+    main()
