@@ -66,7 +66,7 @@ def main() -> None:
             itemsize = 1 if fmt == "fp8_rowwise" else 2
             table = configs.select(2, cfg.num_experts, D, I, layers[0].w13.dtype, sms, fmt)
 
-            def time_with(plan):
+            def time_with(plan, layers=layers, xs=xs):
                 with configs.override(plan), torch.no_grad():
                     return _graph_us(layers, xs, False)["us"]
 
