@@ -215,9 +215,10 @@ def _program(counts_ptr, E, n_tiles, split, T, BLOCK_E: tl.constexpr, BLOCK_M: t
         else:
             gdc_wait()
         gdc_launch_dependents()
-    live = u_routed >= 0
-    if not EARLY:  # every program reads counts (the combine needs the rows in all)
-        live = live | True
+    if EARLY:  # the shared expert's programs read no counts
+        live = u_routed >= 0
+    else:  # every program reads counts (the combine needs the rows in all)
+        live = tl.full([], True, tl.int1)
     exists, g, row0, row_stop, total_tiles, num_valid = _locate(counts_ptr, u_routed, E, live,
                                                                 BLOCK_E, BLOCK_M)
     if SHARED:
@@ -228,6 +229,30 @@ def _program(counts_ptr, E, n_tiles, split, T, BLOCK_E: tl.constexpr, BLOCK_M: t
         total_tiles += tl.cdiv(T, BLOCK_M)
     return (pid % split, tile, u, tile % n_tiles, shared, exists, g, row0, row_stop,
             total_tiles, num_valid)
+
+
+@triton.jit
+def _tile_rows(rows, shared, T, w_ptr, sw_ptr, SHARED: tl.constexpr, QUANT: tl.constexpr):
+    """A tile's rows [BM] (pairs, or the shared expert's tokens) -> (their rows of the partials
+    and of gate_up's a / down's y, their rows of the input a, the weight pointer). SHARED: the
+    shared expert's T rows come first in both (fp8 rowwise keeps the shared rows of a in sa, the
+    pairs' rows of q unshifted); its weights are sw_ptr's in the same K loop, or with a
+    quantized QUANT (MIXED) in a K loop of their own, which takes sw_ptr itself."""
+    if SHARED:
+        p_rows = rows + tl.where(shared, 0, T)
+        if QUANT == "fp8_rowwise":
+            a_rows = rows
+        else:
+            a_rows = p_rows
+        if QUANT == "none":
+            wp = tl.where(shared, sw_ptr, w_ptr)
+        else:
+            wp = w_ptr
+    else:
+        p_rows = rows
+        a_rows = rows
+        wp = w_ptr
+    return p_rows, a_rows, wp
 
 
 @triton.jit
@@ -429,19 +454,7 @@ def _gate_up_kernel(
         MIXED: tl.constexpr = SHARED and QUANT != "none"
         if SHARED:
             tok = tl.where(shared, rows.to(tl.int64), tok)
-            p_rows = rows + tl.where(shared, 0, T)  # partials' and a's rows: the shared first
-            if QUANT == "fp8_rowwise":
-                a_rows = rows  # pairs' rows of the fp32 a, tokens' rows of sa
-            else:
-                a_rows = p_rows
-            if MIXED:
-                wg_ptr = w_ptr
-            else:
-                wg_ptr = tl.where(shared, sw_ptr, w_ptr)
-        else:
-            p_rows = rows
-            a_rows = rows
-            wg_ptr = w_ptr
+        p_rows, a_rows, wg_ptr = _tile_rows(rows, shared, T, w_ptr, sw_ptr, SHARED, QUANT)
         inv = rw
         if QUANT == "fp8_rowwise":
             n_rows = tl.minimum(row_stop - row0, BLOCK_M)
@@ -656,20 +669,7 @@ def _down_kernel(
         rows = row0 + tl.arange(0, BLOCK_M)  # pairs (shared: tokens)
         row_ok = rows < row_stop
         MIXED: tl.constexpr = SHARED and QUANT != "none"
-        if SHARED:
-            y_rows = rows + tl.where(shared, 0, T)  # the partials' and y's rows: shared first
-            if QUANT == "fp8_rowwise":
-                a_rows = rows  # pairs' rows of q, tokens' rows of sa
-            else:
-                a_rows = y_rows
-            if MIXED:
-                wd_ptr = w_ptr
-            else:
-                wd_ptr = tl.where(shared, sw_ptr, w_ptr)
-        else:
-            y_rows = rows
-            a_rows = rows
-            wd_ptr = w_ptr
+        y_rows, a_rows, wd_ptr = _tile_rows(rows, shared, T, w_ptr, sw_ptr, SHARED, QUANT)
         cols = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
         col_ok = cols < D
         w_rows = g.to(tl.int64) * D + cols  # [BN] rows of w viewed as [E*D, I]

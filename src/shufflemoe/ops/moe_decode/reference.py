@@ -76,22 +76,19 @@ def _down(a: Tensor, a_scale: Optional[Tensor], sa: Optional[Tensor], w2: Tensor
           shared: Optional[Tensor] = None, early: bool = False) -> None:
     # words: unused; shared [D, I]: a's first T rows (fp8 rowwise: sa) are the shared expert's,
     # added first; early: the kernel's launch detail
+    if shared is not None and sa is None:
+        sa, a = a[:out.shape[0]], a[out.shape[0]:]
+    y = grouped_gemm(a, w2, counts, a_scale, w2_scale, None, None, None, None,
+                     torch.float32, quantization=quant, bias=bias)  # [A, D]
+    nv = _num_valid(counts)
     if shared is not None:
-        T = out.shape[0]
-        if sa is None:
-            sa, a = a[:T], a[T:]
         acc = grouped_gemm(sa, shared.unsqueeze(0), _all_tokens(out), None, None, None,
                            None, None, None, torch.float32)  # [T, D]
         if accumulate:
             acc = out.float() + acc
-        y = grouped_gemm(a, w2, counts, a_scale, w2_scale, None, None, None, None,
-                         torch.float32, quantization=quant, bias=bias)
-        token_sum(acc, y, positions, row_weights, _num_valid(counts))
+        token_sum(acc, y, positions, row_weights, nv)
         out.copy_(acc)
         return
-    y = grouped_gemm(a, w2, counts, a_scale, w2_scale, None, None, None, None,
-                     torch.float32, quantization=quant, bias=bias)  # [A, D]
-    nv = _num_valid(counts)
     if accumulate:
         token_sum(out, y, positions, row_weights, nv)
         return
