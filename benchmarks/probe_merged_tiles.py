@@ -3,7 +3,8 @@ in the layer, not in the GEMMs alone: tune_decode.py times each GEMM of the rout
 itself, while a merged call runs the shared expert's programs beside the router, index_shuffle and
 the routed ones. One GPU call: for Llama 4 Scout and Maverick TP8 at T = 1 (bf16 and fp8 rowwise
 routed experts, a bf16 shared expert), the layer in CUDA graphs (weights and inputs rotating, as
-the layer suite does) with the table's tiles, then down's tile varied with gate_up's fixed, then
+the layer suite does; --presets qwen3-30b-a3b --tokens 1 2: the routed experts alone) with the
+table's tiles, then down's tile varied with gate_up's fixed, then
 gate_up's with the best down (coordinate descent); the best checked against float64 and timed
 again beside the table's.
 
@@ -28,7 +29,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from probe_combine import _check, _graph_us, _layers  # noqa: E402
 
 PRESETS = {"scout-tp8": preset("llama4-scout", tp=8),
-           "maverick-tp8": preset("llama4-maverick", tp=8)}
+           "maverick-tp8": preset("llama4-maverick", tp=8),
+           "qwen3-30b-a3b": preset("qwen3-30b-a3b")}
 # one pair a tile (block_m = 1): (block_n, bytes of K a step, warps); tune_decode's GEMV_TILES
 GEMV = ((4, 2048, 4), (4, 4096, 4), (4, 4096, 8), (8, 2048, 8), (8, 4096, 8), (16, 1024, 4),
         (32, 512, 4), (64, 256, 4))
@@ -50,68 +52,72 @@ def main() -> None:
     p.add_argument("--out", required=True, type=pathlib.Path)
     p.add_argument("--budget", type=float, default=420.0)
     p.add_argument("--formats", nargs="+", default=["none", "fp8_rowwise"])
-    p.add_argument("--presets", nargs="+", default=list(PRESETS))
+    p.add_argument("--presets", nargs="+", default=["scout-tp8", "maverick-tp8"])
+    p.add_argument("--tokens", nargs="+", type=int, default=[1])
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     deadline = time.time() + args.budget
     meta, rows = metadata(), []
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    for name in args.presets:
-        for fmt in args.formats:
-            cfg = PRESETS[name].replace(quantization=fmt)
-            layers = _layers(cfg, "cuda", False)
-            xs = [torch.randn(1, cfg.hidden_size, device="cuda", dtype=cfg.dtype)
-                  for _ in range(N_SETS)]
-            D, I = cfg.hidden_size, cfg.intermediate_size
-            itemsize = 1 if fmt == "fp8_rowwise" else 2
-            table = configs.select(2, cfg.num_experts, D, I, layers[0].w13.dtype, sms, fmt)
+    for name, fmt, T in [(n, f, t) for n in args.presets for f in args.formats
+                         for t in args.tokens]:
+        cfg = PRESETS[name].replace(quantization=fmt)
+        layers = _layers(cfg, "cuda", False)
+        xs = [torch.randn(T, cfg.hidden_size, device="cuda", dtype=cfg.dtype)
+              for _ in range(N_SETS)]
+        D, I, E, k = cfg.hidden_size, cfg.intermediate_size, cfg.num_experts, cfg.top_k
+        itemsize = 1 if fmt == "fp8_rowwise" else 2
+        merged = bool(cfg.shared_intermediate_size) and configs.merges_shared(T, k, fmt, E)
+        A = T * k + (T if merged else 0)  # rows the fused kernels plan for
+        active = min(E, T * k) + merged  # weight sets streamed (the shared expert's too)
+        table = configs.select(A, E, D, I, layers[0].w13.dtype, sms, fmt)
 
-            def time_with(plan, layers=layers, xs=xs):
-                with configs.override(plan), torch.no_grad():
-                    return _graph_us(layers, xs, False)["us"]
+        def time_with(plan, layers=layers, xs=xs):
+            with configs.override(plan), torch.no_grad():
+                return _graph_us(layers, xs, False)["us"]
 
-            row = dict(preset=name, format=fmt, T=1, table=[table.gate_up.__dict__,
-                                                            table.down.__dict__, table.pdl])
-            row["table_us"] = time_with(table)
-            best, best_us, tried = table, row["table_us"], []
-            # down: 2 experts' tiles (routed + shared) of D rows
-            for tile in GEMV + MMA:
-                if time.time() > deadline:
-                    break
-                dn = gemm(tile, itemsize, 2 * -(-D // tile[0]), I, sms, True)
-                plan = best.with_(down=dn)
-                try:
-                    us = time_with(plan)
-                except Exception as e:  # noqa: BLE001 (a tile the kernel refuses)
-                    tried.append(dict(down=dn.__dict__, error=str(e)[:120]))
-                    continue
-                tried.append(dict(down=dn.__dict__, us=us))
-                if us < best_us:
-                    best, best_us = plan, us
-            for tile in GEMV:  # gate_up: no split (the shared programs run early only unsplit)
-                if time.time() > deadline:
-                    break
-                gu = gemm(tile, itemsize, 2 * -(-I // tile[0]), D, sms, False)
-                plan = best.with_(gate_up=gu)
-                try:
-                    us = time_with(plan)
-                except Exception as e:  # noqa: BLE001
-                    tried.append(dict(gate_up=gu.__dict__, error=str(e)[:120]))
-                    continue
-                tried.append(dict(gate_up=gu.__dict__, us=us))
-                if us < best_us:
-                    best, best_us = plan, us
-            with configs.override(best), torch.no_grad():
-                row["check"] = _check(layers[0], xs[0])
-            row["best"] = [best.gate_up.__dict__, best.down.__dict__, best.pdl]
-            row["best_us"] = time_with(best)
-            row["table_again_us"] = time_with(table)
-            row["speedup"] = round(min(row["table_us"], row["table_again_us"]) / row["best_us"], 3)
-            row["tried"] = tried
-            rows.append(row)
-            print(json.dumps({k: v for k, v in row.items() if k != "tried"}), flush=True)
-            del layers
-            torch.cuda.empty_cache()
+        row = dict(preset=name, format=fmt, T=T, merged=merged, table=[table.gate_up.__dict__,
+                                                        table.down.__dict__, table.pdl])
+        row["table_us"] = time_with(table)
+        best, best_us, tried = table, row["table_us"], []
+        # down: 2 experts' tiles (routed + shared) of D rows
+        for tile in GEMV + MMA:
+            if time.time() > deadline:
+                break
+            dn = gemm(tile, itemsize, active * -(-D // tile[0]), I, sms, True)
+            plan = best.with_(down=dn)
+            try:
+                us = time_with(plan)
+            except Exception as e:  # noqa: BLE001 (a tile the kernel refuses)
+                tried.append(dict(down=dn.__dict__, error=str(e)[:120]))
+                continue
+            tried.append(dict(down=dn.__dict__, us=us))
+            if us < best_us:
+                best, best_us = plan, us
+        for tile in GEMV:  # gate_up: merged, no split (its shared programs run early only unsplit)
+            if time.time() > deadline:
+                break
+            gu = gemm(tile, itemsize, active * -(-I // tile[0]), D, sms, not merged)
+            plan = best.with_(gate_up=gu)
+            try:
+                us = time_with(plan)
+            except Exception as e:  # noqa: BLE001
+                tried.append(dict(gate_up=gu.__dict__, error=str(e)[:120]))
+                continue
+            tried.append(dict(gate_up=gu.__dict__, us=us))
+            if us < best_us:
+                best, best_us = plan, us
+        with configs.override(best), torch.no_grad():
+            row["check"] = _check(layers[0], xs[0])
+        row["best"] = [best.gate_up.__dict__, best.down.__dict__, best.pdl]
+        row["best_us"] = time_with(best)
+        row["table_again_us"] = time_with(table)
+        row["speedup"] = round(min(row["table_us"], row["table_again_us"]) / row["best_us"], 3)
+        row["tried"] = tried
+        rows.append(row)
+        print(json.dumps({k: v for k, v in row.items() if k != "tried"}), flush=True)
+        del layers
+        torch.cuda.empty_cache()
     meta["seconds"] = round(time.time() - deadline + args.budget)
     (args.out / "probe_merged_tiles.json").write_text(json.dumps(dict(meta=meta, rows=rows),
                                                                  indent=1))
