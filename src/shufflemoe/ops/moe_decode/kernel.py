@@ -232,27 +232,23 @@ def _program(counts_ptr, E, n_tiles, split, T, BLOCK_E: tl.constexpr, BLOCK_M: t
 
 
 @triton.jit
-def _tile_rows(rows, shared, T, w_ptr, sw_ptr, SHARED: tl.constexpr, QUANT: tl.constexpr):
+def _tile_rows(rows, shared, T, SHARED: tl.constexpr, QUANT: tl.constexpr):
     """A tile's rows [BM] (pairs, or the shared expert's tokens) -> (their rows of the partials
-    and of gate_up's a / down's y, their rows of the input a, the weight pointer). SHARED: the
-    shared expert's T rows come first in both (fp8 rowwise keeps the shared rows of a in sa, the
-    pairs' rows of q unshifted); its weights are sw_ptr's in the same K loop, or with a
-    quantized QUANT (MIXED) in a K loop of their own, which takes sw_ptr itself."""
+    and of gate_up's a / down's y, their rows of the input a). SHARED: the shared expert's T
+    rows come first in both (fp8 rowwise keeps the shared rows of a in sa, the pairs' rows of q
+    unshifted). (The weight pointer is picked in the kernels themselves: Inductor's analysis of
+    which arguments a user kernel writes took a pointer returned by a helper for written, and
+    copied the shared weights before every compiled call.)"""
     if SHARED:
         p_rows = rows + tl.where(shared, 0, T)
         if QUANT == "fp8_rowwise":
             a_rows = rows
         else:
             a_rows = p_rows
-        if QUANT == "none":
-            wp = tl.where(shared, sw_ptr, w_ptr)
-        else:
-            wp = w_ptr
     else:
         p_rows = rows
         a_rows = rows
-        wp = w_ptr
-    return p_rows, a_rows, wp
+    return p_rows, a_rows
 
 
 @triton.jit
@@ -454,7 +450,11 @@ def _gate_up_kernel(
         MIXED: tl.constexpr = SHARED and QUANT != "none"
         if SHARED:
             tok = tl.where(shared, rows.to(tl.int64), tok)
-        p_rows, a_rows, wg_ptr = _tile_rows(rows, shared, T, w_ptr, sw_ptr, SHARED, QUANT)
+        p_rows, a_rows = _tile_rows(rows, shared, T, SHARED, QUANT)
+        if SHARED and QUANT == "none":  # the shared tiles read sw_ptr in the same K loop
+            wg_ptr = tl.where(shared, sw_ptr, w_ptr)
+        else:
+            wg_ptr = w_ptr
         inv = rw
         if QUANT == "fp8_rowwise":
             n_rows = tl.minimum(row_stop - row0, BLOCK_M)
@@ -669,7 +669,11 @@ def _down_kernel(
         rows = row0 + tl.arange(0, BLOCK_M)  # pairs (shared: tokens)
         row_ok = rows < row_stop
         MIXED: tl.constexpr = SHARED and QUANT != "none"
-        y_rows, a_rows, wd_ptr = _tile_rows(rows, shared, T, w_ptr, sw_ptr, SHARED, QUANT)
+        y_rows, a_rows = _tile_rows(rows, shared, T, SHARED, QUANT)
+        if SHARED and QUANT == "none":  # the shared tiles read sw_ptr in the same K loop
+            wd_ptr = tl.where(shared, sw_ptr, w_ptr)
+        else:
+            wd_ptr = w_ptr
         cols = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
         col_ok = cols < D
         w_rows = g.to(tl.int64) * D + cols  # [BN] rows of w viewed as [E*D, I]
