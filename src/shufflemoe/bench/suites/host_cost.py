@@ -218,7 +218,7 @@ def analyse(rows: list[dict]) -> Analysis:
                                   at_most=bound, unit=" us"))
     best = [r for r in rs if r["best_peer"]]
     headlines = []
-    for T in dict.fromkeys(r["T"] for r in rows):
+    for T in dict.fromkeys(r["T"] for r in rows if "T" in r):  # (skipped models: no T)
         for modes in dict.fromkeys(r["modes"] for r in best):
             sel = select(best, T=T, modes=modes)
             if sel:
