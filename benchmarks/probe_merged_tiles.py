@@ -80,33 +80,26 @@ def main() -> None:
                                                         table.down.__dict__, table.pdl])
         row["table_us"] = time_with(table)
         best, best_us, tried = table, row["table_us"], []
-        # down: 2 experts' tiles (routed + shared) of D rows
-        for tile in GEMV + MMA:
-            if time.time() > deadline:
-                break
-            dn = gemm(tile, itemsize, active * -(-D // tile[0]), I, sms, True)
-            plan = best.with_(down=dn)
-            try:
-                us = time_with(plan)
-            except Exception as e:  # noqa: BLE001 (a tile the kernel refuses)
-                tried.append(dict(down=dn.__dict__, error=str(e)[:120]))
-                continue
-            tried.append(dict(down=dn.__dict__, us=us))
-            if us < best_us:
-                best, best_us = plan, us
-        for tile in GEMV:  # gate_up: merged, no split (its shared programs run early only unsplit)
-            if time.time() > deadline:
-                break
-            gu = gemm(tile, itemsize, active * -(-I // tile[0]), D, sms, not merged)
-            plan = best.with_(gate_up=gu)
-            try:
-                us = time_with(plan)
-            except Exception as e:  # noqa: BLE001
-                tried.append(dict(gate_up=gu.__dict__, error=str(e)[:120]))
-                continue
-            tried.append(dict(gate_up=gu.__dict__, us=us))
-            if us < best_us:
-                best, best_us = plan, us
+        # down's tile first (K split to fill the SMs), then gate_up's with the best down (merged:
+        # no split, its shared programs run early only unsplit)
+        parts = (("down", GEMV + MMA, lambda t: gemm(t, itemsize, active * -(-D // t[0]), I, sms,
+                                                     True)),
+                 ("gate_up", GEMV, lambda t: gemm(t, itemsize, active * -(-I // t[0]), D, sms,
+                                                  not merged)))
+        for part, tiles, make in parts:
+            for tile in tiles:
+                if time.time() > deadline:
+                    break
+                g = make(tile)
+                plan = best.with_(**{part: g})
+                try:
+                    us = time_with(plan)
+                except Exception as e:  # noqa: BLE001 (a tile the kernel refuses)
+                    tried.append({part: g.__dict__, "error": str(e)[:120]})
+                    continue
+                tried.append({part: g.__dict__, "us": us})
+                if us < best_us:
+                    best, best_us = plan, us
         with configs.override(best), torch.no_grad():
             row["check"] = _check(layers[0], xs[0])
         row["best"] = [best.gate_up.__dict__, best.down.__dict__, best.pdl]
