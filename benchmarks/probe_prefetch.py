@@ -1,7 +1,7 @@
 """Does asking L2 for down's weights while gate_up runs shorten a fused decode call? One GPU call:
 for each preset, format and T, the layer in CUDA graphs (weights and inputs rotating, as the
-layer suite does) with the table's plan, the same plan with DecodeConfig.prefetch, and both with
-PDL forced on (prefetch needs down's programs resident while gate_up runs); the variants
+layer suite does) with the table's plan, the same plan with DecodeConfig.prefetch (a prefetch a line,
+or one bulk prefetch a program), and bulk with PDL forced on (prefetch needs down's programs resident while gate_up runs); the variants
 interleaved over ROUNDS rounds, each plan's result checked against float64 once.
 
     PYTHONPATH=src python benchmarks/probe_prefetch.py --out $OUT [--budget 540]
@@ -28,8 +28,8 @@ PRESETS = {"scout-tp8": preset("llama4-scout", tp=8),
            "maverick-tp8": preset("llama4-maverick", tp=8),
            "qwen3-30b-a3b": preset("qwen3-30b-a3b"),
            "mixtral-tp2": preset("mixtral-8x7b", tp=2)}
-VARIANTS = {"table": {}, "prefetch": dict(prefetch=True), "pdl": dict(pdl=True),
-            "pdl+prefetch": dict(pdl=True, prefetch=True)}
+VARIANTS = {"table": {}, "lines": dict(prefetch=True), "bulk": dict(prefetch="bulk"),
+            "pdl+bulk": dict(pdl=True, prefetch="bulk")}
 ROUNDS = 2
 N_SETS = 8
 
@@ -72,8 +72,7 @@ def main() -> None:
                     with configs.override(plan_of(changes)):
                         row["us"][v].append(_graph_us(layers, xs, False)["us"])
         best = {v: min(u) for v, u in row["us"].items()}
-        row["speedup_prefetch"] = round(best["table"] / best["prefetch"], 3)
-        row["speedup_pdl_prefetch"] = round(best["table"] / best["pdl+prefetch"], 3)
+        row["speedup"] = {v: round(best["table"] / b, 3) for v, b in best.items()}
         rows.append(row)
         print(json.dumps(row), flush=True)
         del layers

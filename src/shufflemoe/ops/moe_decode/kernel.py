@@ -640,9 +640,20 @@ def _prefetch_l2(ptr, rows, row_len, c_lo, c_hi, LINES: tl.constexpr):
 
 
 @triton.jit
+def _prefetch_bulk(ptr, nbytes):
+    """Ask L2 for nbytes (a multiple of 16) from ptr (16-byte aligned): one TMA bulk prefetch,
+    issued by thread 0 of the program."""
+    tl.inline_asm_elementwise(
+        "{ .reg .u32 t; .reg .pred p; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0;\n\t"
+        "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+        "=r,l,r", [ptr, nbytes], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _prefetch_down(counts_ptr, w_ptr, sw_ptr, E, D, I, n_tiles, k_split, split, T,
                    BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   QUANT: tl.constexpr, SHARED: tl.constexpr, LINES: tl.constexpr):
+                   QUANT: tl.constexpr, SHARED: tl.constexpr, LINES: tl.constexpr,
+                   BULK: tl.constexpr):
     """down's program asks L2 for the weight rows it will stream, before it waits (PDL) for
     gate_up: launched while gate_up runs, its routed weights arrive in L2 beside gate_up's
     stream instead of after it. The expert comes from counts, which index_shuffle finished
@@ -663,9 +674,23 @@ def _prefetch_down(counts_ptr, w_ptr, sw_ptr, E, D, I, n_tiles, k_split, split, 
         exists, g, _, _, _, _ = _locate(counts_ptr, u, E, True, BLOCK_E, BLOCK_M)
         if exists:
             row_len = I // 2 if QUANT == "mxfp4" else I
-            _prefetch_l2(w_ptr, g.to(tl.int64) * D + cols, row_len, k_lo, k_hi, LINES)
+            if BULK:  # split 1: the tile's rows are one block
+                n0 = (tile % n_tiles) * BLOCK_N
+                n = tl.minimum(BLOCK_N, D - n0)
+                EB: tl.constexpr = w_ptr.dtype.element_ty.primitive_bitwidth // 8
+                _prefetch_bulk(w_ptr + (g.to(tl.int64) * D + n0) * row_len,
+                               (n * row_len * EB).to(tl.int32))
+            else:
+                _prefetch_l2(w_ptr, g.to(tl.int64) * D + cols, row_len, k_lo, k_hi, LINES)
     elif SHARED:
-        _prefetch_l2(sw_ptr, cols, I, s * k_split, tl.minimum(s * k_split + k_split, I), LINES)
+        if BULK:
+            n0 = (tile % n_tiles) * BLOCK_N
+            SB: tl.constexpr = sw_ptr.dtype.element_ty.primitive_bitwidth // 8
+            _prefetch_bulk(sw_ptr + n0.to(tl.int64) * I,
+                           (tl.minimum(BLOCK_N, D - n0) * I * SB).to(tl.int32))
+        else:
+            _prefetch_l2(sw_ptr, cols, I, s * k_split, tl.minimum(s * k_split + k_split, I),
+                         LINES)
 
 
 @triton.jit
@@ -709,7 +734,7 @@ def _down_kernel(
 ):
     if PREFETCH:
         _prefetch_down(counts_ptr, w_ptr, sw_ptr, E, D, I, n_tiles, k_split, split, T, BLOCK_E,
-                       BLOCK_M, BLOCK_N, QUANT, SHARED, PREFETCH_LINES)
+                       BLOCK_M, BLOCK_N, QUANT, SHARED, PREFETCH_LINES, PREFETCH == 2)
     s, tile, u, n_tile, shared, exists, g, row0, row_stop, total_tiles, num_valid = _program(
         counts_ptr, E, n_tiles, split, T, BLOCK_E, BLOCK_M, SHARED, PDL, EARLY)
     if EARLY:
@@ -922,6 +947,16 @@ def _early(early: bool, shared: Tensor | None, gate_up_split: int, like: Tensor)
     return early and shared is not None and gate_up_split == 1 and not traced((like,))
 
 
+def _prefetch(plan: configs.DecodeConfig, pdl: bool, split: int, w2: Tensor, I: int) -> int:
+    """0, 1 (lines) or 2 (one bulk prefetch a program: split 1, aligned rows)."""
+    if not (pdl and plan.prefetch):
+        return 0
+    if plan.prefetch == "bulk" and split == 1 and w2.data_ptr() % 16 == 0 and (
+            w2.stride(1) * w2.element_size()) % 16 == 0 and w2.is_contiguous():
+        return 2
+    return 1
+
+
 def _launch_options(cfg: configs.GemmConfig, pdl: bool) -> dict:
     opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if pdl:
@@ -1064,7 +1099,7 @@ def _down_op(a: Tensor, a_scale: Optional[Tensor], sa: Optional[Tensor], w2: Ten
             DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32", INTERPRET=interpret,
             PDL=pdl, SHARED=shared is not None, EARLY=early,
             SHARED_K=_shared_k(cfg, w2, out.dtype, quant),
-            PREFETCH=pdl and plan.prefetch, PREFETCH_LINES=_PREFETCH_LINES,
+            PREFETCH=_prefetch(plan, pdl, split, w2, I), PREFETCH_LINES=_PREFETCH_LINES,
             **_launch_options(cfg, pdl))
 
 
