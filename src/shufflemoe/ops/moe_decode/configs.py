@@ -116,9 +116,6 @@ class DecodeConfig:
     # and waits (griddepcontrol.wait) before touching memory. Per table row, where the layer
     # measured faster with it (tune_decode's layer phase); never in the interpreter.
     pdl: bool = False
-    # With pdl: down's programs, launched while gate_up runs, ask L2 for their weight rows before
-    # they wait for gate_up (kernel._prefetch_down).
-    prefetch: bool = False
 
     def with_(self, **changes) -> "DecodeConfig":
         return replace(self, **changes)

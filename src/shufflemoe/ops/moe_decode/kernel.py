@@ -74,7 +74,6 @@ from .reference import SILU, WEIGHT_ONLY, Act, format_of
 
 _INTERPRETER_SMS = 8  # the SM count the heuristic plans for under the interpreter
 _COMBINE_TOKENS = 16  # tokens per step of down's token-major combine
-_PREFETCH_LINES = 16  # 128-byte lines of a weight row per step of an L2 prefetch
 
 
 @triton.jit
@@ -624,76 +623,6 @@ def _down_loop(k_lo, k_hi, a_ptr, w_ptr, ws_ptr, rows, row_ok, w_rows, col_ok, I
 
 
 @triton.jit
-def _prefetch_l2(ptr, rows, row_len, c_lo, c_hi, LINES: tl.constexpr):
-    """Ask L2 for columns [c_lo, c_hi) of rows ``rows`` [BN] of ptr viewed as [*, row_len]: one
-    prefetch.global.L2 a 128-byte line, LINES lines of each row a step. A hint: nothing waits
-    for it, no register holds the data, and it never changes a result."""
-    ELEMS: tl.constexpr = 1024 // ptr.dtype.element_ty.primitive_bitwidth  # a line's elements
-    offs = tl.arange(0, LINES) * ELEMS
-    base = ptr + rows.to(tl.int64)[:, None] * row_len
-    c = c_lo
-    while c < c_hi:
-        at = base + tl.minimum(c + offs, c_hi - 1)[None, :]
-        tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [at],
-                                  dtype=tl.int32, is_pure=False, pack=1)
-        c += LINES * ELEMS
-
-
-@triton.jit
-def _prefetch_bulk(ptr, nbytes):
-    """Ask L2 for nbytes (a multiple of 16) from ptr (16-byte aligned): one TMA bulk prefetch,
-    issued by thread 0 of the program."""
-    tl.inline_asm_elementwise(
-        "{ .reg .u32 t; .reg .pred p; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0;\n\t"
-        "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-        "=r,l,r", [ptr, nbytes], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _prefetch_down(counts_ptr, w_ptr, sw_ptr, E, D, I, n_tiles, k_split, split, T,
-                   BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   QUANT: tl.constexpr, SHARED: tl.constexpr, LINES: tl.constexpr,
-                   BULK: tl.constexpr):
-    """down's program asks L2 for the weight rows it will stream, before it waits (PDL) for
-    gate_up: launched while gate_up runs, its routed weights arrive in L2 beside gate_up's
-    stream instead of after it. The expert comes from counts, which index_shuffle finished
-    before any gate_up program let down launch. Rows past D are clamped into the tile."""
-    pid = tl.program_id(0)
-    tile = pid // split
-    s = pid % split
-    u = tile // n_tiles
-    if SHARED:
-        u -= tl.cdiv(T, BLOCK_M)
-    cols = tl.minimum((tile % n_tiles) * BLOCK_N + tl.arange(0, BLOCK_N), D - 1)
-    k_lo = s * k_split
-    k_hi = tl.minimum(k_lo + k_split, I)
-    if QUANT == "mxfp4":  # bytes: two values each
-        k_lo = k_lo // 2
-        k_hi = k_hi // 2
-    if u >= 0:
-        exists, g, _, _, _, _ = _locate(counts_ptr, u, E, True, BLOCK_E, BLOCK_M)
-        if exists:
-            row_len = I // 2 if QUANT == "mxfp4" else I
-            if BULK:  # split 1: the tile's rows are one block
-                n0 = (tile % n_tiles) * BLOCK_N
-                n = tl.minimum(BLOCK_N, D - n0)
-                EB: tl.constexpr = w_ptr.dtype.element_ty.primitive_bitwidth // 8
-                _prefetch_bulk(w_ptr + (g.to(tl.int64) * D + n0) * row_len,
-                               (n * row_len * EB).to(tl.int32))
-            else:
-                _prefetch_l2(w_ptr, g.to(tl.int64) * D + cols, row_len, k_lo, k_hi, LINES)
-    elif SHARED:
-        if BULK:
-            n0 = (tile % n_tiles) * BLOCK_N
-            SB: tl.constexpr = sw_ptr.dtype.element_ty.primitive_bitwidth // 8
-            _prefetch_bulk(sw_ptr + n0.to(tl.int64) * I,
-                           (tl.minimum(BLOCK_N, D - n0) * I * SB).to(tl.int32))
-        else:
-            _prefetch_l2(sw_ptr, cols, I, s * k_split, tl.minimum(s * k_split + k_split, I),
-                         LINES)
-
-
-@triton.jit
 def _down_kernel(
     a_ptr,  # [A, I] activations (x's dtype, or e4m3 with a_scale); SHARED: [T + A, I]
     # (fp8_rowwise: [A, I], the shared expert's rows in sa_ptr)
@@ -729,12 +658,7 @@ def _down_kernel(
     EARLY: tl.constexpr,  # the shared programs wait for gate_up's shared rows of a (flag_ptr),
     # not for all of gate_up, and for the rest only before their epilogue
     SHARED_K: tl.constexpr,  # as in _gate_up_kernel
-    PREFETCH: tl.constexpr,  # ask L2 for this program's weights before the PDL wait
-    PREFETCH_LINES: tl.constexpr,
 ):
-    if PREFETCH:
-        _prefetch_down(counts_ptr, w_ptr, sw_ptr, E, D, I, n_tiles, k_split, split, T, BLOCK_E,
-                       BLOCK_M, BLOCK_N, QUANT, SHARED, PREFETCH_LINES, PREFETCH == 2)
     s, tile, u, n_tile, shared, exists, g, row0, row_stop, total_tiles, num_valid = _program(
         counts_ptr, E, n_tiles, split, T, BLOCK_E, BLOCK_M, SHARED, PDL, EARLY)
     if EARLY:
@@ -947,16 +871,6 @@ def _early(early: bool, shared: Tensor | None, gate_up_split: int, like: Tensor)
     return early and shared is not None and gate_up_split == 1 and not traced((like,))
 
 
-def _prefetch(plan: configs.DecodeConfig, pdl: bool, split: int, w2: Tensor, I: int) -> int:
-    """0, 1 (lines) or 2 (one bulk prefetch a program: split 1, aligned rows)."""
-    if not (pdl and plan.prefetch):
-        return 0
-    if plan.prefetch == "bulk" and split == 1 and w2.data_ptr() % 16 == 0 and (
-            w2.stride(1) * w2.element_size()) % 16 == 0 and w2.is_contiguous():
-        return 2
-    return 1
-
-
 def _launch_options(cfg: configs.GemmConfig, pdl: bool) -> dict:
     opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if pdl:
@@ -1098,9 +1012,7 @@ def _down_op(a: Tensor, a_scale: Optional[Tensor], sa: Optional[Tensor], w2: Ten
             UPCAST=_upcast(interpret, a.dtype, quant, w2.dtype), W_TO_X=quant in WEIGHT_ONLY,
             DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32", INTERPRET=interpret,
             PDL=pdl, SHARED=shared is not None, EARLY=early,
-            SHARED_K=_shared_k(cfg, w2, out.dtype, quant),
-            PREFETCH=_prefetch(plan, pdl, split, w2, I), PREFETCH_LINES=_PREFETCH_LINES,
-            **_launch_options(cfg, pdl))
+            SHARED_K=_shared_k(cfg, w2, out.dtype, quant), **_launch_options(cfg, pdl))
 
 
 def gate_up(x: Tensor, w13: Tensor, w13_scale: Tensor | None, counts: Tensor, token_ids: Tensor,
