@@ -90,6 +90,13 @@ def shapes() -> list[tuple[str, list[int], int, int, list]]:
             ("qwen2 T=1 gemm2", eight, 3584, 640, TINY),
             ("qwen3 T=1 gemm13", qwen3, 1536, 2048, TINY),
             ("qwen3 T=1 gemm2", qwen3, 2048, 768, TINY)]
+    # the batch sweep's own uneven groups (random top-k, seeded as grouped_gemm_sweep) where rows
+    # per group cross the heuristic's 64 / 128 bounds and torch came closest
+    for model, (E, k, gemms) in gg.SWEEP_MODELS.items():
+        for gemm, N, K in gemms:
+            for batch in (512, 1024, 2048):
+                out.append((f"sweep {model} {gemm} T={batch}",
+                            gg.topk_m_sizes(batch, E, k, seed=batch), N, K, MID + PREFILL))
     return out
 
 
