@@ -177,7 +177,14 @@ def _heuristic(M: int, N: int, K: int, G: int, dtype: torch.dtype) -> TileConfig
             # 1057 us, 0.99x torch._grouped_mm); routed groups are uneven. With few weight tiles
             # (Scout at T = 2048: 16 experts) they leave SMs idle (GEMM13 bf16 125 -> 141 us).
             return TileConfig(128, 256, bk, num_warps=8, num_stages=3, flatten=True)
-        if fp8 and K <= 2048:
+        if (fp8 and K <= 2048) or active * -(-N // 128) >= 4 * _SMS:
+            # Two programs an SM where 128-column tiles are many (uneven groups leave a nearly
+            # empty second m-tile in about half of them). H100, tune_grouped_gemm's sweep points
+            # (the batch sweep's random top-k routing, 40 reps; 128x128 with 2 x bk, 8 warps / this,
+            # us): Qwen2-57B TP4 GEMM13 at batch 1024 (64 experts, N 1280) bf16 276.0 / 265.6,
+            # fp8 176.0 / 139.2 (torch._scaled_grouped_mm 148.2); Llama 4 Scout TP8 GEMM2 at 2048
+            # (16 experts, N 5120) bf16 86.7 / 81.3. Scout's GEMM13 there (256 tiles) keeps the
+            # 8-warp tiles: 143.2 against 153.2.
             return TileConfig(128, 128, bk, num_stages=3, ctas_per_sm=2)
         return TileConfig(128, 128, 2 * bk, num_warps=8, num_stages=3)
     # Compute bound: 128x256 tiles, two consumer warp groups; the flattened loop overlaps a tile's
