@@ -21,6 +21,7 @@ import shufflemoe.bench.suites.grouped_gemm as gg
 from shufflemoe.bench.suites.grouped_gemm import (SPEC_US, Case, _config_name, _inputs, _ours,
                                                   _torch)
 from shufflemoe.bench.ceilings import measure_ceilings
+from shufflemoe.bench.report import metadata
 from shufflemoe.bench.timing import rotations, time_fn
 from shufflemoe.ops import FP8_DTYPE, grouped_gemm
 from shufflemoe.ops.grouped_gemm import configs
@@ -189,7 +190,7 @@ def main() -> None:
     t0 = time.time()
     ceil = measure_ceilings()
     print("ceilings", ceil.as_dict(), flush=True)
-    results: dict = dict(ceilings=ceil.as_dict(), shapes=[], scatter=[])
+    results: dict = dict(meta=metadata(), ceilings=ceil.as_dict(), shapes=[], scatter=[])
     summary = []
     for dtype in ("bf16", "fp8"):
         for label, m_sizes, N, K, cands in shapes():
