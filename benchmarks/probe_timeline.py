@@ -6,6 +6,7 @@ input (new routing); the floor is the activated bytes (planner.must_read_bytes) 
 read bandwidth. Negative gaps: the kernel overlapped the one before (two streams).
 
     PYTHONPATH=src python benchmarks/probe_timeline.py > $OUT/timeline.txt
+    PYTHONPATH=src python benchmarks/probe_timeline.py mxfp4 fp8_w8a16   (other formats)
 """
 
 from __future__ import annotations
@@ -69,11 +70,11 @@ def timeline(decode, xs) -> tuple[list[list[tuple[str, float, float]]], list[flo
     return runs, spans
 
 
-def main() -> None:
+def main(formats: list[str]) -> None:
     ceil = measure_ceilings()
     print(f"{torch.cuda.get_device_name()}, read {ceil.read_gbps:.0f} GB/s", flush=True)
     for name, base in PRESETS.items():
-        for fmt in ("none", "fp8_rowwise"):
+        for fmt in formats:
             cfg = base.replace(quantization=fmt)
             layer = MoE(cfg, device="cuda")
             for T in (1, 8):
@@ -108,5 +109,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:] or ["none", "fp8_rowwise"])
     sys.exit(0)
