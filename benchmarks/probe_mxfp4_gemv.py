@@ -1,0 +1,106 @@
+"""Which one-pair tiles stream mxfp4 decode weights fastest in the layer? probe_timeline (mxfp4)
+had the GEMV at 0.4-1.3 TB/s of packed weights. One GPU call: mxfp4 layers (Llama 4 Scout TP8,
+Qwen3-30B-A3B, Mixtral TP2) at T = 1 in CUDA graphs (weights and inputs rotating, as the layer
+suite does), the heuristic's tiles, then gate_up's tile varied with down's fixed, then down's with
+the best gate_up (coordinate descent; K split to fill the SMs, or twice that); the best checked
+against float64 and timed again beside the heuristic's.
+
+    PYTHONPATH=src python benchmarks/probe_mxfp4_gemv.py --out $OUT [--budget 240]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+import time
+
+import torch
+
+from shufflemoe import preset
+from shufflemoe.bench.report import metadata
+from shufflemoe.ops.moe_decode import configs
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from probe_combine import _check, _graph_us, _layers  # noqa: E402
+
+PRESETS = {"scout-tp8": preset("llama4-scout", tp=8),
+           "qwen3-30b-a3b": preset("qwen3-30b-a3b"),
+           "mixtral-tp2": preset("mixtral-8x7b", tp=2)}
+# (block_n, block_k in values, warps, stages, split factor over configs.split_for)
+TILES = ((32, 512, 4, 2, 1), (32, 512, 8, 2, 1), (32, 512, 4, 2, 2), (16, 512, 4, 2, 1),
+         (16, 512, 4, 2, 2), (16, 1024, 4, 2, 1), (32, 1024, 4, 2, 1), (32, 256, 4, 3, 1),
+         (64, 512, 8, 2, 1), (8, 1024, 4, 2, 1))
+N_SETS = 8
+
+
+def gemm(tile, tiles_of, K: int, sms: int) -> configs.GemmConfig:
+    bn, bk, warps, stages, more = tile
+    split = configs.split_for(tiles_of(bn), -(-K // bk), sms) * more
+    return configs.GemmConfig(bn, bk, max(1, min(split, -(-K // bk))), warps, stages, block_m=1)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True, type=pathlib.Path)
+    p.add_argument("--budget", type=float, default=240.0)
+    p.add_argument("--presets", nargs="+", default=list(PRESETS))
+    args = p.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    deadline = time.time() + args.budget
+    meta, rows = metadata(), []
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for name in args.presets:
+        cfg = PRESETS[name].replace(quantization="mxfp4")
+        layers = _layers(cfg, "cuda", False)
+        xs = [torch.randn(1, cfg.hidden_size, device="cuda", dtype=cfg.dtype)
+              for _ in range(N_SETS)]
+        D, I, E, k = cfg.hidden_size, cfg.intermediate_size, cfg.num_experts, cfg.top_k
+        active = min(E, k)
+        parts = {"gate_up": (lambda bn: active * -(-I // bn), D),
+                 "down": (lambda bn: active * -(-D // bn), I)}
+        heur = configs.heuristic((k, E, D, I, torch.uint8, sms))
+
+        def plan_with(plan):
+            def choose(key):  # the routed mxfp4 experts only (uint8); the rest as usual
+                return plan if key[4] == torch.uint8 else configs._choose(*key)
+            return choose
+
+        def time_with(plan, layers=layers, xs=xs):
+            with configs.override(plan_with(plan)), torch.no_grad():
+                return _graph_us(layers, xs, False)["us"]
+
+        row = dict(preset=name, T=1, heuristic=[heur.gate_up.__dict__, heur.down.__dict__],
+                   heuristic_us=time_with(heur), tried=[])
+        best, best_us = heur, row["heuristic_us"]
+        for part, (tiles_of, K) in parts.items():
+            for tile in TILES:
+                if time.time() > deadline:
+                    break
+                plan = best.with_(**{part: gemm(tile, tiles_of, K, sms)})
+                try:
+                    us = time_with(plan)
+                except Exception as e:  # noqa: BLE001 (a tile the kernel refuses)
+                    row["tried"].append(dict(part=part, tile=tile, error=str(e)[:120]))
+                    continue
+                row["tried"].append(dict(part=part, tile=tile, us=us))
+                if us < best_us:
+                    best, best_us = plan, us
+        with configs.override(plan_with(best)), torch.no_grad():
+            row["check"] = _check(layers[0], xs[0])
+        row["best"] = [best.gate_up.__dict__, best.down.__dict__]
+        row["best_us"] = time_with(best)
+        row["heuristic_again_us"] = time_with(heur)
+        row["speedup"] = round(min(row["heuristic_us"], row["heuristic_again_us"])
+                               / row["best_us"], 3)
+        rows.append(row)
+        print(json.dumps({k: v for k, v in row.items() if k != "tried"}), flush=True)
+        del layers
+        torch.cuda.empty_cache()
+    (args.out / "probe_mxfp4_gemv.json").write_text(json.dumps(dict(meta=meta, rows=rows),
+                                                               indent=1))
+
+
+if __name__ == "__main__":
+    main()
