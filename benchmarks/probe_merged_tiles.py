@@ -47,6 +47,27 @@ def gemm(tile, itemsize: int, tiles_n: int, K: int, sms: int, split_ok: bool):
     return configs.GemmConfig(block_n, block_k, split, warps, stages, block_m)
 
 
+def descend(best, best_us, parts, time_with, deadline, tried):
+    """Coordinate descent over the decode plan: for each (part, tiles, make) in turn, each tile's
+    GemmConfig make(tile) in place of best's part, timed by time_with(plan); the fastest plan
+    is kept. Appends {part: config, "us" or "error"} to tried; returns the best plan."""
+    for part, tiles, make in parts:
+        for tile in tiles:
+            if time.time() > deadline:
+                break
+            g = make(tile)
+            plan = best.with_(**{part: g})
+            try:
+                us = time_with(plan)
+            except Exception as e:  # noqa: BLE001 (a tile the kernel refuses)
+                tried.append({part: g.__dict__, "error": str(e)[:120]})
+                continue
+            tried.append({part: g.__dict__, "us": us})
+            if us < best_us:
+                best, best_us = plan, us
+    return best
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True, type=pathlib.Path)
@@ -86,20 +107,7 @@ def main() -> None:
                                                      True)),
                  ("gate_up", GEMV, lambda t: gemm(t, itemsize, active * -(-I // t[0]), D, sms,
                                                   not merged)))
-        for part, tiles, make in parts:
-            for tile in tiles:
-                if time.time() > deadline:
-                    break
-                g = make(tile)
-                plan = best.with_(**{part: g})
-                try:
-                    us = time_with(plan)
-                except Exception as e:  # noqa: BLE001 (a tile the kernel refuses)
-                    tried.append({part: g.__dict__, "error": str(e)[:120]})
-                    continue
-                tried.append({part: g.__dict__, "us": us})
-                if us < best_us:
-                    best, best_us = plan, us
+        best = descend(best, best_us, parts, time_with, deadline, tried)
         with configs.override(best), torch.no_grad():
             row["check"] = _check(layers[0], xs[0])
         row["best"] = [best.gate_up.__dict__, best.down.__dict__, best.pdl]

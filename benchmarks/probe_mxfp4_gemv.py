@@ -2,7 +2,7 @@
 had the GEMV at 0.4-1.3 TB/s of packed weights. One GPU call: mxfp4 layers (Llama 4 Scout TP8,
 Qwen3-30B-A3B, Mixtral TP2) at T = 1 in CUDA graphs (weights and inputs rotating, as the layer
 suite does), the heuristic's tiles, then gate_up's tile varied with down's fixed, then down's with
-the best gate_up (coordinate descent; K split to fill the SMs, or twice that); the best checked
+the best gate_up (probe_merged_tiles.descend; K split to fill the SMs, or twice that); the best checked
 against float64 and timed again beside the heuristic's.
 
     PYTHONPATH=src python benchmarks/probe_mxfp4_gemv.py --out $OUT [--budget 240]
@@ -24,6 +24,7 @@ from shufflemoe.ops.moe_decode import configs
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from probe_combine import _check, _graph_us, _layers  # noqa: E402
+from probe_merged_tiles import descend  # noqa: E402
 
 PRESETS = {"scout-tp8": preset("llama4-scout", tp=8),
            "qwen3-30b-a3b": preset("qwen3-30b-a3b"),
@@ -73,20 +74,10 @@ def main() -> None:
 
         row = dict(preset=name, T=1, heuristic=[heur.gate_up.__dict__, heur.down.__dict__],
                    heuristic_us=time_with(heur), tried=[])
-        best, best_us = heur, row["heuristic_us"]
-        for part, (tiles_of, K) in parts.items():
-            for tile in TILES:
-                if time.time() > deadline:
-                    break
-                plan = best.with_(**{part: gemm(tile, tiles_of, K, sms)})
-                try:
-                    us = time_with(plan)
-                except Exception as e:  # noqa: BLE001 (a tile the kernel refuses)
-                    row["tried"].append(dict(part=part, tile=tile, error=str(e)[:120]))
-                    continue
-                row["tried"].append(dict(part=part, tile=tile, us=us))
-                if us < best_us:
-                    best, best_us = plan, us
+        best = descend(heur, row["heuristic_us"],
+                       [(part, TILES, lambda t, f=tiles_of, K=K: gemm(t, f, K, sms))
+                        for part, (tiles_of, K) in parts.items()],
+                       time_with, deadline, row["tried"])
         with configs.override(plan_with(best)), torch.no_grad():
             row["check"] = _check(layers[0], xs[0])
         row["best"] = [best.gate_up.__dict__, best.down.__dict__]
