@@ -333,21 +333,23 @@ def _row_halves(ptr, row, w, ok, k0, k_hi, K, HAS_W: tl.constexpr, INTERPRET: tl
 def _mxfp4_gemv(acc, w_ptr, ws_ptr, w_rows, col_ok, k0, k_hi, K, even, odd,
                 BLOCK_K: tl.constexpr, UPCAST: tl.constexpr):
     """acc [BN, groups] += mxfp4 rows w_rows [BN] at columns k0 .. k0 + BLOCK_K (below k_hi) times
-    one row of the input (even, odd: _row_halves), on the CUDA cores, per 32-value group. Kept
-    in 3-D [BN, groups, 16 bytes] from load to sum: no nibble interleave, no reshape, no
-    reduction across threads; codes decoded times 2^-14 (e2m1_f16: PTX on the GPU, UPCAST the
-    interpreter's float32), each group's sum scaled once by 2^14 and its e8m0 scale (powers of
-    two: exact)."""
-    g = tl.arange(0, BLOCK_K // 32)
-    byte = k0 // 2 + g[:, None] * 16 + tl.arange(0, 16)[None, :]  # [G, 16]
-    ok = col_ok[:, None, None] & (byte < k_hi // 2)[None, :, :]
-    packed = tl.load(w_ptr + w_rows[:, None, None] * (K // 2) + byte[None, :, :], mask=ok,
-                     other=0)
+    one row of the input (even, odd: _row_halves), on the CUDA cores, per 32-value group. The
+    bytes load as [BN, BLOCK_K / 2] rows, written so that the compiler sees 16-byte alignment
+    and masks constant over 16 bytes (K and k_hi are multiples of 32): 16-byte loads, a row's
+    step read by consecutive threads, each thread a group of each of its rows, so one thread's
+    input values serve all its rows. Viewed as [BN, groups, 16 bytes] from there to the sum: no
+    nibble interleave, no reduction across threads; codes decoded times 2^-14 (e2m1_f16: PTX on
+    the GPU, UPCAST the interpreter's float32), each group's sum scaled once by 2^14 and its
+    e8m0 scale (powers of two: exact)."""
+    gs = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+    g_ok = col_ok[:, None] & (gs < k_hi // 32)[None, :]
+    js = (k0 // 32) * 16 + tl.arange(0, BLOCK_K // 2)
+    flat = tl.load(w_ptr + w_rows[:, None] * ((K // 32) * 16) + js[None, :],
+                   mask=col_ok[:, None] & (js < (k_hi // 32) * 16)[None, :], other=0)
+    packed = tl.reshape(flat, [w_rows.shape[0], BLOCK_K // 32, 16])
     p = (e2m1_f16(packed, False, UPCAST).to(tl.float32) * even[None, :, :]
          + e2m1_f16(packed, True, UPCAST).to(tl.float32) * odd[None, :, :])
-    gs = k0 // 32 + g
-    s = tl.load(ws_ptr + w_rows[:, None] * (K // 32) + gs[None, :],
-                mask=col_ok[:, None] & (gs < k_hi // 32)[None, :], other=0)
+    s = tl.load(ws_ptr + w_rows[:, None] * (K // 32) + gs[None, :], mask=g_ok, other=0)
     return acc + tl.sum(p, 2) * 16384.0 * e8m0_values(s)
 
 
