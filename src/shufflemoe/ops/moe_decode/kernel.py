@@ -293,6 +293,26 @@ def _x_tile(x_ptr, tok, rw, inv, row_ok, ks, D, HAS_RW: tl.constexpr, QUANT: tl.
 
 
 @triton.jit
+def _acc0(BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+          QUANT: tl.constexpr):
+    """A zero accumulator: [BLOCK_N, BLOCK_M], or for one-pair mxfp4 tiles [BLOCK_N, groups]
+    (each column a 32-value group's scaled sums, reduced once after the K loop: _acc_sum)."""
+    if QUANT == "mxfp4" and BLOCK_M == 1:
+        acc = tl.zeros((BLOCK_N, BLOCK_K // 32), tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
+    return acc
+
+
+@triton.jit
+def _acc_sum(acc, BLOCK_M: tl.constexpr, QUANT: tl.constexpr):
+    """The accumulator as [BLOCK_N, BLOCK_M] (see _acc0)."""
+    if QUANT == "mxfp4" and BLOCK_M == 1:
+        acc = tl.reshape(tl.sum(acc, 1), [acc.shape[0], 1])
+    return acc
+
+
+@triton.jit
 def _row_halves(ptr, row, w, ok, k0, k_hi, K, HAS_W: tl.constexpr, INTERPRET: tl.constexpr,
                 BLOCK_K: tl.constexpr):
     """One row's K step as float32 [BLOCK_K / 32, 16] pairs (even columns, odd columns): column
@@ -310,79 +330,27 @@ def _row_halves(ptr, row, w, ok, k0, k_hi, K, HAS_W: tl.constexpr, INTERPRET: tl
 
 
 @triton.jit
-def _mxfp4_load(w_ptr, ws_ptr, w_rows, col_ok, k0, k_hi, K, BLOCK_K: tl.constexpr):
-    """mxfp4 rows w_rows [BN] at columns k0 .. k0 + BLOCK_K below k_hi (nothing at or past k_hi:
-    the masked loads of a step after the last cost no memory): bytes [BN, groups, 16] and e8m0
-    scales [BN, groups]. The bytes load as [BN, BLOCK_K / 2] rows, written so that the compiler
-    sees 16-byte alignment and masks constant over 16 bytes (K and k_hi are multiples of 32):
-    16-byte loads, a row's step read by consecutive threads, each thread a group of each of its
-    rows, so one thread's input values serve all its rows."""
+def _mxfp4_gemv(acc, w_ptr, ws_ptr, w_rows, col_ok, k0, k_hi, K, even, odd,
+                BLOCK_K: tl.constexpr, UPCAST: tl.constexpr):
+    """acc [BN, groups] += mxfp4 rows w_rows [BN] at columns k0 .. k0 + BLOCK_K (below k_hi) times
+    one row of the input (even, odd: _row_halves), on the CUDA cores, per 32-value group. The
+    bytes load as [BN, BLOCK_K / 2] rows, written so that the compiler sees 16-byte alignment
+    and masks constant over 16 bytes (K and k_hi are multiples of 32): 16-byte loads, a row's
+    step read by consecutive threads, each thread a group of each of its rows, so one thread's
+    input values serve all its rows. Viewed as [BN, groups, 16 bytes] from there to the sum: no
+    nibble interleave, no reduction across threads; codes decoded times 2^-14 (e2m1_f16: PTX on
+    the GPU, UPCAST the interpreter's float32), each group's sum scaled once by 2^14 and its
+    e8m0 scale (powers of two: exact)."""
     gs = k0 // 32 + tl.arange(0, BLOCK_K // 32)
     g_ok = col_ok[:, None] & (gs < k_hi // 32)[None, :]
     js = (k0 // 32) * 16 + tl.arange(0, BLOCK_K // 2)
     flat = tl.load(w_ptr + w_rows[:, None] * ((K // 32) * 16) + js[None, :],
                    mask=col_ok[:, None] & (js < (k_hi // 32) * 16)[None, :], other=0)
     packed = tl.reshape(flat, [w_rows.shape[0], BLOCK_K // 32, 16])
-    s = tl.load(ws_ptr + w_rows[:, None] * (K // 32) + gs[None, :], mask=g_ok, other=0)
-    return packed, s
-
-
-@triton.jit
-def _mxfp4_gemv(acc, packed, s, even, odd, UPCAST: tl.constexpr):
-    """acc [BN, groups] += mxfp4 rows (packed, s: _mxfp4_load) times one row of the input (even,
-    odd: _row_halves), on the CUDA cores, per 32-value group, in [BN, groups, 16 bytes] to the
-    sum: no nibble interleave, no reduction across threads; codes decoded times 2^-14 (e2m1_f16:
-    PTX on the GPU, UPCAST the interpreter's float32), each group's sum scaled once by 2^14 and
-    its e8m0 scale (powers of two: exact)."""
     p = (e2m1_f16(packed, False, UPCAST).to(tl.float32) * even[None, :, :]
          + e2m1_f16(packed, True, UPCAST).to(tl.float32) * odd[None, :, :])
+    s = tl.load(ws_ptr + w_rows[:, None] * (K // 32) + gs[None, :], mask=g_ok, other=0)
     return acc + tl.sum(p, 2) * 16384.0 * e8m0_values(s)
-
-
-@triton.jit
-def _mxfp4_gate_up_step(acc_g, acc_u, k0, k_hi, x_ptr, w_ptr, ws_ptr, t, w, ok, gate_rows,
-                        col_ok, D, I, pg, sg, pu, su, even, odd, BLOCK_K: tl.constexpr,
-                        HAS_RW: tl.constexpr, UPCAST: tl.constexpr, INTERPRET: tl.constexpr):
-    """One K step of _mxfp4_gate_up_loop: the next step's loads issued, then this step's math."""
-    k1 = k0 + BLOCK_K
-    npg, nsg = _mxfp4_load(w_ptr, ws_ptr, gate_rows, col_ok, k1, k_hi, D, BLOCK_K)
-    npu, nsu = _mxfp4_load(w_ptr, ws_ptr, gate_rows + I, col_ok, k1, k_hi, D, BLOCK_K)
-    n_even, n_odd = _row_halves(x_ptr, t, w, ok, k1, k_hi, D, HAS_RW, INTERPRET, BLOCK_K)
-    acc_g = _mxfp4_gemv(acc_g, pg, sg, even, odd, UPCAST)
-    acc_u = _mxfp4_gemv(acc_u, pu, su, even, odd, UPCAST)
-    return acc_g, acc_u, npg, nsg, npu, nsu, n_even, n_odd
-
-
-@triton.jit
-def _mxfp4_gate_up_loop(k_lo, k_hi, x_ptr, w_ptr, ws_ptr, tok, rw, row_ok, gate_rows, col_ok, D,
-                        I, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_RW: tl.constexpr,
-                        UPCAST: tl.constexpr, INTERPRET: tl.constexpr):
-    """gate_up's K loop for one pair and mxfp4 weights (_mxfp4_gemv), software-pipelined in
-    registers: each step's weights, scales and input are loaded during the step before, so a
-    program's next loads are in flight while it decodes (the compiler's pipelining does not take
-    these loads). The (gate, up) accumulators [BN, 1] in float32."""
-    t = tl.sum(tok, 0)
-    w = tl.sum(rw, 0)
-    ok = tl.sum(row_ok.to(tl.int32), 0) > 0
-    acc_g = tl.zeros((BLOCK_N, BLOCK_K // 32), tl.float32)
-    acc_u = tl.zeros((BLOCK_N, BLOCK_K // 32), tl.float32)
-    pg, sg = _mxfp4_load(w_ptr, ws_ptr, gate_rows, col_ok, k_lo, k_hi, D, BLOCK_K)
-    pu, su = _mxfp4_load(w_ptr, ws_ptr, gate_rows + I, col_ok, k_lo, k_hi, D, BLOCK_K)
-    even, odd = _row_halves(x_ptr, t, w, ok, k_lo, k_hi, D, HAS_RW, INTERPRET, BLOCK_K)
-    if INTERPRET:  # range() over a tensor bound fails in the interpreter
-        k0 = k_lo
-        while k0 < k_hi:
-            acc_g, acc_u, pg, sg, pu, su, even, odd = _mxfp4_gate_up_step(
-                acc_g, acc_u, k0, k_hi, x_ptr, w_ptr, ws_ptr, t, w, ok, gate_rows, col_ok, D, I,
-                pg, sg, pu, su, even, odd, BLOCK_K, HAS_RW, UPCAST, INTERPRET)
-            k0 += BLOCK_K
-    else:
-        for k0 in range(k_lo, k_hi, BLOCK_K):
-            acc_g, acc_u, pg, sg, pu, su, even, odd = _mxfp4_gate_up_step(
-                acc_g, acc_u, k0, k_hi, x_ptr, w_ptr, ws_ptr, t, w, ok, gate_rows, col_ok, D, I,
-                pg, sg, pu, su, even, odd, BLOCK_K, HAS_RW, UPCAST, INTERPRET)
-    return (tl.reshape(tl.sum(acc_g, 1), [BLOCK_N, 1]),
-            tl.reshape(tl.sum(acc_u, 1), [BLOCK_N, 1]))
 
 
 @triton.jit
@@ -391,13 +359,22 @@ def _gate_up_step(acc_g, acc_u, k0, k_hi, x_ptr, w_ptr, ws_ptr, tok, rw, inv, ro
                   QUANT: tl.constexpr, UPCAST: tl.constexpr, W_TO_X: tl.constexpr,
                   DOT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
     """One K step of gate_up: both accumulators += weights [BN, BK] @ gathered x^T [BK, BM]."""
-    # weights first: their addresses need only the expert, x's wait for the token ids
-    wg = _w_tile(w_ptr, ws_ptr, gate_rows, col_ok, k0, k_hi, D, QUANT, BLOCK_K, UPCAST)
-    wu = _w_tile(w_ptr, ws_ptr, gate_rows + I, col_ok, k0, k_hi, D, QUANT, BLOCK_K, UPCAST)
-    kk = k0 + tl.arange(0, BLOCK_K)
-    xt = tl.trans(_x_tile(x_ptr, tok, rw, inv, row_ok, kk, D, HAS_RW, QUANT, INTERPRET))
-    acc_g = _dot(acc_g, wg, xt, UPCAST, W_TO_X, DOT_PRECISION)
-    acc_u = _dot(acc_u, wu, xt, UPCAST, W_TO_X, DOT_PRECISION)
+    if QUANT == "mxfp4" and tok.shape[0] == 1:  # one pair: see _mxfp4_gemv
+        ok = tl.sum(row_ok.to(tl.int32), 0) > 0
+        even, odd = _row_halves(x_ptr, tl.sum(tok, 0), tl.sum(rw, 0), ok, k0, k_hi, D, HAS_RW,
+                                INTERPRET, BLOCK_K)
+        acc_g = _mxfp4_gemv(acc_g, w_ptr, ws_ptr, gate_rows, col_ok, k0, k_hi, D, even, odd,
+                            BLOCK_K, UPCAST)
+        acc_u = _mxfp4_gemv(acc_u, w_ptr, ws_ptr, gate_rows + I, col_ok, k0, k_hi, D, even, odd,
+                            BLOCK_K, UPCAST)
+    else:
+        # weights first: their addresses need only the expert, x's wait for the token ids
+        wg = _w_tile(w_ptr, ws_ptr, gate_rows, col_ok, k0, k_hi, D, QUANT, BLOCK_K, UPCAST)
+        wu = _w_tile(w_ptr, ws_ptr, gate_rows + I, col_ok, k0, k_hi, D, QUANT, BLOCK_K, UPCAST)
+        kk = k0 + tl.arange(0, BLOCK_K)
+        xt = tl.trans(_x_tile(x_ptr, tok, rw, inv, row_ok, kk, D, HAS_RW, QUANT, INTERPRET))
+        acc_g = _dot(acc_g, wg, xt, UPCAST, W_TO_X, DOT_PRECISION)
+        acc_u = _dot(acc_u, wu, xt, UPCAST, W_TO_X, DOT_PRECISION)
     return acc_g, acc_u
 
 
@@ -407,28 +384,21 @@ def _gate_up_loop(k_lo, k_hi, x_ptr, w_ptr, ws_ptr, tok, rw, inv, row_ok, gate_r
                   HAS_RW: tl.constexpr, QUANT: tl.constexpr, UPCAST: tl.constexpr,
                   W_TO_X: tl.constexpr, DOT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
     """gate_up's K loop over [k_lo, k_hi): the (gate, up) accumulators [BN, BM] in float32."""
-    if QUANT == "mxfp4" and BLOCK_M == 1:  # one pair: see _mxfp4_gemv
-        acc_g, acc_u = _mxfp4_gate_up_loop(k_lo, k_hi, x_ptr, w_ptr, ws_ptr, tok, rw, row_ok,
-                                           gate_rows, col_ok, D, I, BLOCK_N, BLOCK_K, HAS_RW,
-                                           UPCAST, INTERPRET)
+    acc_g = _acc0(BLOCK_N, BLOCK_M, BLOCK_K, QUANT)
+    acc_u = _acc0(BLOCK_N, BLOCK_M, BLOCK_K, QUANT)
+    if INTERPRET:  # range() over a tensor bound fails in the interpreter
+        k0 = k_lo
+        while k0 < k_hi:
+            acc_g, acc_u = _gate_up_step(acc_g, acc_u, k0, k_hi, x_ptr, w_ptr, ws_ptr, tok, rw,
+                                         inv, row_ok, gate_rows, col_ok, D, I, BLOCK_K, HAS_RW,
+                                         QUANT, UPCAST, W_TO_X, DOT_PRECISION, INTERPRET)
+            k0 += BLOCK_K
     else:
-        acc_g = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
-        acc_u = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
-        if INTERPRET:  # range() over a tensor bound fails in the interpreter
-            k0 = k_lo
-            while k0 < k_hi:
-                acc_g, acc_u = _gate_up_step(acc_g, acc_u, k0, k_hi, x_ptr, w_ptr, ws_ptr, tok,
-                                             rw, inv, row_ok, gate_rows, col_ok, D, I, BLOCK_K,
-                                             HAS_RW, QUANT, UPCAST, W_TO_X, DOT_PRECISION,
-                                             INTERPRET)
-                k0 += BLOCK_K
-        else:
-            for k0 in range(k_lo, k_hi, BLOCK_K):
-                acc_g, acc_u = _gate_up_step(acc_g, acc_u, k0, k_hi, x_ptr, w_ptr, ws_ptr, tok,
-                                             rw, inv, row_ok, gate_rows, col_ok, D, I, BLOCK_K,
-                                             HAS_RW, QUANT, UPCAST, W_TO_X, DOT_PRECISION,
-                                             INTERPRET)
-    return acc_g, acc_u
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            acc_g, acc_u = _gate_up_step(acc_g, acc_u, k0, k_hi, x_ptr, w_ptr, ws_ptr, tok, rw,
+                                         inv, row_ok, gate_rows, col_ok, D, I, BLOCK_K, HAS_RW,
+                                         QUANT, UPCAST, W_TO_X, DOT_PRECISION, INTERPRET)
+    return _acc_sum(acc_g, BLOCK_M, QUANT), _acc_sum(acc_u, BLOCK_M, QUANT)
 
 
 @triton.jit
@@ -618,48 +588,20 @@ def _down_step(acc, k0, k_hi, a_ptr, w_ptr, ws_ptr, rows, row_ok, w_rows, col_ok
                BLOCK_K: tl.constexpr, QUANT: tl.constexpr, UPCAST: tl.constexpr,
                W_TO_X: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """One K step of down: acc += w2 rows [BN, BK] @ a^T [BK, BM]."""
-    w = _w_tile(w_ptr, ws_ptr, w_rows, col_ok, k0, k_hi, I, QUANT, BLOCK_K, UPCAST)
-    kk = k0 + tl.arange(0, BLOCK_K)
-    at = tl.load(a_ptr + rows.to(tl.int64)[:, None] * I + kk[None, :],
-                 mask=row_ok[:, None] & (kk < k_hi)[None, :], other=0.0,
-                 cache_modifier=".cg")  # (EARLY: rows other programs of gate_up wrote)
-    return _dot(acc, w, tl.trans(at), UPCAST, W_TO_X, DOT_PRECISION)
-
-
-@triton.jit
-def _mxfp4_down_step(acc, k0, k_hi, a_ptr, w_ptr, ws_ptr, row, ok, w_rows, col_ok, I, p, s,
-                     even, odd, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr):
-    """One K step of _mxfp4_down_loop: the next step's loads issued, then this step's math."""
-    k1 = k0 + BLOCK_K
-    n_p, n_s = _mxfp4_load(w_ptr, ws_ptr, w_rows, col_ok, k1, k_hi, I, BLOCK_K)
-    n_even, n_odd = _row_halves(a_ptr, row, 1.0, ok, k1, k_hi, I, False, False, BLOCK_K)
-    return _mxfp4_gemv(acc, p, s, even, odd, UPCAST), n_p, n_s, n_even, n_odd
-
-
-@triton.jit
-def _mxfp4_down_loop(k_lo, k_hi, a_ptr, w_ptr, ws_ptr, rows, row_ok, w_rows, col_ok, I,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr,
-                     INTERPRET: tl.constexpr):
-    """down's K loop for one pair and mxfp4 weights, pipelined in registers as
-    _mxfp4_gate_up_loop: the accumulator [BN, 1] in float32."""
-    row = tl.sum(rows, 0).to(tl.int64)
-    ok = tl.sum(row_ok.to(tl.int32), 0) > 0
-    acc = tl.zeros((BLOCK_N, BLOCK_K // 32), tl.float32)
-    p, s = _mxfp4_load(w_ptr, ws_ptr, w_rows, col_ok, k_lo, k_hi, I, BLOCK_K)
-    even, odd = _row_halves(a_ptr, row, 1.0, ok, k_lo, k_hi, I, False, False, BLOCK_K)
-    if INTERPRET:  # range() over a tensor bound fails in the interpreter
-        k0 = k_lo
-        while k0 < k_hi:
-            acc, p, s, even, odd = _mxfp4_down_step(acc, k0, k_hi, a_ptr, w_ptr, ws_ptr, row, ok,
-                                                    w_rows, col_ok, I, p, s, even, odd, BLOCK_K,
-                                                    UPCAST)
-            k0 += BLOCK_K
+    if QUANT == "mxfp4" and rows.shape[0] == 1:  # one pair: see _mxfp4_gemv
+        even, odd = _row_halves(a_ptr, tl.sum(rows, 0).to(tl.int64), 1.0,
+                                tl.sum(row_ok.to(tl.int32), 0) > 0, k0, k_hi, I, False, False,
+                                BLOCK_K)
+        acc = _mxfp4_gemv(acc, w_ptr, ws_ptr, w_rows, col_ok, k0, k_hi, I, even, odd, BLOCK_K,
+                          UPCAST)
     else:
-        for k0 in range(k_lo, k_hi, BLOCK_K):
-            acc, p, s, even, odd = _mxfp4_down_step(acc, k0, k_hi, a_ptr, w_ptr, ws_ptr, row, ok,
-                                                    w_rows, col_ok, I, p, s, even, odd, BLOCK_K,
-                                                    UPCAST)
-    return tl.reshape(tl.sum(acc, 1), [BLOCK_N, 1])
+        w = _w_tile(w_ptr, ws_ptr, w_rows, col_ok, k0, k_hi, I, QUANT, BLOCK_K, UPCAST)
+        kk = k0 + tl.arange(0, BLOCK_K)
+        at = tl.load(a_ptr + rows.to(tl.int64)[:, None] * I + kk[None, :],
+                     mask=row_ok[:, None] & (kk < k_hi)[None, :], other=0.0,
+                     cache_modifier=".cg")  # (EARLY: rows other programs of gate_up wrote)
+        acc = _dot(acc, w, tl.trans(at), UPCAST, W_TO_X, DOT_PRECISION)
+    return acc
 
 
 @triton.jit
@@ -668,22 +610,18 @@ def _down_loop(k_lo, k_hi, a_ptr, w_ptr, ws_ptr, rows, row_ok, w_rows, col_ok, I
                QUANT: tl.constexpr, UPCAST: tl.constexpr, W_TO_X: tl.constexpr,
                DOT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
     """down's K loop over [k_lo, k_hi): the accumulator [BN, BM] in float32."""
-    if QUANT == "mxfp4" and BLOCK_M == 1:  # one pair: see _mxfp4_gemv
-        acc = _mxfp4_down_loop(k_lo, k_hi, a_ptr, w_ptr, ws_ptr, rows, row_ok, w_rows, col_ok, I,
-                               BLOCK_N, BLOCK_K, UPCAST, INTERPRET)
+    acc = _acc0(BLOCK_N, BLOCK_M, BLOCK_K, QUANT)
+    if INTERPRET:  # range() over a tensor bound fails in the interpreter
+        k0 = k_lo
+        while k0 < k_hi:
+            acc = _down_step(acc, k0, k_hi, a_ptr, w_ptr, ws_ptr, rows, row_ok, w_rows, col_ok,
+                             I, BLOCK_K, QUANT, UPCAST, W_TO_X, DOT_PRECISION)
+            k0 += BLOCK_K
     else:
-        acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
-        if INTERPRET:  # range() over a tensor bound fails in the interpreter
-            k0 = k_lo
-            while k0 < k_hi:
-                acc = _down_step(acc, k0, k_hi, a_ptr, w_ptr, ws_ptr, rows, row_ok, w_rows,
-                                 col_ok, I, BLOCK_K, QUANT, UPCAST, W_TO_X, DOT_PRECISION)
-                k0 += BLOCK_K
-        else:
-            for k0 in range(k_lo, k_hi, BLOCK_K):
-                acc = _down_step(acc, k0, k_hi, a_ptr, w_ptr, ws_ptr, rows, row_ok, w_rows,
-                                 col_ok, I, BLOCK_K, QUANT, UPCAST, W_TO_X, DOT_PRECISION)
-    return acc
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            acc = _down_step(acc, k0, k_hi, a_ptr, w_ptr, ws_ptr, rows, row_ok, w_rows, col_ok,
+                             I, BLOCK_K, QUANT, UPCAST, W_TO_X, DOT_PRECISION)
+    return _acc_sum(acc, BLOCK_M, QUANT)
 
 
 @triton.jit
