@@ -347,6 +347,13 @@ def _mxfp4_gemv(acc, w_ptr, ws_ptr, w_rows, col_ok, k0, k_hi, K, even, odd,
     flat = tl.load(w_ptr + w_rows[:, None] * ((K // 32) * 16) + js[None, :],
                    mask=col_ok[:, None] & (js < (k_hi // 32) * 16)[None, :], other=0)
     packed = tl.reshape(flat, [w_rows.shape[0], BLOCK_K // 32, 16])
+    if not UPCAST and BLOCK_K >= 256:  # ask L2 for the next step's lines (a hint; no asm in
+        # the interpreter): one prefetch.global.L2 a 128-byte line, rows past N on row 0
+        nxt = tl.minimum((k0 // 32) * 16 + BLOCK_K // 2 + tl.arange(0, BLOCK_K // 256) * 128,
+                         (k_hi // 32) * 16 - 1)
+        at = w_ptr + tl.where(col_ok, w_rows, 0)[:, None] * ((K // 32) * 16) + nxt[None, :]
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [at],
+                                  dtype=tl.int32, is_pure=False, pack=1)
     p = (e2m1_f16(packed, False, UPCAST).to(tl.float32) * even[None, :, :]
          + e2m1_f16(packed, True, UPCAST).to(tl.float32) * odd[None, :, :])
     s = tl.load(ws_ptr + w_rows[:, None] * (K // 32) + gs[None, :], mask=g_ok, other=0)
