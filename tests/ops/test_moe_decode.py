@@ -279,11 +279,14 @@ def test_split_heuristic():
     assert not configs.use_fused(4, 2, "mxfp4", 8) and not configs.use_fused(16, 8, "mxfp4", 128)
 
 
-def test_mxfp4_one_pair_rows_halve_past_one_tile_per_sm():
-    """32-row mxfp4 tiles while gate_up's tiles fit the SMs, 16 past that (configs.MXFP4_GEMV)."""
-    rows = lambda A, E, D, I: configs.heuristic((A, E, D, I, torch.uint8, 132)).gate_up.block_n
-    assert rows(1, 16, 5120, 1024) == 32 and rows(4, 16, 5120, 1024) == 32  # 32, 128 tiles
-    assert rows(8, 16, 5120, 1024) == 16 and rows(2, 8, 4096, 7168) == 16  # 256, 448 tiles
+def test_mxfp4_one_pair_rows_per_gemm():
+    """mxfp4 decode: one-pair tiles of 32 rows for gate_up, 16 for down, at every size
+    (configs.MXFP4_GEMV), K split to fill the SMs."""
+    for A, E, D, I in ((1, 16, 5120, 1024), (8, 16, 5120, 1024), (2, 8, 4096, 7168)):
+        plan = configs.heuristic((A, E, D, I, torch.uint8, 132))
+        assert (plan.gate_up.block_n, plan.down.block_n) == (32, 16)
+        assert plan.gate_up.block_m == plan.down.block_m == 1
+    assert configs.heuristic((1, 16, 5120, 1024, torch.uint8, 132)).gate_up.split_k == 5  # 32 tiles
 
 
 def test_w8a16_takes_one_pair_tiles():

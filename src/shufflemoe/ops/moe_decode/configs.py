@@ -297,25 +297,23 @@ def split_for(tiles: int, k_steps: int, sms: int) -> int:
 def _heuristic(A: int, E: int, D: int, I: int, dtype: torch.dtype, sms: int) -> DecodeConfig:
     # 256 bytes of K per weight row and step; 3 stages keep 96 KB (gate_up: 2 x 64 rows) of one
     # program's weights in flight and leave room for two programs per SM.
-    bn, bk, bm, stages = 64, 256 // dtype.itemsize, 16, 3
-    active = min(E, A)
+    rows, bk, bm, stages = (64, 64), 256 // dtype.itemsize, 16, 3
     if dtype == torch.uint8:  # mxfp4: see MXFP4_GEMV
-        bn, bk, bm, stages = MXFP4_GEMV, 512, 1, 2
-        if active * -(-I // bn) > sms:
-            bn //= 2
+        rows, bk, bm, stages = MXFP4_GEMV, 512, 1, 2
+    active = min(E, A)
     configs = []
-    for N, K in ((I, D), (D, I)):
+    for (N, K), bn in zip(((I, D), (D, I)), rows):
         tiles = active * -(-N // bn)
         configs.append(GemmConfig(bn, bk, split_for(tiles, -(-K // bk), sms), 4, stages, bm))
     return DecodeConfig(*configs)
 
 
-# mxfp4 (uint8, two values a byte): one pair a tile (_mxfp4_gemv), 256 bytes of K a step, 32 rows,
-# or 16 where 32-row tiles of gate_up alone outnumber the SMs. H100, the layer in CUDA graphs,
-# both GEMMs on one tile (results/probe_mxfp4_tiles.json at 69aebab, probe_mxfp4_256fa64.json):
-# 32 rows faster at Llama 4 Scout TP8 T = 1 / 4 (32 / 128 tiles; 42.3 / 62.8 us against 44.3 /
-# 70.9) and Maverick TP8 T = 1 / 4, 16 rows at Scout T = 8 (256 tiles; 83.7 against 92.1),
-# Maverick T = 8 and Mixtral TP2 T = 1 (448 tiles; 113.6 against 132.1); Qwen3-30B-A3B T = 1
-# (192 tiles) ties (45.8 / 45.4). The rule as committed (probe_mxfp4_df01fac.json): Scout T = 8
-# 70.3 us, within 1% of the best candidate at T = 1..8.
-MXFP4_GEMV = 32
+# mxfp4 (uint8, two values a byte): one pair a tile (_mxfp4_gemv), 256 bytes of K a step, rows a
+# tile (gate_up's, down's) = (32, 16) at every size, K split to fill the SMs. H100, the layer in
+# CUDA graphs (results/probe_mxfp4_gemv_df7fc0e.json: coordinate descent over 10 tiles a GEMM,
+# Scout and Maverick TP8 at T = 1, 4, 8, Qwen3-30B-A3B, Mixtral TP2 and gpt-oss-120b at T = 1):
+# no one tile wins every row and neighbours lie within the run's noise (~5%), but against each
+# row's best, gate_up's 32 rows average 1.05x and down's 16 rows 1.03x, where the rule before
+# (32 rows, 16 once gate_up's tiles outnumber the SMs, for both) lost up to 1.35x (gpt-oss
+# 67.3 us against 49.3, Mixtral 84.3 against 66.8).
+MXFP4_GEMV = (32, 16)
