@@ -1,6 +1,6 @@
 """Which one-pair tiles stream mxfp4 decode weights fastest in the layer? probe_timeline (mxfp4)
-had the GEMV at 0.4-1.3 TB/s of packed weights. One GPU call: mxfp4 layers (Llama 4 Scout TP8,
-Qwen3-30B-A3B, Mixtral TP2) at T = 1 in CUDA graphs (weights and inputs rotating, as the layer
+had the GEMV at 0.4-1.3 TB/s of packed weights. One GPU call: mxfp4 layers (Llama 4 Scout and
+Maverick TP8, Qwen3-30B-A3B, Mixtral TP2, gpt-oss-120b) at T = 1 in CUDA graphs (weights and inputs rotating, as the layer
 suite does), the heuristic's tiles, then gate_up's tile varied with down's fixed, then down's with
 the best gate_up (probe_merged_tiles.descend; K split to fill the SMs, or twice that); the best checked
 against float64 and timed again beside the heuristic's. --tokens adds T > 1 rows for the top-1

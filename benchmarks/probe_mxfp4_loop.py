@@ -4,7 +4,9 @@ mxfp4 layers in CUDA graphs (weights and inputs rotating, as the layer suite doe
 decode sizes, with the heuristic's tiles and two neighbours (8 warps; half the rows a tile), each
 row checked against float64 first.
 
-    PYTHONPATH=<tree>/src python benchmarks/probe_mxfp4_loop.py --label <tree> --out $OUT
+    git archive <commit> src | tar -x -C trees/<commit>   # a tree per commit, here
+    SHUFFLEMOE_COMMIT=<commit> PYTHONPATH=trees/<commit>/src \
+        python benchmarks/probe_mxfp4_loop.py --label <commit> --out $OUT
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ def variants(heur: configs.DecodeConfig) -> dict:
             "8 warps": configs.DecodeConfig(dataclasses.replace(g, num_warps=8),
                                             dataclasses.replace(d, num_warps=8)),
             "half rows": configs.DecodeConfig(
-                dataclasses.replace(g, block_n=g.block_n // 2, split_k=g.split_k),
+                dataclasses.replace(g, block_n=g.block_n // 2),
                 dataclasses.replace(d, block_n=d.block_n // 2))}
 
 
