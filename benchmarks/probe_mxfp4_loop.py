@@ -5,8 +5,8 @@ decode sizes, with the heuristic's tiles and two neighbours (8 warps; half the r
 row checked against float64 first.
 
     git archive <commit> src | tar -x -C trees/<commit>   # a tree per commit, here
-    SHUFFLEMOE_COMMIT=<commit> PYTHONPATH=trees/<commit>/src \
-        python benchmarks/probe_mxfp4_loop.py --label <commit> --out $OUT
+    export SHUFFLEMOE_COMMIT=<commit> PYTHONPATH=trees/<commit>/src
+    python benchmarks/probe_mxfp4_loop.py --label <commit> --out $OUT
 """
 
 from __future__ import annotations
