@@ -46,6 +46,12 @@ def gemm(tile, tiles_of, K: int, sms: int) -> configs.GemmConfig:
     return configs.GemmConfig(bn, bk, max(1, min(split, -(-K // bk))), warps, stages, block_m=1)
 
 
+def mxfp4_only(plan: configs.DecodeConfig):
+    """A chooser for configs.override: ``plan`` for the routed mxfp4 experts (uint8 weights),
+    the usual choice for the rest (a shared expert in the model dtype)."""
+    return lambda key: plan if key[4] == torch.uint8 else configs._choose(*key)
+
+
 def _descend_row(name, T, layers, cfg, sms, deadline) -> dict:
     xs = [torch.randn(T, cfg.hidden_size, device="cuda", dtype=cfg.dtype) for _ in range(N_SETS)]
     D, I, E, k = cfg.hidden_size, cfg.intermediate_size, cfg.num_experts, cfg.top_k
@@ -54,13 +60,8 @@ def _descend_row(name, T, layers, cfg, sms, deadline) -> dict:
              "down": (lambda bn: active * -(-D // bn), I)}
     heur = configs.heuristic((T * k, E, D, I, torch.uint8, sms))
 
-    def plan_with(plan):
-        def choose(key):  # the routed mxfp4 experts only (uint8); the rest as usual
-            return plan if key[4] == torch.uint8 else configs._choose(*key)
-        return choose
-
     def time_with(plan):
-        with configs.override(plan_with(plan)), torch.no_grad():
+        with configs.override(mxfp4_only(plan)), torch.no_grad():
             return _graph_us(layers, xs, False)["us"]
 
     row = dict(preset=name, T=T, heuristic=[heur.gate_up.__dict__, heur.down.__dict__],
@@ -69,7 +70,7 @@ def _descend_row(name, T, layers, cfg, sms, deadline) -> dict:
                    [(part, TILES, lambda t, f=tiles_of, K=K: gemm(t, f, K, sms))
                     for part, (tiles_of, K) in parts.items()],
                    time_with, deadline, row["tried"])
-    with configs.override(plan_with(best)), torch.no_grad():
+    with configs.override(mxfp4_only(best)), torch.no_grad():
         row["check"] = _check(layers[0], xs[0])
     row["best"] = [best.gate_up.__dict__, best.down.__dict__]
     row["best_us"] = time_with(best)

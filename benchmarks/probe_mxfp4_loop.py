@@ -26,6 +26,7 @@ from shufflemoe.ops.moe_decode import configs
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from probe_combine import _check, _graph_us, _layers  # noqa: E402
+from probe_mxfp4_gemv import mxfp4_only  # noqa: E402
 
 CASES = (("llama4-scout", 8, (1, 4, 8)), ("llama4-maverick", 8, (1, 4)),
          ("qwen3-30b-a3b", 1, (1,)), ("mixtral-8x7b", 2, (1,)), ("gpt-oss-120b", 1, (1,)))
@@ -63,9 +64,7 @@ def main() -> None:
             xs = [torch.randn(T, D, device="cuda", dtype=cfg.dtype) for _ in range(N_SETS)]
             heur = configs.heuristic((T * k, E, D, I, torch.uint8, sms))
             for label, plan in variants(heur).items():
-                choose = lambda key, plan=plan: (plan if key[4] == torch.uint8  # noqa: E731
-                                                 else configs._choose(*key))
-                with configs.override(choose), torch.no_grad():
+                with configs.override(mxfp4_only(plan)), torch.no_grad():
                     row = dict(preset=name, tp=tp, T=T, tiles=label, check=_check(layers[0], xs[0]),
                                **_graph_us(layers, xs, False))
                 rows.append(row)
