@@ -7,11 +7,12 @@ activates (the layer suite's basis), through
   - "fused": the default (the tuning table's fp8 rows for fp8_w8a16, the heuristic for mxfp4);
   - at T <= GEMV_T, tile candidates for both fused GEMMs (block_n x bytes of K a step, one pair
     a tile on the CUDA cores or 16-pair MMA tiles), split-K planned as the heuristic plans it;
-  - with --candidates gemm, at T > GEMV_T, mxfp4 grouped GEMM tiles (GEMM_CANDIDATES).
+  - at T > GEMV_T, for the formats --gemm names, grouped GEMM tiles (GEMM_CANDIDATES).
 Every timed variant is checked against the float64 reference first. Writes
 $OUT/probe_weight_only.json and prints a table.
 
     PYTHONPATH=src python benchmarks/probe_weight_only.py --out $OUT [--budget 540]
+        [--formats fp8_w8a16] [--candidates none] [--gemm fp8_w8a16,mxfp4] [--ts 1,8,64]
 """
 
 from __future__ import annotations
@@ -41,11 +42,13 @@ CANDIDATES = ((64, 64, 16, 4, 3), (64, 128, 16, 4, 3), (32, 128, 16, 4, 4), (128
               (16, 512, 1, 4, 2), (64, 256, 1, 8, 2))
 
 
-# mxfp4 grouped GEMM tiles for T > GEMV_T (block_m, block_n, block_k values, warps, stages), weights
-# on the wgmma M side (swap_ab: the dequantized tile is its register operand, no shared-memory
-# round trip), for the routed GEMMs only (G > 1; the shared expert keeps the heuristic's).
+# Weight-only grouped GEMM tiles for T > GEMV_T (block_m, block_n, block_k values, warps, stages),
+# weights on the wgmma M side (swap_ab: the converted tile is its register operand, no
+# shared-memory round trip), for the routed GEMMs only (G > 1; the shared expert keeps the
+# heuristic's).
 GEMM_CANDIDATES = ((16, 128, 128, 4, 3), (16, 128, 256, 4, 3), (16, 128, 256, 8, 3),
-                   (16, 64, 256, 4, 4), (16, 64, 512, 4, 3), (16, 128, 512, 8, 2))
+                   (16, 64, 256, 4, 4), (16, 64, 512, 4, 3), (16, 128, 512, 8, 2),
+                   (32, 128, 256, 4, 3))
 
 
 def gemm_candidate(bm: int, bn: int, bk: int, warps: int, stages: int):
@@ -83,8 +86,10 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=540.0)
     ap.add_argument("--formats", default=",".join(FORMATS))
     ap.add_argument("--candidates", default=",".join(FORMATS),
-                    help="formats whose tile candidates are timed (the others: fused, unfused); "
-                         "'gemm': mxfp4 grouped GEMM tiles at T > GEMV_T")
+                    help="formats whose fused tile candidates are timed at T <= GEMV_T (the "
+                         "others: fused, unfused)")
+    ap.add_argument("--gemm", default="", help="formats whose grouped GEMM tiles are timed at "
+                                               "T > GEMV_T")
     ap.add_argument("--ts", default=",".join(map(str, TS)), help="token counts")
     args = ap.parse_args()
     start = time.time()
@@ -112,7 +117,7 @@ def main() -> None:
                     for c in CANDIDATES:
                         name = f"{c[0]}x{c[1]}B {'gemv' if c[2] == 1 else 'mma'} w{c[3]} s{c[4]}"
                         variants[name] = configs.override(candidate(*c, fmt))
-                if T > GEMV_T and fmt == "mxfp4" and "gemm" in args.candidates.split(","):
+                if T > GEMV_T and fmt in args.gemm.split(","):
                     for c in GEMM_CANDIDATES:
                         name = f"gemm {c[0]}x{c[1]}x{c[2]} w{c[3]} s{c[4]}"
                         variants[name] = gemm_configs.override(gemm_candidate(*c))

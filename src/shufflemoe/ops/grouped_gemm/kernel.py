@@ -59,7 +59,7 @@ from .._common import cdiv, next_power_of_2, on_device, traced
 from .._impl import interpreting, kernel_op
 from .._launch import launch
 from ..quantize import FP8_BLOCK, FP8_DTYPE, MX_GROUP
-from ..quantize.kernel import mxfp4_values
+from ..quantize.kernel import e4m3_to, mxfp4_values
 from . import configs
 
 _INTERPRETER_PROGRAMS = 3  # several programs, so the round-robin is exercised on the CPU too
@@ -116,7 +116,9 @@ def _k_step(acc, k0, row0, w_row0, rows, row_ok, w_rows, col_ok, ws_rows, x_ptr,
     if UPCAST:  # interpreter: its bf16 dot is wrong (Triton 3.6); fp32 of bf16/fp8 is exact
         a = a.to(tl.float32)
         b = b.to(tl.float32)
-    elif QUANT == "fp8_w8a16" or QUANT == "mxfp4":  # weight-only: exact in x's dtype
+    elif QUANT == "fp8_w8a16":  # weight-only: exact in x's dtype
+        b = e4m3_to(b, a.dtype)
+    elif QUANT == "mxfp4":
         b = b.to(a.dtype)
     if QUANT == "fp8_block":  # the K step lies inside one 128-column block (BLOCK_K <= 128)
         kb = k0 // 128

@@ -65,7 +65,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from .._common import cdiv, next_power_of_2, on_device, traced
 from .._impl import interpreting, kernel_op
 from .._launch import launch, persistent_zeros
-from ..quantize.kernel import (cast_to, e2m1_f16, e4m3_bits, e8m0_values, fp8_target,
+from ..quantize.kernel import (cast_to, e2m1_f16, e4m3_bits, e4m3_to, e8m0_values, fp8_target,
                                mxfp4_values, row_scales, store_fp8)
 from ..quantize.reference import FP8_DTYPE
 from ..silu_mul.kernel import glu_f32
@@ -125,7 +125,7 @@ def _dot(acc, w, xt, UPCAST: tl.constexpr, W_TO_X: tl.constexpr, DOT_PRECISION: 
         w = w.to(tl.float32)
         xt = xt.to(tl.float32)
     elif W_TO_X:
-        w = w.to(xt.dtype)
+        w = e4m3_to(w, xt.dtype) if w.dtype == tl.float8e4nv else w.to(xt.dtype)
     return tl.dot(w, xt, acc, input_precision=DOT_PRECISION)
 
 

@@ -157,6 +157,35 @@ def e2m1_f16(packed, HIGH: tl.constexpr, FP32: tl.constexpr):
     return v
 
 
+def _e4m3_bf16_ptx() -> tl.constexpr:
+    """PTX turning two e4m3 bytes ($1, 16 bits) into two bf16 ($0) with integer operations: prmt
+    puts each byte in the high half of a 16-bit lane, its sign stays on bit 15 and its 7 exponent
+    and mantissa bits move down 4 onto bf16's lowest exponent bits and top mantissa bits, which
+    is the value times 2^-120 (e4m3's subnormals land on bf16's); one mul.bf16x2 by 2^120
+    (0x7B80) makes it exact. e4m3's NaN (0x7F) becomes 480, not NaN."""
+    return tl.constexpr(
+        "{ .reg .b32 w, p, t, bias; mov.b32 bias, 0x7B807B80; cvt.u32.u16 w, $1; "
+        "prmt.b32 p, w, 0, 0x1404; and.b32 t, p, 0x7F007F00; shr.b32 t, t, 4; "
+        "and.b32 p, p, 0x80008000; or.b32 p, p, t; mul.rn.bf16x2 $0, p, bias; }")
+
+
+E4M3_BF16_PTX: tl.constexpr = _e4m3_bf16_ptx()
+
+
+@triton.jit
+def e4m3_to(w, DTYPE: tl.constexpr):
+    """e4m3 w as DTYPE, exactly. To bf16 on the GPU without the conversion unit: Triton's cast
+    goes through fp16 and converts each value with F2F.BF16.F16, which an H100 SM issues at 16 a
+    clock, below the bytes HBM brings it; E4M3_BF16_PTX is five integer operations and one
+    bf16x2 multiply a pair. Other targets (fp16, the interpreter's float32) cast."""
+    if DTYPE == tl.bfloat16:
+        out = tl.inline_asm_elementwise(E4M3_BF16_PTX, "=r,h", [w.to(tl.uint8, bitcast=True)],
+                                        dtype=tl.bfloat16, is_pure=True, pack=2)
+    else:
+        out = w.to(DTYPE)
+    return out
+
+
 @triton.jit
 def mxfp4_values(packed, s, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP32: tl.constexpr):
     """MXFP4 dequantization: packed [BLOCK_N, BLOCK_K / 2] uint8 (element 2j in the low nibble of

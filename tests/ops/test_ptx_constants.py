@@ -1,11 +1,13 @@
-"""The mxfp4 PTX constants, run by a small emulator of the instructions they use (the interpreter
-cannot run inline assembly, so CI checks their bit logic here; the GPU suite runs them for real):
-every byte, both nibbles, against the e2m1 table, through the bf16 path with scales over the e8m0
-range and the fp16 path (values x 2^-14)."""
+"""The dequantization PTX constants, run by a small emulator of the instructions they use (the
+interpreter cannot run inline assembly, so CI checks their bit logic here; the GPU suite runs them
+for real): mxfp4's every byte, both nibbles, against the e2m1 table, through the bf16 path with
+scales over the e8m0 range and the fp16 path (values x 2^-14); e4m3 -> bf16 for every pair of
+bytes against torch's e4m3 values."""
 
 import struct
 
 import pytest
+import torch
 
 from shufflemoe.ops.quantize import kernel
 
@@ -49,6 +51,10 @@ def run_ptx(ptx: str, regs: dict[str, int]) -> dict[str, int]:
             r[a[0]] = int.from_bytes(bytes(src[(sel >> 4 * i) & 7] for i in range(4)), "little")
         elif op == "shl.b32":
             r[a[0]] = (val(a[1]) << val(a[2])) & 0xFFFFFFFF
+        elif op == "shr.b32":
+            r[a[0]] = val(a[1]) >> val(a[2])
+        elif op == "cvt.u32.u16":
+            r[a[0]] = val(a[1]) & 0xFFFF
         elif op == "and.b32":
             r[a[0]] = val(a[1]) & val(a[2])
         elif op == "or.b32":
@@ -88,3 +94,13 @@ def test_f16_ptx_decodes_every_byte(high):
         for byte, bits in zip(range(base, base + 4), halves(out)):
             code = byte >> 4 if high else byte & 0xF
             assert f16(bits) == e2m1(code) * 2.0 ** -14, byte
+
+
+def test_e4m3_bf16_ptx_converts_every_pair_of_bytes():
+    values = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float().tolist()
+    codes = [b for b in range(256) if b & 0x7F != 0x7F]  # 0x7F, 0xFF: NaN (documented: 480)
+    ptx = kernel.E4M3_BF16_PTX.value
+    for lo in codes:
+        for hi in codes:
+            out = run_ptx(ptx, {"$1": lo | hi << 8})["$0"]
+            assert (bf16(out), bf16(out >> 16)) == (values[lo], values[hi]), (lo, hi)
