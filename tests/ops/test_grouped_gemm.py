@@ -332,9 +332,19 @@ def test_mxfp4_deep_k_takes_longer_k_steps():
     assert configs.select(128, 7168, 4096, 8, torch.bfloat16, "mxfp4") == bf16.with_(
         block_k=configs.MXFP4_DEEP_BLOCK_K)
     assert configs.select(128, 7168, 2048, 8, torch.bfloat16, "mxfp4") == bf16  # shallow K
-    assert configs.select(128, 7168, 4096, 8, torch.bfloat16, "fp8_w8a16") == bf16
     with configs.override(SMALL):  # an override is taken as it is
         assert configs.select(128, 7168, 4096, 8, torch.bfloat16, "mxfp4") == SMALL
+
+
+def test_w8a16_takes_fp8_bytes_a_k_step_and_wider_tiles_for_full_groups():
+    # Mixtral TP2 gate_up at T = 64: 16 rows a group -> 32-row tiles; Scout TP8 at T = 64: 4.
+    for M, N, K, G, block_m in ((128, 7168, 4096, 8, 32), (64, 2048, 5120, 16, 16)):
+        bf16 = configs.select(M, N, K, G, torch.bfloat16)
+        assert bf16.swap_ab and bf16.block_n == 128 and bf16.block_m == 16
+        assert configs.select(M, N, K, G, torch.bfloat16, "fp8_w8a16") == bf16.with_(
+            block_k=configs.W8A16_BLOCK_K, block_m=block_m)
+    few = configs.select(1, 2048, 5120, 16, torch.bfloat16)  # one group: 64-wide deep tiles
+    assert configs.select(1, 2048, 5120, 16, torch.bfloat16, "fp8_w8a16") == few
 
 
 @pytest.mark.parametrize("M,bucket", [(0, 1), (1, 1), (2, 2), (128, 128), (129, 256),

@@ -201,6 +201,8 @@ GPU_SHAPES = {  # (format, N, K, split, groups): the expert GEMMs of real checkp
     "deepseek-v3 w2, prefill": ("fp8_block", 7168, 2048, None, [256, 31, 0, 400]),
     "qwen3-30b-a3b-fp8 w13, prefill": ("fp8_block", 1536, 2048, 768, [500, 0, 129, 77] * 2),
     "scout tp8 w8a16 w13, decode": ("fp8_w8a16", 2048, 5120, None, [3, 1, 0, 4]),
+    "mixtral tp2 w8a16 w13, T = 64 (32-row tiles, 256-byte K steps)": (
+        "fp8_w8a16", 7168, 4096, None, [16, 9, 0, 21, 14, 12, 18, 10]),
     "scout tp8 w8a16 w2, prefill": ("fp8_w8a16", 5120, 1024, None, [1000, 0, 24, 999]),
 }
 

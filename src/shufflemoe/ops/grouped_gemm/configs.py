@@ -121,6 +121,9 @@ def select(M: int, N: int, K: int, G: int, dtype: torch.dtype, quant: str = "non
     cfg = _heuristic(*key)
     if quant == "mxfp4" and cfg.swap_ab and cfg.block_n == 128 and K >= MXFP4_DEEP_K:
         cfg = cfg.with_(block_k=MXFP4_DEEP_BLOCK_K)
+    if quant == "fp8_w8a16" and cfg.swap_ab and cfg.block_n == 128:
+        rows = -(-key[0] // max(G, 1))
+        cfg = cfg.with_(block_k=W8A16_BLOCK_K, block_m=32 if rows > 8 else cfg.block_m)
     return cfg
 
 
@@ -132,6 +135,16 @@ def select(M: int, N: int, K: int, G: int, dtype: torch.dtype, quant: str = "non
 # 0.94 / 0.96x: so only K >= 4096.
 MXFP4_DEEP_K = 4096
 MXFP4_DEEP_BLOCK_K = 256
+
+
+# fp8_w8a16 weights (a byte a value, x in bf16) on the memory-bound swapped 16 x 128 tiles: a K
+# step of 256 values (256 bytes of each weight row, as fp8's), and 32-row tiles where the average
+# group holds more than 8 rows (a 16-row tile streams such a group's weights twice). H100, the
+# layer in CUDA graphs, 16 x 128 x 128 / 16 x 128 x 256 / 32 x 128 x 256, us
+# (results/probe_weight_only.json at 118acea): Llama 4 Scout TP8 T = 16 110.2 / 90.9 / 95.9, T = 64
+# 136.6 / 125.2 / 127.5; Maverick TP8 T = 64 341.6 / 321.0 / 321.2; Qwen3-30B-A3B T = 64 277.1 /
+# 271.5 / 273.6; Mixtral TP2 (16 rows a group) T = 64 336.3 / 306.7 / 283.8.
+W8A16_BLOCK_K = 256
 
 
 # Decode: spread the active groups' weights over at least this many tiles (2 programs on each of
