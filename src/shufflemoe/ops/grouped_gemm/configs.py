@@ -141,7 +141,7 @@ MXFP4_DEEP_BLOCK_K = 256
 # step of 256 values (256 bytes of each weight row, as fp8's), and 32-row tiles where the average
 # group holds more than 8 rows (a 16-row tile streams such a group's weights twice). H100, the
 # layer in CUDA graphs, 16 x 128 x 128 / 16 x 128 x 256 / 32 x 128 x 256, us
-# (results/probe_weight_only.json at 118acea): Llama 4 Scout TP8 T = 16 110.2 / 90.9 / 95.9, T = 64
+# (results/probe_weight_only_118acea.json): Llama 4 Scout TP8 T = 16 110.2 / 90.9 / 95.9, T = 64
 # 136.6 / 125.2 / 127.5; Maverick TP8 T = 64 341.6 / 321.0 / 321.2; Qwen3-30B-A3B T = 64 277.1 /
 # 271.5 / 273.6; Mixtral TP2 (16 rows a group) T = 64 336.3 / 306.7 / 283.8.
 W8A16_BLOCK_K = 256
