@@ -39,7 +39,8 @@ GEMV_T = 8
 # (block_n, bytes of K per weight row and step, block_m, warps, stages)
 CANDIDATES = ((64, 64, 16, 4, 3), (64, 128, 16, 4, 3), (32, 128, 16, 4, 4), (128, 64, 16, 8, 3),
               (16, 256, 1, 4, 2), (32, 128, 1, 4, 2), (32, 256, 1, 4, 2), (64, 128, 1, 8, 2),
-              (16, 512, 1, 4, 2), (64, 256, 1, 8, 2))
+              (16, 512, 1, 4, 2), (64, 256, 1, 8, 2), (4, 1024, 1, 4, 2), (4, 2048, 1, 4, 2),
+              (8, 1024, 1, 4, 2))
 
 
 # Weight-only grouped GEMM tiles for T > GEMV_T (block_m, block_n, block_k values, warps, stages),
