@@ -2,12 +2,14 @@
 interpreter cannot run inline assembly, so CI checks their bit logic here; the GPU suite runs them
 for real): mxfp4's every byte, both nibbles, against the e2m1 table, through the bf16 path with
 scales over the e8m0 range and the fp16 path (values x 2^-14); e4m3 -> bf16 for every pair of
-bytes against torch's e4m3 values."""
+bytes against torch's e4m3 values, and on a GPU every code through the kernel helper."""
 
 import struct
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from shufflemoe.ops.quantize import kernel
 
@@ -104,3 +106,20 @@ def test_e4m3_bf16_ptx_converts_every_pair_of_bytes():
         for hi in codes:
             out = run_ptx(ptx, {"$1": lo | hi << 8})["$0"]
             assert (bf16(out), bf16(out >> 16)) == (values[lo], values[hi]), (lo, hi)
+
+
+@triton.jit
+def _e4m3_to_bf16_kernel(src, dst, n, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    tl.store(dst + i, kernel.e4m3_to(tl.load(src + i, mask=i < n), tl.bfloat16), mask=i < n)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (inline PTX)")
+def test_e4m3_to_bf16_on_the_gpu_every_code():
+    codes = torch.arange(256, dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn)
+    out = torch.full((256,), float("nan"), dtype=torch.bfloat16, device="cuda")
+    _e4m3_to_bf16_kernel[(1,)](codes, out, 256, BLOCK=256)
+    want = codes.to(torch.bfloat16)
+    finite = ~torch.isnan(want)
+    assert finite.sum() == 254
+    assert torch.equal(out[finite].view(torch.int16), want[finite].view(torch.int16))
