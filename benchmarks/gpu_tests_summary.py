@@ -16,7 +16,8 @@ import sys
 from shufflemoe.bench.report import metadata
 
 
-# pytest -v -n N: "tests/x.py::t " when a test starts, "[gwK] [ P%] PASSED tests/x.py::t" when done
+# pytest -v -n N prints "tests/x.py::t " when a test starts, "[gwK] [ P%] PASSED tests/x.py::t"
+# when it is done
 _RESULT = re.compile(r"^\[gw\d+\] \[ *\d+%\] (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS) (.+?)\s*$")
 
 
