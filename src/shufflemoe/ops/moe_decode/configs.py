@@ -270,10 +270,9 @@ def _w8a16(A: int, E: int, D: int, I: int, dtype: torch.dtype, sms: int) -> Deco
     (64 rows, 256 bytes, 8 warps: 71.4 -> 59.4 us) and T = 2 (16 x 512 bytes: 108.5 -> 92.2),
     to confirm on an H100 before the rule changes. There (probe_timeline_w8a16_h200.txt) Scout
     TP8's merged down at T = 1 (32-row tiles, 4 K steps) streams its 15.7 MB in 11 us, bf16's
-    4-row single-step tiles 21 MB in 7.3 (H100): the next tiles to try. In an exploratory run of
-    earlier code (H100, not committed) Mixtral TP2 at T = 1 took 116 us with its fp8 row's MMA
-    tiles, 84 with W8A16_GEMV; Llama 4 Scout TP8 at T = 4 48 us with the table's one-pair rows,
-    55 with W8A16_GEMV."""
+    4-row single-step tiles 21 MB in 7.3 (H100): the next tiles to try. In an exploratory run of earlier code (H100, not committed)
+    Mixtral TP2 at T = 1 took 116 us with its fp8 row's MMA tiles, 84 with W8A16_GEMV; Llama 4
+    Scout TP8 at T = 4 48 us with the table's one-pair rows, 55 with W8A16_GEMV."""
     row = _choose(A, E, D, I, dtype, sms)
     gemms = []
     for g, (N, K) in ((row.gate_up, (I, D)), (row.down, (D, I))):
