@@ -23,6 +23,7 @@ _RESULT = re.compile(r"^\[gw\d+\] \[ *\d+%\] (PASSED|FAILED|SKIPPED|ERROR|XFAIL|
 
 def summarize(log: str, seconds: int, status: int, meta: dict | None = None) -> dict:
     counts, unfinished = {}, []
+    failed = sorted(set(re.findall(r"^(?:FAILED|ERROR) (\S+)", log, flags=re.M)))
     tail = [line for line in log.splitlines() if re.search(r"\d+ (passed|failed)", line)]
     if tail:
         for n, what in re.findall(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed)", tail[-1]):
@@ -40,7 +41,7 @@ def summarize(log: str, seconds: int, status: int, meta: dict | None = None) -> 
                                                                               outcome.lower())
             counts[key] = counts.get(key, 0) + 1
         unfinished = sorted(started - set(done))
-    failed = sorted(set(re.findall(r"^(?:FAILED|ERROR) (\S+)", log, flags=re.M)))
+        failed = sorted(t for t, outcome in done.items() if outcome in ("FAILED", "ERROR"))
     return dict(meta=meta or metadata(), exit_status=status, duration_s=seconds,
                 passed=counts.get("passed", 0), failed=counts.get("failed", 0),
                 errors=counts.get("error", 0), skipped=counts.get("skipped", 0),

@@ -24,7 +24,7 @@ tests/b.py::t4
 def test_cut_off_run_counts_per_test_and_names_the_unfinished():
     d = summarize(CUT, 450, 124, META)
     assert (d["passed"], d["skipped"], d["failed"]) == (1, 1, 1)
-    assert d["unfinished"] == ["tests/b.py::t3[8-fp8]"]
+    assert d["unfinished"] == ["tests/b.py::t3[8-fp8]"] and d["failed_tests"] == ["tests/b.py::t4"]
     assert d["summary"].startswith("no summary line") and d["meta"] == META
 
 
