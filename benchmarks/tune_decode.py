@@ -4,11 +4,12 @@
     PYTHONPATH=src python benchmarks/tune_decode.py --dry-run --out /tmp/x   (CPU, interpreter)
 
 Cases: the routed experts of Llama 4 Scout and Maverick TP8, Qwen3-30B-A3B and Mixtral TP2 in
-bf16 and fp8 rowwise, and the Llama 4 TP8 shared expert (one expert, bf16: the layer runs it
-through the same kernels at T <= 16), at every A = T * k that is a power of two up to the fused
-path's 64 pairs (the table's A buckets); in each, the two GEMMs apart. Candidates: tile shapes
-(block_n, block_k as bytes of a weight row, warps, stages) x split-K factors that give about
-0.5..4 programs per SM, and the heuristic's choice.
+bf16, fp8 rowwise and fp8_w8a16 (--dtypes picks), and the Llama 4 TP8 shared expert (one
+expert: the layer runs it through the same kernels at decode sizes), at every A = T * k that is
+a power of two up to the fused path's 64 pairs (the table's A buckets; fp8_w8a16 only where the
+default switch fuses); in each, the two GEMMs apart. Candidates: tile shapes (block_n, block_k
+as bytes of a weight row, warps, stages) x split-K factors that give about 0.5..4 programs per
+SM, and the untuned choice (configs.untuned: the heuristic, or fp8_w8a16's rule).
 
 1. compile: worker processes run every candidate once (Triton's disk cache), so the timing
    process only loads kernels;
@@ -16,10 +17,11 @@ path's 64 pairs (the table's A buckets); in each, the two GEMMs apart. Candidate
    CUDA-graph replays over rotated weight sets and routings (every call routes differently; one
    pass reads over 2x the L2); the 3 fastest timed again with more replays, the best kept;
 3. layer: the whole layer (graph replays) at each T, fused with the new table, fused with the
-   heuristic, and unfused, as % of the read ceiling for the bytes the routing activates
+   untuned tiles, and unfused, as % of the read ceiling for the bytes the routing activates
    (planner.must_read_bytes), the bytes floor the layer suite uses;
 4. writes $OUT/tune_decode.json, $OUT/tune_decode.md and $OUT/tuned.py (the table: copy it to
-   src/shufflemoe/ops/moe_decode/tuned.py).
+   src/shufflemoe/ops/moe_decode/tuned.py). With --dtypes naming some of DTYPES, the other
+   dtypes' rows stay as committed and the results are tune_decode_<dtypes>.json / .md.
 --layer-only keeps the committed tiles and runs phase 3 alone (PDL per row, a few minutes;
 writes tune_decode_pdl.json/.md).
 Phases stop at their share of --budget and say what they skipped.
@@ -34,6 +36,7 @@ import multiprocessing
 import os
 import pathlib
 import sys
+import textwrap
 import time
 import traceback
 
@@ -58,7 +61,7 @@ PRESETS = {  # the shared expert first: the Llama 4 layers' rows use its entries
     "qwen3-30b-a3b": preset("qwen3-30b-a3b"),
     "mixtral-tp2": preset("mixtral-8x7b", tp=2),
 }
-DTYPES = {"bf16": "none", "fp8": "fp8_rowwise"}
+DTYPES = {"bf16": "none", "fp8": "fp8_rowwise", "w8a16": "fp8_w8a16"}  # name -> weight format
 # (block_n, bytes of K per weight row and step, warps, stages); gate_up streams 2 x block_n rows
 TILES = ((32, 256, 4, 4), (32, 512, 4, 3), (64, 128, 4, 4), (64, 256, 4, 3), (64, 256, 4, 4),
          (64, 512, 4, 2), (64, 512, 4, 3), (128, 128, 4, 3), (128, 128, 8, 4), (128, 256, 4, 2),
@@ -76,21 +79,23 @@ N_INPUTS = 8  # routings (and weight sets) rotated through per timing
 SHARES = {"compile": 0.3, "time": 0.85, "layer": 1.0}  # phases end at these parts of the budget
 
 
-def cases(dry: bool) -> list[tuple[str, str, int]]:
+def cases(dry: bool, dtypes=tuple(DTYPES)) -> list[tuple[str, str, int]]:
     """(preset, dtype, A) in the order they are timed: bf16 first (the default path)."""
     out = []
-    for dtype in DTYPES:
+    for dtype in dtypes:
         for name, cfg in PRESETS.items():
-            if name.startswith("llama4-shared") and dtype != "bf16":
-                continue  # the layer fuses its shared expert in bf16 only
+            if name.startswith("llama4-shared") and dtype == "fp8":
+                continue  # an fp8 rowwise layer runs its shared expert in bf16
             k, A = cfg.top_k, 1
             while A <= configs.Switch().max_pairs:
-                if A % k == 0:
+                if A % k == 0 and (dtype != "w8a16" or configs.use_fused(
+                        A, k, DTYPES[dtype], max(cfg.num_experts, 8))):
                     out.append((name, dtype, A))
                 A *= 2
-    if dry:  # one shared-expert case (top-1, E = 1) and Qwen3 (top-8) in bf16 and fp8
-        return [("llama4-shared-tp8", "bf16", 1), ("qwen3-30b-a3b", "bf16", 8),
-                ("qwen3-30b-a3b", "fp8", 8)]
+    if dry:  # one shared-expert case (top-1, E = 1) and Qwen3 (top-8) in each dtype
+        out = [("llama4-shared-tp8", "bf16", 1), ("qwen3-30b-a3b", "bf16", 8),
+               ("qwen3-30b-a3b", "fp8", 8), ("qwen3-30b-a3b", "w8a16", 8)]
+        return [c for c in out if c[1] in dtypes]
     return out
 
 
@@ -101,12 +106,12 @@ def layer_config(name: str, dtype: str, dry: bool):
 
 def candidates(gemm: str, A: int, cfg, w_dtype: torch.dtype, sms: int,
                dry: bool) -> dict[str, configs.DecodeConfig]:
-    """label -> DecodeConfig changing one GEMM (the heuristic's choice first)."""
+    """label -> DecodeConfig changing one GEMM (the untuned choice first)."""
     E, D, I = cfg.num_experts, cfg.hidden_size, cfg.intermediate_size
-    base = configs.heuristic((A, E, D, I, w_dtype, sms))
+    base = configs.untuned((A, E, D, I, w_dtype, sms), cfg.quantization)
     N, K = (I, D) if gemm == "gate_up" else (D, I)
     size = w_dtype.itemsize
-    out = {"heuristic": base}
+    out = {"untuned": base}
     seen = {getattr(base, gemm)}
     tilings = [(t, 16) for t in (TILES[:2] if dry else TILES)]
     if A <= GEMV_MAX_PAIRS:
@@ -152,13 +157,13 @@ class Case:
         r, w = self.routes[i], self.ws[i]
         return decode_gate_up(self.xs[i], w.w13, r.counts, r.token_ids,
                               r.weights if self.on_input else None, w13_scale=w.w13_scale,
-                              impl=impl)
+                              quantization=self.cfg.quantization, impl=impl)
 
     def down(self, i: int, a=None, out=None, impl: str | None = None):
         r, w = self.routes[i], self.ws[i]
         decode_down(self.acts[i] if a is None else a, w.w2, r.counts, r.token_ids, r.positions,
                     self.outs[i] if out is None else out, None if self.on_input else r.weights,
-                    w2_scale=w.w2_scale, impl=impl)
+                    w2_scale=w.w2_scale, quantization=self.cfg.quantization, impl=impl)
 
     def fn(self, gemm: str):
         return self.gate_up if gemm == "gate_up" else self.down
@@ -269,27 +274,31 @@ def compile_all(jobs: list, workers: int, deadline: float, dry: bool) -> list[di
 
 # ------------------------------------------------------------------------------------ layer
 
-def with_pdl(key: tuple, pdl: bool):
-    """configs.select with the table's row for ``key`` (a table_key) taking PDL ``pdl``."""
+def with_pdl(key: tuple, pdl: bool, quant: str):
+    """configs.select for the format ``quant`` with the table's row for ``key`` (a table_key)
+    taking PDL ``pdl``."""
     def choose(k):
-        plan = configs._choose(*k)
-        return plan.with_(pdl=pdl) if configs.table_key(*k) == key else plan
+        plan = configs.planned(k, quant)
+        return plan.with_(pdl=pdl) if configs.table_key(*k, quant=quant) == key else plan
     return choose
 
 
 def layer_rows(case_layers: list, name: str, dtype: str, T: int, device: str, dry: bool,
                read_gbps: float, key: tuple) -> dict:
     """The layer at T tokens: fused with the table's row ``key`` without and with PDL, fused
-    with the heuristic, unfused."""
+    with the untuned tiles, unfused. bf16 and fp8 rowwise take the fused path forced on
+    (configs.ALWAYS), fp8_w8a16 the default switch (it has rows only where that fuses)."""
     cfg = case_layers[0].config
+    quant = cfg.quantization
+    fused = configs.Switch() if quant == "fp8_w8a16" else configs.ALWAYS
     xs = inputs(cfg, T, device, 2 if dry else N_INPUTS)
     active = sum(int((case_layers[i % len(case_layers)].route(x).counts > 0).sum())
                  for i, x in enumerate(xs)) / len(xs)
     nbytes = must_read_bytes(cfg, active)
     row = dict(preset=name, dtype=dtype, T=T, active_experts=active, must_read_mb=nbytes / 1e6)
-    for lab, plans in (("tuned", (configs.ALWAYS, with_pdl(key, False))),
-                       ("tuned_pdl", (configs.ALWAYS, with_pdl(key, True))),
-                       ("heuristic", (configs.ALWAYS, configs.heuristic)),
+    for lab, plans in (("tuned", (fused, with_pdl(key, False, quant))),
+                       ("tuned_pdl", (fused, with_pdl(key, True, quant))),
+                       ("untuned", (fused, lambda k: configs.untuned(k, quant))),
                        ("unfused", (configs.NEVER,))):
         run = lambda i: case_layers[i % len(case_layers)](xs[i])  # noqa: E731
         with contextlib.ExitStack() as stack:
@@ -310,22 +319,35 @@ def layer_rows(case_layers: list, name: str, dtype: str, T: int, device: str, dr
 
 # ------------------------------------------------------------------------------------- main
 
-def table_source(table: dict, meta: dict, layer_only: bool) -> str:
-    measured = [f"Swept on {meta.get('device')} (torch {meta.get('torch')}, triton "
-                f"{meta.get('triton')}), commit {meta.get('commit')},",
-                f"run {meta.get('run_id')}; results: benchmarks/results/tune_decode.md."]
-    if layer_only:  # the tiles' provenance stays; PDL's is added
+HEADER = ['"""The fused decode kernels\' tuning table: written by benchmarks/tune_decode.py, '
+          'not by hand.', "",
+          "TABLE maps configs.table_key(...) = (SMs, E, D, I, weight dtype or 'fp8_w8a16', A "
+          "rounded",
+          "up to a power of two) to (gate_up, down) GemmConfig fields (block_n, block_k, split_k,",
+          "num_warps, num_stages, block_m) and DecodeConfig.pdl (the layer was faster with",
+          "programmatic dependent launch)."]
+
+
+def table_source(table: dict, meta: dict, stem: str, dtypes: tuple[str, ...]) -> str:
+    """tuned.py for ``table``. A run of every dtype states its own provenance; a --layer-only or
+    --dtypes run keeps the lines of the committed table's and adds (or replaces) its own."""
+    run = (f"{meta.get('device')} (torch {meta.get('torch')}, triton {meta.get('triton')}), "
+           f"commit {meta.get('commit')}, run {meta.get('run_id')}: "
+           f"benchmarks/results/{stem}.md.")
+    if stem == "tune_decode":
+        measured = textwrap.wrap(f"Swept on {run}", 96, subsequent_indent="  ")
+    else:
         from shufflemoe.ops.moe_decode import tuned
 
-        measured = ([ln for ln in tuned.__doc__.splitlines() if ln.startswith(("Swept", "run"))]
-                    + [f"PDL measured (--layer-only) on {meta.get('device')}, commit "
-                       f"{meta.get('commit')}, run {meta.get('run_id')}: tune_decode_pdl.md."])
-    lines = ['"""The fused decode kernels\' tuning table: written by benchmarks/tune_decode.py, '
-             'not by hand.', "",
-             "TABLE maps configs.table_key(...) = (SMs, E, D, I, weight dtype, A rounded up to a "
-             "power of two)", "to (gate_up, down) GemmConfig fields (block_n, block_k, split_k, "
-             "num_warps, num_stages, block_m)", "and DecodeConfig.pdl (the layer was faster "
-             "with programmatic dependent launch).", *measured, '"""', "",
+        what = ("PDL measured (--layer-only)" if stem.endswith("_pdl")
+                else f"Rows of {', '.join(DTYPES[d] for d in dtypes)} swept (--dtypes)")
+        kept, dropping = [], False
+        for ln in tuned.__doc__.strip().splitlines()[len(HEADER):]:
+            dropping = ln.startswith(what) or (dropping and ln.startswith("  "))
+            if not dropping:
+                kept.append(ln)
+        measured = kept + textwrap.wrap(f"{what} on {run}", 96, subsequent_indent="  ")
+    lines = [*HEADER, *measured, '"""', "",
              "TABLE: dict[tuple, tuple[tuple[int, ...], tuple[int, ...], bool]] = {"]
     for key in sorted(table, key=str):
         lines.append(f"    {key!r}: {table[key]!r},")
@@ -346,7 +368,13 @@ def main(argv: list[str] | None = None) -> dict:
                    help="keep the table's tiles, measure only PDL per row (the layer phase)")
     p.add_argument("--dry-run", action="store_true",
                    help="CPU, Triton interpreter, tiny shapes, no timing (CI)")
+    p.add_argument("--dtypes", default=",".join(DTYPES),
+                   help=f"which of {list(DTYPES)} to sweep; the others' rows stay as committed")
     args = p.parse_args(argv)
+    dtypes = tuple(d for d in DTYPES if d in args.dtypes.split(","))
+    if not dtypes or len(dtypes) != len(args.dtypes.split(",")):
+        raise SystemExit(f"--dtypes must name some of {list(DTYPES)}, got {args.dtypes!r}")
+    partial = dtypes != tuple(DTYPES)
     dry, start = args.dry_run, time.monotonic()
     if not dry and not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU (or --dry-run)")
@@ -364,7 +392,7 @@ def main(argv: list[str] | None = None) -> dict:
         read_gbps = ceilings["read_gbps"]
     else:
         ceilings = {}
-    jobs = cases(dry)
+    jobs = cases(dry, dtypes)
     t0 = time.monotonic()
     if args.layer_only:  # the committed tiles; only PDL is measured
         deadline = {k: start + (0 if k != "layer" else args.budget) for k in SHARES}
@@ -374,7 +402,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"compiled {sum(r['ran'] for r in rows['compile'])} candidate runs in "
           f"{time.monotonic() - t0:.0f} s; failures: "
           f"{sum(len(f) for f in failed.values())}", flush=True)
-    table: dict = dict(configs.TABLE) if args.layer_only else {}
+    table: dict = dict(configs.TABLE) if args.layer_only or partial else {}
     with use_impl("triton"):
         by_layer: dict = {}
         for name, dtype, A in jobs:
@@ -389,7 +417,7 @@ def main(argv: list[str] | None = None) -> dict:
                 w = layers[0].expert_weights.w13
                 key_of = lambda A: configs.table_key(  # noqa: E731
                     A, cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, w.dtype,
-                    kernel.sm_count(w.device))
+                    kernel.sm_count(w.device), quant=cfg.quantization)
                 for A in As:
                     if time.monotonic() > deadline["time"]:
                         if not args.layer_only:
@@ -404,7 +432,7 @@ def main(argv: list[str] | None = None) -> dict:
                                         fields(best["down"].down), False)
                     del case
                 configs.TABLE.update(table)  # the layer rows below run with the new entries
-                configs._choose.cache_clear()
+                configs.table_changed()
                 if not name.startswith("llama4-shared"):
                     for T in sorted({A // cfg.top_k for A in As}):
                         if time.monotonic() > deadline["layer"]:
@@ -417,8 +445,8 @@ def main(argv: list[str] | None = None) -> dict:
                             table[key] = (*table[key][:2], r["pdl"])
                         print(f"layer {name} {dtype} T={T}: tuned {r['tuned_us']:.1f} us "
                               f"({r['tuned_pct_read']:.0f}%), with PDL {r['tuned_pdl_us']:.1f}, "
-                              f"heuristic {r['heuristic_us']:.1f} "
-                              f"({r['heuristic_pct_read']:.0f}%), unfused {r['unfused_us']:.1f} "
+                              f"untuned {r['untuned_us']:.1f} "
+                              f"({r['untuned_pct_read']:.0f}%), unfused {r['unfused_us']:.1f} "
                               f"({r['unfused_pct_read']:.0f}%)", flush=True)
                 del layers
             except Exception as e:  # a failing preset must not cost the rest of the call
@@ -430,9 +458,10 @@ def main(argv: list[str] | None = None) -> dict:
     result = dict(meta=meta, ceilings=ceilings, table={str(k): v for k, v in table.items()},
                   **rows)
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = "tune_decode_pdl" if args.layer_only else "tune_decode"
+    stem = ("tune_decode_pdl" if args.layer_only
+            else "tune_decode" + "".join(f"_{d}" for d in dtypes) * partial)
     (args.out / f"{stem}.json").write_text(json.dumps(result, indent=1, default=str))
-    (args.out / "tuned.py").write_text(table_source(table, meta, args.layer_only))
+    (args.out / "tuned.py").write_text(table_source(table, meta, stem, dtypes))
     (args.out / f"{stem}.md").write_text(markdown(result))
     print(markdown(result), flush=True)
     return result
@@ -462,17 +491,17 @@ def sweep(case: Case, gemm: str, failed: dict, dry: bool, rows: dict) -> configs
         if not dry:
             with configs.override(cands[lab]):
                 final[lab] = time_us(fn, n, 40)
-    best = min(final, key=final.get) if final else "heuristic"
-    heur = final.get("heuristic", first.get("heuristic"))
+    best = min(final, key=final.get) if final else "untuned"
+    base = final.get("untuned", first.get("untuned"))
     nbytes = case.nbytes(gemm)
     rows["sweep"].append(dict(
         preset=case.name, dtype=case.dtype, A=case.A, gemm=gemm, best=best,
-        best_us=final.get(best), heuristic_us=heur, retimed=final,
+        best_us=final.get(best), untuned_us=base, retimed=final,
         first_pass={lab: round(us, 2) for lab, us in first.items()},
         weight_mb=nbytes / 1e6, active_experts=case.active))
     if not dry:
         print(f"{case.name} {case.dtype} A={case.A} {gemm}: best {best} {final.get(best)} us, "
-              f"heuristic {heur} us ({len(timed)} candidates)", flush=True)
+              f"untuned {base} us ({len(timed)} candidates)", flush=True)
     return cands[best]
 
 
@@ -485,24 +514,24 @@ def markdown(result: dict) -> str:
            f"{read} GB/s", "",
            "## Each GEMM alone (CUDA-graph replays, median us; % of the read ceiling for its "
            "weight bytes)", "",
-           "| preset | dtype | A | GEMM | best | us | % read | heuristic us | % read | x |",
+           "| preset | dtype | A | GEMM | best | us | % read | untuned us | % read | x |",
            "|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["sweep"]:
-        b, h = r["best_us"], r["heuristic_us"]
+        b, h = r["best_us"], r["untuned_us"]
         pct = (lambda us: 100 * r["weight_mb"] / us / read if us and read else float("nan"))
         out.append(f"| {r['preset']} | {r['dtype']} | {r['A']} | {r['gemm']} | {r['best']} | "
                    f"{b or float('nan'):.1f} | {pct(b):.0f} | {h or float('nan'):.1f} | "
                    f"{pct(h):.0f} | {(h / b) if b and h else float('nan'):.2f} |")
     out += ["", "## The layer (CUDA-graph replays, median us; % of the read ceiling for the "
             "bytes the routing activates)", "",
-            "| preset | dtype | T | fused, table | % | with PDL | % | PDL kept | fused, heuristic "
+            "| preset | dtype | T | fused, table | % | with PDL | % | PDL kept | fused, untuned "
             "| % | unfused | % |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["layer"]:
         out.append(f"| {r['preset']} | {r['dtype']} | {r['T']} | {r['tuned_us']:.1f} | "
                    f"{r['tuned_pct_read']:.1f} | {r['tuned_pdl_us']:.1f} | "
-                   f"{r['tuned_pdl_pct_read']:.1f} | {r['pdl']} | {r['heuristic_us']:.1f} | "
-                   f"{r['heuristic_pct_read']:.1f} | {r['unfused_us']:.1f} | "
+                   f"{r['tuned_pdl_pct_read']:.1f} | {r['pdl']} | {r['untuned_us']:.1f} | "
+                   f"{r['untuned_pct_read']:.1f} | {r['unfused_us']:.1f} | "
                    f"{r['unfused_pct_read']:.1f} |")
     out += ["", f"errors: {len(result['errors'])}; skipped: {result['skipped']}"]
     out += [f"- {e['where']}: {e['error'][:200]}" for e in result["errors"][:10]]

@@ -17,10 +17,11 @@ def test_dry_run(tmp_path):
     assert all(not r["failed"] and r["ran"] for r in result["compile"])
     assert {(r["preset"], r["gemm"]) for r in result["sweep"]} >= {
         ("llama4-shared-tp8", "gate_up"), ("qwen3-30b-a3b", "down")}
-    assert {r["dtype"] for r in result["layer"]} == {"bf16", "fp8"}
+    assert {r["dtype"] for r in result["layer"]} == {"bf16", "fp8", "w8a16"}
     table: dict = {}
     exec((tmp_path / "tuned.py").read_text(), table)  # the module configs imports
-    assert len(table["TABLE"]) == len(result["table"]) == 3
+    assert len(table["TABLE"]) == len(result["table"]) == 4
+    assert sum(key[4] == "fp8_w8a16" for key in table["TABLE"]) == 1
     for key, (gate_up, down, pdl) in table["TABLE"].items():
         assert len(key) == 6 and len(gate_up) == len(down) == 6 and pdl in (True, False)
 
@@ -33,7 +34,28 @@ def test_layer_only_dry_run_keeps_the_tiles(tmp_path):
 
     result = dry_run("tune_decode", tmp_path, "--layer-only", result="tune_decode_pdl")
     assert not result["errors"] and not result["sweep"] and not result["compile"]
-    assert {r["dtype"] for r in result["layer"]} == {"bf16", "fp8"}
+    assert {r["dtype"] for r in result["layer"]} == {"bf16", "fp8", "w8a16"}
     table: dict = {}
     exec((tmp_path / "tuned.py").read_text(), table)
     assert table["TABLE"] == configs.TABLE
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the script itself runs")
+def test_one_dtype_keeps_the_other_rows(tmp_path):
+    """--dtypes w8a16 sweeps that format alone: the committed rows of the others stay, its own
+    row is added, the results take the dtype's name, and tuned.py keeps the committed
+    provenance and adds the run's."""
+    from shufflemoe.ops.moe_decode import configs, tuned
+
+    result = dry_run("tune_decode", tmp_path, "--dtypes", "w8a16", result="tune_decode_w8a16")
+    assert not result["errors"]
+    assert {(r["preset"], r["dtype"]) for r in result["sweep"]} == {("qwen3-30b-a3b", "w8a16")}
+    table: dict = {}
+    source = (tmp_path / "tuned.py").read_text()
+    exec(source, table)
+    new = {k: v for k, v in table["TABLE"].items() if k not in configs.TABLE}
+    assert [k[4] for k in new] == ["fp8_w8a16"]
+    assert {k: v for k, v in table["TABLE"].items() if k in configs.TABLE} == configs.TABLE
+    doc = table["__doc__"]
+    assert tuned.__doc__.strip().splitlines()[6] in doc
+    assert "Rows of fp8_w8a16 swept (--dtypes)" in doc and "tune_decode_w8a16.md" in doc

@@ -133,6 +133,29 @@ def test_switch_picks_the_path(fused_calls):
     assert not fused_calls
 
 
+# every distinct GEMM tiling of the tuning table's fp8_w8a16 rows (bf16 and fp8 rowwise's:
+# tests/ops/test_moe_decode.py)
+W8A16_TUNED = sorted({(gemm, fields) for key, rows in configs.TABLE.items()
+                      if key[4] == "fp8_w8a16" for gemm, fields in zip(("gate_up", "down"), rows)})
+W8A16_QWEN3 = CONFIGS["qwen3 (k=8 of 128)"].replace(quantization="fp8_w8a16")
+
+
+@pytest.mark.parametrize("gemm,fields", W8A16_TUNED, ids=[f"{g}-{f}" for g, f in W8A16_TUNED])
+def test_w8a16_tuned_tilings_match_float64(gemm, fields):
+    """The fp8_w8a16 tilings the table picked (one-pair rows 4..64 wide with K steps up to 4 KB,
+    16-pair MMA tiles converting e4m3 in registers, their splits) in the layer on small shapes
+    (masks past D and I, partial K steps): Llama 4 at T = 1 (its shared expert in the same
+    launches) and Qwen3's k = 8 of 128 at T = 3, the other GEMM on 16-wide split tiles."""
+    for cfg, T in ((CONFIGS["llama4 fp8_w8a16"], 1), (W8A16_QWEN3, 3)):
+        layer = make_layer(cfg, seed=T, device=DEV)
+        x = make_input(cfg, T, seed=T + 1, device=DEV)
+        ref, mag = naive_moe(layer, x, layer.route(x), with_magnitude=True)
+        tiles = split_config(cfg).with_(**{gemm: configs.GemmConfig(*fields)})
+        with use_impl("triton"), configs.override(tiles), configs.override(configs.ALWAYS):
+            y = layer(x)
+        assert_close(y, ref, tolerance_key(cfg), name=f"{gemm} {fields} T={T}", magnitude=mag)
+
+
 @pytest.mark.parametrize("name", ["llama4 (weights on input)", "mixtral fp8", "llama4 fp8_w8a16",
                                   "qwen3 mxfp4 (k=8 of 64)", "gpt-oss (k=4 of 16)"])
 def test_fused_and_unfused_paths_agree(name):

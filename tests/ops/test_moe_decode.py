@@ -289,19 +289,39 @@ def test_mxfp4_one_pair_rows_per_gemm():
     assert configs.heuristic((1, 16, 5120, 1024, torch.uint8, 132)).gate_up.split_k == 5  # 32 tiles
 
 
-def test_w8a16_takes_one_pair_tiles():
-    """fp8_w8a16 keeps the fp8 table's one-pair (GEMV) rows and replaces its MMA tiles, which
-    would convert every weight before the dot, with W8A16_GEMV (split to fill the SMs); shapes
-    the table lacks take W8A16_GEMV for both GEMMs."""
+def test_w8a16_rule_takes_one_pair_tiles():
+    """fp8_w8a16 shapes without rows of their own keep the fp8 table's one-pair (GEMV) rows and
+    replace its MMA tiles, tuned for fp8 dots, with W8A16_GEMV (split to fill the SMs); shapes
+    the fp8 table lacks take W8A16_GEMV for both GEMMs."""
     for key in ((2, 8, 4096, 7168, FP8_DTYPE, 132), (1, 16, 5120, 1024, FP8_DTYPE, 132),
                 (3, 16, 640, 128, FP8_DTYPE, 132)):
-        w8a8, w8a16 = configs.select(*key, "fp8_rowwise"), configs.select(*key, "fp8_w8a16")
-        for a, b in ((w8a8.gate_up, w8a16.gate_up), (w8a8.down, w8a16.down)):
+        w8a8, rule = configs.select(*key, "fp8_rowwise"), configs.w8a16_rule(key)
+        assert configs.untuned(key, "fp8_w8a16") == rule
+        for a, b in ((w8a8.gate_up, rule.gate_up), (w8a8.down, rule.down)):
             assert b.block_m == 1
             if a.block_m == 1:
                 assert a == b
             else:
                 assert b.with_(split_k=1) == configs.W8A16_GEMV
+
+
+def test_w8a16_reads_its_own_rows(monkeypatch):
+    """fp8_w8a16 rows (the format in the dtype's place of the key) serve that format only; fp8
+    rowwise layers of the same e4m3 weights keep theirs, and another A bucket takes the rule."""
+    row = ((8, 2048, 1, 8, 2, 1), (64, 128, 2, 4, 3, 16), True)
+    want = configs.DecodeConfig(configs.GemmConfig(*row[0]), configs.GemmConfig(*row[1]),
+                                pdl=True)
+    key = (3, 16, 640, 128, FP8_DTYPE, 132)
+    assert configs.table_key(*key, quant="fp8_w8a16") == (132, 16, 640, 128, "fp8_w8a16", 4)
+    monkeypatch.setitem(configs.TABLE, (132, 16, 640, 128, "fp8_w8a16", 4), row)
+    configs.table_changed()
+    try:
+        assert configs.select(*key, "fp8_w8a16") == configs.planned(key, "fp8_w8a16") == want
+        assert configs.select(*key, "fp8_rowwise") == configs.heuristic(key) != want
+        other = (5, 16, 640, 128, FP8_DTYPE, 132)
+        assert configs.select(*other, "fp8_w8a16") == configs.w8a16_rule(other) != want
+    finally:
+        configs.table_changed()
 
 
 def test_select_reads_the_table_then_the_heuristic(monkeypatch):
@@ -311,7 +331,7 @@ def test_select_reads_the_table_then_the_heuristic(monkeypatch):
     want = configs.DecodeConfig(configs.GemmConfig(*row[0]), configs.GemmConfig(*row[1]),
                                 pdl=True)
     monkeypatch.setitem(configs.TABLE, (132, 16, 640, 128, "bfloat16", 4), row)
-    configs._choose.cache_clear()
+    configs.table_changed()
     try:
         assert configs.select(3, 16, 640, 128, torch.bfloat16, 132) == want
         assert configs.select(4, 16, 640, 128, torch.bfloat16, 132) == want
@@ -320,12 +340,13 @@ def test_select_reads_the_table_then_the_heuristic(monkeypatch):
                     (4, 16, 640, 128, FP8_DTYPE, 132)):
             assert configs.select(*key) == configs.heuristic(key) != want
     finally:
-        configs._choose.cache_clear()
+        configs.table_changed()
 
 
-# every distinct GEMM tiling of the tuning table, by weight dtype (empty while the table is)
+# every distinct GEMM tiling of the tuning table's bf16 and fp8 rowwise rows, by weight dtype
+# (fp8_w8a16's: tests/experts/test_fused_decode.py)
 TUNED = sorted({(key[4], gemm, fields) for key, rows in configs.TABLE.items()
-                for gemm, fields in zip(("gate_up", "down"), rows)})
+                if key[4] != "fp8_w8a16" for gemm, fields in zip(("gate_up", "down"), rows)})
 
 
 @pytest.mark.parametrize("dtype,gemm,fields", TUNED)

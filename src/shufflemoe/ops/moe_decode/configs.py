@@ -15,9 +15,10 @@ Two choices, each a frozen dataclass that tests and benchmarks replace with ``ov
   and the dtype, never the group sizes, so it plans for min(E, A) active experts: weight tiles =
   active experts x cdiv(N, block_n). The choice comes from the tuning table (tuned.py, written by
   benchmarks/tune_decode.py from a sweep on a GPU with that many SMs) for a shape it holds, A
-  rounded up to a power of two; else from the heuristic: with fewer tiles than SMs, K is split
-  until every SM streams weights (Llama 4 Scout TP8 at T = 1: one expert, 16 tiles of 64 gate +
-  64 up rows for 132 SMs).
+  rounded up to a power of two (fp8_w8a16 in rows of its own); else from the heuristic (for
+  fp8_w8a16, ``w8a16_rule``): with fewer tiles than SMs, K is split until every SM streams
+  weights (Llama 4 Scout TP8 at T = 1: one expert, 16 tiles of 64 gate + 64 up rows for 132
+  SMs).
 """
 
 from __future__ import annotations
@@ -236,44 +237,68 @@ def select(A: int, E: int, D: int, I: int, dtype: torch.dtype, sms: int,
     chosen = _override.get()
     if chosen is not None:
         return chosen if isinstance(chosen, DecodeConfig) else chosen(key)
+    return planned(key, quant)
+
+
+def planned(key: Key, quant: str = "none") -> DecodeConfig:
+    """What ``select`` returns without an override: the tuning table's row for the key and
+    format, else ``untuned``."""
     if quant == "fp8_w8a16":
         return _w8a16(*key)
     return _choose(*key)
 
 
-def table_key(A: int, E: int, D: int, I: int, dtype: torch.dtype, sms: int) -> tuple:
-    """The tuning table's key: (SMs, E, D, I, dtype name, A rounded up to a power of two)."""
-    return (sms, E, D, I, str(dtype).removeprefix("torch."), 1 << max(A - 1, 0).bit_length())
+def untuned(key: Key, quant: str = "none") -> DecodeConfig:
+    """The tiles for a key the table does not hold (tune_decode's baseline): the heuristic, or
+    for fp8_w8a16 ``w8a16_rule``."""
+    return w8a16_rule(key) if quant == "fp8_w8a16" else heuristic(key)
+
+
+def table_key(A: int, E: int, D: int, I: int, dtype: torch.dtype, sms: int,
+              quant: str = "none") -> tuple:
+    """The tuning table's key: (SMs, E, D, I, weight dtype name, A rounded up to a power of
+    two); fp8_w8a16 rows, whose weights are e4m3 like fp8 rowwise's but whose activations stay
+    bf16, name the format in the dtype's place."""
+    name = quant if quant == "fp8_w8a16" else str(dtype).removeprefix("torch.")
+    return (sms, E, D, I, name, 1 << max(A - 1, 0).bit_length())
+
+
+def table_changed() -> None:
+    """Forget the rows already read (after a change to TABLE: tests, tune_decode)."""
+    _choose.cache_clear()
+    _w8a16.cache_clear()
+
+
+def _row(key: tuple) -> DecodeConfig | None:
+    row = TABLE.get(key)
+    if row is None:
+        return None
+    return DecodeConfig(GemmConfig(*row[0]), GemmConfig(*row[1]), pdl=row[2])
 
 
 @functools.lru_cache(maxsize=None)
 def _choose(A: int, E: int, D: int, I: int, dtype: torch.dtype, sms: int) -> DecodeConfig:
-    row = TABLE.get(table_key(A, E, D, I, dtype, sms))
-    if row is None:
-        return heuristic((A, E, D, I, dtype, sms))
-    return DecodeConfig(GemmConfig(*row[0]), GemmConfig(*row[1]), pdl=row[2])
-
-
-# fp8_w8a16 without a one-pair row in the table: one pair a tile, 256 bytes of K a step.
-W8A16_GEMV = GemmConfig(32, 256, 1, 4, 2, block_m=1)
+    return _row(table_key(A, E, D, I, dtype, sms)) or heuristic((A, E, D, I, dtype, sms))
 
 
 @functools.lru_cache(maxsize=None)
 def _w8a16(A: int, E: int, D: int, I: int, dtype: torch.dtype, sms: int) -> DecodeConfig:
-    """fp8_w8a16 streams the bytes fp8 rowwise streams, and its one-pair tiles (block_m = 1)
-    multiply the same way on the CUDA cores (e4m3 to fp32), so it takes the table's fp8 rows
-    where they are one-pair tiles; 16-pair MMA tiles, tuned for fp8 dots, would convert every
-    weight to bf16 first, so those GEMMs take W8A16_GEMV instead. The layer with these tiles:
-    results/probe_weight_only.json. Since the MMA tiles convert in integer PTX (e4m3_to, 118acea)
-    a sweep on an H200 (not an H100; results/probe_weight_only_gemv_539e440_h200.json, T = 1..8)
-    found no 16-pair candidate faster than this rule; one-pair tiles beat it at Mixtral TP2 T = 1
-    (64 rows, 256 bytes, 8 warps: 71.4 -> 59.4 us) and T = 2 (16 x 512 bytes: 108.5 -> 92.2),
-    to confirm on an H100 before the rule changes. There (probe_timeline_w8a16_h200.txt) Scout
-    TP8's merged down at T = 1 (32-row tiles, 4 K steps) streams its 15.7 MB in 11 us, bf16's
-    4-row single-step tiles 21 MB in 7.3 (H100): the next tiles to try. In an exploratory run of earlier code (H100, not committed)
-    Mixtral TP2 at T = 1 took 116 us with its fp8 row's MMA tiles, 84 with W8A16_GEMV; Llama 4
-    Scout TP8 at T = 4 48 us with the table's one-pair rows, 55 with W8A16_GEMV."""
-    row = _choose(A, E, D, I, dtype, sms)
+    key = (A, E, D, I, dtype, sms)
+    return _row(table_key(*key, quant="fp8_w8a16")) or w8a16_rule(key)
+
+
+# fp8_w8a16 without a one-pair row in the fp8 table: one pair a tile, 256 bytes of K a step.
+W8A16_GEMV = GemmConfig(32, 256, 1, 4, 2, block_m=1)
+
+
+def w8a16_rule(key: Key) -> DecodeConfig:
+    """fp8_w8a16 shapes without a row of their own: fp8_w8a16 streams the bytes fp8 rowwise
+    streams, and its one-pair tiles (block_m = 1) multiply the same way on the CUDA cores (e4m3
+    to fp32), so it takes the fp8 table's one-pair tiles; in place of that table's 16-pair MMA
+    tiles, tuned for fp8 dots, it takes W8A16_GEMV, split to fill the SMs (the rule before the
+    format's own rows: results/probe_weight_only.json)."""
+    A, E, D, I, dtype, sms = key
+    row = _choose(*key)
     gemms = []
     for g, (N, K) in ((row.gate_up, (I, D)), (row.down, (D, I))):
         if g.block_m != 1:

@@ -1,8 +1,9 @@
 """The fused decode kernels' tuning table: written by benchmarks/tune_decode.py, not by hand.
 
-TABLE maps configs.table_key(...) = (SMs, E, D, I, weight dtype, A rounded up to a power of two)
-to (gate_up, down) GemmConfig fields (block_n, block_k, split_k, num_warps, num_stages, block_m)
-and DecodeConfig.pdl (the layer was faster with programmatic dependent launch).
+TABLE maps configs.table_key(...) = (SMs, E, D, I, weight dtype or 'fp8_w8a16', A rounded
+up to a power of two) to (gate_up, down) GemmConfig fields (block_n, block_k, split_k,
+num_warps, num_stages, block_m) and DecodeConfig.pdl (the layer was faster with
+programmatic dependent launch).
 Swept on NVIDIA H100 80GB HBM3 (torch 2.11.0+cu130, triton 3.6.0), commit 6b70ae2,
 run 20261126T123904Z-6bbe05; results: benchmarks/results/tune_decode.md.
 That run reached its time budget before Mixtral TP2 fp8 at A = 32 and 64: those two rows are
