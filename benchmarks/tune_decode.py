@@ -16,14 +16,16 @@ SM, and the untuned choice (configs.untuned: the heuristic, or fp8_w8a16's rule)
 2. time: each candidate checked against the torch reference on the first input, then timed in
    CUDA-graph replays over rotated weight sets and routings (every call routes differently; one
    pass reads over 2x the L2); the 3 fastest timed again with more replays, the best kept;
-3. layer: the whole layer (graph replays) at each T, fused with the new table, fused with the
-   untuned tiles, and unfused, as % of the read ceiling for the bytes the routing activates
-   (planner.must_read_bytes), the bytes floor the layer suite uses;
+3. layer: the whole layer (graph replays) at each T, fused with the new table (PDL off and on),
+   fused with the untuned tiles, and unfused, as % of the read ceiling for the bytes the routing
+   activates (planner.must_read_bytes), the bytes floor the layer suite uses; each row the layer
+   ran with keeps PDL where that was faster, and is dropped unless the layer was faster with it
+   than with the untuned tiles by KEEP_MARGIN (judge);
 4. writes $OUT/tune_decode.json, $OUT/tune_decode.md and $OUT/tuned.py (the table: copy it to
    src/shufflemoe/ops/moe_decode/tuned.py). With --dtypes naming some of DTYPES, the other
    dtypes' rows stay as committed and the results are tune_decode_<dtypes>.json / .md.
---layer-only keeps the committed tiles and runs phase 3 alone (PDL per row, a few minutes;
-writes tune_decode_pdl.json/.md).
+--layer-only keeps the committed tiles and runs phase 3 alone (PDL and the verdict per row, a
+few minutes; writes tune_decode_pdl[_<dtypes>].json/.md).
 Phases stop at their share of --budget and say what they skipped.
 """
 
@@ -77,6 +79,7 @@ GEMV_MAX_PAIRS = 32
 PROGRAMS_PER_SM = (0.5, 1, 2, 3, 4)  # split-K factors aim at these many programs per SM
 N_INPUTS = 8  # routings (and weight sets) rotated through per timing
 SHARES = {"compile": 0.3, "time": 0.85, "layer": 1.0}  # phases end at these parts of the budget
+KEEP_MARGIN = 0.01  # a row stays only where the layer is this much faster with it (judge)
 
 
 def cases(dry: bool, dtypes=tuple(DTYPES)) -> list[tuple[str, str, int]]:
@@ -284,18 +287,24 @@ def with_pdl(key: tuple, pdl: bool, quant: str):
 
 
 def layer_rows(case_layers: list, name: str, dtype: str, T: int, device: str, dry: bool,
-               read_gbps: float, key: tuple) -> dict:
-    """The layer at T tokens: fused with the table's row ``key`` without and with PDL, fused
-    with the untuned tiles, unfused. bf16 and fp8 rowwise take the fused path forced on
-    (configs.ALWAYS), fp8_w8a16 the default switch (it has rows only where that fuses)."""
+               read_gbps: float, key_of) -> dict:
+    """The layer at T tokens: fused with its table row (key_of(A), A the pairs its launches
+    plan for) without and with PDL, fused with the untuned tiles, unfused. bf16 and fp8 rowwise
+    take the fused path forced on (configs.ALWAYS), fp8_w8a16 the default switch (it has rows
+    only where that fuses)."""
     cfg = case_layers[0].config
     quant = cfg.quantization
     fused = configs.Switch() if quant == "fp8_w8a16" else configs.ALWAYS
+    with configs.override(fused):  # a merged shared expert's T rows join the routed pairs
+        merged = (cfg.shared_intermediate_size == cfg.intermediate_size
+                  and configs.merges_shared(T, cfg.top_k, quant, cfg.num_experts))
+    key = key_of(T * cfg.top_k + T * merged)
     xs = inputs(cfg, T, device, 2 if dry else N_INPUTS)
     active = sum(int((case_layers[i % len(case_layers)].route(x).counts > 0).sum())
                  for i, x in enumerate(xs)) / len(xs)
     nbytes = must_read_bytes(cfg, active)
-    row = dict(preset=name, dtype=dtype, T=T, active_experts=active, must_read_mb=nbytes / 1e6)
+    row = dict(preset=name, dtype=dtype, T=T, key=key, active_experts=active,
+               must_read_mb=nbytes / 1e6)
     for lab, plans in (("tuned", (fused, with_pdl(key, False, quant))),
                        ("tuned_pdl", (fused, with_pdl(key, True, quant))),
                        ("untuned", (fused, lambda k: configs.untuned(k, quant))),
@@ -312,9 +321,37 @@ def layer_rows(case_layers: list, name: str, dtype: str, T: int, device: str, dr
                 us = time_us(run, len(xs), 30)
         row[f"{lab}_us"] = us
         row[f"{lab}_pct_read"] = 100 * nbytes / us / 1e3 / read_gbps
-    # PDL where the layer is faster with it by more than the timing's noise (0.5%)
-    row["pdl"] = bool(row["tuned_pdl_us"] < 0.995 * row["tuned_us"])
     return row
+
+
+def judge(table: dict, layer: list[dict], dropped: list) -> None:
+    """Each row of ``table`` that layer rows ran with: PDL where the layer was faster with it by
+    more than the timing's noise (0.5%), and the row dropped (its bucket takes the untuned
+    tiles) unless the layer was faster with it, PDL as chosen, by over KEEP_MARGIN; a row
+    several T share (a merged shared expert's T + 1 pairs) is judged on their sums. A GEMM
+    alone can be faster under a tile that makes the layer slower (the kernels overlap under
+    PDL, and the router runs before them)."""
+    sums: dict = {}
+    for r in layer:
+        acc = sums.setdefault(r["key"], [0.0, 0.0, 0.0, []])
+        for i, lab in enumerate(("tuned", "tuned_pdl", "untuned")):
+            acc[i] += r[f"{lab}_us"]
+        acc[3].append(r["T"])
+    verdict = {}
+    for key, (plain, pdl, untuned, Ts) in sums.items():
+        if key not in table:
+            verdict[key] = ("no row", False)
+            continue
+        use_pdl = bool(pdl < 0.995 * plain)
+        if min(plain, pdl) > (1 - KEEP_MARGIN) * untuned:  # NaN (dry run): kept
+            dropped.append(dict(key=str(key), T=Ts, tuned_us=min(plain, pdl), untuned_us=untuned,
+                                row=table.pop(key)))
+            verdict[key] = ("dropped", False)
+        else:
+            table[key] = (*table[key][:2], use_pdl)
+            verdict[key] = ("kept", use_pdl)
+    for r in layer:
+        r["row"], r["pdl"] = verdict[r["key"]]
 
 
 # ------------------------------------------------------------------------------------- main
@@ -328,7 +365,8 @@ HEADER = ['"""The fused decode kernels\' tuning table: written by benchmarks/tun
           "programmatic dependent launch)."]
 
 
-def table_source(table: dict, meta: dict, stem: str, dtypes: tuple[str, ...]) -> str:
+def table_source(table: dict, meta: dict, stem: str, dtypes: tuple[str, ...],
+                 layer_only: bool) -> str:
     """tuned.py for ``table``. A run of every dtype states its own provenance; a --layer-only or
     --dtypes run keeps the lines of the committed table's and adds (or replaces) its own."""
     run = (f"{meta.get('device')} (torch {meta.get('torch')}, triton {meta.get('triton')}), "
@@ -339,8 +377,9 @@ def table_source(table: dict, meta: dict, stem: str, dtypes: tuple[str, ...]) ->
     else:
         from shufflemoe.ops.moe_decode import tuned
 
-        what = ("PDL measured (--layer-only)" if stem.endswith("_pdl")
-                else f"Rows of {', '.join(DTYPES[d] for d in dtypes)} swept (--dtypes)")
+        rows = ", ".join(DTYPES[d] for d in dtypes) if dtypes != tuple(DTYPES) else "every format"
+        what = (f"Rows of {rows} judged in the layer (--layer-only)" if layer_only
+                else f"Rows of {rows} swept (--dtypes)")
         kept, dropping = [], False
         for ln in tuned.__doc__.strip().splitlines()[len(HEADER):]:
             dropping = ln.startswith(what) or (dropping and ln.startswith("  "))
@@ -365,7 +404,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--budget", type=float, default=540.0, help="seconds for all phases")
     p.add_argument("--workers", type=int, default=10, help="compile processes")
     p.add_argument("--layer-only", action="store_true",
-                   help="keep the table's tiles, measure only PDL per row (the layer phase)")
+                   help="keep the table's tiles, judge them in the layer only (PDL, kept or not)")
     p.add_argument("--dry-run", action="store_true",
                    help="CPU, Triton interpreter, tiny shapes, no timing (CI)")
     p.add_argument("--dtypes", default=",".join(DTYPES),
@@ -383,7 +422,7 @@ def main(argv: list[str] | None = None) -> dict:
     from shufflemoe.bench.report import metadata
 
     meta = dict(metadata(), device="cpu (dry run)" if dry else torch.cuda.get_device_name())
-    rows: dict = {k: [] for k in ("compile", "sweep", "layer", "skipped", "errors")}
+    rows: dict = {k: [] for k in ("compile", "sweep", "layer", "dropped", "skipped", "errors")}
     read_gbps = float("nan")
     if not dry:
         from shufflemoe.bench.ceilings import measure_ceilings
@@ -434,20 +473,20 @@ def main(argv: list[str] | None = None) -> dict:
                 configs.TABLE.update(table)  # the layer rows below run with the new entries
                 configs.table_changed()
                 if not name.startswith("llama4-shared"):
+                    done = []
                     for T in sorted({A // cfg.top_k for A in As}):
                         if time.monotonic() > deadline["layer"]:
                             rows["skipped"].append(dict(phase="layer", case=[name, dtype, T]))
                             continue
-                        key = key_of(T * cfg.top_k)
-                        r = layer_rows(layers, name, dtype, T, device, dry, read_gbps, key)
-                        rows["layer"].append(r)
-                        if key in table:
-                            table[key] = (*table[key][:2], r["pdl"])
+                        r = layer_rows(layers, name, dtype, T, device, dry, read_gbps, key_of)
+                        done.append(r)
                         print(f"layer {name} {dtype} T={T}: tuned {r['tuned_us']:.1f} us "
                               f"({r['tuned_pct_read']:.0f}%), with PDL {r['tuned_pdl_us']:.1f}, "
                               f"untuned {r['untuned_us']:.1f} "
                               f"({r['untuned_pct_read']:.0f}%), unfused {r['unfused_us']:.1f} "
                               f"({r['unfused_pct_read']:.0f}%)", flush=True)
+                    rows["layer"] += done
+                    judge(table, done, rows["dropped"])
                 del layers
             except Exception as e:  # a failing preset must not cost the rest of the call
                 rows["errors"].append(dict(where=f"{name} {dtype}", error=f"{type(e).__name__}: "
@@ -455,13 +494,15 @@ def main(argv: list[str] | None = None) -> dict:
                 print(f"ERROR {name} {dtype}: {type(e).__name__}: {str(e)[:300]}", flush=True)
             if not dry:
                 torch.cuda.empty_cache()
+    for r in rows["layer"]:
+        r["key"] = str(r["key"])
     result = dict(meta=meta, ceilings=ceilings, table={str(k): v for k, v in table.items()},
                   **rows)
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = ("tune_decode_pdl" if args.layer_only
-            else "tune_decode" + "".join(f"_{d}" for d in dtypes) * partial)
+    stem = ("tune_decode_pdl" if args.layer_only else "tune_decode") + "".join(
+        f"_{d}" for d in dtypes) * partial
     (args.out / f"{stem}.json").write_text(json.dumps(result, indent=1, default=str))
-    (args.out / "tuned.py").write_text(table_source(table, meta, stem, dtypes))
+    (args.out / "tuned.py").write_text(table_source(table, meta, stem, dtypes, args.layer_only))
     (args.out / f"{stem}.md").write_text(markdown(result))
     print(markdown(result), flush=True)
     return result
@@ -524,15 +565,20 @@ def markdown(result: dict) -> str:
                    f"{pct(h):.0f} | {(h / b) if b and h else float('nan'):.2f} |")
     out += ["", "## The layer (CUDA-graph replays, median us; % of the read ceiling for the "
             "bytes the routing activates)", "",
-            "| preset | dtype | T | fused, table | % | with PDL | % | PDL kept | fused, untuned "
+            "| preset | dtype | T | fused, table | % | with PDL | % | row | PDL | fused, untuned "
             "| % | unfused | % |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["layer"]:
         out.append(f"| {r['preset']} | {r['dtype']} | {r['T']} | {r['tuned_us']:.1f} | "
                    f"{r['tuned_pct_read']:.1f} | {r['tuned_pdl_us']:.1f} | "
-                   f"{r['tuned_pdl_pct_read']:.1f} | {r['pdl']} | {r['untuned_us']:.1f} | "
+                   f"{r['tuned_pdl_pct_read']:.1f} | {r['row']} | {r['pdl']} | "
+                   f"{r['untuned_us']:.1f} | "
                    f"{r['untuned_pct_read']:.1f} | {r['unfused_us']:.1f} | "
                    f"{r['unfused_pct_read']:.1f} |")
+    out += ["", f"Rows dropped (the layer was not {KEEP_MARGIN:.0%} faster with them than with "
+            "the untuned tiles): " + ("; ".join(f"{d['key']} at T = {d['T']}: {d['tuned_us']:.1f} "
+                                                f"vs {d['untuned_us']:.1f} us"
+                                                for d in result["dropped"]) or "none")]
     out += ["", f"errors: {len(result['errors'])}; skipped: {result['skipped']}"]
     out += [f"- {e['where']}: {e['error'][:200]}" for e in result["errors"][:10]]
     return "\n".join(out) + "\n"
