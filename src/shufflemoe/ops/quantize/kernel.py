@@ -177,7 +177,8 @@ def e4m3_to(w, DTYPE: tl.constexpr):
     """e4m3 w as DTYPE, exactly. To bf16 on the GPU without the conversion unit: Triton's cast
     goes through fp16 and converts each value with F2F.BF16.F16, which an H100 SM issues at 16 a
     clock, below the bytes HBM brings it; E4M3_BF16_PTX is five integer operations and one
-    bf16x2 multiply a pair. Other targets (fp16, the interpreter's float32) cast."""
+    bf16x2 multiply a pair. Other targets (fp16, float32) cast. The interpreter has no inline
+    assembly: its callers convert to float32 there (their UPCAST), never to bf16."""
     if DTYPE == tl.bfloat16:
         out = tl.inline_asm_elementwise(E4M3_BF16_PTX, "=r,h", [w.to(tl.uint8, bitcast=True)],
                                         dtype=tl.bfloat16, is_pure=True, pack=2)
