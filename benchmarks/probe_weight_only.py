@@ -69,8 +69,8 @@ def candidate(bn: int, k_bytes: int, bm: int, warps: int, stages: int, fmt: str)
 
     def choose(key):
         A, E, D, I, dtype, sms = key
-        if E == 1:
-            return configs._w8a16(*key) if fmt == "fp8_w8a16" else configs._choose(*key)
+        if E == 1:  # the shared expert, in x's dtype whatever the routed experts' format
+            return configs.planned(key)
         bk = k_bytes * 2 if dtype == torch.uint8 else k_bytes // dtype.itemsize
         gemms = []
         for N, K in ((I, D), (D, I)):

@@ -277,13 +277,29 @@ def compile_all(jobs: list, workers: int, deadline: float, dry: bool) -> list[di
 
 # ------------------------------------------------------------------------------------ layer
 
-def with_pdl(key: tuple, pdl: bool, quant: str):
-    """configs.select for the format ``quant`` with the table's row for ``key`` (a table_key)
+def quant_at(k: tuple, cfg) -> str:
+    """The weight format a layer of ``cfg`` asks configs.select for at key k: its routed
+    experts' (E is theirs, a merged shared expert's rows included), or "none" for a shared
+    expert in its own launches (E = 1, x's dtype whatever the routed experts' format). An
+    override is a function of the key alone, so it must tell them apart: with the routed
+    format for both, Llama 4's bf16 shared expert took fp8_w8a16's tiles (Scout TP8 fp8_w8a16
+    T = 8: 86.3 us against the default's 63.1, results/probe_harness_fd7545e.json)."""
+    return cfg.quantization if k[1] == cfg.num_experts else "none"
+
+
+def with_pdl(key: tuple, pdl: bool, cfg):
+    """configs.select in a layer of ``cfg`` with the table's row for ``key`` (a table_key)
     taking PDL ``pdl``."""
     def choose(k):
+        quant = quant_at(k, cfg)
         plan = configs.planned(k, quant)
         return plan.with_(pdl=pdl) if configs.table_key(*k, quant=quant) == key else plan
     return choose
+
+
+def untuned_for(cfg):
+    """configs.select in a layer of ``cfg`` without the table: configs.untuned."""
+    return lambda k: configs.untuned(k, quant_at(k, cfg))
 
 
 def layer_rows(case_layers: list, name: str, dtype: str, T: int, device: str, dry: bool,
@@ -305,9 +321,9 @@ def layer_rows(case_layers: list, name: str, dtype: str, T: int, device: str, dr
     nbytes = must_read_bytes(cfg, active)
     row = dict(preset=name, dtype=dtype, T=T, key=key, active_experts=active,
                must_read_mb=nbytes / 1e6)
-    for lab, plans in (("tuned", (fused, with_pdl(key, False, quant))),
-                       ("tuned_pdl", (fused, with_pdl(key, True, quant))),
-                       ("untuned", (fused, lambda k: configs.untuned(k, quant))),
+    for lab, plans in (("tuned", (fused, with_pdl(key, False, cfg))),
+                       ("tuned_pdl", (fused, with_pdl(key, True, cfg))),
+                       ("untuned", (fused, untuned_for(cfg))),
                        ("unfused", (configs.NEVER,))):
         run = lambda i: case_layers[i % len(case_layers)](xs[i])  # noqa: E731
         with contextlib.ExitStack() as stack:

@@ -59,3 +59,28 @@ def test_one_dtype_keeps_the_other_rows(tmp_path):
     doc = table["__doc__"]
     assert tuned.__doc__.strip().splitlines()[6] in doc
     assert "Rows of fp8_w8a16 swept (--dtypes)" in doc and "tune_decode_w8a16.md" in doc
+
+
+def test_overrides_give_a_shared_expert_its_own_format():
+    """The layer phase's overrides (functions of the key alone) give the routed experts' keys
+    the layer's format and a shared expert's (E = 1, bf16 beside fp8_w8a16 experts) its own."""
+    import pathlib
+    import sys
+
+    from shufflemoe import preset
+    from shufflemoe.ops import FP8_DTYPE
+    from shufflemoe.ops.moe_decode import configs
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks"))
+    import tune_decode
+
+    cfg = preset("llama4-scout", tp=8).replace(quantization="fp8_w8a16")
+    routed, shared = (8, 16, 5120, 1024, FP8_DTYPE, 132), (8, 1, 5120, 1024, torch.bfloat16, 132)
+    key = configs.table_key(*routed, quant="fp8_w8a16")
+    choose = tune_decode.with_pdl(key, True, cfg)
+    assert choose(routed) == configs.planned(routed, "fp8_w8a16").with_(pdl=True)
+    assert choose(shared) == configs.planned(shared) == configs.select(*shared)
+    assert configs.planned(shared, "fp8_w8a16") != configs.planned(shared)  # what it took before
+    untuned = tune_decode.untuned_for(cfg)
+    assert untuned(routed) == configs.w8a16_rule(routed)
+    assert untuned(shared) == configs.heuristic(shared)
