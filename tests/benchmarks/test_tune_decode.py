@@ -84,3 +84,35 @@ def test_overrides_give_a_shared_expert_its_own_format():
     untuned = tune_decode.untuned_for(cfg)
     assert untuned(routed) == configs.w8a16_rule(routed)
     assert untuned(shared) == configs.heuristic(shared)
+
+
+def test_judge_keeps_rows_the_layer_is_faster_with():
+    """judge: a row stays only where the layer was over KEEP_MARGIN faster with it (PDL as
+    measured) than with the untuned tiles, on the sums over the T that share it; PDL where it
+    was faster by over 0.5%; rows no layer row ran with stay untouched; NaN times (dry run) keep
+    the row."""
+    import math
+    import pathlib
+    import sys
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks"))
+    import tune_decode
+
+    g = ((4, 2048, 1, 4, 2, 1), (16, 1024, 1, 4, 2, 1))
+    table = {"shared by T = 1, 2": (*g, False), "slower": (*g, True), "pdl": (*g, False),
+             "not run": (*g, True), "dry": (*g, True)}
+    layer = [dict(key="shared by T = 1, 2", T=1, tuned_us=26.0, tuned_pdl_us=27.0, untuned_us=28.0),
+             dict(key="shared by T = 1, 2", T=2, tuned_us=38.0, tuned_pdl_us=38.0, untuned_us=37.0),
+             dict(key="slower", T=1, tuned_us=29.9, tuned_pdl_us=29.8, untuned_us=30.0),
+             dict(key="pdl", T=4, tuned_us=50.0, tuned_pdl_us=45.0, untuned_us=55.0),
+             dict(key="dry", T=1, tuned_us=math.nan, tuned_pdl_us=math.nan, untuned_us=math.nan),
+             dict(key="no row", T=8, tuned_us=10.0, tuned_pdl_us=10.0, untuned_us=10.0)]
+    dropped: list = []
+    tune_decode.judge(table, layer, dropped)
+    # 64.0 against 65.0: 1.5% faster over both T (T = 2 alone was slower); 29.8 vs 30.0: 0.7%
+    assert table == {"shared by T = 1, 2": (*g, False), "pdl": (*g, True),
+                     "not run": (*g, True), "dry": (*g, False)}
+    assert [(d["key"], d["T"]) for d in dropped] == [("slower", [1])]
+    assert [(r["row"], r["pdl"]) for r in layer] == [
+        ("kept", False), ("kept", False), ("dropped", False), ("kept", True), ("kept", False),
+        ("no row", False)]
