@@ -449,7 +449,7 @@ def main(argv: list[str] | None = None) -> dict:
         ceilings = {}
     jobs = cases(dry, dtypes)
     t0 = time.monotonic()
-    if args.layer_only:  # the committed tiles; only PDL is measured
+    if args.layer_only:  # the committed tiles, judged in the layer only
         deadline = {k: start + (0 if k != "layer" else args.budget) for k in SHARES}
     rows["compile"] = ([] if args.layer_only else
                        compile_all(jobs, args.workers, deadline["compile"], dry))
