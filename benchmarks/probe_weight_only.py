@@ -62,8 +62,8 @@ def gemm_candidate(bm: int, bn: int, bk: int, warps: int, stages: int):
     return choose
 
 
-def candidate(bn: int, k_bytes: int, bm: int, warps: int, stages: int, fmt: str):
-    """The override for one tile candidate of the routed experts (format fmt): the same tile in
+def candidate(bn: int, k_bytes: int, bm: int, warps: int, stages: int):
+    """The override for one tile candidate of the routed experts: the same tile in
     both GEMMs, K split as the heuristic splits it (every SM gets a program, at least two K steps
     a split). A fused shared expert (E = 1) keeps the tiles it takes without an override."""
 
@@ -117,7 +117,7 @@ def main() -> None:
                 if T <= GEMV_T and fmt in args.candidates.split(","):
                     for c in CANDIDATES:
                         name = f"{c[0]}x{c[1]}B {'gemv' if c[2] == 1 else 'mma'} w{c[3]} s{c[4]}"
-                        variants[name] = configs.override(candidate(*c, fmt))
+                        variants[name] = configs.override(candidate(*c))
                 if T > GEMV_T and fmt in args.gemm.split(","):
                     for c in GEMM_CANDIDATES:
                         name = f"gemm {c[0]}x{c[1]}x{c[2]} w{c[3]} s{c[4]}"

@@ -92,7 +92,7 @@ def cases(dry: bool, dtypes=tuple(DTYPES)) -> list[tuple[str, str, int]]:
             k, A = cfg.top_k, 1
             while A <= configs.Switch().max_pairs:
                 if A % k == 0 and (dtype != "w8a16" or configs.use_fused(
-                        A, k, DTYPES[dtype], max(cfg.num_experts, 8))):
+                        A, k, DTYPES[dtype], cfg.num_experts)):
                     out.append((name, dtype, A))
                 A *= 2
     if dry:  # one shared-expert case (top-1, E = 1) and Qwen3 (top-8) in each dtype
