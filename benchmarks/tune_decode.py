@@ -23,7 +23,8 @@ SM, and the untuned choice (configs.untuned: the heuristic, or fp8_w8a16's rule)
    than with the untuned tiles by KEEP_MARGIN (judge);
 4. writes $OUT/tune_decode.json, $OUT/tune_decode.md and $OUT/tuned.py (the table: copy it to
    src/shufflemoe/ops/moe_decode/tuned.py). With --dtypes naming some of DTYPES, the other
-   dtypes' rows stay as committed and the results are tune_decode_<dtypes>.json / .md.
+   dtypes' rows stay as committed and the results are tune_decode_<dtypes>.json / .md. Rows of
+   the run's formats that no case names any more are dropped (drop_stale).
 --layer-only keeps the committed tiles and runs phase 3 alone (PDL and the verdict per row, a
 few minutes; writes tune_decode_pdl[_<dtypes>].json/.md).
 Phases stop at their share of --budget and say what they skipped.
@@ -34,6 +35,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import multiprocessing
 import os
 import pathlib
@@ -87,8 +89,8 @@ def cases(dry: bool, dtypes=tuple(DTYPES)) -> list[tuple[str, str, int]]:
     out = []
     for dtype in dtypes:
         for name, cfg in PRESETS.items():
-            if name.startswith("llama4-shared") and dtype == "fp8":
-                continue  # an fp8 rowwise layer runs its shared expert in bf16
+            if name.startswith("llama4-shared") and dtype != "bf16":
+                continue  # a quantized layer runs its shared expert in x's dtype (bf16)
             k, A = cfg.top_k, 1
             while A <= configs.Switch().max_pairs:
                 if A % k == 0 and (dtype != "w8a16" or configs.use_fused(
@@ -287,19 +289,18 @@ def quant_at(k: tuple, cfg) -> str:
     return cfg.quantization if k[1] == cfg.num_experts else "none"
 
 
-def with_pdl(key: tuple, pdl: bool, cfg):
-    """configs.select in a layer of ``cfg`` with the table's row for ``key`` (a table_key)
-    taking PDL ``pdl``."""
+def judged(key: tuple, cfg, variant: str):
+    """configs.select in a layer of ``cfg`` where the row for ``key`` (a table_key) alone is
+    ``variant``: "tuned" (PDL off), "tuned_pdl" or "untuned" (configs.untuned); every other
+    launch takes what the layer plans, so a verdict compares that row and nothing else."""
     def choose(k):
         quant = quant_at(k, cfg)
-        plan = configs.planned(k, quant)
-        return plan.with_(pdl=pdl) if configs.table_key(*k, quant=quant) == key else plan
+        if configs.table_key(*k, quant=quant) != key:
+            return configs.planned(k, quant)
+        if variant == "untuned":
+            return configs.untuned(k, quant)
+        return configs.planned(k, quant).with_(pdl=variant == "tuned_pdl")
     return choose
-
-
-def untuned_for(cfg):
-    """configs.select in a layer of ``cfg`` without the table: configs.untuned."""
-    return lambda k: configs.untuned(k, quant_at(k, cfg))
 
 
 def layer_rows(case_layers: list, name: str, dtype: str, T: int, device: str, dry: bool,
@@ -321,10 +322,8 @@ def layer_rows(case_layers: list, name: str, dtype: str, T: int, device: str, dr
     nbytes = must_read_bytes(cfg, active)
     row = dict(preset=name, dtype=dtype, T=T, key=key, active_experts=active,
                must_read_mb=nbytes / 1e6)
-    for lab, plans in (("tuned", (fused, with_pdl(key, False, cfg))),
-                       ("tuned_pdl", (fused, with_pdl(key, True, cfg))),
-                       ("untuned", (fused, untuned_for(cfg))),
-                       ("unfused", (configs.NEVER,))):
+    for lab, plans in [(v, (fused, judged(key, cfg, v))) for v in ("tuned", "tuned_pdl", "untuned")
+                       ] + [("unfused", (configs.NEVER,))]:
         run = lambda i: case_layers[i % len(case_layers)](xs[i])  # noqa: E731
         with contextlib.ExitStack() as stack:
             for plan in plans:
@@ -368,6 +367,16 @@ def judge(table: dict, layer: list[dict], dropped: list) -> None:
             verdict[key] = ("kept", use_pdl)
     for r in layer:
         r["row"], r["pdl"] = verdict[r["key"]]
+
+
+def drop_stale(table: dict, named: set, dropped: list) -> None:
+    """Rows of the formats this run covers (and of its GPU's SM count) that no case names: a
+    case the script no longer runs (the shared expert of a quantized layer, which runs in x's
+    dtype) leaves rows nothing judges."""
+    covered = {(k[0], k[4]) for k in named}
+    for key in [k for k in table if (k[0], k[4]) in covered and k not in named]:
+        dropped.append(dict(key=str(key), T=[], tuned_us=math.nan, untuned_us=math.nan,
+                            row=table.pop(key), why="no case"))
 
 
 # ------------------------------------------------------------------------------------- main
@@ -458,6 +467,7 @@ def main(argv: list[str] | None = None) -> dict:
           f"{time.monotonic() - t0:.0f} s; failures: "
           f"{sum(len(f) for f in failed.values())}", flush=True)
     table: dict = dict(configs.TABLE) if args.layer_only or partial else {}
+    named: set = set()  # the keys of every case
     with use_impl("triton"):
         by_layer: dict = {}
         for name, dtype, A in jobs:
@@ -473,6 +483,7 @@ def main(argv: list[str] | None = None) -> dict:
                 key_of = lambda A: configs.table_key(  # noqa: E731
                     A, cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, w.dtype,
                     kernel.sm_count(w.device), quant=cfg.quantization)
+                named.update(key_of(A) for A in As)
                 for A in As:
                     if time.monotonic() > deadline["time"]:
                         if not args.layer_only:
@@ -510,6 +521,8 @@ def main(argv: list[str] | None = None) -> dict:
                 print(f"ERROR {name} {dtype}: {type(e).__name__}: {str(e)[:300]}", flush=True)
             if not dry:
                 torch.cuda.empty_cache()
+    if not rows["errors"] and not rows["skipped"]:
+        drop_stale(table, named, rows["dropped"])
     for r in rows["layer"]:
         r["key"] = str(r["key"])
     result = dict(meta=meta, ceilings=ceilings, table={str(k): v for k, v in table.items()},
@@ -592,9 +605,10 @@ def markdown(result: dict) -> str:
                    f"{r['untuned_pct_read']:.1f} | {r['unfused_us']:.1f} | "
                    f"{r['unfused_pct_read']:.1f} |")
     out += ["", f"Rows dropped (the layer was not {KEEP_MARGIN:.0%} faster with them than with "
-            "the untuned tiles): " + ("; ".join(f"{d['key']} at T = {d['T']}: {d['tuned_us']:.1f} "
-                                                f"vs {d['untuned_us']:.1f} us"
-                                                for d in result["dropped"]) or "none")]
+            "the untuned tiles, or no case names them): "
+            + ("; ".join(d.get("why") and f"{d['key']}: {d['why']}" or
+                         f"{d['key']} at T = {d['T']}: {d['tuned_us']:.1f} vs {d['untuned_us']:.1f} us"
+                         for d in result["dropped"]) or "none")]
     out += ["", f"errors: {len(result['errors'])}; skipped: {result['skipped']}"]
     out += [f"- {e['where']}: {e['error'][:200]}" for e in result["errors"][:10]]
     return "\n".join(out) + "\n"

@@ -68,18 +68,20 @@ def test_layer(monkeypatch):
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: fn)  # the compile rows' plumbing only
     res, a = dry("layer", monkeypatch, layer, quick=False, PRESETS=presets, N_SETS=2, DECODE_T=(1, 64),
                  PEER_T=(1, 64), SHOOTOUT_T={}, MAX_COPY_BYTES=1 << 20, formats=lambda: ["none", "fp8_rowwise"],
-                 COMPILE_CASES={("qwen3-30b-a3b", 1)}, BATCH_INVARIANT_CASES={("qwen3-30b-a3b", 1)})
+                 COMPILE_CASES={("qwen3-30b-a3b", 1)}, BATCH_INVARIANT_CASES={("qwen3-30b-a3b", 1)},
+                 TURN_REPS=2)
     rows = res.rows
     ours = [r for r in rows if r["side"] == "ours" and r.get("us")]
     assert ours and all(r["check"] == "ok" for r in ours), [r for r in ours if r["check"] != "ok"]
     impls = {(r["impl"], r["mode"]) for r in rows if r["preset"] == "qwen3-30b-a3b" and r.get("us")}
     assert {("torch pipeline", "graph"), ("torch pipeline", "eager"), ("per-expert loop (syncs)", "eager"),
-            ("transformers grouped_mm", "eager"), ("transformers batched_mm", "eager")} <= impls
+            ("transformers grouped_mm", "eager"), ("transformers batched_mm", "eager"),
+            ("shufflemoe", "compile"), ("torch pipeline", "compile")} <= impls
     spec = [r for r in rows if r.get("routing") == "all 16 experts (spec basis)"]
     assert len(spec) == 1 and spec[0]["active_experts"] == 16
     shootout = [r for r in rows if r["phase"] == "shoot-out"]
     assert len(shootout) == 2 * 7 and all(r["check"] == "ok" for r in shootout)
-    assert {"graph vs graph", "eager vs eager"} <= {r["modes"] for r in a.ratios}
+    assert {"graph vs graph", "eager vs eager", "compile vs compile"} <= {r["modes"] for r in a.ratios}
     assert all(r.get("pct_read") for r in ours)
 
 
@@ -109,3 +111,26 @@ def test_layer_check_is_against_float64(monkeypatch):
     monkeypatch.setattr(layer, "LARGE_T", 5)
     monkeypatch.setattr(layer, "CHECKED_LARGE", 1)
     assert case.check(outs) == "ok"
+
+
+def test_time_turns_interleaves_and_walks_the_sets():
+    """time_turns: one call of every path a round (ABC ABC ...), call c on set c % n_sets, a
+    path that fails while warming up comes back as its exception, outputs of the paths named."""
+    calls = []
+
+    def path(name):
+        def run(i):
+            calls.append((name, i))
+            return torch.full((1,), float(i))
+        return run
+
+    def broken(i):
+        raise ValueError("no kernel")
+
+    got = timing.time_turns({"a": path("a"), "x": broken, "b": path("b")}, 3, reps=4, warmup=1,
+                            mode="compile", keep_outputs=("b",))
+    assert isinstance(got["x"], ValueError) and list(got) == ["a", "x", "b"]
+    assert got["a"].n == got["b"].n == 4 and got["a"].mode == "compile"
+    timed = calls[6:6 + 8]  # after one warm-up pass of each over the 3 sets
+    assert timed == [("a", 0), ("b", 1), ("a", 2), ("b", 0), ("a", 1), ("b", 2), ("a", 0), ("b", 1)]
+    assert [float(o) for o in got["b"].outputs] == [0.0, 1.0, 2.0] and not got["a"].outputs

@@ -61,9 +61,10 @@ def test_one_dtype_keeps_the_other_rows(tmp_path):
     assert "Rows of fp8_w8a16 swept (--dtypes)" in doc and "tune_decode_w8a16.md" in doc
 
 
-def test_overrides_give_a_shared_expert_its_own_format():
-    """The layer phase's overrides (functions of the key alone) give the routed experts' keys
-    the layer's format and a shared expert's (E = 1, bf16 beside fp8_w8a16 experts) its own."""
+def test_overrides_vary_the_judged_row_alone():
+    """The layer phase's overrides (functions of the key) vary the judged row and nothing else:
+    a shared expert's launches (E = 1, bf16 beside fp8_w8a16 experts) and other buckets keep
+    what the layer plans, in its own format, in every variant."""
     import pathlib
     import sys
 
@@ -76,14 +77,16 @@ def test_overrides_give_a_shared_expert_its_own_format():
 
     cfg = preset("llama4-scout", tp=8).replace(quantization="fp8_w8a16")
     routed, shared = (8, 16, 5120, 1024, FP8_DTYPE, 132), (8, 1, 5120, 1024, torch.bfloat16, 132)
+    other = (2, 16, 5120, 1024, FP8_DTYPE, 132)
     key = configs.table_key(*routed, quant="fp8_w8a16")
-    choose = tune_decode.with_pdl(key, True, cfg)
-    assert choose(routed) == configs.planned(routed, "fp8_w8a16").with_(pdl=True)
-    assert choose(shared) == configs.planned(shared) == configs.select(*shared)
-    assert configs.planned(shared, "fp8_w8a16") != configs.planned(shared)  # what it took before
-    untuned = tune_decode.untuned_for(cfg)
+    assert configs.planned(routed, "fp8_w8a16") != configs.w8a16_rule(routed)  # a row to judge
+    pdl, untuned = (tune_decode.judged(key, cfg, v) for v in ("tuned_pdl", "untuned"))
+    assert pdl(routed) == configs.planned(routed, "fp8_w8a16").with_(pdl=True)
     assert untuned(routed) == configs.w8a16_rule(routed)
-    assert untuned(shared) == configs.heuristic(shared)
+    for choose in (pdl, untuned):
+        assert choose(shared) == configs.planned(shared) == configs.select(*shared)
+        assert choose(other) == configs.planned(other, "fp8_w8a16")
+    assert configs.planned(shared, "fp8_w8a16") != configs.planned(shared)  # what it once took
 
 
 def test_judge_keeps_rows_the_layer_is_faster_with():
@@ -116,3 +119,24 @@ def test_judge_keeps_rows_the_layer_is_faster_with():
     assert [(r["row"], r["pdl"]) for r in layer] == [
         ("kept", False), ("kept", False), ("dropped", False), ("kept", True), ("kept", False),
         ("no row", False)]
+
+
+def test_drop_stale_drops_rows_no_case_names():
+    """drop_stale: rows of a covered (SMs, format) that no case names go; other formats' rows,
+    other GPUs' rows and named rows stay."""
+    import math
+    import pathlib
+    import sys
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks"))
+    import tune_decode
+
+    row = ((4, 2048, 1, 4, 2, 1), (16, 1024, 1, 4, 2, 1), False)
+    named = {(132, 16, 5120, 1024, "fp8_w8a16", 1)}
+    table = {k: row for k in [*named, (132, 1, 5120, 1024, "fp8_w8a16", 1),
+                              (132, 1, 5120, 1024, "bfloat16", 1), (114, 1, 5120, 1024, "fp8_w8a16", 1)]}
+    dropped: list = []
+    tune_decode.drop_stale(table, named, dropped)
+    assert set(table) == {*named, (132, 1, 5120, 1024, "bfloat16", 1), (114, 1, 5120, 1024, "fp8_w8a16", 1)}
+    assert [(d["key"], d["why"]) for d in dropped] == [(str((132, 1, 5120, 1024, "fp8_w8a16", 1)), "no case")]
+    assert math.isnan(dropped[0]["tuned_us"])

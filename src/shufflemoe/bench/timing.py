@@ -8,7 +8,7 @@ import dataclasses
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Collection
 
 import torch
 from torch.utils._pytree import tree_map
@@ -97,14 +97,7 @@ def time_fn(run: Callable[[int], object], n_sets: int, *, graph: bool = True, re
             outputs = [_snapshot(o) for o in captured]  # copied: the graph's memory goes with it
         del g, captured
     else:
-        for r in range(reps):
-            i = r % n_sets
-            if cuda:
-                samples.append(_elapsed_us(lambda: run(i)))
-            else:
-                t0 = time.perf_counter()
-                run(i)
-                samples.append((time.perf_counter() - t0) * 1e6)
+        samples = [_call_us(run, r % n_sets, cuda) for r in range(reps)]
         if keep_outputs:
             if reset is not None:
                 reset()
@@ -112,6 +105,51 @@ def time_fn(run: Callable[[int], object], n_sets: int, *, graph: bool = True, re
     sync()
     t = summarize(samples, mode or ("graph" if graph else "eager"))
     return dataclasses.replace(t, outputs=outputs) if keep_outputs else t
+
+
+def time_turns(runs: dict[str, Callable[[int], object]], n_sets: int, *, reps: int = 20,
+               warmup: int = 3, mode: str = "eager",
+               keep_outputs: Collection[str] = ()) -> dict[str, Timing | Exception]:
+    """Paths launched from Python (host-bound) timed in turns: each of ``reps`` rounds takes one
+    sample (one call) of every path, ABC ABC ..., so that a slow spell of the host falls on all
+    of them and their ratios hold. The calls walk the input sets in order across the paths (call
+    c takes set c % n_sets), so each call follows calls on other sets, as when one path is timed
+    alone. A path that raises while warming up is left out: its entry is the exception.
+    keep_outputs names the paths whose outputs come back (one more pass over every set after
+    the samples, as time_fn's)."""
+    cuda = torch.cuda.is_available()
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    out: dict[str, Timing | Exception] = {}
+    for label, run in runs.items():
+        try:
+            for _ in range(warmup):
+                for i in range(n_sets):
+                    run(i)
+            sync()
+        except Exception as e:  # noqa: BLE001 - the caller reports it as that path's result
+            out[label] = e
+    live = [label for label in runs if label not in out]
+    samples: dict[str, list[float]] = {label: [] for label in live}
+    for r in range(reps):
+        for j, label in enumerate(live):
+            samples[label].append(_call_us(runs[label], (r * len(live) + j) % n_sets, cuda))
+    for label in live:
+        t = summarize(samples[label], mode)
+        if label in keep_outputs:
+            t = dataclasses.replace(t, outputs=[_snapshot(runs[label](i)) for i in range(n_sets)])
+        out[label] = t
+    sync()
+    return {label: out[label] for label in runs}
+
+
+def _call_us(run: Callable[[int], object], i: int, cuda: bool) -> float:
+    """One call of run(i): CUDA events around it (up to its last kernel's end), or the host
+    clock without CUDA (dry runs)."""
+    if cuda:
+        return _elapsed_us(lambda: run(i))
+    t0 = time.perf_counter()
+    run(i)
+    return (time.perf_counter() - t0) * 1e6
 
 
 def _elapsed_us(fn: Callable[[], object]) -> float:

@@ -7,6 +7,8 @@ each like for like:
   - eager: ours launched from Python vs the torch pipeline, transformers' block (its best experts
     implementation for the case) and the HF-style per-expert loop (syncs);
   - compile: torch.compile'd ours vs the torch.compile'd torch pipeline (a few cases).
+  Eager and compiled paths are timed in turns (one call of each per round), so a slow spell of
+  the host falls on both sides of a ratio.
 Also: Llama 4 Scout at T = 64 on the spec's basis (routing that activates all 16 experts), the
 batch-invariant mode's cost, and the strategy shoot-out (padding / slicing / concatenation /
 shuffling, blockwise, decode strategies).
@@ -19,7 +21,6 @@ of that set, under the format's tolerance (shufflemoe.testing).
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import traceback
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ from ...config import QUANTIZATIONS
 from ...ops import use_impl
 from ...testing import compare, tolerance_key
 from ..peers import _dequantized, hf_block_candidates, hf_block_forward, per_expert_loop, torch_pipeline
-from ..timing import rotations, time_fn
+from ..timing import rotations, time_fn, time_turns
 from . import Context, SuiteResult, suite
 from .layer_report import COLUMNS, analyse, plot_strategies
 
@@ -46,6 +47,7 @@ OTHER_FORMAT_T = (1, 8, 64, 2048)  # formats beyond bf16 and fp8 rowwise: fewer 
 DENSE_FP8 = {"none": False, "fp8_rowwise": True}  # formats with a dense cuBLAS reference
 COMPILE_CASES = {("llama4-scout-tp8", 1), ("qwen3-30b-a3b", 1), ("qwen3-30b-a3b", 64)}
 BATCH_INVARIANT_CASES = {("llama4-scout-tp8", T) for T in (1, 64, 2048)} | {("qwen3-30b-a3b", T) for T in (1, 64, 2048)}
+TURN_REPS = 20  # rounds of the paths launched from Python, one sample of each a round
 COMPILE_OPTIONS: dict = {}  # torch.compile's defaults (a CPU dry run uses backend="eager")
 SHOOTOUT_T = {"llama4-scout-tp8": (64, 2048)}  # others: (64,)
 QUICK_PRESETS = ("llama4-scout-tp8", "qwen3-30b-a3b")
@@ -190,32 +192,48 @@ class _Case:
         return dict(mode=t.mode, **t.fields()), (self.check(t.outputs) if check else None)
 
 
+    def time_turns(self, fns: dict, mode: str, reps: int, check: tuple = ()) -> dict:
+        """Paths launched from Python (eager, compile), label -> fn(layer, x), timed in turns
+        (timing.time_turns: one sample of each per round, so a slow spell of the host does not
+        fall on one side of a ratio): label -> (row fields, check) or the exception it raised."""
+        runs = {label: (lambda f: lambda i: f(self.layer(i), self.xs[i]))(fn) for label, fn in fns.items()}
+        got = time_turns(runs, len(self.xs), reps=reps, mode=mode, keep_outputs=check)
+        return {label: t if isinstance(t, Exception) else
+                (dict(mode=t.mode, **t.fields()), self.check(t.outputs) if label in check else None)
+                for label, t in got.items()}
+
+
 def _call(layer: MoE, x: torch.Tensor) -> torch.Tensor:
     return layer(x)
 
 
-def _peer_rows(p: Preset, fmt: str, case: _Case, T: int, reps: int, hf: dict, loop_weights: list) -> list[dict]:
-    rows = []
-
-    def add(impl: str, fn, modes=("graph", "eager"), reps_=reps) -> None:
-        for mode in modes:
-            try:
-                timing, _ = case.time(fn, mode, reps_)
-            except Exception as e:  # noqa: BLE001 - a peer that fails is reported, not fatal
-                rows.append(dict(impl=impl, side="peer", mode=mode, note=f"failed: {type(e).__name__}: {str(e)[:120]}"))
-                continue
-            rows.append(dict(impl=impl, side="peer", **timing))
-
+def _peers(p: Preset, fmt: str, T: int, hf: dict, loop_weights: list) -> dict:
+    """impl -> (fn(layer, x), the modes it runs in) of every peer of the case."""
+    peers = {}
     if fmt in DENSE_FP8:  # the torch pipeline runs bf16 and fp8 rowwise
-        add("torch pipeline", torch_pipeline)
-    if fmt == "none":
-        if T <= 2048:
-            add("per-expert loop (syncs)", lambda layer, x: per_expert_loop(layer, x, *loop_weights[id(layer)]),
-                modes=("eager",), reps_=min(reps, 15))
+        peers["torch pipeline"] = (torch_pipeline, ("graph", "eager"))
+    if fmt == "none" and T <= 2048:
+        peers["per-expert loop (syncs)"] = (
+            lambda layer, x: per_expert_loop(layer, x, *loop_weights[id(layer)]), ("eager",))
         for impl, blocks in hf.items():
-            if T <= 2048 and _hf_fits(p, impl, T):
-                add(f"transformers {impl}", lambda layer, x: hf_block_forward(blocks[id(layer)], x),
-                    reps_=min(reps, 15))
+            if _hf_fits(p, impl, T):
+                peers[f"transformers {impl}"] = (
+                    (lambda b: lambda layer, x: hf_block_forward(b[id(layer)], x))(blocks), ("graph", "eager"))
+    return peers
+
+
+def _turn_rows(case: _Case, fns: dict, mode: str, reps: int) -> list[dict]:
+    """Rows of ours ("shufflemoe", checked) and its peers in ``mode``, timed in turns; a path
+    that fails (a compile error) is reported, not fatal."""
+    rows = []
+    for impl, got in case.time_turns(fns, mode, reps, check=("shufflemoe",)).items():
+        side = "ours" if impl == "shufflemoe" else "peer"
+        if isinstance(got, Exception):
+            rows.append(dict(impl=impl, side=side, mode=mode, note=f"failed: {type(got).__name__}: {str(got)[:120]}"))
+            continue
+        timing, check = got
+        rows.append(dict(impl=impl, side=side, **timing, **(case.fields if side == "ours" else {}),
+                         **({"check": check} if check else {})))
     return rows
 
 
@@ -268,14 +286,23 @@ def _token_rows(p: Preset, fmt: str, ctx: Context, layers: list[MoE], T: int, ph
     case = _Case(layers, xs)
     reps = 10 if T >= 8192 else 30
     base = dict(preset=p.name, format=format_label(fmt), T=T, phase=phase, routing="random")
-    rows = []
-    for mode in ("graph", "eager"):
-        timing, check = case.time(_call, mode, reps, check=True)
-        rows.append(dict(base, impl="shufflemoe", side="ours", **timing, **case.fields, check=check))
-    if T in PEER_T or phase == "prefill":
-        rows += [dict(base, **r) for r in _peer_rows(p, fmt, case, T, reps, hf, loop_weights)]
+    timing, check = case.time(_call, "graph", reps, check=True)
+    rows = [dict(base, impl="shufflemoe", side="ours", **timing, **case.fields, check=check)]
+    peers = _peers(p, fmt, T, hf, loop_weights) if T in PEER_T or phase == "prefill" else {}
+    for impl, (fn, modes) in peers.items():
+        if "graph" in modes:
+            try:
+                timing, _ = case.time(fn, "graph", min(reps, 15))
+                rows.append(dict(base, impl=impl, side="peer", **timing))
+            except Exception as e:  # noqa: BLE001 - a peer that fails is reported, not fatal
+                rows.append(dict(base, impl=impl, side="peer", mode="graph",
+                                 note=f"failed: {type(e).__name__}: {str(e)[:120]}"))
+    eager = {"shufflemoe": _call, **{impl: fn for impl, (fn, modes) in peers.items() if "eager" in modes}}
+    rows += [dict(base, **r) for r in _turn_rows(case, eager, "eager", min(reps, TURN_REPS))]
     if fmt == "none" and (p.name, T) in COMPILE_CASES and not ctx.quick:
-        rows += _compile_rows(base, case, reps)
+        compiled = {impl: torch.compile(fn, **COMPILE_OPTIONS)
+                    for impl, fn in (("shufflemoe", _call), ("torch pipeline", torch_pipeline))}
+        rows += [dict(base, **r) for r in _turn_rows(case, compiled, "compile", min(reps, TURN_REPS))]
     if fmt == "none" and (p.name, T) in BATCH_INVARIANT_CASES and not ctx.quick:
         rows.append(dict(base, **case.fields, **_batch_invariant_row(case, reps)))
     if phase == "prefill" and fmt in DENSE_FP8:
@@ -290,20 +317,6 @@ def _token_rows(p: Preset, fmt: str, ctx: Context, layers: list[MoE], T: int, ph
         timing, check = spec.time(_call, "graph", reps, check=True)
         rows.append(dict(base, routing="all 16 experts (spec basis)", impl="shufflemoe", side="ours",
                          **timing, **spec.fields, spec_us=SPEC_SCOUT_T64_US, check=check))
-    return rows
-
-
-def _compile_rows(base: dict, case: _Case, reps: int) -> list[dict]:
-    """torch.compile (default mode) of ours and of the torch pipeline, launched from Python."""
-    rows = []
-    for impl, side, fn in (("shufflemoe", "ours", _call), ("torch pipeline", "peer", torch_pipeline)):
-        try:
-            timing, check = case.time(torch.compile(fn, **COMPILE_OPTIONS), "compile", reps, check=side == "ours")
-            rows.append(dict(base, impl=impl, side=side, **timing, **(case.fields if side == "ours" else {}),
-                             **({"check": check} if check else {})))
-        except Exception as e:  # noqa: BLE001 - a compile failure is a result too
-            traceback.print_exc()
-            rows.append(dict(base, impl=impl, side=side, mode="compile", note=f"failed: {type(e).__name__}: {str(e)[:120]}"))
     return rows
 
 
@@ -346,7 +359,8 @@ def run(ctx: Context) -> SuiteResult:
 
 
 NOTES = ("us: median per layer call [p20, p80]; mode: graph = CUDA-graph replays, eager = launched "
-         "from Python, compile = torch.compile default mode. read_bytes: the activated experts "
+         "from Python, compile = torch.compile default mode (eager and compile paths of a case timed in "
+         "turns, one call of each per round). read_bytes: the activated experts "
          "(as stored, scales included), the shared expert, the router and x; pct_read = those bytes "
          "per second over the read ceiling; floor: reads at the read ceiling, writes at what a copy "
          "leaves for them, or the FLOPs at the dense rate. pct_dense: a dense cuBLAS GEMM doing the "
