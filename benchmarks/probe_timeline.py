@@ -7,6 +7,11 @@ read bandwidth. Negative gaps: the kernel overlapped the one before (two streams
 
     PYTHONPATH=src python benchmarks/probe_timeline.py > $OUT/timeline.txt
     PYTHONPATH=src python benchmarks/probe_timeline.py mxfp4 fp8_w8a16   (other formats)
+    PYTHONPATH=src python benchmarks/probe_timeline.py --prefill none fp8_rowwise
+
+--prefill: Llama 4 Scout and Maverick TP8 at T = 16384 (the layer suite's prefill targets),
+each also without its shared expert (a layer of the same shapes with none): how much of the
+shared expert's time its side stream hides beside the routed experts' kernels.
 """
 
 from __future__ import annotations
@@ -28,6 +33,11 @@ PRESETS = {
     "qwen3-30b-a3b": preset("qwen3-30b-a3b"),
     "mixtral-tp2": preset("mixtral-8x7b", tp=2),
 }
+PREFILL_PRESETS = {
+    "scout-tp8": preset("llama4-scout", tp=8),
+    "maverick-tp8": preset("llama4-maverick", tp=8),
+}
+PREFILL_T = 16384
 REPLAYS = 9
 
 
@@ -108,6 +118,36 @@ def main(formats: list[str]) -> None:
             torch.cuda.empty_cache()
 
 
+def prefill(formats: list[str]) -> None:
+    ceil = measure_ceilings()
+    print(f"{torch.cuda.get_device_name()}, read {ceil.read_gbps:.0f} GB/s, "
+          f"bf16 {ceil.bf16_tflops:.0f} TFLOP/s", flush=True)
+    T = PREFILL_T
+    for name, base in PREFILL_PRESETS.items():
+        for fmt in formats:
+            for label, cfg in (("default", base.replace(quantization=fmt)),
+                               ("no shared expert", base.replace(quantization=fmt, shared_intermediate_size=0))):
+                layer = MoE(cfg, device="cuda")
+                g = torch.Generator(device="cuda").manual_seed(T)
+                xs = [torch.randn(T, cfg.hidden_size, device="cuda", generator=g).to(cfg.dtype)
+                      for _ in range(4)]
+                with torch.no_grad():
+                    step = graphed(layer, (T,))
+                    for x in xs:
+                        step(x)
+                    torch.cuda.synchronize()
+                    runs, spans = timeline(step, xs)
+                print(f"\n== {name} {fmt} T={T} {label}: span median {statistics.median(spans):.1f} us "
+                      f"[{min(spans):.1f}, {max(spans):.1f}]", flush=True)
+                for kname, gap, dur in runs[len(runs) // 2]:
+                    print(f"   gap {gap:6.1f}  dur {dur:7.1f}  {kname}")
+                del step, layer, xs
+                torch.cuda.empty_cache()
+
+
 if __name__ == "__main__":
-    main(sys.argv[1:] or ["none", "fp8_rowwise"])
+    if sys.argv[1:2] == ["--prefill"]:
+        prefill(sys.argv[2:] or ["none", "fp8_rowwise"])
+    else:
+        main(sys.argv[1:] or ["none", "fp8_rowwise"])
     sys.exit(0)
