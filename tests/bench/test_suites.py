@@ -147,7 +147,7 @@ def layer_row(preset, fmt, T, us, phase="decode", pct_read=None, pct_dense=None,
                 mode="graph", **timed(us), pct_read=pct_read, pct_dense=pct_dense, check=check, **extra)
 
 
-def good_layer_rows(small=85.0, large=95.0, scout_dense=90.0, bi_us=150.0, spec_us=190.0):
+def good_layer_rows(small=85.0, large=95.0, scout_dense=90.0, bi_us=150.0, spec_us=190.0, compiled_us=300.0):
     rows = []
     for name in layer_report.PRESET_NAMES:
         for fmt in ("bf16", "fp8_rowwise"):
@@ -160,13 +160,18 @@ def good_layer_rows(small=85.0, large=95.0, scout_dense=90.0, bi_us=150.0, spec_
              dict(layer_row("llama4-scout-tp8", "bf16", 64, spec_us), routing=layer_report.SPEC_BASIS,
                   spec_us=layer.SPEC_SCOUT_T64_US),
              dict(layer_row("llama4-scout-tp8", "bf16", 64, 300.0), impl="torch pipeline", side="peer")]
+    for T, peer_us in ((1, 400.0), (64, 300.0)):  # compiled, from Python: judged at T <= 8 only
+        rows += [dict(layer_row("qwen3-30b-a3b", "bf16", T, compiled_us), mode="compile"),
+                 dict(layer_row("qwen3-30b-a3b", "bf16", T, peer_us), mode="compile", impl="torch pipeline",
+                      side="peer")]
     return rows
 
 
 def test_layer_targets_met_on_good_rows():
     a = layer_report.analyse(good_layer_rows())
     assert failed(a.targets) == []
-    assert len(a.targets) == 8 * 2 + 1 + 4 + 1 + 1  # decode (2 per preset and format, Scout T=64), prefill, BI, spec
+    assert len(a.targets) == 8 * 2 + 1 + 4 + 1 + 1 + 1  # decode (2 per preset and format, Scout T=64), prefill,
+    # BI, spec, compiled at T = 1 (400 / 300 = 1.33x)
     assert any(r["modes"] == "graph vs graph" and r["peer"] == "torch pipeline" for r in a.ratios)
 
 
@@ -176,6 +181,7 @@ def test_layer_targets_met_on_good_rows():
     (dict(scout_dense=80.0), 2, "llama4-scout-tp8 bf16 T=16384 of dense cuBLAS: >= 85%"),
     (dict(bi_us=181.0), 1, "batch-invariant time / default: <= 1.5x"),
     (dict(spec_us=198.0), 1, "the spec's basis), time: <= 197.456 us (spec)"),
+    (dict(compiled_us=320.0), 1, "qwen3-30b-a3b bf16 T=1 compiled / compiled torch pipeline: >= 1.3x"),
 ])
 def test_each_layer_target_can_fail(bad, count, words):
     missed = failed(layer_report.analyse(good_layer_rows(**bad)).targets)

@@ -45,9 +45,10 @@ DECODE_T = (1, 2, 4, 8, 64, 128)
 PEER_T = (1, 8, 64)  # decode token counts timed with peers too (and every prefill)
 OTHER_FORMAT_T = (1, 8, 64, 2048)  # formats beyond bf16 and fp8 rowwise: fewer shapes
 DENSE_FP8 = {"none": False, "fp8_rowwise": True}  # formats with a dense cuBLAS reference
-COMPILE_CASES = {("llama4-scout-tp8", 1), ("qwen3-30b-a3b", 1), ("qwen3-30b-a3b", 64)}
+COMPILE_CASES = {("llama4-scout-tp8", 1), ("llama4-scout-tp8", 8), ("qwen3-30b-a3b", 1), ("qwen3-30b-a3b", 8),
+                 ("qwen3-30b-a3b", 64)}
 BATCH_INVARIANT_CASES = {("llama4-scout-tp8", T) for T in (1, 64, 2048)} | {("qwen3-30b-a3b", T) for T in (1, 64, 2048)}
-TURN_REPS = 20  # rounds of the paths launched from Python, one sample of each a round
+TURN_REPS = 15  # rounds of the paths launched from Python, one sample of each a round
 COMPILE_OPTIONS: dict = {}  # torch.compile's defaults (a CPU dry run uses backend="eager")
 SHOOTOUT_T = {"llama4-scout-tp8": (64, 2048)}  # others: (64,)
 QUICK_PRESETS = ("llama4-scout-tp8", "qwen3-30b-a3b")

@@ -1,4 +1,4 @@
-"""The layer suite's judgement: like-for-like ratios, issue 16's targets and the headlines, from
+"""The layer suite's judgement: like-for-like ratios, issues 16, 21 and 23's targets and the headlines, from
 rows already carrying the run's floors (analysis.apply_ceilings). Pure: tested on the CPU."""
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ OTHER_FORMAT_PCT = (70.0, 85.0)
 PREFILL_DENSE_PCT = {"llama4-scout-tp8": 85.0, "llama4-maverick-tp8": 75.0}  # at T = 16384
 PREFILL_T = 16384
 BATCH_INVARIANT_MAX = 1.5  # x the default layer time
+COMPILE_MIN = 1.3  # issue 21: ours compiled / the compiled stock-torch pipeline at decode T = 1..8
 SPEC_BASIS = "all 16 experts (spec basis)"
 
 
@@ -67,6 +68,15 @@ def batch_invariant_targets(rows: list[dict]) -> list[dict]:
     return out
 
 
+def compile_targets(rs: list[dict]) -> list[dict]:
+    """Ours under torch.compile against the compiled torch pipeline at decode T <= 8 (issue 21;
+    both timed in turns from Python)."""
+    return [target(f"{r['preset']} {r['format']} T={r['T']} compiled / compiled torch pipeline", r["ratio"],
+                   at_least=COMPILE_MIN, unit="x")
+            for r in rs if r["modes"] == "compile vs compile" and r["peer"] == "torch pipeline"
+            and r["T"] <= DECODE_SMALL]
+
+
 def spec_target(rows: list[dict]) -> list[dict]:
     r = select(rows, side="ours", mode="graph", routing=SPEC_BASIS)
     return [target("llama4-scout-tp8 bf16 T=64, all 16 experts routed (the spec's basis), time",
@@ -88,6 +98,7 @@ def _ratio_span(rs: list[dict], peer_prefix: str, modes: str) -> str:
 def analyse(rows: list[dict]) -> Analysis:
     rs = ratios(rows, KEYS)
     dec, pre, bi, spec = decode_targets(rows), prefill_targets(rows), batch_invariant_targets(rows), spec_target(rows)
+    comp = compile_targets(rs)
     headlines = []
     for name in PRESET_NAMES:
         for fmt in ("bf16", "fp8_rowwise"):
@@ -114,8 +125,10 @@ def analyse(rows: list[dict]) -> Analysis:
              result=_ratio_span(rs, "per-expert loop", "eager vs eager")),
         dict(what="batch-invariant mode, time / default (<= 1.5x)",
              result=f"{span((t['measured'] for t in bi), '{:.2f}', unit='x')} ({tally(bi)})"),
+        dict(what=f"compiled, vs the compiled torch pipeline at decode T <= {DECODE_SMALL} (>= {COMPILE_MIN}x)",
+             result=f"{span((t['measured'] for t in comp), '{:.2f}', unit='x')} ({tally(comp)})"),
     ]
-    return Analysis(rs, dec + pre + bi + spec, headlines)
+    return Analysis(rs, dec + pre + bi + spec + comp, headlines)
 
 
 def plot_strategies(rows: list[dict], folder: str) -> None:
