@@ -1,9 +1,11 @@
 """Where the host time of one eager MoE block call goes, on the GPU machine: cProfile of CALLS
 calls of the patched first block (host_cost's one-layer models at real widths), top functions by
 own time and by cumulative time, for the shapes named (default: all of host_cost.SHAPES) at
-T = 1, eager (graph_buckets=None) and replaying per-layer graphs (the default).
+T = 1 (or --tokens T), eager (graph_buckets=None) and replaying per-layer graphs (the default;
+none past their 256-token buckets). Each also prints the host time of a call (no sync, the
+queue drained before) and its wall time to a sync.
 
-    PYTHONPATH=src python benchmarks/profile_host.py [qwen3-30b-a3b llama4-scout ...]
+    PYTHONPATH=src python benchmarks/profile_host.py [--tokens 2048] [qwen3-30b-a3b llama4-scout ...]
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import cProfile
 import pstats
 import sys
+import time
 
 import torch
 
@@ -21,25 +24,34 @@ from shufflemoe.integrations.transformers.models import build_model
 CALLS = 300
 
 
-def main(names: list[str]) -> None:
+def main(names: list[str], T: int) -> None:
+    calls = CALLS if T <= 64 else 50
     for shape in host_cost.SHAPES:
         if names and shape.name not in names:
             continue
         model = build_model(host_cost.config(shape), torch.bfloat16, "cuda")
-        x = torch.randn(1, 1, shape.fields["hidden_size"], device="cuda", dtype=torch.bfloat16)
-        for mode, buckets in (("eager", None), ("per-layer graphs", "auto")):
+        x = torch.randn(1, T, shape.fields["hidden_size"], device="cuda", dtype=torch.bfloat16)
+        for mode, buckets in (("eager", None), ("per-layer graphs", "auto"))[:1 if T > 256 else 2]:
             block = host_cost.first_block(patch(model, graph_buckets=buckets))
             with torch.no_grad():
                 for _ in range(10):
                     block(x)
                 torch.cuda.synchronize()
+                host, wall = [], []
+                for _ in range(20):
+                    t0 = time.perf_counter()
+                    block(x)
+                    host.append(time.perf_counter() - t0)
+                    torch.cuda.synchronize()
+                    wall.append(time.perf_counter() - t0)
                 prof = cProfile.Profile()
                 prof.enable()
-                for _ in range(CALLS):
+                for _ in range(calls):
                     block(x)
                 prof.disable()
                 torch.cuda.synchronize()
-            print(f"== {shape.name} T=1 {mode}: {CALLS} calls")
+            print(f"== {shape.name} T={T} {mode}: host {1e6 * sorted(host)[10]:.0f} us a call, wall "
+                  f"{1e6 * sorted(wall)[10]:.0f} us (medians of 20); cProfile of {calls} calls")
             stats = pstats.Stats(prof)
             stats.sort_stats("tottime").print_stats(22)
             stats.sort_stats("cumulative").print_stats(30)
@@ -48,4 +60,10 @@ def main(names: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    args = sys.argv[1:]
+    tokens = 1
+    if "--tokens" in args:
+        i = args.index("--tokens")
+        tokens = int(args[i + 1])
+        del args[i:i + 2]
+    main(args, tokens)
