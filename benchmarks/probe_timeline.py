@@ -80,6 +80,16 @@ def timeline(decode, xs) -> tuple[list[list[tuple[str, float, float]]], list[flo
     return runs, spans
 
 
+def graphed_timeline(layer, T: int, xs) -> tuple[list, list[float]]:
+    """timeline() of the layer graphed for T tokens (shufflemoe.graphed), after one warm pass."""
+    with torch.no_grad():
+        step = graphed(layer, (T,))
+        for x in xs:
+            step(x)
+        torch.cuda.synchronize()
+        return timeline(step, xs)
+
+
 def main(formats: list[str]) -> None:
     ceil = measure_ceilings()
     print(f"{torch.cuda.get_device_name()}, read {ceil.read_gbps:.0f} GB/s", flush=True)
@@ -99,19 +109,13 @@ def main(formats: list[str]) -> None:
                 for label, fused_max in variants:
                     moe_layer.SHARED_FUSED_MAX_TOKENS = fused_max
                     layer.__dict__["_hot_parts"] = None
-                    with torch.no_grad():
-                        decode = graphed(layer, (T,))
-                        for x in xs:
-                            decode(x)
-                        torch.cuda.synchronize()
-                        runs, spans = timeline(decode, xs)
+                    runs, spans = graphed_timeline(layer, T, xs)
                     print(f"\n== {name} {fmt} T={T} {label}: span median "
                           f"{statistics.median(spans):.1f} us [{min(spans):.1f}, "
                           f"{max(spans):.1f}], floor {floor:.1f} us ({active:.1f} experts)",
                           flush=True)
                     for kname, gap, dur in runs[len(runs) // 2]:
                         print(f"   gap {gap:6.1f}  dur {dur:6.1f}  {kname}")
-                    del decode
                 moe_layer.SHARED_FUSED_MAX_TOKENS = SHARED_FUSED_MAX_TOKENS
                 layer.__dict__["_hot_parts"] = None
             del layer
@@ -131,17 +135,12 @@ def prefill(formats: list[str]) -> None:
                 g = torch.Generator(device="cuda").manual_seed(T)
                 xs = [torch.randn(T, cfg.hidden_size, device="cuda", generator=g).to(cfg.dtype)
                       for _ in range(4)]
-                with torch.no_grad():
-                    step = graphed(layer, (T,))
-                    for x in xs:
-                        step(x)
-                    torch.cuda.synchronize()
-                    runs, spans = timeline(step, xs)
+                runs, spans = graphed_timeline(layer, T, xs)
                 print(f"\n== {name} {fmt} T={T} {label}: span median {statistics.median(spans):.1f} us "
                       f"[{min(spans):.1f}, {max(spans):.1f}]", flush=True)
                 for kname, gap, dur in runs[len(runs) // 2]:
                     print(f"   gap {gap:6.1f}  dur {dur:7.1f}  {kname}")
-                del step, layer, xs
+                del layer, xs
                 torch.cuda.empty_cache()
 
 

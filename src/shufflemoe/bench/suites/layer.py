@@ -192,7 +192,6 @@ class _Case:
             return dict(mode=mode, note=f"capture refused: {str(e)[:100]}"), None
         return dict(mode=t.mode, **t.fields()), (self.check(t.outputs) if check else None)
 
-
     def time_turns(self, fns: dict, mode: str, reps: int, check: tuple = ()) -> dict:
         """Paths launched from Python (eager, compile), label -> fn(layer, x), timed in turns
         (timing.time_turns: one sample of each per round, so a slow spell of the host does not
