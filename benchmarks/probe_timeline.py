@@ -7,6 +7,7 @@ read bandwidth. Negative gaps: the kernel overlapped the one before (two streams
 
     PYTHONPATH=src python benchmarks/probe_timeline.py > $OUT/timeline.txt
     PYTHONPATH=src python benchmarks/probe_timeline.py mxfp4 fp8_w8a16   (other formats)
+    PYTHONPATH=src python benchmarks/probe_timeline.py --tokens 64,128 fp8_rowwise
     PYTHONPATH=src python benchmarks/probe_timeline.py --prefill none fp8_rowwise
 
 --prefill: Llama 4 Scout and Maverick TP8 at T = 16384 (the layer suite's prefill targets),
@@ -90,14 +91,14 @@ def graphed_timeline(layer, T: int, xs) -> tuple[list, list[float]]:
         return timeline(step, xs)
 
 
-def main(formats: list[str]) -> None:
+def main(formats: list[str], tokens: tuple[int, ...] = (1, 8)) -> None:
     ceil = measure_ceilings()
     print(f"{torch.cuda.get_device_name()}, read {ceil.read_gbps:.0f} GB/s", flush=True)
     for name, base in PRESETS.items():
         for fmt in formats:
             cfg = base.replace(quantization=fmt)
             layer = MoE(cfg, device="cuda")
-            for T in (1, 8):
+            for T in tokens:
                 g = torch.Generator(device="cuda").manual_seed(T)
                 xs = [torch.randn(T, cfg.hidden_size, device="cuda", generator=g).to(cfg.dtype)
                       for _ in range(REPLAYS)]
@@ -148,5 +149,11 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["--prefill"]:
         prefill(sys.argv[2:] or ["none", "fp8_rowwise"])
     else:
-        main(sys.argv[1:] or ["none", "fp8_rowwise"])
+        args = sys.argv[1:]
+        tokens = (1, 8)
+        if "--tokens" in args:  # e.g. --tokens 64,128
+            i = args.index("--tokens")
+            tokens = tuple(int(t) for t in args[i + 1].split(","))
+            del args[i:i + 2]
+        main(args or ["none", "fp8_rowwise"], tokens)
     sys.exit(0)
