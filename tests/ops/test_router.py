@@ -35,7 +35,8 @@ def check(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias: torch.Tenso
 
 
 @pytest.mark.parametrize("T,E,D", [(1, 16, 5120), (2, 7, 130), (3, 128, 64), (5, 1, 40),
-                                   (8, 256, 72), (1, 8, 4096)])
+                                   (8, 256, 72), (1, 8, 4096), (17, 16, 200), (40, 8, 96),
+                                   (64, 128, 64)])  # past 8: blocks of TOKEN_BLOCK tokens, a tail
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_kernel_matches_float64(T, E, D, bias, dtype):

@@ -17,7 +17,7 @@ import triton.language as tl
 from torch import Tensor
 from triton.language.extra.cuda import gdc_launch_dependents
 
-from .._common import next_power_of_2, on_device, traced
+from .._common import cdiv, next_power_of_2, on_device, traced
 from .._impl import interpreting, kernel_op
 from .._launch import launch
 from ..quantize.kernel import cast_to
@@ -25,19 +25,24 @@ from . import GEMV_MAX_TOKENS
 
 # (columns of x a step, warps) by tokens, from the probe above: about 4-16 K values a step
 _TILES = {1: (4096, 8), 2: (2048, 8), 4: (2048, 4), 8: (2048, 8)}
+# Past 8 tokens a program takes a block of TOKEN_BLOCK tokens (a second grid axis): every
+# program reads its expert's row and its tokens' rows once, so E x T / TOKEN_BLOCK programs
+# share the reads of x that one program per expert would make alone.
+TOKEN_BLOCK, TOKEN_BLOCK_TILE = 16, (1024, 8)
 
 
 @triton.jit
 def _router_kernel(x_ptr, w_ptr, b_ptr, out_ptr, T, D, E, x_stride, w_stride,
                    HAS_BIAS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
                    INTERPRET: tl.constexpr, PDL: tl.constexpr):
-    """out[t, e] = x[t] . w[e] (+ b[e]) for every token t < T, e = this program's expert. PDL:
+    """out[t, e] = x[t] . w[e] (+ b[e]) for the tokens t of this program's block (axis 1, BLOCK_T
+    tokens), e = this program's expert (axis 0). PDL:
     let a next kernel launched with programmatic dependent launch (index_shuffle's) start at
     once; it waits for this one before it reads the logits."""
     if PDL:
         gdc_launch_dependents()
     e = tl.program_id(0)
-    ts = tl.arange(0, BLOCK_T)
+    ts = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
     t_ok = ts < T
     row = w_ptr + e.to(tl.int64) * w_stride
     acc = tl.zeros([BLOCK_T, BLOCK_D], tl.float32)
@@ -60,15 +65,15 @@ def _router_kernel(x_ptr, w_ptr, b_ptr, out_ptr, T, D, E, x_stride, w_stride,
 @kernel_op("router_logits", mutates_args=("out",))
 def _router_op(x: Tensor, w: Tensor, bias: Optional[Tensor], out: Tensor) -> None:
     """out [T, E] <- x [T, D] @ w [E, D]^T (+ bias [E]; rows of x and w at any stride, unit
-    column strides). Meant for decode T; any T works (the token tile holds them all)."""
+    column strides). Meant for decode T; any T works (blocks of TOKEN_BLOCK tokens past 8)."""
     (T, D), E = x.shape, w.shape[0]
     if T == 0 or E == 0:
         return
-    block_t = next_power_of_2(T)
-    block_d, warps = _TILES.get(block_t, (max(64, 16384 // block_t), 8))  # beyond: any T
+    block_t = min(next_power_of_2(T), TOKEN_BLOCK)
+    block_d, warps = _TILES.get(block_t, TOKEN_BLOCK_TILE)
     interpret = interpreting()
     with on_device(x):
-        launch(_router_kernel, (E,), x, w, bias, out, T, D, E, x.stride(0), w.stride(0),
+        launch(_router_kernel, (E, cdiv(T, block_t)), x, w, bias, out, T, D, E, x.stride(0), w.stride(0),
                HAS_BIAS=bias is not None, BLOCK_T=block_t,
                BLOCK_D=min(block_d, next_power_of_2(D)), INTERPRET=interpret,
                PDL=x.is_cuda and not interpret and not traced((x,)), num_warps=warps)
