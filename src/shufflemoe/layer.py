@@ -32,7 +32,7 @@ from .ops import _launch, backend_for, moe_decode
 from .ops._impl import _default_impl
 from .ops.grouped_gemm import configs as gemm_configs
 from .ops.quantize.formats import FORMATS, weight_format
-from .ops.router import GEMV_MAX_TOKENS as ROUTER_GEMV_MAX_TOKENS
+from .ops.router import uses_kernel as router_uses_kernel
 from .routing import ROUTERS, route, router_logits
 from .types import ExpertWeights, Routing
 
@@ -580,7 +580,7 @@ class MoE(nn.Module):
         an aten GEMM before it (~8-10 us of host). Not through a cast (router_logits_dtype)
         or batch_invariant's GEMM, which a plan cannot hold."""
         cfg = self.config
-        return (x.shape[0] <= ROUTER_GEMV_MAX_TOKENS and not cfg.batch_invariant
+        return (router_uses_kernel(x.shape[0], cfg.num_experts) and not cfg.batch_invariant
                 and cfg.router_logits_dtype in (None, x.dtype))
 
     def _route_and_run(self, hot: _Hot, x: Tensor, logits: Tensor, out: Tensor,

@@ -1,7 +1,7 @@
 """The router's logits at decode sizes (ops/router): the one-launch Triton GEMV (interpreter on
 the CPU, the GPU when there is one) against float64, rounded once: every logit within one step
 of its dtype of the exactly rounded value and nearly all equal to it; the bias added before the
-rounding; F.linear above GEMV_MAX_TOKENS; the output starts poisoned."""
+rounding; F.linear past uses_kernel; the output starts poisoned."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from shufflemoe.ops import ops_for
-from shufflemoe.ops.router import GEMV_MAX_TOKENS
+from shufflemoe.ops.router import GEMV_MAX_PRODUCTS, GEMV_MAX_TOKENS, uses_kernel
 from shufflemoe.ops.router import kernel
 from shufflemoe.testing import poisoned
 
@@ -68,14 +68,18 @@ def test_strided_rows_and_no_tokens():
 
 
 def test_ops_entry_switches_to_f_linear_past_the_gemv():
-    """Ops.router_logits: the kernel up to GEMV_MAX_TOKENS tokens, F.linear (bit for bit) past."""
+    """Ops.router_logits: the kernel up to GEMV_MAX_TOKENS tokens whatever E, and past them while
+    E x T <= GEMV_MAX_PRODUCTS; F.linear (bit for bit) beyond."""
     g = torch.Generator().manual_seed(5)
-    w = (torch.randn(32, 64, generator=g) / 8).to(DEV, torch.bfloat16)
-    for T in (GEMV_MAX_TOKENS, GEMV_MAX_TOKENS + 1):
-        x = torch.randn(T, 64, generator=g).to(DEV, torch.bfloat16)
-        got = ops_for("triton").router_logits(x, w, None)
-        check(got, x, w, None)
-        if T > GEMV_MAX_TOKENS:
-            assert torch.equal(got, torch.nn.functional.linear(x, w))
+    for E in (32, 4096):
+        w = (torch.randn(E, 64, generator=g) / 8).to(DEV, torch.bfloat16)
+        last = max(GEMV_MAX_TOKENS, GEMV_MAX_PRODUCTS // E)
+        assert uses_kernel(last, E) and not uses_kernel(last + 1, E)
+        for T in (last, last + 1):
+            x = torch.randn(T, 64, generator=g).to(DEV, torch.bfloat16)
+            got = ops_for("triton").router_logits(x, w, None)
+            check(got, x, w, None)
+            if T > last:
+                assert torch.equal(got, torch.nn.functional.linear(x, w))
     assert torch.equal(ops_for("torch").router_logits(x, w, None),
                        torch.nn.functional.linear(x, w))

@@ -1,10 +1,11 @@
-"""The router's logits at decode sizes in one Triton launch: a program per expert row, every
-token's dot product with it summed in fp32 and rounded once to x's dtype (as cuBLAS does, in
-another order), plus the bias (gpt-oss) before the rounding. Above GEMV_MAX_TOKENS tokens,
-F.linear. H100, CUDA graphs (benchmarks/probe_router.py, the router alone at T = 1 / 8, us):
-Llama 4 Scout (E = 16, D = 5120) 6.6 / 6.4 for cuBLAS (a split-K GEMM and its reduction) against
-2.7 / 3.5; Qwen3-30B-A3B (128, 2048) 5.4 / 5.4 against 2.5 / 3.3; DeepSeek-V3 (256, 7168) 6.7 /
-6.8 against 3.4 / 5.9."""
+"""The router's logits at decode sizes in one Triton launch: a program per expert row and block
+of up to 8 tokens, every token's dot product with it summed in fp32 and rounded once to x's
+dtype (as cuBLAS does, in another order), plus the bias (gpt-oss) before the rounding. Where
+uses_kernel says no (more tokens x experts), F.linear. H100, CUDA graphs
+(benchmarks/probe_router.py, the router alone at T = 1 / 8, us): Llama 4 Scout (E = 16, D =
+5120) 6.6 / 6.4 for cuBLAS (a split-K GEMM and its reduction) against 2.7 / 3.5; Qwen3-30B-A3B
+(128, 2048) 5.4 / 5.4 against 2.5 / 3.3; DeepSeek-V3 (256, 7168) 6.7 / 6.8 against 3.4 / 5.9.
+Past 8 tokens: ops/router/__init__.py."""
 
 from __future__ import annotations
 
@@ -21,14 +22,14 @@ from .._common import cdiv, next_power_of_2, on_device, traced
 from .._impl import interpreting, kernel_op
 from .._launch import launch
 from ..quantize.kernel import cast_to
-from . import GEMV_MAX_TOKENS
+from . import uses_kernel
 
 # (columns of x a step, warps) by tokens, from the probe above: about 4-16 K values a step
 _TILES = {1: (4096, 8), 2: (2048, 8), 4: (2048, 4), 8: (2048, 8)}
-# Past 8 tokens a program takes a block of TOKEN_BLOCK tokens (a second grid axis): every
-# program reads its expert's row and its tokens' rows once, so E x T / TOKEN_BLOCK programs
-# share the reads of x that one program per expert would make alone.
-TOKEN_BLOCK, TOKEN_BLOCK_TILE = 16, (1024, 8)
+# Past 8 tokens a program takes a block of TOKEN_BLOCK tokens (a second grid axis) with the
+# 8-token tile: E x T / 8 programs share the reads of x that one program per expert would make
+# alone (blocks of 16 and 32 tokens, and narrower steps, were slower: probe_router_tokens).
+TOKEN_BLOCK = 8
 
 
 @triton.jit
@@ -65,12 +66,12 @@ def _router_kernel(x_ptr, w_ptr, b_ptr, out_ptr, T, D, E, x_stride, w_stride,
 @kernel_op("router_logits", mutates_args=("out",))
 def _router_op(x: Tensor, w: Tensor, bias: Optional[Tensor], out: Tensor) -> None:
     """out [T, E] <- x [T, D] @ w [E, D]^T (+ bias [E]; rows of x and w at any stride, unit
-    column strides). Meant for decode T; any T works (blocks of TOKEN_BLOCK tokens past 8)."""
+    column strides). Meant for decode T; any T works (blocks of TOKEN_BLOCK tokens)."""
     (T, D), E = x.shape, w.shape[0]
     if T == 0 or E == 0:
         return
     block_t = min(next_power_of_2(T), TOKEN_BLOCK)
-    block_d, warps = _TILES.get(block_t, TOKEN_BLOCK_TILE)
+    block_d, warps = _TILES[block_t]
     interpret = interpreting()
     with on_device(x):
         launch(_router_kernel, (E, cdiv(T, block_t)), x, w, bias, out, T, D, E, x.stride(0), w.stride(0),
@@ -80,10 +81,10 @@ def _router_op(x: Tensor, w: Tensor, bias: Optional[Tensor], out: Tensor) -> Non
 
 
 def router_logits(x: Tensor, w: Tensor, bias: Tensor | None) -> Tensor:
-    """x [T, D], w [E, D], bias [E] | None -> logits [T, E] in x's dtype: one launch while
-    T <= GEMV_MAX_TOKENS (and the columns of x and w, and bias, are at unit stride), else
+    """x [T, D], w [E, D], bias [E] | None -> logits [T, E] in x's dtype: one launch where
+    uses_kernel(T, E) (and the columns of x and w, and bias, are at unit stride), else
     F.linear."""
-    if (x.shape[0] > GEMV_MAX_TOKENS or x.stride(1) != 1 or w.stride(1) != 1
+    if (not uses_kernel(x.shape[0], w.shape[0]) or x.stride(1) != 1 or w.stride(1) != 1
             or (bias is not None and bias.stride(0) != 1)):
         return F.linear(x, w, bias)
     out = torch.empty(x.shape[0], w.shape[0], dtype=x.dtype, device=x.device)
