@@ -38,7 +38,7 @@ def host_us(fn) -> float:
 
 def planned(layer, on: bool) -> None:
     """Launch plans on or off for this layer (the module bound is read per new token count)."""
-    moe_layer.PLAN_MAX_TOKENS = 256 if on else 0
+    moe_layer.PLAN_MAX_TOKENS, moe_layer.PLAN_MAX_LARGE = (256, 16) if on else (0, 0)
     layer.__dict__["_hot_parts"] = None
 
 

@@ -5,6 +5,7 @@ back to running it whenever a replay could be wrong. On the CPU the kernels run 
 interpreter (use_impl("triton")), which replays through fn[grid] with rebuilt tensors; on a GPU
 replays launch the compiled kernels with integer pointers."""
 
+import dataclasses
 import pathlib
 import re
 
@@ -35,19 +36,19 @@ CONFIGS = {  # every decode flavour: fused (k = 1, k > 1, fp8, a shared expert) 
 
 def unplanned(layer, x):
     """The layer's output with plans off (the region runs as it always did)."""
-    saved = moe_layer.PLAN_MAX_TOKENS
-    moe_layer.PLAN_MAX_TOKENS = 0
+    saved = moe_layer.PLAN_MAX_TOKENS, moe_layer.PLAN_MAX_LARGE
+    moe_layer.PLAN_MAX_TOKENS = moe_layer.PLAN_MAX_LARGE = 0
     layer.__dict__["_hot_parts"] = None
     try:
         return layer(x)
     finally:
-        moe_layer.PLAN_MAX_TOKENS = saved
+        moe_layer.PLAN_MAX_TOKENS, moe_layer.PLAN_MAX_LARGE = saved
         layer.__dict__["_hot_parts"] = None
 
 
 def planned_tokens(layer, region: str = "routed") -> list[int]:
     return sorted(key[1] for key, plan in layer._hot().plans.items()
-                  if plan is not None and key[0] == region)
+                  if isinstance(plan, _launch.Plan) and key[0] == region)
 
 
 @pytest.mark.parametrize("name", CONFIGS)
@@ -225,3 +226,45 @@ def test_no_replay_under_a_tile_override():
         assert calls == [] and planned_tokens(layer) == [9]
         assert torch.equal(layer(x), unplanned(layer, x))
         assert fused.shape == x.shape
+
+
+@pytest.mark.parametrize("name", ["qwen3-like", "llama4-like"])
+def test_past_the_decode_sizes_a_plan_is_recorded_at_the_second_call(name, monkeypatch):
+    """Past PLAN_MAX_TOKENS (prefill) a T's first call runs the region, its second records, the
+    rest replay: the same bits each time (llama4-like: the routed experts overwrite out, the
+    shared expert adds after, outside the plan)."""
+    cfg = dataclasses.replace(CONFIGS[name], shared_stream_max_tokens=8)  # llama4: prefill's
+    layer = make_layer(cfg, device=DEVICE)
+    monkeypatch.setattr(moe_layer, "PLAN_MAX_TOKENS", 4)
+    T = 21
+    xs = [make_input(cfg, T, seed=s, device=DEVICE) for s in range(4)]
+    with use_impl("triton"), torch.no_grad():
+        want = [unplanned(layer, x) for x in xs]
+        for i, x in enumerate(xs):
+            got = layer(x)
+            assert torch.equal(got, want[i]), f"call {i}"
+            assert planned_tokens(layer) == ([] if i == 0 else [T]), f"call {i}"
+        # llama4-like: the shared expert's SwiGLU between its cuBLAS GEMMs has a plan too
+        assert planned_tokens(layer, "shared") == ([T] if cfg.shared_intermediate_size else [])
+
+
+def test_plans_past_the_decode_sizes_are_bounded(monkeypatch):
+    """At most PLAN_MAX_LARGE token counts past PLAN_MAX_TOKENS a layer, and none whose
+    workspace would pass PLAN_MAX_WORKSPACE; the calls past those bounds run the region."""
+    cfg = CONFIGS["qwen3-like"]
+    layer = make_layer(cfg, device=DEVICE)
+    monkeypatch.setattr(moe_layer, "PLAN_MAX_TOKENS", 4)
+    monkeypatch.setattr(moe_layer, "PLAN_MAX_LARGE", 2)
+    xs = {T: make_input(cfg, T, seed=T, device=DEVICE) for T in (5, 6, 7, 11)}
+    with use_impl("triton"), torch.no_grad():
+        want = {T: unplanned(layer, x) for T, x in xs.items()}  # (a fresh _Hot after this)
+        for T in (5, 6, 7, 5, 6, 7, 7):
+            assert torch.equal(layer(xs[T]), want[T]), f"T={T}"
+        assert planned_tokens(layer) == [5, 6]
+        monkeypatch.setattr(moe_layer, "PLAN_MAX_LARGE", 16)
+        monkeypatch.setattr(moe_layer, "PLAN_MAX_WORKSPACE", 1024)
+        for _ in range(3):
+            assert torch.equal(layer(xs[11]), want[11])
+        plans = layer._hot().plans
+        assert planned_tokens(layer) == [5, 6]
+        assert [plans[k] for k in plans if k[1] == 11] == [None]  # recorded, too large: none

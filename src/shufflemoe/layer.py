@@ -69,11 +69,20 @@ class _Hot:
     # analysis counts the decode kernels' index inputs as written) get a synthetic base, which
     # CUDA-graph trees refuse to capture
     one_expert: tuple[tuple[Tensor, Tensor, Tensor], ...]
-    # (region, T, stream, impl, batch-invariant tiles) -> _launch.Plan | None
+    # (region, T, stream, impl, batch-invariant tiles) -> _launch.Plan | None, or _ONCE: a T
+    # past PLAN_MAX_TOKENS seen once (recorded at its next call)
     plans: dict = field(default_factory=dict)
 
 
-PLAN_MAX_TOKENS = 256  # launch plans for T up to this (their shared workspace grows with T)
+# Launch plans (MoE._planned): recorded at a T's first call up to PLAN_MAX_TOKENS (decode, the
+# graph buckets' sizes); past it (prefill) at its second call, for at most PLAN_MAX_LARGE such T a
+# layer, and kept only while the region's allocations fit PLAN_MAX_WORKSPACE (the workspace is
+# held for good: Qwen3-30B-A3B at T = 2048 needs ~200 MiB). Without a plan an eager call past 256
+# tokens costs the host ~1.1-1.3 ms (Triton's JIT launches, allocations, Python; H100 host,
+# benchmarks/profile_host.py --tokens 2048), more than the GPU's time at TP8 widths.
+PLAN_MAX_TOKENS = 256
+PLAN_MAX_LARGE = 16
+PLAN_MAX_WORKSPACE = 256 << 20
 # A plain shared expert runs through the fused decode kernels up to this T, in every mode (eager,
 # CUDA graph, compiled: the same kernels, the same bits): one m-tile of rows (above it each
 # m-tile would stream the shared weights again). Its kernels use their own split-K workspace,
@@ -601,8 +610,9 @@ class MoE(nn.Module):
         that change per call (the first's rows are the plan's T); ``fixed``: the layer's tensors
         it reads. The first call at a (name, T, stream, impl) records the plan, or finds that it
         cannot be made, while running the region for real; layers of one config and layout
-        share what was recorded (_TEMPLATES) and bind their own tensors. Inside a CUDA-graph
-        capture and under a tile override (decode or grouped-GEMM configs) the region runs."""
+        share what was recorded (_TEMPLATES) and bind their own tensors. Past PLAN_MAX_TOKENS a
+        T is recorded at its second call (see PLAN_MAX_LARGE). Inside a CUDA-graph capture and
+        under a tile override (decode or grouped-GEMM configs) the region runs."""
         x = dynamic[0]
         if ((x.is_cuda and torch.cuda.is_current_stream_capturing())
                 or moe_decode.configs.overridden() or gemm_configs.overridden()):
@@ -610,17 +620,23 @@ class MoE(nn.Module):
         stream = torch._C._cuda_getCurrentRawStream(x.get_device()) if x.is_cuda else 0
         key = (name, x.shape[0], stream, _default_impl(), gemm_configs.invariant())
         plan = hot.plans.get(key, _UNSEEN)
-        if plan is _UNSEEN:
+        if plan is _UNSEEN or plan is _ONCE:
+            large = x.shape[0] > PLAN_MAX_TOKENS
+            if large and plan is _UNSEEN:  # a prompt length seen once is not worth a recording
+                if sum(k[1] > PLAN_MAX_TOKENS for k in hot.plans) < PLAN_MAX_LARGE:
+                    hot.plans[key] = _ONCE
+                return region()
             plan, ran = None, False
-            if (x.shape[0] <= PLAN_MAX_TOKENS and self.dispatch.mesh is None and _launch.knobs
-                    and backend_for(x).name == "triton"):
+            if self.dispatch.mesh is None and _launch.knobs and backend_for(x).name == "triton":
                 inputs = dynamic + fixed
                 signature = (self.config, self.experts.name, type(self.dispatch), key,
                              tuple(_layout(t) for t in inputs))
                 template = _TEMPLATES.get(signature, _UNSEEN)
                 if template is _UNSEEN:
-                    template = _TEMPLATES[signature] = _launch.record(region, inputs,
-                                                                      len(dynamic))
+                    template = _launch.record(region, inputs, len(dynamic))
+                    if template is not None and template.nbytes > PLAN_MAX_WORKSPACE:
+                        template = None
+                    _TEMPLATES[signature] = template
                     ran = True
                 if template is not None:
                     plan = _launch.Plan(template, inputs, len(dynamic), x.device, stream)
@@ -662,3 +678,4 @@ def _every_token_on_one_expert(device: torch.device) -> tuple[tuple[Tensor, ...]
 
 
 _UNSEEN = object()
+_ONCE = object()
