@@ -64,6 +64,7 @@ def main() -> None:
             x = torch.randn(1, T, shape.fields["hidden_size"], device="cuda", dtype=torch.bfloat16)
             with torch.no_grad():
                 outs = {name: [fn(x) for _ in range(3)][-1] for name, fn in impls.items()}
+                outs = {name: o[0] if isinstance(o, tuple) else o for name, o in outs.items()}  # Llama 4: (out, logits)
                 same = torch.equal(outs["shufflemoe, plans past 256"], outs["shufflemoe, no plans past 256"])
                 del outs
                 samples = {name: [] for name in impls}
