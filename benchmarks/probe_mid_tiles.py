@@ -60,8 +60,12 @@ def main() -> None:
                     continue
                 if fmt != "none":
                     c = c.with_(block_k=2 * c.block_k)
-                with gg.override(c):
-                    row[label] = dict(check=_check(layers[0], xs[0]), **_graph_us(layers, xs, False))
+                try:
+                    with gg.override(c):
+                        row[label] = dict(check=_check(layers[0], xs[0]), **_graph_us(layers, xs, False))
+                except Exception as e:  # noqa: BLE001 - a tile the kernel refuses: say so, go on
+                    torch.cuda.synchronize()
+                    row[label] = dict(note=f"error: {type(e).__name__}: {str(e)[:200]}")
             row["heuristic_again"] = _graph_us(layers, xs, False)
             rows.append(row)
             best = min((v["us"], k) for k, v in row.items() if isinstance(v, dict) and v.get("us"))
