@@ -35,6 +35,9 @@ CANDIDATES = {  # block_k for bf16; fp8 doubles it (the same bytes a row)
 CASES = [("mixtral-tp2", "none", (128, 256)), ("mixtral-tp2", "fp8_rowwise", (64, 128)),
          ("scout-tp8", "none", (128,)), ("scout-tp8", "fp8_rowwise", (64, 128)),
          ("qwen3-30b-a3b", "none", (64, 128)), ("qwen3-30b-a3b", "fp8_rowwise", (64, 128))]
+MORE = [("qwen3-30b-a3b", "none", (256, 512)), ("qwen3-30b-a3b", "fp8_rowwise", (512,)),
+        ("scout-tp8", "none", (512, 1024)), ("scout-tp8", "fp8_rowwise", (512, 1024)),
+        ("mixtral-tp2", "fp8_rowwise", (256,))]  # --more: the middle rule's other shapes
 PRESETS = {"mixtral-tp2": preset("mixtral-8x7b", tp=2), "scout-tp8": preset("llama4-scout", tp=8),
            "qwen3-30b-a3b": preset("qwen3-30b-a3b")}
 
@@ -43,11 +46,12 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True, type=pathlib.Path)
     p.add_argument("--budget", type=float, default=300.0)
+    p.add_argument("--more", action="store_true", help="the MORE cases instead of CASES")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     deadline = time.time() + args.budget
     rows = []
-    for name, fmt, Ts in CASES:
+    for name, fmt, Ts in MORE if args.more else CASES:
         cfg = PRESETS[name].replace(quantization=fmt)
         layers = _layers(cfg, "cuda", False)
         for T in Ts:
@@ -75,7 +79,7 @@ def main() -> None:
                               if isinstance(v, dict) and v.get("us")), flush=True)
         del layers
         torch.cuda.empty_cache()
-    (args.out / "probe_mid_tiles.json").write_text(json.dumps(dict(meta=metadata(), rows=rows), indent=1))
+    (args.out / f"probe_mid_tiles{'_more' if args.more else ''}.json").write_text(json.dumps(dict(meta=metadata(), rows=rows), indent=1))
 
 
 if __name__ == "__main__":
