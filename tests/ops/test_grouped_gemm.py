@@ -418,6 +418,7 @@ def test_cuda_graph_replay_with_new_sizes(dtype):
     configs.TileConfig(16, 32, 128, 4, 5, ctas_per_sm=2),
     configs.TileConfig(32, 128, 64, 4, 4, swap_ab=True, ctas_per_sm=2),
     configs.TileConfig(64, 128, 64, 4, 4, ctas_per_sm=2),
+    configs.TileConfig(64, 128, 128, 4, 3, swap_ab=True, ctas_per_sm=2),
 ], ids=str)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, FP8_DTYPE], ids=["bf16", "fp8"])
 def test_gpu_variants(variant, dtype):
