@@ -180,16 +180,18 @@ def _heuristic(M: int, N: int, K: int, G: int, dtype: torch.dtype) -> TileConfig
         # With real (uneven) routing 64-row tiles beat 32-row swapped ones by 0-20% (Qwen2 GEMM2
         # at batch 512: 128 us vs 152); on equal groups they lose 2-5%. For 16-bit x, 256-byte
         # K steps do better still: swapped 64-row tiles to 32 rows a group, 128 x 128 ones
-        # past it. H100, the whole layer in CUDA graphs (probe_mid_tiles at 184cbb5 / 4b685a3),
-        # these / the 64 x 128 x bk tiles, us: Mixtral TP2 T = 128 (32 rows) 505.0 / 531.4,
-        # T = 256 (64) 559.8 / 586.8; Qwen3-30B-A3B T = 512 (32) 484.6 / 494.6; Llama 4 Scout
-        # TP8 T = 512 (32) 233.0 / 238.6, T = 1024 (64) 274.2 / 281.9. fp8 keeps them: the
-        # swapped tiles lost there (Qwen3 T = 512 298.7 / 279.4), 128 x 128 gained 0.2-2%.
-        if fp8:
-            return TileConfig(64, 128, bk, num_stages=4, ctas_per_sm=2)
-        if rows <= 32:
+        # past it where K is long. H100, the whole layer in CUDA graphs (probe_mid_tiles at
+        # 184cbb5 / 4b685a3), these / the 64 x 128 x bk tiles, us: Mixtral TP2 T = 128 (32
+        # rows) 505.0 / 531.4, T = 256 (64) 559.8 / 586.8; Qwen3-30B-A3B T = 512 (32) 484.6 /
+        # 494.6; Llama 4 Scout TP8 T = 512 (32) 233.0 / 238.6, T = 1024 (64) 274.2 / 281.9. At K
+        # = 640 the 128 x 128 tiles lost (grouped_gemm_sweep at c66528c, Qwen2-57B TP4 GEMM2 at
+        # batch 512: 136.8 us against 127.1). fp8 keeps the 64 x 128 x bk tiles: the swapped
+        # ones lost there (Qwen3 T = 512 298.7 / 279.4), 128 x 128 gained 0.2-2%.
+        if not fp8 and rows <= 32:
             return TileConfig(64, 128, 2 * bk, num_stages=3, swap_ab=True, ctas_per_sm=2)
-        return TileConfig(128, 128, 2 * bk, num_warps=8, num_stages=3)
+        if not fp8 and K >= 2048:
+            return TileConfig(128, 128, 2 * bk, num_warps=8, num_stages=3)
+        return TileConfig(64, 128, bk, num_stages=4, ctas_per_sm=2)
     if rows <= 128:
         if active * -(-N // 256) >= 4 * _SMS:
             # Many weight tiles and uneven groups (Llama 4 Maverick TP8 prefill: 128 experts,
