@@ -249,22 +249,25 @@ def test_past_the_decode_sizes_a_plan_is_recorded_at_the_second_call(name, monke
 
 
 def test_plans_past_the_decode_sizes_are_bounded(monkeypatch):
-    """At most PLAN_MAX_LARGE token counts past PLAN_MAX_TOKENS a layer, and none whose
-    workspace would pass PLAN_MAX_WORKSPACE; the calls past those bounds run the region."""
+    """At most PLAN_MAX_LARGE (region, T) past PLAN_MAX_TOKENS a layer, a T seen once giving its
+    place to a new one, recorded plans keeping theirs; none whose workspace would pass
+    PLAN_MAX_WORKSPACE; the calls past those bounds run the region."""
     cfg = CONFIGS["qwen3-like"]
     layer = make_layer(cfg, device=DEVICE)
     monkeypatch.setattr(moe_layer, "PLAN_MAX_TOKENS", 4)
     monkeypatch.setattr(moe_layer, "PLAN_MAX_LARGE", 2)
-    xs = {T: make_input(cfg, T, seed=T, device=DEVICE) for T in (5, 6, 7, 11)}
+    xs = {T: make_input(cfg, T, seed=T, device=DEVICE) for T in (5, 6, 7, 8, 11)}
     with use_impl("triton"), torch.no_grad():
         want = {T: unplanned(layer, x) for T, x in xs.items()}  # (a fresh _Hot after this)
-        for T in (5, 6, 7, 5, 6, 7, 7):
+        # 7 takes 5's place, 7 records, 5 takes 6's place and records; then both places hold
+        # plans: 6 and 8 are never recorded
+        for T in (5, 6, 7, 7, 5, 5, 6, 8, 8, 8):
             assert torch.equal(layer(xs[T]), want[T]), f"T={T}"
-        assert planned_tokens(layer) == [5, 6]
+        assert planned_tokens(layer) == [5, 7] and len(layer._hot().plans) == 2
         monkeypatch.setattr(moe_layer, "PLAN_MAX_LARGE", 16)
         monkeypatch.setattr(moe_layer, "PLAN_MAX_WORKSPACE", 1024)
         for _ in range(3):
             assert torch.equal(layer(xs[11]), want[11])
         plans = layer._hot().plans
-        assert planned_tokens(layer) == [5, 6]
+        assert planned_tokens(layer) == [5, 7]
         assert [plans[k] for k in plans if k[1] == 11] == [None]  # recorded, too large: none

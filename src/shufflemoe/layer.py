@@ -75,11 +75,11 @@ class _Hot:
 
 
 # Launch plans (MoE._planned): recorded at a T's first call up to PLAN_MAX_TOKENS (decode, the
-# graph buckets' sizes); past it (prefill) at its second call, for at most PLAN_MAX_LARGE such T a
-# layer, and kept only while the region's allocations fit PLAN_MAX_WORKSPACE (the workspace is
-# held for good: Qwen3-30B-A3B at T = 2048 needs ~200 MiB). Without a plan an eager call past 256
-# tokens costs the host ~1.1-1.3 ms (Triton's JIT launches, allocations, Python; H100 host,
-# benchmarks/profile_host.py --tokens 2048), more than the GPU's time at TP8 widths.
+# graph buckets' sizes); past it (prefill) at its second call, for at most PLAN_MAX_LARGE (region,
+# T) a layer (_seen_once), kept only while the region's allocations fit PLAN_MAX_WORKSPACE (the
+# workspace is held for good: Qwen3-30B-A3B at T = 2048 needs ~200 MiB). Without a plan an eager
+# call past 256 tokens costs the host ~1.1-1.3 ms (Triton's JIT launches, allocations, Python;
+# H100 host, benchmarks/profile_host.py --tokens 2048), more than the GPU's time at TP8 widths.
 PLAN_MAX_TOKENS = 256
 PLAN_MAX_LARGE = 16
 PLAN_MAX_WORKSPACE = 256 << 20
@@ -623,8 +623,7 @@ class MoE(nn.Module):
         if plan is _UNSEEN or plan is _ONCE:
             large = x.shape[0] > PLAN_MAX_TOKENS
             if large and plan is _UNSEEN:  # a prompt length seen once is not worth a recording
-                if sum(k[1] > PLAN_MAX_TOKENS for k in hot.plans) < PLAN_MAX_LARGE:
-                    hot.plans[key] = _ONCE
+                _seen_once(hot.plans, key)
                 return region()
             plan, ran = None, False
             if self.dispatch.mesh is None and _launch.knobs and backend_for(x).name == "triton":
@@ -657,6 +656,19 @@ class MoE(nn.Module):
 
 def _noop() -> None:
     pass
+
+
+def _seen_once(plans: dict, key: tuple) -> None:
+    """Mark ``key`` (a T past PLAN_MAX_TOKENS) as seen once, within PLAN_MAX_LARGE such keys a
+    layer: when they are all taken, the oldest key seen only once gives its place (prompt
+    lengths come and go; recorded plans stay), and when every one holds a plan, nothing."""
+    large = [k for k in plans if k[1] > PLAN_MAX_TOKENS]
+    if len(large) >= PLAN_MAX_LARGE:
+        once = next((k for k in large if plans[k] is _ONCE), None)
+        if once is None:
+            return
+        del plans[once]
+    plans[key] = _ONCE
 
 
 _ONE_EXPERT: dict[tuple[torch.device, int], tuple[tuple[Tensor, ...], ...]] = {}
