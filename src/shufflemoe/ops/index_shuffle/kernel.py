@@ -308,20 +308,25 @@ class RouteConfig:
     place_programs: int = 128  # at most this many place programs: one wave on 132 SMs
 
 
-def route_config(T: int, E: int, k: int, from_scores: bool = True, single_pairs: int = 512,
-                 min_block_pairs: int = 32, max_block_pairs: int = 1024,
-                 score_tile: int = 2048) -> RouteConfig:
+def route_config(T: int, E: int, k: int, from_scores: bool = True, single_pairs: int = 64,
+                 single_scores: int = 4096, min_block_pairs: int = 32,
+                 max_block_pairs: int = 1024, score_tile: int = 2048) -> RouteConfig:
     """Deterministic heuristic. One program while the padded batch has at most ``single_pairs``
-    pairs: a second launch costs more than sorting a few hundred pairs in one program.
-    Otherwise blocks of ``min_block_pairs`` to ``max_block_pairs`` pairs (the sort of one block
-    stays small), as small as keeps the number of blocks near 128 (one wave on 132 SMs). Top-k
-    reads scores in tiles of about ``score_tile`` values. Register counts from ptxas (sm_90):
-    a [128, 128] score tile spilled; [128, 16] took 76-118 registers with 8 warps, [64, 32] 118
-    with 4."""
+    pairs, or for top-1 at most ``single_scores`` scores (T x E padded): there a second launch
+    costs more than one program's top-k and sort. Past that one program's time grows with the
+    pairs while the blocks' stays flat (H100, CUDA graphs, probe_route_single at 572b85f, one
+    program / blocks, us): Qwen3-30B-A3B (E = 128, top-8) T = 8 5.3 / 5.7, T = 16 6.9 / 5.8,
+    T = 64 17.1 / 5.9 (34.5 in the layer's own timeline); Mixtral (E = 8, top-2) T = 128 9.4 /
+    4.8; DeepSeek-like (E = 256, top-8) T = 8 7.5 / 6.3; Llama 4 Scout (E = 16, top-1) T = 256
+    4.1 / 4.5, Maverick (E = 128) T = 128 5.7 / 5.5. Otherwise blocks of ``min_block_pairs`` to
+    ``max_block_pairs`` pairs (the sort of one block stays small), as small as keeps the number
+    of blocks near 128 (one wave on 132 SMs). Top-k reads scores in tiles of about
+    ``score_tile`` values. Register counts from ptxas (sm_90): a [128, 128] score tile spilled;
+    [128, 16] took 76-118 registers with 8 warps, [64, 32] 118 with 4."""
     kp = next_power_of_2(k)
     be = max(16, next_power_of_2(E)) if from_scores else 16
     t2 = next_power_of_2(max(T, 1))
-    single = t2 * kp <= single_pairs
+    single = t2 * kp <= single_pairs or (kp == 1 and t2 * be <= single_scores)
     if single:
         bt = max(t2, 16 // kp)
     else:
