@@ -1,8 +1,8 @@
 """Top-k with one block reduction a round, measured against index_shuffle's own (offline SASS on
 any machine; CUDA-graph timings on a GPU).
 
-    PYTHONPATH=src python benchmarks/probe_route_topk.py --sass            (no GPU needed)
-    PYTHONPATH=src python benchmarks/probe_route_topk.py --out $OUT        (a GPU, ~1 minute)
+    PYTHONPATH=src:benchmarks python benchmarks/probe_route_topk.py --sass       (no GPU needed)
+    PYTHONPATH=src:benchmarks python benchmarks/probe_route_topk.py --out $OUT   (a GPU, ~1 min)
 
 At decode the routing is one program (route_config: up to 64 pairs), and each of its k top-k
 rounds makes two block-wide reductions: the best key, then the lowest expert index holding it.
@@ -32,18 +32,11 @@ import torch
 import triton
 import triton.language as tl
 
+from probe_route_single import SHAPES  # the router shapes (E, k, scoring, renormalize)
 from shufflemoe.ops.index_shuffle import kernel as K
 from shufflemoe.ops.index_shuffle.kernel import (SCORING_IDS, _SENTINEL, _key_value, _load_scores,
                                                  _score_keys, route_config)
 
-SHAPES = {  # name: (E, k, scoring, renormalize)
-    "llama4-scout (E=16, top-1, sigmoid)": (16, 1, "sigmoid", False),
-    "llama4-maverick (E=128, top-1, sigmoid)": (128, 1, "sigmoid", False),
-    "qwen3 (E=128, top-8, softmax)": (128, 8, "softmax", True),
-    "mixtral (E=8, top-2, softmax)": (8, 2, "softmax", True),
-    "gpt-oss (E=128, top-4, softmax)": (128, 4, "softmax", True),
-    "deepseek-like (E=256, top-8, sigmoid)": (256, 8, "sigmoid", True),
-}
 TOKENS = (1, 2, 4, 8)
 SETS = 64
 FIELDS = ("counts", "token_ids", "expert_ids", "weights", "num_valid", "positions")
