@@ -39,15 +39,10 @@ ROWS, BLOCK_K, WARPS = 32, 512, 4
 @triton.jit
 def _row_halves_f16(ptr, row, w, ok, k0, k_hi, K, HAS_W: tl.constexpr, INTERPRET: tl.constexpr,
                     BLOCK_K: tl.constexpr):
-    """kernel._row_halves as fp16 (HAS_W, INTERPRET unused: the bf16 path on a GPU)."""
-    g = tl.arange(0, BLOCK_K // 32)
-    ks = k0 + g[:, None] * 32 + 2 * tl.arange(0, 16)[None, :]
-    m = ok & (ks < k_hi)
-    src = ptr + row * K
-    even = tl.load(src + ks, mask=m, other=0.0)
-    odd = tl.load(src + ks + 1, mask=m, other=0.0)
-    # stand-in for the per-token power of two that keeps products in fp16's range
-    return (even.to(tl.float32) * 64.0).to(tl.float16), (odd.to(tl.float32) * 64.0).to(tl.float16)
+    """kernel._row_halves as fp16, times a constant power of two (the stand-in for the per-token
+    one that would keep the products in fp16's range)."""
+    even, odd = KM._row_halves(ptr, row, w, ok, k0, k_hi, K, HAS_W, INTERPRET, BLOCK_K)
+    return (even * 64.0).to(tl.float16), (odd * 64.0).to(tl.float16)
 
 
 @triton.jit
