@@ -79,7 +79,9 @@ def _route_kernel_with(topk):
     """The route kernel's source with ``topk`` in place of _topk (a new JIT function)."""
     fn = K._route_kernel.fn
     fn_globals = dict(fn.__globals__, _topk=topk)
-    return triton.jit(types.FunctionType(fn.__code__, fn_globals, fn.__name__, fn.__defaults__))
+    copy = types.FunctionType(fn.__code__, fn_globals, fn.__name__, fn.__defaults__)
+    copy.__annotations__ = fn.__annotations__  # (tl.constexpr parameters are known by these)
+    return triton.jit(copy)
 
 
 KERNELS = {"two reductions": K._route_kernel, "packed": _route_kernel_with(_topk_packed)}
