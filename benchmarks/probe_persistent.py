@@ -62,6 +62,15 @@ def _await(word_ptr, target, flag_ptr):
 
 
 @triton.jit
+def _stamp(times_ptr, pid, i: tl.constexpr, TIMES: tl.constexpr):
+    """times[pid, i] = the global timer (ns), where TIMES."""
+    if TIMES:
+        t = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64,
+                                      is_pure=False, pack=1)
+        tl.store(times_ptr + pid * 8 + i, t)
+
+
+@triton.jit
 def _pick(logit_ptr, scaling, E: tl.constexpr, EP: tl.constexpr, K: tl.constexpr,
           KP: tl.constexpr, SCORING: tl.constexpr, RENORM: tl.constexpr):
     """Top-k of the E logits: (ids [KP], weights [KP]); one int64 max a round over (key,
@@ -158,15 +167,16 @@ def _gate_up_rows(x_ptr, w_ptr, a_ptr, n0, n_stop, half, xw, SCALE_X: tl.constex
 
 @triton.jit
 def _persistent_kernel(x_ptr, wr_ptr, w13_ptr, w2_ptr, sw13_ptr, sw2_ptr, logit_ptr, a_ptr,
-                       sync_ptr, flag_ptr, out_ptr, scaling,
+                       sync_ptr, flag_ptr, out_ptr, times_ptr, scaling,
                        D: tl.constexpr, I: tl.constexpr, IS: tl.constexpr, E: tl.constexpr,
                        EP: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, NP: tl.constexpr,
                        SCORING: tl.constexpr, RENORM: tl.constexpr, ON_INPUT: tl.constexpr,
                        RBD: tl.constexpr, G_RC: tl.constexpr, G_BN: tl.constexpr,
                        G_BK: tl.constexpr, D_RC: tl.constexpr, D_BN: tl.constexpr,
                        D_BK: tl.constexpr, MODE: tl.constexpr, PHASE: tl.constexpr,
-                       INTERPRET: tl.constexpr):
+                       INTERPRET: tl.constexpr, TIMES: tl.constexpr = False):
     pid = tl.program_id(0)
+    _stamp(times_ptr, pid, 0, TIMES)
     ALL: tl.constexpr = PHASE == 0
     # 1. router rows e = pid, pid + NP, ...
     if ALL or PHASE == 1:
@@ -181,6 +191,7 @@ def _persistent_kernel(x_ptr, wr_ptr, w13_ptr, w2_ptr, sw13_ptr, sw2_ptr, logit_
                 acc += x * w
             tl.store(logit_ptr + e, cast_to(tl.sum(acc, 0), logit_ptr.dtype.element_ty, INTERPRET))
             e += NP
+        _stamp(times_ptr, pid, 1, TIMES)
         if ALL:
             _arrive(sync_ptr)
     # 2. gate_up: items = the shared expert's row chunks, then each pair's
@@ -192,9 +203,11 @@ def _persistent_kernel(x_ptr, wr_ptr, w13_ptr, w2_ptr, sw13_ptr, sw2_ptr, logit_
             _gate_up_rows(x_ptr, sw13_ptr, a_ptr, it * G_RC, tl.minimum(it * G_RC + G_RC, IS),
                           IS, 1.0, False, D, G_BN, G_BK, MODE, INTERPRET)
             it += NP
+        _stamp(times_ptr, pid, 2, TIMES)
         if ALL:
             _await(sync_ptr, NP, flag_ptr)
         ids, ws = _pick(logit_ptr, scaling, E, EP, K, KP, SCORING, RENORM)
+        _stamp(times_ptr, pid, 3, TIMES)
         jj = tl.arange(0, KP)
         it = pid + NP * ((tl.maximum(NS - pid, 0) + NP - 1) // NP)
         while it < NS + K * NR:
@@ -206,12 +219,14 @@ def _persistent_kernel(x_ptr, wr_ptr, w13_ptr, w2_ptr, sw13_ptr, sw2_ptr, logit_
                           c * G_RC, tl.minimum(c * G_RC + G_RC, I), I, xw, ON_INPUT, D, G_BN,
                           G_BK, MODE, INTERPRET)
             it += NP
+        _stamp(times_ptr, pid, 4, TIMES)
         if ALL:
             _arrive(sync_ptr + 1)
     # 3. down: D rows in chunks, shared row first, then the pairs in choice order
     if ALL or PHASE == 3:
         if ALL:
             _await(sync_ptr + 1, NP, flag_ptr)
+            _stamp(times_ptr, pid, 5, TIMES)
         else:
             ids, ws = _pick(logit_ptr, scaling, E, EP, K, KP, SCORING, RENORM)
             jj = tl.arange(0, KP)
@@ -232,6 +247,7 @@ def _persistent_kernel(x_ptr, wr_ptr, w13_ptr, w2_ptr, sw13_ptr, sw2_ptr, logit_
                 acc += y
             tl.store(out_ptr + d, cast_to(acc, out_ptr.dtype.element_ty, INTERPRET), mask=dok)
             it += NP
+        _stamp(times_ptr, pid, 6, TIMES)
         if ALL:  # the last program out puts the words back to zero
             tl.debug_barrier()
             if tl.atomic_add(sync_ptr + 2, 1, sem="acq_rel", scope="gpu") == NP - 1:
@@ -275,6 +291,7 @@ class Persistent:
         self.a = torch.empty(IS + K * I, dtype=cfg.dtype, device=dev)
         self.sync = torch.zeros(4, dtype=torch.int32, device=dev)
         self.flag = torch.zeros(1, dtype=torch.int32, device=dev)
+        self.times = torch.zeros(programs, 8, dtype=torch.int64, device=dev)
         self.scaling = float(cfg.routed_scaling_factor)
         none = layer.w13[:0]
         self.args = (layer.router_weight, layer.w13, layer.w2,
@@ -285,7 +302,7 @@ class Persistent:
         the waits need every program resident."""
         k = _persistent_kernel.warmup(
             x, *self.args, self.logits, self.a, self.sync, self.flag, torch.empty_like(x),
-            self.scaling, **self.meta, PHASE=0, INTERPRET=False, num_warps=self.warps,
+            self.times, self.scaling, **self.meta, PHASE=0, INTERPRET=False, num_warps=self.warps,
             num_stages=self.stages, grid=(self.np,))
         k._init_handles()
         regs, smem = k.n_regs, k.metadata.shared
@@ -294,11 +311,13 @@ class Persistent:
                   64 // self.warps, 32)
         return fit, regs, smem
 
-    def __call__(self, x: torch.Tensor, phased: bool = False) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, phased: bool = False, times: bool = False
+                 ) -> torch.Tensor:
         out = torch.empty_like(x)
         for phase in ((1, 2, 3) if phased else (0,)):
             _persistent_kernel[(self.np,)](
-                x, *self.args, self.logits, self.a, self.sync, self.flag, out, self.scaling,
+                x, *self.args, self.logits, self.a, self.sync, self.flag, out, self.times,
+                self.scaling, TIMES=times,
                 **self.meta, PHASE=phase, INTERPRET=os.environ.get("TRITON_INTERPRET") == "1",
                 num_warps=self.warps, num_stages=self.stages)
         return out
@@ -361,9 +380,28 @@ def check_small() -> None:
                 assert err < 1e-2, err
 
 
+STAMPS = ("start", "router done", "shared gate_up done", "routing known", "gate_up done",
+          "all gate_up seen", "down done")
+
+
+def phases(ps: list[Persistent], xs: list[torch.Tensor]) -> dict:
+    """Per stamp: (min, median, max) over programs of its time after the first program's
+    start, us, the median of each over calls (eager, one at a time)."""
+    per_call = []
+    for i, x in enumerate(xs * 4):
+        p = ps[i % len(ps)]
+        p(x, times=True)
+        torch.cuda.synchronize()
+        t = p.times.double()
+        t = (t - t[:, 0].min()) / 1e3
+        per_call.append(torch.stack([t.min(0).values, t.median(0).values, t.max(0).values], 1))
+    med = torch.stack(per_call).median(0).values[:len(STAMPS)]
+    return {name: [round(v, 2) for v in med[i].tolist()] for i, name in enumerate(STAMPS)}
+
+
 CASES = [("llama4-scout", 8), ("qwen3-30b-a3b", 1), ("llama4-maverick", 8), ("mixtral-8x7b", 2)]
 # (MODE, programs an SM, warps)
-VARIANTS = [(0, 2, 8), (1, 2, 8), (0, 4, 4), (1, 4, 4), (1, 2, 4), (1, 8, 2)]
+VARIANTS = [(0, 2, 8), (0, 4, 4), (1, 4, 4)]
 
 
 def main() -> None:
@@ -427,6 +465,7 @@ def main() -> None:
                        **{f"{k}_us": v.median_us for k, v in t.items()},
                        **{f"{k}_p20_p80": [v.p20_us, v.p80_us] for k, v in t.items()})
             row["pct_read"] = {k: 100 * floor_us / v.median_us for k, v in t.items()}
+            row["phases_us"] = phases(ps, xs)
             rows.append(row)
             print({k: v for k, v in row.items() if k != "meta"}, flush=True)
             if args.out:  # after every row: a call cut short keeps what it measured
