@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 
 from shufflemoe import MoE, preset
-from shufflemoe.ops.index_shuffle.kernel import SCORING_IDS, _SENTINEL, _key_value, _score_keys
+from shufflemoe.ops.index_shuffle.kernel import SCORING_IDS, _SENTINEL, _score_keys
 from shufflemoe.ops.quantize.kernel import cast_to
 from shufflemoe.ops.silu_mul.kernel import glu_f32
 
@@ -51,11 +51,14 @@ def _arrive(word_ptr):
 
 @triton.jit
 def _await(word_ptr, target, flag_ptr):
-    n = tl.atomic_add(word_ptr, 0, sem="acquire", scope="gpu")
+    """Wait until *word_ptr >= target: plain (volatile) loads while waiting, so waiting programs
+    do not queue atomics on the word behind the arrivals; one acquire once it is reached."""
+    n = tl.load(word_ptr, volatile=True)
     polls = 0
     while (n < target) & (polls < 1048576):
-        n = tl.atomic_add(word_ptr, 0, sem="acquire", scope="gpu")
+        n = tl.load(word_ptr, volatile=True)
         polls += 1
+    n = tl.atomic_add(word_ptr, 0, sem="acquire", scope="gpu")
     if n < target:
         tl.store(flag_ptr, 1)
     tl.debug_barrier()
@@ -73,23 +76,27 @@ def _stamp(times_ptr, pid, i: tl.constexpr, TIMES: tl.constexpr):
 @triton.jit
 def _pick(logit_ptr, scaling, E: tl.constexpr, EP: tl.constexpr, K: tl.constexpr,
           KP: tl.constexpr, SCORING: tl.constexpr, RENORM: tl.constexpr):
-    """Top-k of the E logits: (ids [KP], weights [KP]); one int64 max a round over (key,
-    EP - 1 - column), so ties go to the lower expert, as index_shuffle's."""
+    """Top-k of the E logits: (ids [KP], weights [KP]). Each expert's rank (the experts with a
+    higher key, or an equal key and a lower id: ties go to the lower expert, as index_shuffle's)
+    from one [EP, EP] comparison, then the k picks from one [KP, EP] match: two reductions,
+    not k rounds of them."""
     cols = tl.arange(0, EP)
     s = tl.load(logit_ptr + cols, mask=cols < E, other=float("-inf"),
                 cache_modifier=".cg").to(tl.float32)
     key = tl.where(cols < E, _score_keys(s), _SENTINEL)
-    packed = (key.to(tl.int64) << 32) | (EP - 1 - cols).to(tl.int64)
-    taken = tl.full([EP], _SENTINEL, tl.int64) << 32
+    rank = tl.zeros([EP], tl.int32)
+    CH: tl.constexpr = 32 if EP > 32 else EP  # columns compared at a time (registers)
+    for c0 in tl.static_range(0, EP, CH):
+        cj = c0 + tl.arange(0, CH)
+        sj = tl.load(logit_ptr + cj, mask=cj < E, other=float("-inf"),
+                     cache_modifier=".cg").to(tl.float32)
+        kj = tl.where(cj < E, _score_keys(sj), _SENTINEL)[None, :]
+        ahead = (kj > key[:, None]) | ((kj == key[:, None]) & (cj[None, :] < cols[:, None]))
+        rank += tl.sum(ahead.to(tl.int32), 1)
     jj = tl.arange(0, KP)
-    ids = tl.zeros([KP], tl.int32)
-    vals = tl.zeros([KP], tl.float32)
-    for j in tl.static_range(K):
-        m = tl.max(packed, 0)
-        idx = (EP - 1) - (m & 0xFFFFFFFF).to(tl.int32)
-        packed = tl.where(cols == idx, taken, packed)
-        ids = tl.where(jj == j, idx, ids)
-        vals = tl.where(jj == j, _key_value((m >> 32).to(tl.int32)), vals)
+    hit = rank[None, :] == jj[:, None]
+    ids = tl.sum(tl.where(hit, cols[None, :], 0), 1)
+    vals = tl.sum(tl.where(hit, s[None, :], 0.0), 1)
     if SCORING == 1:
         rmax = tl.max(s, 0)
         w = tl.math.div_rn(tl.exp(vals - rmax), tl.sum(tl.exp(s - rmax), 0))
@@ -166,18 +173,36 @@ def _gate_up_rows(x_ptr, w_ptr, a_ptr, n0, n_stop, half, xw, SCALE_X: tl.constex
 
 
 @triton.jit
+def _down_tiles(w2_ptr, sw2_ptr, it, kk, e_seg, seg_ok, shared_seg, D: tl.constexpr,
+                I: tl.constexpr, D_RC: tl.constexpr, D_BN: tl.constexpr, D_BK: tl.constexpr):
+    """Down's weight tiles [SP, D_BN, D_BK] of item it (rows it * D_RC ..) at K columns kk
+    ([D_BK]): segment s is the shared expert's w2 where shared_seg, else expert e_seg[s]'s."""
+    d = it * D_RC + tl.arange(0, D_BN)
+    dok = (d < it * D_RC + D_RC) & (d < D)
+    off = d.to(tl.int64)[None, :, None] * I + kk[None, None, :]
+    routed = w2_ptr + e_seg.to(tl.int64)[:, None, None] * (D * I) + off
+    ptr = tl.where(shared_seg[:, None, None], sw2_ptr + off, routed)
+    ok = seg_ok[:, None, None] & dok[None, :, None] & (kk < I)[None, None, :]
+    return tl.load(ptr, mask=ok, other=0.0)
+
+
+@triton.jit
 def _persistent_kernel(x_ptr, wr_ptr, w13_ptr, w2_ptr, sw13_ptr, sw2_ptr, logit_ptr, a_ptr,
                        sync_ptr, flag_ptr, out_ptr, times_ptr, scaling,
                        D: tl.constexpr, I: tl.constexpr, IS: tl.constexpr, E: tl.constexpr,
                        EP: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, NP: tl.constexpr,
                        SCORING: tl.constexpr, RENORM: tl.constexpr, ON_INPUT: tl.constexpr,
-                       RBD: tl.constexpr, G_RC: tl.constexpr, G_BN: tl.constexpr,
+                       RBD: tl.constexpr, S_RC: tl.constexpr, S_BN: tl.constexpr,
+                       S_BK: tl.constexpr, G_RC: tl.constexpr, G_BN: tl.constexpr,
                        G_BK: tl.constexpr, D_RC: tl.constexpr, D_BN: tl.constexpr,
-                       D_BK: tl.constexpr, MODE: tl.constexpr, PHASE: tl.constexpr,
-                       INTERPRET: tl.constexpr, TIMES: tl.constexpr = False):
+                       D_BK: tl.constexpr, SP: tl.constexpr, MODE: tl.constexpr,
+                       PHASE: tl.constexpr, INTERPRET: tl.constexpr,
+                       TIMES: tl.constexpr = False):
     pid = tl.program_id(0)
     _stamp(times_ptr, pid, 0, TIMES)
     ALL: tl.constexpr = PHASE == 0
+    HS: tl.constexpr = 1 if IS > 0 else 0  # segments of a and of down: the shared expert's
+    # first (IS = I), then each pair's, at a[s * I]
     # 1. router rows e = pid, pid + NP, ...
     if ALL or PHASE == 1:
         e = pid
@@ -189,19 +214,20 @@ def _persistent_kernel(x_ptr, wr_ptr, w13_ptr, w2_ptr, sw13_ptr, sw2_ptr, logit_
                 x = tl.load(x_ptr + k, mask=kok, other=0.0).to(tl.float32)
                 w = tl.load(wr_ptr + e.to(tl.int64) * D + k, mask=kok, other=0.0).to(tl.float32)
                 acc += x * w
-            tl.store(logit_ptr + e, cast_to(tl.sum(acc, 0), logit_ptr.dtype.element_ty, INTERPRET))
+            tl.store(logit_ptr + e, cast_to(tl.sum(acc, 0), logit_ptr.dtype.element_ty,
+                                            INTERPRET))
             e += NP
         _stamp(times_ptr, pid, 1, TIMES)
         if ALL:
             _arrive(sync_ptr)
-    # 2. gate_up: items = the shared expert's row chunks, then each pair's
-    NS: tl.constexpr = (IS + G_RC - 1) // G_RC
+    # 2. gate_up: the shared expert's rows (S_RC an item), then the pairs' (G_RC an item)
+    NS: tl.constexpr = (IS + S_RC - 1) // S_RC
     NR: tl.constexpr = (I + G_RC - 1) // G_RC
     if ALL or PHASE == 2:
         it = pid
         while it < NS:
-            _gate_up_rows(x_ptr, sw13_ptr, a_ptr, it * G_RC, tl.minimum(it * G_RC + G_RC, IS),
-                          IS, 1.0, False, D, G_BN, G_BK, MODE, INTERPRET)
+            _gate_up_rows(x_ptr, sw13_ptr, a_ptr, it * S_RC, tl.minimum(it * S_RC + S_RC, IS),
+                          IS, 1.0, False, D, S_BN, S_BK, MODE, INTERPRET)
             it += NP
         _stamp(times_ptr, pid, 2, TIMES)
         if ALL:
@@ -209,10 +235,10 @@ def _persistent_kernel(x_ptr, wr_ptr, w13_ptr, w2_ptr, sw13_ptr, sw2_ptr, logit_
         ids, ws = _pick(logit_ptr, scaling, E, EP, K, KP, SCORING, RENORM)
         _stamp(times_ptr, pid, 3, TIMES)
         jj = tl.arange(0, KP)
-        it = pid + NP * ((tl.maximum(NS - pid, 0) + NP - 1) // NP)
-        while it < NS + K * NR:
-            j = (it - NS) // NR
-            c = (it - NS) % NR
+        it = pid
+        while it < K * NR:
+            j = it // NR
+            c = it % NR
             e = tl.sum(tl.where(jj == j, ids, 0), 0)
             xw = tl.sum(tl.where(jj == j, ws, 0.0), 0)
             _gate_up_rows(x_ptr, w13_ptr + e.to(tl.int64) * (2 * I * D), a_ptr + IS + j * I,
@@ -222,31 +248,48 @@ def _persistent_kernel(x_ptr, wr_ptr, w13_ptr, w2_ptr, sw13_ptr, sw2_ptr, logit_
         _stamp(times_ptr, pid, 4, TIMES)
         if ALL:
             _arrive(sync_ptr + 1)
-    # 3. down: D rows in chunks, shared row first, then the pairs in choice order
+    # 3. down: items of D_RC rows; every segment's tile of a K step loaded at once, the first
+    # step's weights before the wait for gate_up (they do not depend on it)
     if ALL or PHASE == 3:
+        if not ALL:
+            ids, ws = _pick(logit_ptr, scaling, E, EP, K, KP, SCORING, RENORM)
+            jj = tl.arange(0, KP)
+        seg = tl.arange(0, SP)
+        seg_ok = seg < K + HS
+        pair = seg - HS
+        shared_seg = seg < HS
+        hitp = pair[:, None] == jj[None, :]
+        e_seg = tl.sum(tl.where(hitp, ids[None, :], 0), 1)
+        if ON_INPUT:
+            coef = tl.where(seg_ok, 1.0, 0.0)
+        else:
+            coef = tl.where(shared_seg, 1.0, tl.sum(tl.where(hitp, ws[None, :], 0.0), 1))
+        ND: tl.constexpr = (D + D_RC - 1) // D_RC
+        kk = tl.arange(0, D_BK)
+        it = pid
+        w = _down_tiles(w2_ptr, sw2_ptr, it, kk, e_seg, seg_ok & (it < ND), shared_seg, D, I,
+                        D_RC, D_BN, D_BK)
         if ALL:
             _await(sync_ptr + 1, NP, flag_ptr)
             _stamp(times_ptr, pid, 5, TIMES)
-        else:
-            ids, ws = _pick(logit_ptr, scaling, E, EP, K, KP, SCORING, RENORM)
-            jj = tl.arange(0, KP)
-        it = pid
-        while it < (D + D_RC - 1) // D_RC:
+        while it < ND:
+            acc = tl.zeros([SP, D_BN], tl.float32)
+            for k0 in range(0, I, D_BK):
+                k = k0 + kk
+                nxt = _down_tiles(w2_ptr, sw2_ptr, it, k + D_BK, e_seg, seg_ok, shared_seg, D,
+                                  I, D_RC, D_BN, D_BK)
+                av = tl.load(a_ptr + seg[:, None] * I + k[None, :],
+                             mask=seg_ok[:, None] & (k < I)[None, :], other=0.0,
+                             cache_modifier=".cg")
+                acc += tl.sum(w.to(tl.float32) * av.to(tl.float32)[:, None, :], 2)
+                w = nxt
+            y = tl.sum(acc * coef[:, None], 0)
             d = it * D_RC + tl.arange(0, D_BN)
             dok = (d < it * D_RC + D_RC) & (d < D)
-            acc = tl.zeros([D_BN], tl.float32)
-            if IS > 0:
-                acc += _rows_dot(sw2_ptr, d, d, dok, a_ptr, 1.0, False, False, IS, D_BN, D_BK,
-                                 MODE, INTERPRET)[0]
-            for j in range(K):
-                e = tl.sum(tl.where(jj == j, ids, 0), 0)
-                y = _rows_dot(w2_ptr + e.to(tl.int64) * (D * I), d, d, dok, a_ptr + IS + j * I,
-                              1.0, False, False, I, D_BN, D_BK, MODE, INTERPRET)[0]
-                if not ON_INPUT:
-                    y = y * tl.sum(tl.where(jj == j, ws, 0.0), 0)
-                acc += y
-            tl.store(out_ptr + d, cast_to(acc, out_ptr.dtype.element_ty, INTERPRET), mask=dok)
+            tl.store(out_ptr + d, cast_to(y, out_ptr.dtype.element_ty, INTERPRET), mask=dok)
             it += NP
+            w = _down_tiles(w2_ptr, sw2_ptr, it, kk, e_seg, seg_ok & (it < ND), shared_seg, D,
+                            I, D_RC, D_BN, D_BK)
         _stamp(times_ptr, pid, 6, TIMES)
         if ALL:  # the last program out puts the words back to zero
             tl.debug_barrier()
@@ -271,22 +314,27 @@ class Persistent:
     def __init__(self, layer: MoE, programs: int, warps: int = 8, stages: int = 3,
                  tile: int | None = None, mode: int = 0):
         cfg = layer.config
-        tile = tile or 1024 * warps  # elements of one row set's tile a K step: 32 a thread
+        tile = tile or 512 * warps  # elements of one tile a K step: 16 a thread
         self.layer, self.np, self.warps, self.stages = layer, programs, warps, stages
         D, I, E, K = cfg.hidden_size, cfg.intermediate_size, cfg.num_experts, cfg.top_k
         IS = cfg.shared_intermediate_size if layer.shared_w13 is not None else 0
         dev = layer.w13.device
-        g_rc = _items(([IS] if IS else []) + [I] * K, programs)
+        if IS not in (0, I):
+            raise ValueError("the probe takes a shared expert of the routed experts' width")
+        s_rc = _items([IS], programs) if IS else 1
+        g_rc = _items([I] * K, programs)
+        sp = triton.next_power_of_2(K + (IS > 0))
         d_rc = _items([D], programs)
-        g_bn, d_bn = triton.next_power_of_2(g_rc), triton.next_power_of_2(d_rc)
+        s_bn, g_bn = triton.next_power_of_2(s_rc), triton.next_power_of_2(g_rc)
+        d_bn = triton.next_power_of_2(d_rc)
+        pd = triton.next_power_of_2(D)
         self.meta = dict(
             D=D, I=I, IS=IS, E=E, EP=max(16, triton.next_power_of_2(E)), K=K,
             KP=triton.next_power_of_2(K), NP=programs, SCORING=SCORING_IDS[cfg.scoring],
             RENORM=cfg.renormalize, ON_INPUT=cfg.apply_router_weight_on_input,
-            RBD=min(triton.next_power_of_2(D), 4096), G_RC=g_rc, G_BN=g_bn,
-            G_BK=min(triton.next_power_of_2(D), max(16, tile // g_bn)), D_RC=d_rc,
-            D_BN=d_bn, D_BK=min(triton.next_power_of_2(max(I, IS or I)), max(16, tile // d_bn)),
-            MODE=mode)
+            RBD=min(pd, tile), S_RC=s_rc, S_BN=s_bn, S_BK=min(pd, max(16, tile // s_bn)),
+            G_RC=g_rc, G_BN=g_bn, G_BK=min(pd, max(16, tile // g_bn)), D_RC=d_rc, D_BN=d_bn,
+            D_BK=min(triton.next_power_of_2(I), max(16, tile // (sp * d_bn))), SP=sp, MODE=mode)
         self.logits = torch.empty(E, dtype=cfg.dtype, device=dev)
         self.a = torch.empty(IS + K * I, dtype=cfg.dtype, device=dev)
         self.sync = torch.zeros(4, dtype=torch.int32, device=dev)
@@ -297,13 +345,13 @@ class Persistent:
         self.args = (layer.router_weight, layer.w13, layer.w2,
                      none if not IS else layer.shared_w13, none if not IS else layer.shared_w2)
 
-    def per_sm(self, x: torch.Tensor) -> tuple[int, int, int]:
-        """(programs an SM can hold, registers a thread, shared bytes) of the compiled kernel:
-        the waits need every program resident."""
+    def per_sm(self, x: torch.Tensor, times: bool = False) -> tuple[int, int, int]:
+        """(programs an SM can hold, registers a thread, shared bytes) of the compiled kernel
+        (with the stamps where ``times``): the waits need every program resident."""
         k = _persistent_kernel.warmup(
             x, *self.args, self.logits, self.a, self.sync, self.flag, torch.empty_like(x),
             self.times, self.scaling, **self.meta, PHASE=0, INTERPRET=False, num_warps=self.warps,
-            num_stages=self.stages, grid=(self.np,))
+            num_stages=self.stages, grid=(self.np,), TIMES=times)
         k._init_handles()
         regs, smem = k.n_regs, k.metadata.shared
         warp_regs = -(-regs * 32 // 256) * 256
@@ -387,6 +435,9 @@ STAMPS = ("start", "router done", "shared gate_up done", "routing known", "gate_
 def phases(ps: list[Persistent], xs: list[torch.Tensor]) -> dict:
     """Per stamp: (min, median, max) over programs of its time after the first program's
     start, us, the median of each over calls (eager, one at a time)."""
+    fit = ps[0].per_sm(xs[0], times=True)[0]
+    if fit * torch.cuda.get_device_properties(0).multi_processor_count < ps[0].np:
+        return {"not resident with the stamps": fit}
     per_call = []
     for i, x in enumerate(xs * 4):
         p = ps[i % len(ps)]
@@ -401,7 +452,7 @@ def phases(ps: list[Persistent], xs: list[torch.Tensor]) -> dict:
 
 CASES = [("llama4-scout", 8), ("qwen3-30b-a3b", 1), ("llama4-maverick", 8), ("mixtral-8x7b", 2)]
 # (MODE, programs an SM, warps)
-VARIANTS = [(0, 2, 8), (0, 4, 4), (1, 4, 4)]
+VARIANTS = [(0, 4, 4), (1, 4, 4), (0, 3, 4), (0, 2, 8)]
 
 
 def main() -> None:
