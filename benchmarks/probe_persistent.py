@@ -51,14 +51,13 @@ def _arrive(word_ptr):
 
 @triton.jit
 def _await(word_ptr, target, flag_ptr):
-    """Wait until *word_ptr >= target: plain (volatile) loads while waiting, so waiting programs
-    do not queue atomics on the word behind the arrivals; one acquire once it is reached."""
-    n = tl.load(word_ptr, volatile=True)
+    """Wait until *word_ptr >= target: one thread's acquire atomics (plain loads by every
+    thread of 500 programs queued behind the arrivals: 2-4 us a wait, H100)."""
+    n = tl.atomic_add(word_ptr, 0, sem="acquire", scope="gpu")
     polls = 0
     while (n < target) & (polls < 1048576):
-        n = tl.load(word_ptr, volatile=True)
+        n = tl.atomic_add(word_ptr, 0, sem="acquire", scope="gpu")
         polls += 1
-    n = tl.atomic_add(word_ptr, 0, sem="acquire", scope="gpu")
     if n < target:
         tl.store(flag_ptr, 1)
     tl.debug_barrier()
@@ -81,15 +80,15 @@ def _pick(logit_ptr, scaling, E: tl.constexpr, EP: tl.constexpr, K: tl.constexpr
     from one [EP, EP] comparison, then the k picks from one [KP, EP] match: two reductions,
     not k rounds of them."""
     cols = tl.arange(0, EP)
-    s = tl.load(logit_ptr + cols, mask=cols < E, other=float("-inf"),
-                cache_modifier=".cg").to(tl.float32)
+    # (cached in L1: this SM has not read the logits before they were final, and the chunks'
+    # reloads below then come from L1, not L2)
+    s = tl.load(logit_ptr + cols, mask=cols < E, other=float("-inf")).to(tl.float32)
     key = tl.where(cols < E, _score_keys(s), _SENTINEL)
     rank = tl.zeros([EP], tl.int32)
     CH: tl.constexpr = 32 if EP > 32 else EP  # columns compared at a time (registers)
     for c0 in tl.static_range(0, EP, CH):
         cj = c0 + tl.arange(0, CH)
-        sj = tl.load(logit_ptr + cj, mask=cj < E, other=float("-inf"),
-                     cache_modifier=".cg").to(tl.float32)
+        sj = tl.load(logit_ptr + cj, mask=cj < E, other=float("-inf")).to(tl.float32)
         kj = tl.where(cj < E, _score_keys(sj), _SENTINEL)[None, :]
         ahead = (kj > key[:, None]) | ((kj == key[:, None]) & (cj[None, :] < cols[:, None]))
         rank += tl.sum(ahead.to(tl.int32), 1)
@@ -195,7 +194,8 @@ def _persistent_kernel(x_ptr, wr_ptr, w13_ptr, w2_ptr, sw13_ptr, sw2_ptr, logit_
                        RBD: tl.constexpr, S_RC: tl.constexpr, S_BN: tl.constexpr,
                        S_BK: tl.constexpr, G_RC: tl.constexpr, G_BN: tl.constexpr,
                        G_BK: tl.constexpr, D_RC: tl.constexpr, D_BN: tl.constexpr,
-                       D_BK: tl.constexpr, SP: tl.constexpr, MODE: tl.constexpr,
+                       D_BK: tl.constexpr, SP: tl.constexpr, SPLIT: tl.constexpr,
+                       MODE: tl.constexpr,
                        PHASE: tl.constexpr, INTERPRET: tl.constexpr,
                        TIMES: tl.constexpr = False):
     pid = tl.program_id(0)
@@ -219,23 +219,27 @@ def _persistent_kernel(x_ptr, wr_ptr, w13_ptr, w2_ptr, sw13_ptr, sw2_ptr, logit_
             e += NP
         _stamp(times_ptr, pid, 1, TIMES)
         if ALL:
-            _arrive(sync_ptr)
+            if pid < E:  # only the programs with router rows arrive
+                _arrive(sync_ptr)
     # 2. gate_up: the shared expert's rows (S_RC an item), then the pairs' (G_RC an item)
     NS: tl.constexpr = (IS + S_RC - 1) // S_RC
     NR: tl.constexpr = (I + G_RC - 1) // G_RC
     if ALL or PHASE == 2:
         it = pid
-        while it < NS:
+        while it < NS:  # (SPLIT: programs NS.. have none, they take the pairs' first)
             _gate_up_rows(x_ptr, sw13_ptr, a_ptr, it * S_RC, tl.minimum(it * S_RC + S_RC, IS),
                           IS, 1.0, False, D, S_BN, S_BK, MODE, INTERPRET)
             it += NP
         _stamp(times_ptr, pid, 2, TIMES)
         if ALL:
-            _await(sync_ptr, NP, flag_ptr)
+            _await(sync_ptr, E if E < NP else NP, flag_ptr)
         ids, ws = _pick(logit_ptr, scaling, E, EP, K, KP, SCORING, RENORM)
         _stamp(times_ptr, pid, 3, TIMES)
         jj = tl.arange(0, KP)
-        it = pid
+        if SPLIT:  # pair items continue the shared ones' numbering: item NS + r on (NS + r) % NP
+            it = ((pid - NS) % NP + NP) % NP
+        else:
+            it = pid
         while it < K * NR:
             j = it // NR
             c = it % NR
@@ -312,17 +316,22 @@ class Persistent:
     """layer (T = 1, bf16, SwiGLU, plain shared expert or none) as one launch."""
 
     def __init__(self, layer: MoE, programs: int, warps: int = 8, stages: int = 3,
-                 tile: int | None = None, mode: int = 0):
+                 tile: int | None = None, mode: int = 0, split: bool = False):
         cfg = layer.config
-        tile = tile or 512 * warps  # elements of one tile a K step: 16 a thread
+        # elements of one tile a K step: 32 a thread (16 with the prefetch); down's 32
+        tile = tile or (512 if mode else 1024) * warps
+        down_tile = 1024 * warps
         self.layer, self.np, self.warps, self.stages = layer, programs, warps, stages
         D, I, E, K = cfg.hidden_size, cfg.intermediate_size, cfg.num_experts, cfg.top_k
         IS = cfg.shared_intermediate_size if layer.shared_w13 is not None else 0
         dev = layer.w13.device
         if IS not in (0, I):
             raise ValueError("the probe takes a shared expert of the routed experts' width")
-        s_rc = _items([IS], programs) if IS else 1
-        g_rc = _items([I] * K, programs)
+        if split:  # shared items on programs 0 .. NS - 1, the pairs' on the next ones
+            s_rc = g_rc = _items(([IS] if IS else []) + [I] * K, programs)
+        else:  # every program a shared item, then a pair's
+            s_rc = _items([IS], programs) if IS else 1
+            g_rc = _items([I] * K, programs)
         sp = triton.next_power_of_2(K + (IS > 0))
         d_rc = _items([D], programs)
         s_bn, g_bn = triton.next_power_of_2(s_rc), triton.next_power_of_2(g_rc)
@@ -334,7 +343,8 @@ class Persistent:
             RENORM=cfg.renormalize, ON_INPUT=cfg.apply_router_weight_on_input,
             RBD=min(pd, tile), S_RC=s_rc, S_BN=s_bn, S_BK=min(pd, max(16, tile // s_bn)),
             G_RC=g_rc, G_BN=g_bn, G_BK=min(pd, max(16, tile // g_bn)), D_RC=d_rc, D_BN=d_bn,
-            D_BK=min(triton.next_power_of_2(I), max(16, tile // (sp * d_bn))), SP=sp, MODE=mode)
+            D_BK=min(triton.next_power_of_2(I), max(16, down_tile // (sp * d_bn))), SP=sp,
+            SPLIT=split, MODE=mode)
         self.logits = torch.empty(E, dtype=cfg.dtype, device=dev)
         self.a = torch.empty(IS + K * I, dtype=cfg.dtype, device=dev)
         self.sync = torch.zeros(4, dtype=torch.int32, device=dev)
@@ -409,7 +419,7 @@ def check_small() -> None:
     shapes = [dict(hidden_size=96, intermediate_size=40, num_experts=16, top_k=1,
                    shared_intermediate_size=40, router="llama4", scoring="sigmoid",
                    apply_router_weight_on_input=True),
-              dict(hidden_size=64, intermediate_size=24, num_experts=20, top_k=8,
+              dict(hidden_size=64, intermediate_size=24, num_experts=40, top_k=8,
                    renormalize=True),
               dict(hidden_size=80, intermediate_size=56, num_experts=8, top_k=2,
                    renormalize=True, shared_intermediate_size=56)]
@@ -417,8 +427,8 @@ def check_small() -> None:
 
     for fields in shapes:
         layer = MoE(MoEConfig(**fields, dtype=torch.bfloat16))
-        for programs, mode in ((3, 0), (7, 1), (5, 1)):
-            p = Persistent(layer, programs, warps=4, tile=512, mode=mode)
+        for programs, mode, split in ((3, 0, True), (7, 1, False), (5, 1, True), (2, 0, False)):
+            p = Persistent(layer, programs, warps=4, tile=512, mode=mode, split=split)
             for _ in range(3):
                 x = torch.randn(1, fields["hidden_size"], dtype=torch.bfloat16)
                 got, want = p(x, phased=True).float(), reference(layer, x).float()
@@ -451,8 +461,8 @@ def phases(ps: list[Persistent], xs: list[torch.Tensor]) -> dict:
 
 
 CASES = [("llama4-scout", 8), ("qwen3-30b-a3b", 1), ("llama4-maverick", 8), ("mixtral-8x7b", 2)]
-# (MODE, programs an SM, warps)
-VARIANTS = [(0, 4, 4), (1, 4, 4), (0, 3, 4), (0, 2, 8)]
+# (MODE, programs an SM, warps, split)
+VARIANTS = [(0, 2, 8, True), (0, 2, 8, False), (0, 4, 4, True), (1, 4, 4, False)]
 
 
 def main() -> None:
@@ -481,8 +491,8 @@ def main() -> None:
         xs = [torch.randn(1, cfg.hidden_size, device="cuda", dtype=cfg.dtype)
               for _ in range(N_SETS)]
         floor_us = activated / (ceil.read_gbps * 1e3)
-        for mode, pps, warps in VARIANTS:
-            ps = [Persistent(L, sms * pps, warps=warps, mode=mode) for L in layers]
+        for mode, pps, warps, split in VARIANTS:
+            ps = [Persistent(L, sms * pps, warps=warps, mode=mode, split=split) for L in layers]
             fit, regs, smem = ps[0].per_sm(xs[0])
             if fit < pps:
                 print(name, mode, pps, warps, f"not resident: {fit} a SM ({regs} registers, "
@@ -509,7 +519,7 @@ def main() -> None:
                         t[k] = got
             torch.cuda.synchronize()
             flags += sum(int(p.flag.item()) for p in ps)
-            row = dict(preset=f"{name}-tp{tp}" if tp > 1 else name, T=1, mode=mode,
+            row = dict(preset=f"{name}-tp{tp}" if tp > 1 else name, T=1, mode=mode, split=split,
                        programs_per_sm=pps, warps=warps, registers=regs, shared_bytes=smem,
                        meta=ps[0].meta, copies=len(layers), floor_us=floor_us,
                        rel_err_vs_layer=worst, timeouts=flags,
