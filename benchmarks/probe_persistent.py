@@ -43,24 +43,57 @@ from shufflemoe.ops.silu_mul.kernel import glu_f32
 
 
 
+_LINE, _GROUPS = 32, 8
+LINE = tl.constexpr(_LINE)  # int32 words a 128-byte line: each sync word on its own line
+GROUPS = tl.constexpr(_GROUPS)  # arrival words a barrier (then one top word): arrivals queue
+# on 8 lines, not one
+
+
 @triton.jit
-def _arrive(word_ptr):
+def _arrive(sync_ptr, b: tl.constexpr, idx, n: tl.constexpr, NP: tl.constexpr,
+            NPP: tl.constexpr):
+    """Arrival ``idx`` of ``n`` at barrier b: on group word idx % GROUPS; a group's last arrival
+    adds to the top word, and the top's last sets every program's own go word (release)."""
+    G: tl.constexpr = GROUPS if n > GROUPS else n
     tl.debug_barrier()  # every thread's stores precede the release
-    tl.atomic_add(word_ptr, 1, sem="release", scope="gpu")
+    g = idx % G
+    members = (n - g + G - 1) // G
+    if tl.atomic_add(sync_ptr + (b * GROUPS + g) * LINE, 1, sem="acq_rel", scope="gpu") \
+            == members - 1:
+        if tl.atomic_add(sync_ptr + (2 * GROUPS + b) * LINE, 1, sem="acq_rel", scope="gpu") \
+                == G - 1:
+            lanes = tl.arange(0, NPP)
+            go = sync_ptr + ((2 * GROUPS + 3) + b * NP + lanes).to(tl.int64) * LINE
+            tl.atomic_xchg(go, tl.full([NPP], 1, tl.int32), mask=lanes < NP, sem="release",
+                           scope="gpu")
 
 
 @triton.jit
-def _await(word_ptr, target, flag_ptr):
-    """Wait until *word_ptr >= target: one thread's acquire atomics (plain loads by every
-    thread of 500 programs queued behind the arrivals: 2-4 us a wait, H100)."""
-    n = tl.atomic_add(word_ptr, 0, sem="acquire", scope="gpu")
+def _await(sync_ptr, b: tl.constexpr, pid, NP: tl.constexpr, flag_ptr):
+    """Wait for barrier b's go word of this program (its own line: no program polls another's,
+    and no poll queues with the arrivals); one thread's acquire atomics."""
+    go = sync_ptr + ((2 * GROUPS + 3) + b * NP + pid).to(tl.int64) * LINE
+    n = tl.atomic_add(go, 0, sem="acquire", scope="gpu")
     polls = 0
-    while (n < target) & (polls < 1048576):
-        n = tl.atomic_add(word_ptr, 0, sem="acquire", scope="gpu")
+    while (n == 0) & (polls < 1048576):
+        n = tl.atomic_add(go, 0, sem="acquire", scope="gpu")
         polls += 1
-    if n < target:
+    if n == 0:
         tl.store(flag_ptr, 1)
     tl.debug_barrier()
+
+
+@triton.jit
+def _leave(sync_ptr, NP: tl.constexpr, NPP: tl.constexpr):
+    """The last program out puts every sync word back to zero (CUDA-graph safe)."""
+    tl.debug_barrier()
+    if tl.atomic_add(sync_ptr + (2 * GROUPS + 2) * LINE, 1, sem="acq_rel", scope="gpu") \
+            == NP - 1:
+        w = tl.arange(0, 32)
+        tl.store(sync_ptr + w * LINE, tl.zeros([32], tl.int32), mask=w < 2 * GROUPS + 3)
+        lanes = tl.arange(0, 2 * NPP)
+        tl.store(sync_ptr + ((2 * GROUPS + 3) + lanes).to(tl.int64) * LINE,
+                 tl.zeros([2 * NPP], tl.int32), mask=lanes < 2 * NP)
 
 
 @triton.jit
@@ -190,6 +223,7 @@ def _persistent_kernel(x_ptr, wr_ptr, w13_ptr, w2_ptr, sw13_ptr, sw2_ptr, logit_
                        sync_ptr, flag_ptr, out_ptr, times_ptr, scaling,
                        D: tl.constexpr, I: tl.constexpr, IS: tl.constexpr, E: tl.constexpr,
                        EP: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, NP: tl.constexpr,
+                       NPP: tl.constexpr, R: tl.constexpr,
                        SCORING: tl.constexpr, RENORM: tl.constexpr, ON_INPUT: tl.constexpr,
                        RBD: tl.constexpr, S_RC: tl.constexpr, S_BN: tl.constexpr,
                        S_BK: tl.constexpr, G_RC: tl.constexpr, G_BN: tl.constexpr,
@@ -219,8 +253,8 @@ def _persistent_kernel(x_ptr, wr_ptr, w13_ptr, w2_ptr, sw13_ptr, sw2_ptr, logit_
             e += NP
         _stamp(times_ptr, pid, 1, TIMES)
         if ALL:
-            if pid < E:  # only the programs with router rows arrive
-                _arrive(sync_ptr)
+            if pid < R:  # only the programs with router rows arrive
+                _arrive(sync_ptr, 0, pid, R, NP, NPP)
     # 2. gate_up: the shared expert's rows (S_RC an item), then the pairs' (G_RC an item)
     NS: tl.constexpr = (IS + S_RC - 1) // S_RC
     NR: tl.constexpr = (I + G_RC - 1) // G_RC
@@ -232,7 +266,7 @@ def _persistent_kernel(x_ptr, wr_ptr, w13_ptr, w2_ptr, sw13_ptr, sw2_ptr, logit_
             it += NP
         _stamp(times_ptr, pid, 2, TIMES)
         if ALL:
-            _await(sync_ptr, E if E < NP else NP, flag_ptr)
+            _await(sync_ptr, 0, pid, NP, flag_ptr)
         ids, ws = _pick(logit_ptr, scaling, E, EP, K, KP, SCORING, RENORM)
         _stamp(times_ptr, pid, 3, TIMES)
         jj = tl.arange(0, KP)
@@ -251,7 +285,7 @@ def _persistent_kernel(x_ptr, wr_ptr, w13_ptr, w2_ptr, sw13_ptr, sw2_ptr, logit_
             it += NP
         _stamp(times_ptr, pid, 4, TIMES)
         if ALL:
-            _arrive(sync_ptr + 1)
+            _arrive(sync_ptr, 1, pid, NP, NP, NPP)
     # 3. down: items of D_RC rows; every segment's tile of a K step loaded at once, the first
     # step's weights before the wait for gate_up (they do not depend on it)
     if ALL or PHASE == 3:
@@ -274,7 +308,7 @@ def _persistent_kernel(x_ptr, wr_ptr, w13_ptr, w2_ptr, sw13_ptr, sw2_ptr, logit_
         w = _down_tiles(w2_ptr, sw2_ptr, it, kk, e_seg, seg_ok & (it < ND), shared_seg, D, I,
                         D_RC, D_BN, D_BK)
         if ALL:
-            _await(sync_ptr + 1, NP, flag_ptr)
+            _await(sync_ptr, 1, pid, NP, flag_ptr)
             _stamp(times_ptr, pid, 5, TIMES)
         while it < ND:
             acc = tl.zeros([SP, D_BN], tl.float32)
@@ -295,10 +329,8 @@ def _persistent_kernel(x_ptr, wr_ptr, w13_ptr, w2_ptr, sw13_ptr, sw2_ptr, logit_
             w = _down_tiles(w2_ptr, sw2_ptr, it, kk, e_seg, seg_ok & (it < ND), shared_seg, D,
                             I, D_RC, D_BN, D_BK)
         _stamp(times_ptr, pid, 6, TIMES)
-        if ALL:  # the last program out puts the words back to zero
-            tl.debug_barrier()
-            if tl.atomic_add(sync_ptr + 2, 1, sem="acq_rel", scope="gpu") == NP - 1:
-                tl.store(sync_ptr + tl.arange(0, 4), tl.zeros([4], tl.int32))
+        if ALL:
+            _leave(sync_ptr, NP, NPP)
 
 
 def _items(rows: list[int], programs: int) -> int:
@@ -339,7 +371,9 @@ class Persistent:
         pd = triton.next_power_of_2(D)
         self.meta = dict(
             D=D, I=I, IS=IS, E=E, EP=max(16, triton.next_power_of_2(E)), K=K,
-            KP=triton.next_power_of_2(K), NP=programs, SCORING=SCORING_IDS[cfg.scoring],
+            KP=triton.next_power_of_2(K), NP=programs, NPP=triton.next_power_of_2(programs),
+            R=min(E, programs),
+            SCORING=SCORING_IDS[cfg.scoring],
             RENORM=cfg.renormalize, ON_INPUT=cfg.apply_router_weight_on_input,
             RBD=min(pd, tile), S_RC=s_rc, S_BN=s_bn, S_BK=min(pd, max(16, tile // s_bn)),
             G_RC=g_rc, G_BN=g_bn, G_BK=min(pd, max(16, tile // g_bn)), D_RC=d_rc, D_BN=d_bn,
@@ -347,7 +381,8 @@ class Persistent:
             SPLIT=split, MODE=mode)
         self.logits = torch.empty(E, dtype=cfg.dtype, device=dev)
         self.a = torch.empty(IS + K * I, dtype=cfg.dtype, device=dev)
-        self.sync = torch.zeros(4, dtype=torch.int32, device=dev)
+        self.sync = torch.zeros((2 * _GROUPS + 3 + 2 * programs) * _LINE, dtype=torch.int32,
+                                device=dev)
         self.flag = torch.zeros(1, dtype=torch.int32, device=dev)
         self.times = torch.zeros(programs, 8, dtype=torch.int64, device=dev)
         self.scaling = float(cfg.routed_scaling_factor)
