@@ -1,28 +1,38 @@
 """One persistent kernel for a whole T = 1 decode call, against the layer's four launches (router,
-index_shuffle, gate_up, down), both in CUDA graphs on rotating weights.
+index_shuffle, gate_up, down), both in CUDA graphs on rotating weights, with per-program
+global-timer stamps at each phase boundary (eager calls, one at a time).
 
-    PYTHONPATH=src python benchmarks/probe_persistent.py --out $OUT        (a GPU, ~2 min)
+    PYTHONPATH=src python benchmarks/probe_persistent.py --out $OUT        (a GPU, ~1 min)
     TRITON_INTERPRET=1 PYTHONPATH=src python benchmarks/probe_persistent.py --check   (CPU)
 
 notes/layer.md ("Why T = 1 stays near 28 us in every format") puts ~20 us of a 28 us Llama 4
-Scout call in four dependent kernels' ramps and drains. Here one program per SM does it all:
+Scout call in four dependent kernels' ramps and drains. Here 2-4 programs an SM do it all:
 
-  1. router: the programs split the E router rows (fp32 dots, rounded to x's dtype as the
-     router kernel does), store the logits, and arrive on a word;
-  2. gate_up: the shared expert's rows first (they need no routing), then a wait for every
-     program's arrival, each program's own top-k of the E logits (from L2), and its rows of the
-     chosen experts' w13 (x times the pair's weight first where the router weight goes on the
-     input); SwiGLU in fp32, a rounded to x's dtype; a second arrival;
-  3. down: after the second wait, each program's rows of D: the shared row, then each pair's
-     (times its weight where it goes on the output) summed in fp32 and rounded once.
+  1. router: the first E programs one router row each (fp32 dots, rounded to x's dtype as the
+     router kernel does); they store the logits and arrive on a word;
+  2. gate_up: the shared expert's row items (they need no routing); a wait for the router's
+     arrivals; each program's own top-k of the E logits (ranks from one comparison, in chunks
+     of 32 columns); its items of the chosen experts' w13 (x times the pair's weight first
+     where the router weight goes on the input); SwiGLU in fp32, a rounded to x's dtype; every
+     program arrives on a second word. SPLIT: shared items on the first programs, the pairs'
+     on the next ones (each program one item); else every program a shared item then a pair's;
+  3. down: each program loads its first K step of down's weights (the shared expert's and the
+     chosen experts' rows, one [segments, rows, K] tile) before it waits for gate_up, then
+     streams its rows (one step ahead) and sums the segments in fp32, rounding once.
 
-Work is cut so each program gets one item a phase where it can (rows per item from the SM
-count). The grid is the SM count, one program an SM, so every program is resident and the
-waits cannot deadlock; a wait gives up after 2^20 polls and raises a flag instead of hanging.
-The last program to leave resets the words (CUDA-graph safe). Under the interpreter (--check)
-the three phases run as three launches (PHASE), the same code without waits. T = 1, bf16,
-SwiGLU, routers top-k over softmax / sigmoid / none (no logits bias, no group limit).
-Writes $OUT/probe_persistent.json.
+Gate_up and down items are rows of the weights cut so that every program gets at most one a
+phase. Every program must be resident for the waits (per_sm checks the compiled kernel's
+registers and shared memory); a wait gives up after 2^20 polls and raises a flag instead of
+hanging. The last program to leave resets the words (CUDA-graph safe). Under the interpreter
+(--check) the phases run as three launches (PHASE), the same code without waits. T = 1,
+bf16, SwiGLU, routers top-k over softmax / sigmoid / none (no logits bias, no group limit), a
+shared expert of the routed experts' width or none. Writes $OUT/probe_persistent.json.
+
+What the runs found (H100; notes/layer.md has the numbers): the waits cost ~0.8 us (gate_up)
+and ~1.3-4 us (the router's, growing with its arrivals: 16 for Scout, 128 for Qwen3) as one
+word with one thread's acquire atomics polling it; plain loads by every thread (2-4 us a wait),
+a go word per program set by the last arrival (2-4 us), and 8 group words under a top word
+(1.3 us for gate_up, 4.6 for Qwen3's router) were all slower.
 """
 
 from __future__ import annotations
@@ -43,49 +53,24 @@ from shufflemoe.ops.silu_mul.kernel import glu_f32
 
 
 
-_LINE, _GROUPS = 32, 8
-LINE = tl.constexpr(_LINE)  # int32 words a 128-byte line: each sync word on its own line
-GROUPS = tl.constexpr(_GROUPS)  # arrival words a barrier, then its top word: arrivals queue on
-# 8 lines, the waiting programs poll the top word alone
-
-
 @triton.jit
-def _arrive(sync_ptr, b: tl.constexpr, idx, n: tl.constexpr):
-    """Arrival ``idx`` of ``n`` at barrier b: on group word idx % GROUPS; a group's last
-    arrival adds one to the top word."""
-    G: tl.constexpr = GROUPS if n > GROUPS else n
+def _arrive(word_ptr):
     tl.debug_barrier()  # every thread's stores precede the release
-    g = idx % G
-    members = (n - g + G - 1) // G
-    if tl.atomic_add(sync_ptr + (b * GROUPS + g) * LINE, 1, sem="acq_rel", scope="gpu") \
-            == members - 1:
-        tl.atomic_add(sync_ptr + (2 * GROUPS + b) * LINE, 1, sem="release", scope="gpu")
+    tl.atomic_add(word_ptr, 1, sem="release", scope="gpu")
 
 
 @triton.jit
-def _await(sync_ptr, b: tl.constexpr, n: tl.constexpr, flag_ptr):
-    """Wait until barrier b's top word counts every group of its n arrivals: one thread's
-    acquire atomics (plain loads by every thread queue behind the arrivals: 2-4 us a wait)."""
-    G: tl.constexpr = GROUPS if n > GROUPS else n
-    top = sync_ptr + (2 * GROUPS + b) * LINE
-    seen = tl.atomic_add(top, 0, sem="acquire", scope="gpu")
+def _await(word_ptr, target, flag_ptr):
+    """Wait until *word_ptr >= target: one thread's acquire atomics (plain loads by every
+    thread of 500 programs queued behind the arrivals: 2-4 us a wait, H100)."""
+    n = tl.atomic_add(word_ptr, 0, sem="acquire", scope="gpu")
     polls = 0
-    while (seen < G) & (polls < 1048576):
-        seen = tl.atomic_add(top, 0, sem="acquire", scope="gpu")
+    while (n < target) & (polls < 1048576):
+        n = tl.atomic_add(word_ptr, 0, sem="acquire", scope="gpu")
         polls += 1
-    if seen < G:
+    if n < target:
         tl.store(flag_ptr, 1)
     tl.debug_barrier()
-
-
-@triton.jit
-def _leave(sync_ptr, NP: tl.constexpr):
-    """The last program out puts every sync word back to zero (CUDA-graph safe)."""
-    tl.debug_barrier()
-    if tl.atomic_add(sync_ptr + (2 * GROUPS + 2) * LINE, 1, sem="acq_rel", scope="gpu") \
-            == NP - 1:
-        w = tl.arange(0, 32)
-        tl.store(sync_ptr + w * LINE, tl.zeros([32], tl.int32), mask=w < 2 * GROUPS + 3)
 
 
 @triton.jit
@@ -215,7 +200,6 @@ def _persistent_kernel(x_ptr, wr_ptr, w13_ptr, w2_ptr, sw13_ptr, sw2_ptr, logit_
                        sync_ptr, flag_ptr, out_ptr, times_ptr, scaling,
                        D: tl.constexpr, I: tl.constexpr, IS: tl.constexpr, E: tl.constexpr,
                        EP: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, NP: tl.constexpr,
-                       NPP: tl.constexpr, R: tl.constexpr,
                        SCORING: tl.constexpr, RENORM: tl.constexpr, ON_INPUT: tl.constexpr,
                        RBD: tl.constexpr, S_RC: tl.constexpr, S_BN: tl.constexpr,
                        S_BK: tl.constexpr, G_RC: tl.constexpr, G_BN: tl.constexpr,
@@ -245,8 +229,8 @@ def _persistent_kernel(x_ptr, wr_ptr, w13_ptr, w2_ptr, sw13_ptr, sw2_ptr, logit_
             e += NP
         _stamp(times_ptr, pid, 1, TIMES)
         if ALL:
-            if pid < R:  # only the programs with router rows arrive
-                _arrive(sync_ptr, 0, pid, R)
+            if pid < E:  # only the programs with router rows arrive
+                _arrive(sync_ptr)
     # 2. gate_up: the shared expert's rows (S_RC an item), then the pairs' (G_RC an item)
     NS: tl.constexpr = (IS + S_RC - 1) // S_RC
     NR: tl.constexpr = (I + G_RC - 1) // G_RC
@@ -258,7 +242,7 @@ def _persistent_kernel(x_ptr, wr_ptr, w13_ptr, w2_ptr, sw13_ptr, sw2_ptr, logit_
             it += NP
         _stamp(times_ptr, pid, 2, TIMES)
         if ALL:
-            _await(sync_ptr, 0, R, flag_ptr)
+            _await(sync_ptr, E if E < NP else NP, flag_ptr)
         ids, ws = _pick(logit_ptr, scaling, E, EP, K, KP, SCORING, RENORM)
         _stamp(times_ptr, pid, 3, TIMES)
         jj = tl.arange(0, KP)
@@ -277,7 +261,7 @@ def _persistent_kernel(x_ptr, wr_ptr, w13_ptr, w2_ptr, sw13_ptr, sw2_ptr, logit_
             it += NP
         _stamp(times_ptr, pid, 4, TIMES)
         if ALL:
-            _arrive(sync_ptr, 1, pid, NP)
+            _arrive(sync_ptr + 1)
     # 3. down: items of D_RC rows; every segment's tile of a K step loaded at once, the first
     # step's weights before the wait for gate_up (they do not depend on it)
     if ALL or PHASE == 3:
@@ -300,7 +284,7 @@ def _persistent_kernel(x_ptr, wr_ptr, w13_ptr, w2_ptr, sw13_ptr, sw2_ptr, logit_
         w = _down_tiles(w2_ptr, sw2_ptr, it, kk, e_seg, seg_ok & (it < ND), shared_seg, D, I,
                         D_RC, D_BN, D_BK)
         if ALL:
-            _await(sync_ptr, 1, NP, flag_ptr)
+            _await(sync_ptr + 1, NP, flag_ptr)
             _stamp(times_ptr, pid, 5, TIMES)
         while it < ND:
             acc = tl.zeros([SP, D_BN], tl.float32)
@@ -321,8 +305,10 @@ def _persistent_kernel(x_ptr, wr_ptr, w13_ptr, w2_ptr, sw13_ptr, sw2_ptr, logit_
             w = _down_tiles(w2_ptr, sw2_ptr, it, kk, e_seg, seg_ok & (it < ND), shared_seg, D,
                             I, D_RC, D_BN, D_BK)
         _stamp(times_ptr, pid, 6, TIMES)
-        if ALL:
-            _leave(sync_ptr, NP)
+        if ALL:  # the last program out puts the words back to zero
+            tl.debug_barrier()
+            if tl.atomic_add(sync_ptr + 2, 1, sem="acq_rel", scope="gpu") == NP - 1:
+                tl.store(sync_ptr + tl.arange(0, 4), tl.zeros([4], tl.int32))
 
 
 def _items(rows: list[int], programs: int) -> int:
@@ -363,9 +349,7 @@ class Persistent:
         pd = triton.next_power_of_2(D)
         self.meta = dict(
             D=D, I=I, IS=IS, E=E, EP=max(16, triton.next_power_of_2(E)), K=K,
-            KP=triton.next_power_of_2(K), NP=programs, NPP=triton.next_power_of_2(programs),
-            R=min(E, programs),
-            SCORING=SCORING_IDS[cfg.scoring],
+            KP=triton.next_power_of_2(K), NP=programs, SCORING=SCORING_IDS[cfg.scoring],
             RENORM=cfg.renormalize, ON_INPUT=cfg.apply_router_weight_on_input,
             RBD=min(pd, tile), S_RC=s_rc, S_BN=s_bn, S_BK=min(pd, max(16, tile // s_bn)),
             G_RC=g_rc, G_BN=g_bn, G_BK=min(pd, max(16, tile // g_bn)), D_RC=d_rc, D_BN=d_bn,
@@ -373,8 +357,7 @@ class Persistent:
             SPLIT=split, MODE=mode)
         self.logits = torch.empty(E, dtype=cfg.dtype, device=dev)
         self.a = torch.empty(IS + K * I, dtype=cfg.dtype, device=dev)
-        self.sync = torch.zeros((2 * _GROUPS + 3) * _LINE, dtype=torch.int32,
-                                device=dev)
+        self.sync = torch.zeros(4, dtype=torch.int32, device=dev)
         self.flag = torch.zeros(1, dtype=torch.int32, device=dev)
         self.times = torch.zeros(programs, 8, dtype=torch.int64, device=dev)
         self.scaling = float(cfg.routed_scaling_factor)
