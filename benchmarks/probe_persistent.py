@@ -83,6 +83,33 @@ def _stamp(times_ptr, pid, i: tl.constexpr, TIMES: tl.constexpr):
 
 
 @triton.jit
+def _prefetch_l2(ptr, nbytes):
+    """Ask L2 for nbytes (a multiple of 16) from ptr (16-byte aligned), to be kept over data
+    loaded evict_first: one TMA bulk prefetch with an evict_last policy, from thread 0."""
+    tl.inline_asm_elementwise(
+        "{ .reg .u32 t; .reg .pred p; .reg .b64 pol; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0;\n\t"
+        "createpolicy.fractional.L2::evict_last.b64 pol, 1.0;\n\t"
+        "@p cp.async.bulk.prefetch.L2.global.L2::cache_hint [$1], $2, pol; mov.u32 $0, 0; }",
+        "=r,l,r", [ptr, nbytes], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _prefetch_down(w2_ptr, sw2_ptr, ids, jj, pid, D: tl.constexpr, I: tl.constexpr,
+                   K: tl.constexpr, HS: tl.constexpr, D_RC: tl.constexpr, NP: tl.constexpr):
+    """L2 prefetches of the down rows program pid will stream (its one item: the shared
+    expert's rows, then each pair's expert's), a contiguous block a segment."""
+    ND: tl.constexpr = (D + D_RC - 1) // D_RC
+    if pid < ND:
+        row0 = pid * D_RC
+        nbytes = (tl.minimum(D - row0, D_RC) * I * 2).to(tl.int32)
+        if HS:
+            _prefetch_l2(sw2_ptr + row0.to(tl.int64) * I, nbytes)
+        for j in tl.static_range(K):
+            e = tl.sum(tl.where(jj == j, ids, 0), 0)
+            _prefetch_l2(w2_ptr + (e.to(tl.int64) * D + row0) * I, nbytes)
+
+
+@triton.jit
 def _pick(logit_ptr, scaling, E: tl.constexpr, EP: tl.constexpr, K: tl.constexpr,
           KP: tl.constexpr, SCORING: tl.constexpr, RENORM: tl.constexpr):
     """Top-k of the E logits: (ids [KP], weights [KP]). Each expert's rank (the experts with a
@@ -127,7 +154,7 @@ def _step(acc, w, v):
 @triton.jit
 def _rows_dot(w_ptr, rows, rows2, rok, v_ptr, vw, SCALE_V: tl.constexpr, TWO: tl.constexpr,
               N: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, MODE: tl.constexpr,
-              INTERPRET: tl.constexpr):
+              INTERPRET: tl.constexpr, EV: tl.constexpr):
     """fp32 (w[rows, :N] . v[:N], w[rows2, :N] . v[:N] where TWO) for rows [BN] of w [*, N], both
     row sets' tiles loaded in the same K step; v times vw, rounded to v's dtype, where SCALE_V.
     MODE 0: load a step's tiles, then reduce them; 1: the next step's tiles are loaded before
@@ -138,22 +165,28 @@ def _rows_dot(w_ptr, rows, rows2, rok, v_ptr, vw, SCALE_V: tl.constexpr, TWO: tl
     base2 = w_ptr + rows2.to(tl.int64)[:, None] * N
     if MODE == 1:
         k = tl.arange(0, BK)
-        w = tl.load(base + k[None, :], mask=rok[:, None] & (k < N)[None, :], other=0.0)
+        w = tl.load(base + k[None, :], mask=rok[:, None] & (k < N)[None, :], other=0.0,
+                        eviction_policy=EV)
         if TWO:
-            w2 = tl.load(base2 + k[None, :], mask=rok[:, None] & (k < N)[None, :], other=0.0)
+            w2 = tl.load(base2 + k[None, :], mask=rok[:, None] & (k < N)[None, :], other=0.0,
+                        eviction_policy=EV)
     for k0 in range(0, N, BK):
         k = k0 + tl.arange(0, BK)
         kok = k < N
         if MODE == 1:
             kn = k + BK
             nok = rok[:, None] & (kn < N)[None, :]
-            nw = tl.load(base + kn[None, :], mask=nok, other=0.0)
+            nw = tl.load(base + kn[None, :], mask=nok, other=0.0,
+                        eviction_policy=EV)
             if TWO:
-                nw2 = tl.load(base2 + kn[None, :], mask=nok, other=0.0)
+                nw2 = tl.load(base2 + kn[None, :], mask=nok, other=0.0,
+                        eviction_policy=EV)
         else:
-            w = tl.load(base + k[None, :], mask=rok[:, None] & kok[None, :], other=0.0)
+            w = tl.load(base + k[None, :], mask=rok[:, None] & kok[None, :], other=0.0,
+                        eviction_policy=EV)
             if TWO:
-                w2 = tl.load(base2 + k[None, :], mask=rok[:, None] & kok[None, :], other=0.0)
+                w2 = tl.load(base2 + k[None, :], mask=rok[:, None] & kok[None, :], other=0.0,
+                        eviction_policy=EV)
         v = tl.load(v_ptr + k, mask=kok, other=0.0, cache_modifier=".cg")
         if SCALE_V:
             v = cast_to(v.to(tl.float32) * vw, v_ptr.dtype.element_ty, INTERPRET)
@@ -170,13 +203,13 @@ def _rows_dot(w_ptr, rows, rows2, rok, v_ptr, vw, SCALE_V: tl.constexpr, TWO: tl
 @triton.jit
 def _gate_up_rows(x_ptr, w_ptr, a_ptr, n0, n_stop, half, xw, SCALE_X: tl.constexpr,
                   D: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, MODE: tl.constexpr,
-                  INTERPRET: tl.constexpr):
+                  INTERPRET: tl.constexpr, EV: tl.constexpr):
     """a[n0 .. n_stop) = silu(x . w[n]) * (x . w[half + n]) rounded to a's dtype; w: [2 * half,
     D] rows (gate, then up); x times xw rounded to x's dtype first where SCALE_X."""
     n = n0 + tl.arange(0, BN)
     ok = n < n_stop
     g, u = _rows_dot(w_ptr, n, half + n, ok, x_ptr, xw, SCALE_X, True, D, BN, BK, MODE,
-                     INTERPRET)
+                     INTERPRET, EV)
     a = glu_f32(g, u, "silu", False, 1.0, 0.0)
     tl.store(a_ptr + n, cast_to(a, a_ptr.dtype.element_ty, INTERPRET), mask=ok)
 
@@ -205,6 +238,7 @@ def _persistent_kernel(x_ptr, wr_ptr, w13_ptr, w2_ptr, sw13_ptr, sw2_ptr, logit_
                        S_BK: tl.constexpr, G_RC: tl.constexpr, G_BN: tl.constexpr,
                        G_BK: tl.constexpr, D_RC: tl.constexpr, D_BN: tl.constexpr,
                        D_BK: tl.constexpr, SP: tl.constexpr, SPLIT: tl.constexpr,
+                       PREFETCH: tl.constexpr, G_EV: tl.constexpr,
                        MODE: tl.constexpr,
                        PHASE: tl.constexpr, INTERPRET: tl.constexpr,
                        TIMES: tl.constexpr = False):
@@ -238,14 +272,17 @@ def _persistent_kernel(x_ptr, wr_ptr, w13_ptr, w2_ptr, sw13_ptr, sw2_ptr, logit_
         it = pid
         while it < NS:  # (SPLIT: programs NS.. have none, they take the pairs' first)
             _gate_up_rows(x_ptr, sw13_ptr, a_ptr, it * S_RC, tl.minimum(it * S_RC + S_RC, IS),
-                          IS, 1.0, False, D, S_BN, S_BK, MODE, INTERPRET)
+                          IS, 1.0, False, D, S_BN, S_BK, MODE, INTERPRET, G_EV)
             it += NP
         _stamp(times_ptr, pid, 2, TIMES)
         if ALL:
             _await(sync_ptr, E if E < NP else NP, flag_ptr)
+        _stamp(times_ptr, pid, 7, TIMES)
         ids, ws = _pick(logit_ptr, scaling, E, EP, K, KP, SCORING, RENORM)
         _stamp(times_ptr, pid, 3, TIMES)
         jj = tl.arange(0, KP)
+        if ALL and PREFETCH == 2:  # down's rows into L2 now, kept over gate_up's stream
+            _prefetch_down(w2_ptr, sw2_ptr, ids, jj, pid, D, I, K, HS, D_RC, NP)
         if SPLIT:  # pair items continue the shared ones' numbering: item NS + r on (NS + r) % NP
             it = ((pid - NS) % NP + NP) % NP
         else:
@@ -257,7 +294,7 @@ def _persistent_kernel(x_ptr, wr_ptr, w13_ptr, w2_ptr, sw13_ptr, sw2_ptr, logit_
             xw = tl.sum(tl.where(jj == j, ws, 0.0), 0)
             _gate_up_rows(x_ptr, w13_ptr + e.to(tl.int64) * (2 * I * D), a_ptr + IS + j * I,
                           c * G_RC, tl.minimum(c * G_RC + G_RC, I), I, xw, ON_INPUT, D, G_BN,
-                          G_BK, MODE, INTERPRET)
+                          G_BK, MODE, INTERPRET, G_EV)
             it += NP
         _stamp(times_ptr, pid, 4, TIMES)
         if ALL:
@@ -279,6 +316,8 @@ def _persistent_kernel(x_ptr, wr_ptr, w13_ptr, w2_ptr, sw13_ptr, sw2_ptr, logit_
         else:
             coef = tl.where(shared_seg, 1.0, tl.sum(tl.where(hitp, ws[None, :], 0.0), 1))
         ND: tl.constexpr = (D + D_RC - 1) // D_RC
+        if ALL and PREFETCH == 1:  # down's rows into L2 once this program's gate_up is done
+            _prefetch_down(w2_ptr, sw2_ptr, ids, jj, pid, D, I, K, HS, D_RC, NP)
         kk = tl.arange(0, D_BK)
         it = pid
         w = _down_tiles(w2_ptr, sw2_ptr, it, kk, e_seg, seg_ok & (it < ND), shared_seg, D, I,
@@ -326,7 +365,8 @@ class Persistent:
     """layer (T = 1, bf16, SwiGLU, plain shared expert or none) as one launch."""
 
     def __init__(self, layer: MoE, programs: int, warps: int = 8, stages: int = 3,
-                 tile: int | None = None, mode: int = 0, split: bool = False):
+                 tile: int | None = None, mode: int = 0, split: bool = False,
+                 prefetch: int = 0):
         cfg = layer.config
         # elements of one tile a K step: 32 a thread (16 with the prefetch); down's 32
         tile = tile or (512 if mode else 1024) * warps
@@ -354,7 +394,8 @@ class Persistent:
             RBD=min(pd, tile), S_RC=s_rc, S_BN=s_bn, S_BK=min(pd, max(16, tile // s_bn)),
             G_RC=g_rc, G_BN=g_bn, G_BK=min(pd, max(16, tile // g_bn)), D_RC=d_rc, D_BN=d_bn,
             D_BK=min(triton.next_power_of_2(I), max(16, down_tile // (sp * d_bn))), SP=sp,
-            SPLIT=split, MODE=mode)
+            SPLIT=split, PREFETCH=prefetch, G_EV="evict_first" if prefetch == 2 else "",
+            MODE=mode)
         self.logits = torch.empty(E, dtype=cfg.dtype, device=dev)
         self.a = torch.empty(IS + K * I, dtype=cfg.dtype, device=dev)
         self.sync = torch.zeros(4, dtype=torch.int32, device=dev)
@@ -449,7 +490,7 @@ def check_small() -> None:
 
 
 STAMPS = ("start", "router done", "shared gate_up done", "routing known", "gate_up done",
-          "all gate_up seen", "down done")
+          "all gate_up seen", "down done", "router wait over")
 
 
 def phases(ps: list[Persistent], xs: list[torch.Tensor]) -> dict:
@@ -471,8 +512,10 @@ def phases(ps: list[Persistent], xs: list[torch.Tensor]) -> dict:
 
 
 CASES = [("llama4-scout", 8), ("qwen3-30b-a3b", 1), ("llama4-maverick", 8), ("mixtral-8x7b", 2)]
-# (MODE, programs an SM, warps, split)
-VARIANTS = [(0, 2, 8, True), (0, 2, 8, False), (0, 4, 4, True)]
+# (MODE, programs an SM, warps, split, prefetch: 0 none, 1 down's rows into L2 after this
+# program's gate_up, 2 as soon as the routing is known, gate_up's weights loaded evict_first)
+VARIANTS = [(0, 2, 8, True, 0), (0, 2, 8, True, 1), (0, 2, 8, True, 2), (0, 2, 8, False, 2),
+            (0, 4, 4, True, 2)]
 
 
 def main() -> None:
@@ -501,8 +544,9 @@ def main() -> None:
         xs = [torch.randn(1, cfg.hidden_size, device="cuda", dtype=cfg.dtype)
               for _ in range(N_SETS)]
         floor_us = activated / (ceil.read_gbps * 1e3)
-        for mode, pps, warps, split in VARIANTS:
-            ps = [Persistent(L, sms * pps, warps=warps, mode=mode, split=split) for L in layers]
+        for mode, pps, warps, split, prefetch in VARIANTS:
+            ps = [Persistent(L, sms * pps, warps=warps, mode=mode, split=split,
+                             prefetch=prefetch) for L in layers]
             fit, regs, smem = ps[0].per_sm(xs[0])
             if fit < pps:
                 print(name, mode, pps, warps, f"not resident: {fit} a SM ({regs} registers, "
@@ -530,6 +574,7 @@ def main() -> None:
             torch.cuda.synchronize()
             flags += sum(int(p.flag.item()) for p in ps)
             row = dict(preset=f"{name}-tp{tp}" if tp > 1 else name, T=1, mode=mode, split=split,
+                       prefetch=prefetch,
                        programs_per_sm=pps, warps=warps, registers=regs, shared_bytes=smem,
                        meta=ps[0].meta, copies=len(layers), floor_us=floor_us,
                        rel_err_vs_layer=worst, timeouts=flags,
