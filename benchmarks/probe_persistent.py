@@ -113,19 +113,18 @@ def _prefetch_down(w2_ptr, sw2_ptr, ids, jj, pid, D: tl.constexpr, I: tl.constex
 def _ranks(logit_ptr, E: tl.constexpr, EP: tl.constexpr):
     """(the E logits in fp32 [EP], each expert's rank [EP]: the experts with a higher key, or
     an equal key and a lower id, so ties go to the lower expert as index_shuffle's), from
-    [EP, 32] comparisons."""
+    [EP, 32] comparisons whose 32 columns' keys come out of the row's own registers (a max over
+    a one-hot), not from reloads: each reload was an L2 round trip (~3 us for Qwen3's 4)."""
     cols = tl.arange(0, EP)
-    # (cached in L1: this SM has not read the logits before they were final, and the chunks'
-    # reloads below then come from L1, not L2)
     s = tl.load(logit_ptr + cols, mask=cols < E, other=float("-inf")).to(tl.float32)
     key = tl.where(cols < E, _score_keys(s), _SENTINEL)
     rank = tl.zeros([EP], tl.int32)
     CH: tl.constexpr = 32 if EP > 32 else EP  # columns compared at a time (registers)
     for c0 in tl.static_range(0, EP, CH):
         cj = c0 + tl.arange(0, CH)
-        sj = tl.load(logit_ptr + cj, mask=cj < E, other=float("-inf")).to(tl.float32)
-        kj = tl.where(cj < E, _score_keys(sj), _SENTINEL)[None, :]
-        ahead = (kj > key[:, None]) | ((kj == key[:, None]) & (cj[None, :] < cols[:, None]))
+        kj = tl.max(tl.where(cols[:, None] == cj[None, :], key[:, None], _SENTINEL), 0)
+        ahead = (kj[None, :] > key[:, None]) | ((kj[None, :] == key[:, None])
+                                               & (cj[None, :] < cols[:, None]))
         rank += tl.sum(ahead.to(tl.int32), 1)
     return s, rank
 
@@ -288,15 +287,8 @@ def _persistent_kernel(x_ptr, wr_ptr, w13_ptr, w2_ptr, sw13_ptr, sw2_ptr, logit_
         if ALL:
             _await(sync_ptr, E if E < NP else NP, flag_ptr)
         _stamp(times_ptr, pid, 7, TIMES)
-        # gate_up needs only its pairs' experts (and their weights where they go on the
-        # input): with output weights, ranks alone; the weights come before down's wait
-        FULL_EARLY: tl.constexpr = ON_INPUT or PREFETCH == 2
         jj = tl.arange(0, KP)
-        if FULL_EARLY:
-            ids, ws = _pick(logit_ptr, scaling, E, EP, K, KP, SCORING, RENORM)
-        else:
-            rank = _ranks(logit_ptr, E, EP)[1]
-            ecols = tl.arange(0, EP)
+        ids, ws = _pick(logit_ptr, scaling, E, EP, K, KP, SCORING, RENORM)
         _stamp(times_ptr, pid, 3, TIMES)
         if ALL and PREFETCH == 2:  # down's rows into L2 now, kept over gate_up's stream
             _prefetch_down(w2_ptr, sw2_ptr, ids, jj, pid, D, I, K, HS, D_RC, NP)
@@ -307,12 +299,8 @@ def _persistent_kernel(x_ptr, wr_ptr, w13_ptr, w2_ptr, sw13_ptr, sw2_ptr, logit_
         while it < K * NR:
             j = it // NR
             c = it % NR
-            if FULL_EARLY:
-                e = tl.sum(tl.where(jj == j, ids, 0), 0)
-                xw = tl.sum(tl.where(jj == j, ws, 0.0), 0)
-            else:
-                e = tl.sum(tl.where(rank == j, ecols, 0), 0)
-                xw = 1.0
+            e = tl.sum(tl.where(jj == j, ids, 0), 0)
+            xw = tl.sum(tl.where(jj == j, ws, 0.0), 0)
             _gate_up_rows(x_ptr, w13_ptr + e.to(tl.int64) * (2 * I * D), a_ptr + IS + j * I,
                           c * G_RC, tl.minimum(c * G_RC + G_RC, I), I, xw, ON_INPUT, D, G_BN,
                           G_BK, MODE, INTERPRET, G_EV)
@@ -323,7 +311,7 @@ def _persistent_kernel(x_ptr, wr_ptr, w13_ptr, w2_ptr, sw13_ptr, sw2_ptr, logit_
     # 3. down: items of D_RC rows; every segment's tile of a K step loaded at once, the first
     # step's weights before the wait for gate_up (they do not depend on it)
     if ALL or PHASE == 3:
-        if not ALL or not (ON_INPUT or PREFETCH == 2):
+        if not ALL:
             ids, ws = _pick(logit_ptr, scaling, E, EP, K, KP, SCORING, RENORM)
             jj = tl.arange(0, KP)
         seg = tl.arange(0, SP)
@@ -499,6 +487,8 @@ def check_small() -> None:
 
     for fields in shapes:
         layer = MoE(MoEConfig(**fields, dtype=torch.bfloat16))
+        with torch.no_grad():  # tied logits: the lower expert goes first
+            layer.router_weight[5] = layer.router_weight[2]
         for programs, mode, split in ((3, 0, True), (7, 1, False), (5, 1, True), (2, 0, False)):
             p = Persistent(layer, programs, warps=4, tile=512, mode=mode, split=split)
             for _ in range(3):
