@@ -47,7 +47,7 @@ import triton
 import triton.language as tl
 
 from shufflemoe import MoE, preset
-from shufflemoe.ops.index_shuffle.kernel import SCORING_IDS, _SENTINEL, _score_keys
+from shufflemoe.ops.index_shuffle.kernel import SCORING_IDS, _SENTINEL, _key_value, _score_keys
 from shufflemoe.ops.quantize.kernel import cast_to
 from shufflemoe.ops.silu_mul.kernel import glu_f32
 
@@ -131,17 +131,24 @@ def _ranks(logit_ptr, E: tl.constexpr, EP: tl.constexpr):
 
 @triton.jit
 def _pick(logit_ptr, scaling, E: tl.constexpr, EP: tl.constexpr, K: tl.constexpr,
-          KP: tl.constexpr, SCORING: tl.constexpr, RENORM: tl.constexpr):
-    """Top-k of the E logits: (ids [KP], weights [KP]). Each expert's rank (the experts with a
-    higher key, or an equal key and a lower id: ties go to the lower expert, as index_shuffle's)
-    from one [EP, EP] comparison, then the k picks from one [KP, EP] match: two reductions,
-    not k rounds of them."""
+          KP: tl.constexpr, SCORING: tl.constexpr, RENORM: tl.constexpr, SORT: tl.constexpr):
+    """Top-k of the E logits: (ids [KP], weights [KP]); ties go to the lower expert, as
+    index_shuffle's. SORT: one descending sort of (key << 32 | EP - 1 - expert) and its first
+    k; else each expert's rank from [EP, 32] comparisons and the k picks from a [KP, EP] match."""
     cols = tl.arange(0, EP)
-    s, rank = _ranks(logit_ptr, E, EP)
     jj = tl.arange(0, KP)
-    hit = rank[None, :] == jj[:, None]
-    ids = tl.sum(tl.where(hit, cols[None, :], 0), 1)
-    vals = tl.sum(tl.where(hit, s[None, :], 0.0), 1)
+    if SORT:
+        s = tl.load(logit_ptr + cols, mask=cols < E, other=float("-inf")).to(tl.float32)
+        key = tl.where(cols < E, _score_keys(s), _SENTINEL)
+        packed = (key.to(tl.int64) << 32) | (EP - 1 - cols).to(tl.int64)
+        top = tl.gather(tl.sort(packed, descending=True), tl.minimum(jj, EP - 1), 0)
+        ids = (EP - 1) - (top & 0xFFFFFFFF).to(tl.int32)
+        vals = _key_value((top >> 32).to(tl.int32))
+    else:
+        s, rank = _ranks(logit_ptr, E, EP)
+        hit = rank[None, :] == jj[:, None]
+        ids = tl.sum(tl.where(hit, cols[None, :], 0), 1)
+        vals = tl.sum(tl.where(hit, s[None, :], 0.0), 1)
     if SCORING == 1:
         rmax = tl.max(s, 0)
         w = tl.math.div_rn(tl.exp(vals - rmax), tl.sum(tl.exp(s - rmax), 0))
@@ -247,7 +254,7 @@ def _persistent_kernel(x_ptr, wr_ptr, w13_ptr, w2_ptr, sw13_ptr, sw2_ptr, logit_
                        S_BK: tl.constexpr, G_RC: tl.constexpr, G_BN: tl.constexpr,
                        G_BK: tl.constexpr, D_RC: tl.constexpr, D_BN: tl.constexpr,
                        D_BK: tl.constexpr, SP: tl.constexpr, SPLIT: tl.constexpr,
-                       PREFETCH: tl.constexpr, G_EV: tl.constexpr,
+                       PREFETCH: tl.constexpr, G_EV: tl.constexpr, SORT: tl.constexpr,
                        MODE: tl.constexpr,
                        PHASE: tl.constexpr, INTERPRET: tl.constexpr,
                        TIMES: tl.constexpr = False):
@@ -288,7 +295,7 @@ def _persistent_kernel(x_ptr, wr_ptr, w13_ptr, w2_ptr, sw13_ptr, sw2_ptr, logit_
             _await(sync_ptr, E if E < NP else NP, flag_ptr)
         _stamp(times_ptr, pid, 7, TIMES)
         jj = tl.arange(0, KP)
-        ids, ws = _pick(logit_ptr, scaling, E, EP, K, KP, SCORING, RENORM)
+        ids, ws = _pick(logit_ptr, scaling, E, EP, K, KP, SCORING, RENORM, SORT)
         _stamp(times_ptr, pid, 3, TIMES)
         if ALL and PREFETCH == 2:  # down's rows into L2 now, kept over gate_up's stream
             _prefetch_down(w2_ptr, sw2_ptr, ids, jj, pid, D, I, K, HS, D_RC, NP)
@@ -312,7 +319,7 @@ def _persistent_kernel(x_ptr, wr_ptr, w13_ptr, w2_ptr, sw13_ptr, sw2_ptr, logit_
     # step's weights before the wait for gate_up (they do not depend on it)
     if ALL or PHASE == 3:
         if not ALL:
-            ids, ws = _pick(logit_ptr, scaling, E, EP, K, KP, SCORING, RENORM)
+            ids, ws = _pick(logit_ptr, scaling, E, EP, K, KP, SCORING, RENORM, SORT)
             jj = tl.arange(0, KP)
         seg = tl.arange(0, SP)
         seg_ok = seg < K + HS
@@ -375,7 +382,7 @@ class Persistent:
 
     def __init__(self, layer: MoE, programs: int, warps: int = 8, stages: int = 3,
                  tile: int | None = None, mode: int = 0, split: bool = False,
-                 prefetch: int = 0):
+                 prefetch: int = 0, sort: bool = False):
         cfg = layer.config
         # elements of one tile a K step: 32 a thread (16 with the prefetch); down's 32
         tile = tile or (512 if mode else 1024) * warps
@@ -403,7 +410,7 @@ class Persistent:
             RBD=min(pd, tile), S_RC=s_rc, S_BN=s_bn, S_BK=min(pd, max(16, tile // s_bn)),
             G_RC=g_rc, G_BN=g_bn, G_BK=min(pd, max(16, tile // g_bn)), D_RC=d_rc, D_BN=d_bn,
             D_BK=min(triton.next_power_of_2(I), max(16, down_tile // (sp * d_bn))), SP=sp,
-            SPLIT=split, PREFETCH=prefetch, G_EV="evict_first" if prefetch == 2 else "",
+            SPLIT=split, PREFETCH=prefetch, G_EV="evict_first" if prefetch == 2 else "", SORT=sort,
             MODE=mode)
         self.logits = torch.empty(E, dtype=cfg.dtype, device=dev)
         self.a = torch.empty(IS + K * I, dtype=cfg.dtype, device=dev)
@@ -489,8 +496,9 @@ def check_small() -> None:
         layer = MoE(MoEConfig(**fields, dtype=torch.bfloat16))
         with torch.no_grad():  # tied logits: the lower expert goes first
             layer.router_weight[5] = layer.router_weight[2]
-        for programs, mode, split in ((3, 0, True), (7, 1, False), (5, 1, True), (2, 0, False)):
-            p = Persistent(layer, programs, warps=4, tile=512, mode=mode, split=split)
+        for programs, mode, split, sort in ((3, 0, True, False), (7, 1, False, True),
+                                            (5, 1, True, False), (2, 0, False, True)):
+            p = Persistent(layer, programs, warps=4, tile=512, mode=mode, split=split, sort=sort)
             for _ in range(3):
                 x = torch.randn(1, fields["hidden_size"], dtype=torch.bfloat16)
                 got, want = p(x, phased=True).float(), reference(layer, x).float()
@@ -524,8 +532,9 @@ def phases(ps: list[Persistent], xs: list[torch.Tensor]) -> dict:
 
 CASES = [("llama4-scout", 8), ("qwen3-30b-a3b", 1), ("llama4-maverick", 8), ("mixtral-8x7b", 2)]
 # (MODE, programs an SM, warps, split, prefetch: 0 none, 1 down's rows into L2 after this
-# program's gate_up, 2 as soon as the routing is known, gate_up's weights loaded evict_first)
-VARIANTS = [(0, 2, 8, True, 0), (0, 2, 8, False, 0), (0, 4, 4, True, 0)]
+# program's gate_up, 2 as soon as the routing is known, gate_up's weights loaded evict_first;
+# sort: the top-k by one sort)
+VARIANTS = [(0, 2, 8, True, 0, False), (0, 2, 8, True, 0, True), (0, 4, 4, True, 0, True)]
 
 
 def main() -> None:
@@ -554,9 +563,9 @@ def main() -> None:
         xs = [torch.randn(1, cfg.hidden_size, device="cuda", dtype=cfg.dtype)
               for _ in range(N_SETS)]
         floor_us = activated / (ceil.read_gbps * 1e3)
-        for mode, pps, warps, split, prefetch in VARIANTS:
+        for mode, pps, warps, split, prefetch, sort in VARIANTS:
             ps = [Persistent(L, sms * pps, warps=warps, mode=mode, split=split,
-                             prefetch=prefetch) for L in layers]
+                             prefetch=prefetch, sort=sort) for L in layers]
             fit, regs, smem = ps[0].per_sm(xs[0])
             if fit < pps:
                 print(name, mode, pps, warps, f"not resident: {fit} a SM ({regs} registers, "
@@ -584,7 +593,7 @@ def main() -> None:
             torch.cuda.synchronize()
             flags += sum(int(p.flag.item()) for p in ps)
             row = dict(preset=f"{name}-tp{tp}" if tp > 1 else name, T=1, mode=mode, split=split,
-                       prefetch=prefetch,
+                       prefetch=prefetch, sort=sort,
                        programs_per_sm=pps, warps=warps, registers=regs, shared_bytes=smem,
                        meta=ps[0].meta, copies=len(layers), floor_us=floor_us,
                        rel_err_vs_layer=worst, timeouts=flags,
