@@ -110,13 +110,29 @@ def _prefetch_down(w2_ptr, sw2_ptr, ids, jj, pid, D: tl.constexpr, I: tl.constex
 
 
 @triton.jit
-def _ranks(logit_ptr, E: tl.constexpr, EP: tl.constexpr):
+def _logits(part_ptr, E: tl.constexpr, EP: tl.constexpr, RS: tl.constexpr, DTYPE: tl.constexpr,
+            INTERPRET: tl.constexpr):
+    """The E logits [EP] in fp32: each expert's RS fp32 partial dot products summed (a fixed
+    order) and rounded once to the activations' dtype (as the router kernel rounds); -inf past
+    E.
+    (Cached in L1: this SM has not read them before they were final.)"""
+    cols = tl.arange(0, EP)
+    q = tl.arange(0, RS)
+    part = tl.load(part_ptr + cols[:, None] * RS + q[None, :], mask=(cols < E)[:, None],
+                   other=0.0)
+    s = cast_to(tl.sum(part, 1), DTYPE, INTERPRET).to(tl.float32)
+    return tl.where(cols < E, s, float("-inf"))
+
+
+@triton.jit
+def _ranks(logit_ptr, E: tl.constexpr, EP: tl.constexpr, RS: tl.constexpr,
+           DTYPE: tl.constexpr, INTERPRET: tl.constexpr):
     """(the E logits in fp32 [EP], each expert's rank [EP]: the experts with a higher key, or
     an equal key and a lower id, so ties go to the lower expert as index_shuffle's), from
     [EP, 32] comparisons whose 32 columns' keys come out of the row's own registers (a max over
     a one-hot), not from reloads: each reload was an L2 round trip (~3 us for Qwen3's 4)."""
     cols = tl.arange(0, EP)
-    s = tl.load(logit_ptr + cols, mask=cols < E, other=float("-inf")).to(tl.float32)
+    s = _logits(logit_ptr, E, EP, RS, DTYPE, INTERPRET)
     key = tl.where(cols < E, _score_keys(s), _SENTINEL)
     rank = tl.zeros([EP], tl.int32)
     CH: tl.constexpr = 32 if EP > 32 else EP  # columns compared at a time (registers)
@@ -131,21 +147,25 @@ def _ranks(logit_ptr, E: tl.constexpr, EP: tl.constexpr):
 
 @triton.jit
 def _pick(logit_ptr, scaling, E: tl.constexpr, EP: tl.constexpr, K: tl.constexpr,
-          KP: tl.constexpr, SCORING: tl.constexpr, RENORM: tl.constexpr, SORT: tl.constexpr):
+          KP: tl.constexpr, SCORING: tl.constexpr, RENORM: tl.constexpr, SORT: tl.constexpr,
+          RS: tl.constexpr, DTYPE: tl.constexpr, INTERPRET: tl.constexpr):
     """Top-k of the E logits: (ids [KP], weights [KP]); ties go to the lower expert, as
     index_shuffle's. SORT: one descending sort of (key << 32 | EP - 1 - expert) and its first
     k; else each expert's rank from [EP, 32] comparisons and the k picks from a [KP, EP] match."""
     cols = tl.arange(0, EP)
     jj = tl.arange(0, KP)
-    if SORT:
-        s = tl.load(logit_ptr + cols, mask=cols < E, other=float("-inf")).to(tl.float32)
+    if SORT or K == 1:
+        s = _logits(logit_ptr, E, EP, RS, DTYPE, INTERPRET)
         key = tl.where(cols < E, _score_keys(s), _SENTINEL)
         packed = (key.to(tl.int64) << 32) | (EP - 1 - cols).to(tl.int64)
-        top = tl.gather(tl.sort(packed, descending=True), tl.minimum(jj, EP - 1), 0)
+        if K == 1:  # one max
+            top = tl.full([KP], tl.max(packed, 0), tl.int64)
+        else:
+            top = tl.gather(tl.sort(packed, descending=True), tl.minimum(jj, EP - 1), 0)
         ids = (EP - 1) - (top & 0xFFFFFFFF).to(tl.int32)
         vals = _key_value((top >> 32).to(tl.int32))
     else:
-        s, rank = _ranks(logit_ptr, E, EP)
+        s, rank = _ranks(logit_ptr, E, EP, RS, DTYPE, INTERPRET)
         hit = rank[None, :] == jj[:, None]
         ids = tl.sum(tl.where(hit, cols[None, :], 0), 1)
         vals = tl.sum(tl.where(hit, s[None, :], 0.0), 1)
@@ -255,31 +275,34 @@ def _persistent_kernel(x_ptr, wr_ptr, w13_ptr, w2_ptr, sw13_ptr, sw2_ptr, logit_
                        G_BK: tl.constexpr, D_RC: tl.constexpr, D_BN: tl.constexpr,
                        D_BK: tl.constexpr, SP: tl.constexpr, SPLIT: tl.constexpr,
                        PREFETCH: tl.constexpr, G_EV: tl.constexpr, SORT: tl.constexpr,
+                       RS: tl.constexpr, DC: tl.constexpr,
                        MODE: tl.constexpr,
                        PHASE: tl.constexpr, INTERPRET: tl.constexpr,
                        TIMES: tl.constexpr = False):
     pid = tl.program_id(0)
     _stamp(times_ptr, pid, 0, TIMES)
+    XT: tl.constexpr = x_ptr.dtype.element_ty
     ALL: tl.constexpr = PHASE == 0
     HS: tl.constexpr = 1 if IS > 0 else 0  # segments of a and of down: the shared expert's
     # first (IS = I), then each pair's, at a[s * I]
     # 1. router rows e = pid, pid + NP, ...
     if ALL or PHASE == 1:
-        e = pid
-        while e < E:  # (the interpreter takes no range() over a program id)
+        r = pid
+        while r < E * RS:  # (the interpreter takes no range() over a program id)
+            e = r // RS
+            c0 = (r % RS) * DC
             acc = tl.zeros([RBD], tl.float32)
-            for k0 in range(0, D, RBD):
-                k = k0 + tl.arange(0, RBD)
-                kok = k < D
+            for k0 in range(0, DC, RBD):
+                k = c0 + k0 + tl.arange(0, RBD)
+                kok = (k < c0 + DC) & (k < D)
                 x = tl.load(x_ptr + k, mask=kok, other=0.0).to(tl.float32)
                 w = tl.load(wr_ptr + e.to(tl.int64) * D + k, mask=kok, other=0.0).to(tl.float32)
                 acc += x * w
-            tl.store(logit_ptr + e, cast_to(tl.sum(acc, 0), logit_ptr.dtype.element_ty,
-                                            INTERPRET))
-            e += NP
+            tl.store(logit_ptr + r, tl.sum(acc, 0))
+            r += NP
         _stamp(times_ptr, pid, 1, TIMES)
         if ALL:
-            if pid < E:  # only the programs with router rows arrive
+            if pid < E * RS:  # only the programs with router parts arrive
                 _arrive(sync_ptr)
     # 2. gate_up: the shared expert's rows (S_RC an item), then the pairs' (G_RC an item)
     NS: tl.constexpr = (IS + S_RC - 1) // S_RC
@@ -292,10 +315,10 @@ def _persistent_kernel(x_ptr, wr_ptr, w13_ptr, w2_ptr, sw13_ptr, sw2_ptr, logit_
             it += NP
         _stamp(times_ptr, pid, 2, TIMES)
         if ALL:
-            _await(sync_ptr, E if E < NP else NP, flag_ptr)
+            _await(sync_ptr, E * RS if E * RS < NP else NP, flag_ptr)
         _stamp(times_ptr, pid, 7, TIMES)
         jj = tl.arange(0, KP)
-        ids, ws = _pick(logit_ptr, scaling, E, EP, K, KP, SCORING, RENORM, SORT)
+        ids, ws = _pick(logit_ptr, scaling, E, EP, K, KP, SCORING, RENORM, SORT, RS, XT, INTERPRET)
         _stamp(times_ptr, pid, 3, TIMES)
         if ALL and PREFETCH == 2:  # down's rows into L2 now, kept over gate_up's stream
             _prefetch_down(w2_ptr, sw2_ptr, ids, jj, pid, D, I, K, HS, D_RC, NP)
@@ -319,7 +342,7 @@ def _persistent_kernel(x_ptr, wr_ptr, w13_ptr, w2_ptr, sw13_ptr, sw2_ptr, logit_
     # step's weights before the wait for gate_up (they do not depend on it)
     if ALL or PHASE == 3:
         if not ALL:
-            ids, ws = _pick(logit_ptr, scaling, E, EP, K, KP, SCORING, RENORM, SORT)
+            ids, ws = _pick(logit_ptr, scaling, E, EP, K, KP, SCORING, RENORM, SORT, RS, XT, INTERPRET)
             jj = tl.arange(0, KP)
         seg = tl.arange(0, SP)
         seg_ok = seg < K + HS
@@ -382,8 +405,10 @@ class Persistent:
 
     def __init__(self, layer: MoE, programs: int, warps: int = 8, stages: int = 3,
                  tile: int | None = None, mode: int = 0, split: bool = False,
-                 prefetch: int = 0, sort: bool = False):
+                 prefetch: int = 0, sort: bool = False, router_split: int = 0):
         cfg = layer.config
+        if not router_split:  # router rows cut in up to 8 parts, one a program
+            router_split = max(1, min(8, 1 << max(0, (programs // cfg.num_experts).bit_length() - 1)))
         # elements of one tile a K step: 32 a thread (16 with the prefetch); down's 32
         tile = tile or (512 if mode else 1024) * warps
         down_tile = 1024 * warps
@@ -407,12 +432,13 @@ class Persistent:
             D=D, I=I, IS=IS, E=E, EP=max(16, triton.next_power_of_2(E)), K=K,
             KP=triton.next_power_of_2(K), NP=programs, SCORING=SCORING_IDS[cfg.scoring],
             RENORM=cfg.renormalize, ON_INPUT=cfg.apply_router_weight_on_input,
-            RBD=min(pd, tile), S_RC=s_rc, S_BN=s_bn, S_BK=min(pd, max(16, tile // s_bn)),
+            RBD=min(triton.next_power_of_2(-(-D // router_split)), tile), S_RC=s_rc, S_BN=s_bn, S_BK=min(pd, max(16, tile // s_bn)),
             G_RC=g_rc, G_BN=g_bn, G_BK=min(pd, max(16, tile // g_bn)), D_RC=d_rc, D_BN=d_bn,
             D_BK=min(triton.next_power_of_2(I), max(16, down_tile // (sp * d_bn))), SP=sp,
             SPLIT=split, PREFETCH=prefetch, G_EV="evict_first" if prefetch == 2 else "", SORT=sort,
+            RS=router_split, DC=-(-D // router_split),
             MODE=mode)
-        self.logits = torch.empty(E, dtype=cfg.dtype, device=dev)
+        self.logits = torch.empty(E, router_split, dtype=torch.float32, device=dev)  # partials
         self.a = torch.empty(IS + K * I, dtype=cfg.dtype, device=dev)
         self.sync = torch.zeros(4, dtype=torch.int32, device=dev)
         self.flag = torch.zeros(1, dtype=torch.int32, device=dev)
@@ -496,9 +522,10 @@ def check_small() -> None:
         layer = MoE(MoEConfig(**fields, dtype=torch.bfloat16))
         with torch.no_grad():  # tied logits: the lower expert goes first
             layer.router_weight[5] = layer.router_weight[2]
-        for programs, mode, split, sort in ((3, 0, True, False), (7, 1, False, True),
-                                            (5, 1, True, False), (2, 0, False, True)):
-            p = Persistent(layer, programs, warps=4, tile=512, mode=mode, split=split, sort=sort)
+        for programs, mode, split, sort, rs in ((3, 0, True, False, 1), (7, 1, False, True, 2),
+                                                (5, 1, True, False, 4), (2, 0, False, True, 0)):
+            p = Persistent(layer, programs, warps=4, tile=512, mode=mode, split=split, sort=sort,
+                           router_split=rs)
             for _ in range(3):
                 x = torch.randn(1, fields["hidden_size"], dtype=torch.bfloat16)
                 got, want = p(x, phased=True).float(), reference(layer, x).float()
@@ -533,8 +560,9 @@ def phases(ps: list[Persistent], xs: list[torch.Tensor]) -> dict:
 CASES = [("llama4-scout", 8), ("qwen3-30b-a3b", 1), ("llama4-maverick", 8), ("mixtral-8x7b", 2)]
 # (MODE, programs an SM, warps, split, prefetch: 0 none, 1 down's rows into L2 after this
 # program's gate_up, 2 as soon as the routing is known, gate_up's weights loaded evict_first;
-# sort: the top-k by one sort)
-VARIANTS = [(0, 2, 8, True, 0, False), (0, 2, 8, True, 0, True), (0, 4, 4, True, 0, True)]
+# sort: the top-k by one sort; router_split: parts a router row, 0: up to 8 as programs allow)
+VARIANTS = [(0, 2, 8, True, 0, False, 1), (0, 2, 8, True, 0, True, 1), (0, 2, 8, True, 0, True, 0),
+            (0, 4, 4, True, 0, True, 0)]
 
 
 def main() -> None:
@@ -563,9 +591,9 @@ def main() -> None:
         xs = [torch.randn(1, cfg.hidden_size, device="cuda", dtype=cfg.dtype)
               for _ in range(N_SETS)]
         floor_us = activated / (ceil.read_gbps * 1e3)
-        for mode, pps, warps, split, prefetch, sort in VARIANTS:
+        for mode, pps, warps, split, prefetch, sort, rsplit in VARIANTS:
             ps = [Persistent(L, sms * pps, warps=warps, mode=mode, split=split,
-                             prefetch=prefetch, sort=sort) for L in layers]
+                             prefetch=prefetch, sort=sort, router_split=rsplit) for L in layers]
             fit, regs, smem = ps[0].per_sm(xs[0])
             if fit < pps:
                 print(name, mode, pps, warps, f"not resident: {fit} a SM ({regs} registers, "
@@ -593,7 +621,7 @@ def main() -> None:
             torch.cuda.synchronize()
             flags += sum(int(p.flag.item()) for p in ps)
             row = dict(preset=f"{name}-tp{tp}" if tp > 1 else name, T=1, mode=mode, split=split,
-                       prefetch=prefetch, sort=sort,
+                       prefetch=prefetch, sort=sort, router_split=ps[0].meta["RS"],
                        programs_per_sm=pps, warps=warps, registers=regs, shared_bytes=smem,
                        meta=ps[0].meta, copies=len(layers), floor_us=floor_us,
                        rel_err_vs_layer=worst, timeouts=flags,
