@@ -275,7 +275,8 @@ def _persistent_kernel(x_ptr, wr_ptr, w13_ptr, w2_ptr, sw13_ptr, sw2_ptr, logit_
                        G_BK: tl.constexpr, D_RC: tl.constexpr, D_BN: tl.constexpr,
                        D_BK: tl.constexpr, SP: tl.constexpr, SPLIT: tl.constexpr,
                        PREFETCH: tl.constexpr, G_EV: tl.constexpr, SORT: tl.constexpr,
-                       RS: tl.constexpr, DC: tl.constexpr,
+                       RS: tl.constexpr, DC: tl.constexpr, ISA: tl.constexpr,
+                       B_RC: tl.constexpr, B_BN: tl.constexpr, B_BK: tl.constexpr,
                        MODE: tl.constexpr,
                        PHASE: tl.constexpr, INTERPRET: tl.constexpr,
                        TIMES: tl.constexpr = False):
@@ -308,11 +309,18 @@ def _persistent_kernel(x_ptr, wr_ptr, w13_ptr, w2_ptr, sw13_ptr, sw2_ptr, logit_
     NS: tl.constexpr = (IS + S_RC - 1) // S_RC
     NR: tl.constexpr = (I + G_RC - 1) // G_RC
     if ALL or PHASE == 2:
-        it = pid
-        while it < NS:  # (SPLIT: programs NS.. have none, they take the pairs' first)
-            _gate_up_rows(x_ptr, sw13_ptr, a_ptr, it * S_RC, tl.minimum(it * S_RC + S_RC, IS),
-                          IS, 1.0, False, D, S_BN, S_BK, MODE, INTERPRET, G_EV)
-            it += NP
+        if ISA < IS:  # staged: S_RC of the first ISA shared rows a program, the rest later
+            if pid * S_RC < ISA:
+                _gate_up_rows(x_ptr, sw13_ptr, a_ptr, pid * S_RC,
+                              tl.minimum(pid * S_RC + S_RC, ISA), IS, 1.0, False, D, S_BN, S_BK,
+                              MODE, INTERPRET, G_EV)
+        else:
+            it = pid
+            while it < NS:  # (SPLIT: programs NS.. have none, they take the pairs' first)
+                _gate_up_rows(x_ptr, sw13_ptr, a_ptr, it * S_RC,
+                              tl.minimum(it * S_RC + S_RC, IS), IS, 1.0, False, D, S_BN, S_BK,
+                              MODE, INTERPRET, G_EV)
+                it += NP
         _stamp(times_ptr, pid, 2, TIMES)
         if ALL:
             _await(sync_ptr, E * RS if E * RS < NP else NP, flag_ptr)
@@ -335,6 +343,13 @@ def _persistent_kernel(x_ptr, wr_ptr, w13_ptr, w2_ptr, sw13_ptr, sw2_ptr, logit_
                           c * G_RC, tl.minimum(c * G_RC + G_RC, I), I, xw, ON_INPUT, D, G_BN,
                           G_BK, MODE, INTERPRET, G_EV)
             it += NP
+        if ISA < IS:  # the shared rows left, after the pairs'
+            it = pid
+            while it < (IS - ISA + B_RC - 1) // B_RC:
+                n0 = ISA + it * B_RC
+                _gate_up_rows(x_ptr, sw13_ptr, a_ptr, n0, tl.minimum(n0 + B_RC, IS), IS, 1.0,
+                              False, D, B_BN, B_BK, MODE, INTERPRET, G_EV)
+                it += NP
         _stamp(times_ptr, pid, 4, TIMES)
         if ALL:
             _arrive(sync_ptr + 1)
@@ -405,7 +420,8 @@ class Persistent:
 
     def __init__(self, layer: MoE, programs: int, warps: int = 8, stages: int = 3,
                  tile: int | None = None, mode: int = 0, split: bool = False,
-                 prefetch: int = 0, sort: bool = False, router_split: int = 0):
+                 prefetch: int = 0, sort: bool = False, router_split: int = 0,
+                 staged: int = 0):
         cfg = layer.config
         if not router_split:  # router rows cut in up to 8 parts, one a program
             router_split = max(1, min(8, 1 << max(0, (programs // cfg.num_experts).bit_length() - 1)))
@@ -418,11 +434,17 @@ class Persistent:
         dev = layer.w13.device
         if IS not in (0, I):
             raise ValueError("the probe takes a shared expert of the routed experts' width")
+        isa, b_rc = IS, 1
         if split:  # shared items on programs 0 .. NS - 1, the pairs' on the next ones
             s_rc = g_rc = _items(([IS] if IS else []) + [I] * K, programs)
+        elif staged and IS:  # every program `staged` shared rows, a pair's item, then the rest
+            s_rc, isa = staged, min(IS, programs * staged)
+            g_rc = _items([I] * K, programs)
+            b_rc = _items([IS - isa], programs) if IS > isa else 1
         else:  # every program a shared item, then a pair's
             s_rc = _items([IS], programs) if IS else 1
             g_rc = _items([I] * K, programs)
+        b_bn = triton.next_power_of_2(b_rc)
         sp = triton.next_power_of_2(K + (IS > 0))
         d_rc = _items([D], programs)
         s_bn, g_bn = triton.next_power_of_2(s_rc), triton.next_power_of_2(g_rc)
@@ -436,7 +458,8 @@ class Persistent:
             G_RC=g_rc, G_BN=g_bn, G_BK=min(pd, max(16, tile // g_bn)), D_RC=d_rc, D_BN=d_bn,
             D_BK=min(triton.next_power_of_2(I), max(16, down_tile // (sp * d_bn))), SP=sp,
             SPLIT=split, PREFETCH=prefetch, G_EV="evict_first" if prefetch == 2 else "", SORT=sort,
-            RS=router_split, DC=-(-D // router_split),
+            RS=router_split, DC=-(-D // router_split), ISA=isa, B_RC=b_rc, B_BN=b_bn,
+            B_BK=min(pd, max(16, tile // b_bn)),
             MODE=mode)
         self.logits = torch.empty(E, router_split, dtype=torch.float32, device=dev)  # partials
         self.a = torch.empty(IS + K * I, dtype=cfg.dtype, device=dev)
@@ -522,10 +545,11 @@ def check_small() -> None:
         layer = MoE(MoEConfig(**fields, dtype=torch.bfloat16))
         with torch.no_grad():  # tied logits: the lower expert goes first
             layer.router_weight[5] = layer.router_weight[2]
-        for programs, mode, split, sort, rs in ((3, 0, True, False, 1), (7, 1, False, True, 2),
-                                                (5, 1, True, False, 4), (2, 0, False, True, 0)):
+        for programs, mode, split, sort, rs, staged in (
+                (3, 0, True, False, 1, 0), (7, 1, False, True, 2, 0), (5, 1, True, False, 4, 0),
+                (2, 0, False, True, 0, 0), (5, 0, False, True, 0, 3), (4, 0, False, False, 2, 16)):
             p = Persistent(layer, programs, warps=4, tile=512, mode=mode, split=split, sort=sort,
-                           router_split=rs)
+                           router_split=rs, staged=staged)
             for _ in range(3):
                 x = torch.randn(1, fields["hidden_size"], dtype=torch.bfloat16)
                 got, want = p(x, phased=True).float(), reference(layer, x).float()
@@ -560,9 +584,11 @@ def phases(ps: list[Persistent], xs: list[torch.Tensor]) -> dict:
 CASES = [("llama4-scout", 8), ("qwen3-30b-a3b", 1), ("llama4-maverick", 8), ("mixtral-8x7b", 2)]
 # (MODE, programs an SM, warps, split, prefetch: 0 none, 1 down's rows into L2 after this
 # program's gate_up, 2 as soon as the routing is known, gate_up's weights loaded evict_first;
-# sort: the top-k by one sort; router_split: parts a router row, 0: up to 8 as programs allow)
-VARIANTS = [(0, 2, 8, True, 0, False, 1), (0, 2, 8, True, 0, True, 1), (0, 2, 8, True, 0, True, 0),
-            (0, 4, 4, True, 0, True, 0)]
+# sort: the top-k by one sort; router_split: parts a router row, 0: up to 8 as programs allow;
+# staged: shared rows a program before the wait for the routing, the rest after the pairs')
+VARIANTS = [(0, 2, 8, True, 0, True, 0, 0), (0, 2, 8, False, 0, True, 0, 1),
+            (0, 2, 8, False, 0, True, 0, 2), (0, 4, 4, True, 0, True, 0, 0),
+            (0, 4, 4, False, 0, True, 0, 1)]
 
 
 def main() -> None:
@@ -591,9 +617,12 @@ def main() -> None:
         xs = [torch.randn(1, cfg.hidden_size, device="cuda", dtype=cfg.dtype)
               for _ in range(N_SETS)]
         floor_us = activated / (ceil.read_gbps * 1e3)
-        for mode, pps, warps, split, prefetch, sort, rsplit in VARIANTS:
+        for mode, pps, warps, split, prefetch, sort, rsplit, staged in VARIANTS:
+            if staged and not cfg.shared_intermediate_size:
+                continue  # (the same kernel as without)
             ps = [Persistent(L, sms * pps, warps=warps, mode=mode, split=split,
-                             prefetch=prefetch, sort=sort, router_split=rsplit) for L in layers]
+                             prefetch=prefetch, sort=sort, router_split=rsplit, staged=staged)
+                  for L in layers]
             fit, regs, smem = ps[0].per_sm(xs[0])
             if fit < pps:
                 print(name, mode, pps, warps, f"not resident: {fit} a SM ({regs} registers, "
@@ -622,6 +651,7 @@ def main() -> None:
             flags += sum(int(p.flag.item()) for p in ps)
             row = dict(preset=f"{name}-tp{tp}" if tp > 1 else name, T=1, mode=mode, split=split,
                        prefetch=prefetch, sort=sort, router_split=ps[0].meta["RS"],
+                       staged=staged,
                        programs_per_sm=pps, warps=warps, registers=regs, shared_bytes=smem,
                        meta=ps[0].meta, copies=len(layers), floor_us=floor_us,
                        rel_err_vs_layer=worst, timeouts=flags,
