@@ -1,4 +1,4 @@
-"""Top-k with one block reduction a round, measured against index_shuffle's own (offline SASS on
+"""Top-k with one block reduction a round, or by one sort, measured against index_shuffle's own (offline SASS on
 any machine; CUDA-graph timings on a GPU).
 
     PYTHONPATH=src:benchmarks python benchmarks/probe_route_topk.py --sass       (no GPU needed)
@@ -43,6 +43,25 @@ FIELDS = ("counts", "token_ids", "expert_ids", "weights", "num_valid", "position
 
 
 @triton.jit
+def _weights(s, vals, tmask, scaling, K: tl.constexpr, KP: tl.constexpr, BT: tl.constexpr,
+             SCORING: tl.constexpr, RENORM: tl.constexpr):
+    """kernel._topk's weights of the picks' values vals [BT, KP] (scores s [BT, BEC])."""
+    jj = tl.arange(0, KP)[None, :]
+    if SCORING == 1:
+        rmax = tl.where(tmask, tl.max(s, 1), 0.0)
+        denom = tl.where(tmask, tl.sum(tl.exp(s - rmax[:, None]), 1), 1.0)
+        w = tl.math.div_rn(tl.exp(vals - rmax[:, None]), denom[:, None])
+    elif SCORING == 2:
+        w = tl.math.div_rn(tl.full([BT, KP], 1.0, tl.float32), 1.0 + tl.exp(-vals))
+    else:
+        w = vals
+    if RENORM:
+        total = tl.where(tmask, tl.sum(tl.where(jj < K, w, 0.0), 1), 1.0)
+        w = tl.math.div_rn(w, total[:, None])
+    return w * tl.cast(scaling, tl.float32)
+
+
+@triton.jit
 def _topk_packed(s_ptr, stride, t, tmask, scaling, E: tl.constexpr, K: tl.constexpr,
                  KP: tl.constexpr, BT: tl.constexpr, BEC: tl.constexpr, SCORING: tl.constexpr,
                  RENORM: tl.constexpr):
@@ -61,18 +80,25 @@ def _topk_packed(s_ptr, stride, t, tmask, scaling, E: tl.constexpr, K: tl.conste
         packed = tl.where(cols[None, :] == idx[:, None], taken, packed)
         ids = tl.where(jj == j, idx[:, None], ids)
         vals = tl.where(jj == j, _key_value((m >> 32).to(tl.int32))[:, None], vals)
-    if SCORING == 1:
-        rmax = tl.where(tmask, tl.max(s, 1), 0.0)
-        denom = tl.where(tmask, tl.sum(tl.exp(s - rmax[:, None]), 1), 1.0)
-        w = tl.math.div_rn(tl.exp(vals - rmax[:, None]), denom[:, None])
-    elif SCORING == 2:
-        w = tl.math.div_rn(tl.full([BT, KP], 1.0, tl.float32), 1.0 + tl.exp(-vals))
-    else:
-        w = vals
-    if RENORM:
-        total = tl.where(tmask, tl.sum(tl.where(jj < K, w, 0.0), 1), 1.0)
-        w = tl.math.div_rn(w, total[:, None])
-    return ids, w * tl.cast(scaling, tl.float32)
+    return ids, _weights(s, vals, tmask, scaling, K, KP, BT, SCORING, RENORM)
+
+
+@triton.jit
+def _topk_sorted(s_ptr, stride, t, tmask, scaling, E: tl.constexpr, K: tl.constexpr,
+                 KP: tl.constexpr, BT: tl.constexpr, BEC: tl.constexpr, SCORING: tl.constexpr,
+                 RENORM: tl.constexpr):
+    """kernel._topk's whole-row path (BEC >= E) as one descending sort of each row's packed
+    (key, BEC - 1 - expert) and its first k (probe_persistent: 2 us against 3-3.6 for Qwen3's
+    top-8 of 128 in one program)."""
+    cols = tl.arange(0, BEC)
+    s = _load_scores(s_ptr, stride, t, tmask, cols, E)
+    key = tl.where((cols < E)[None, :], _score_keys(s), _SENTINEL)
+    packed = (key.to(tl.int64) << 32) | (BEC - 1 - cols).to(tl.int64)[None, :]
+    first = tl.broadcast_to(tl.minimum(tl.arange(0, KP), BEC - 1)[None, :], [BT, KP])
+    top = tl.gather(tl.sort(packed, dim=1, descending=True), first, 1)
+    ids = (BEC - 1) - (top & 0xFFFFFFFF).to(tl.int32)
+    vals = _key_value((top >> 32).to(tl.int32))
+    return ids, _weights(s, vals, tmask, scaling, K, KP, BT, SCORING, RENORM)
 
 
 def _route_kernel_with(topk):
@@ -84,7 +110,8 @@ def _route_kernel_with(topk):
     return triton.jit(copy)
 
 
-KERNELS = {"two reductions": K._route_kernel, "packed": _route_kernel_with(_topk_packed)}
+KERNELS = {"two reductions": K._route_kernel, "packed": _route_kernel_with(_topk_packed),
+           "sorted": _route_kernel_with(_topk_sorted)}
 
 
 def _consts(E: int, k: int, scoring: str, renorm: bool, cfg) -> dict:
@@ -160,15 +187,17 @@ def main() -> None:
 
             scores = [torch.randn(T, E, device="cuda", dtype=torch.bfloat16) for _ in range(SETS)]
             want = route(KERNELS["two reductions"], scores[0], k, scoring, renorm, cfg)
-            got = route(KERNELS["packed"], scores[0], k, scoring, renorm, cfg)
-            row["same_bits"] = all(torch.equal(got[f], want[f]) for f in FIELDS)
+            for way in ("packed", "sorted"):
+                got = route(KERNELS[way], scores[0], k, scoring, renorm, cfg)
+                row[f"{way}_same_bits"] = all(torch.equal(got[f], want[f]) for f in FIELDS)
             for way, kern in KERNELS.items():
                 row[f"{way}_us"] = time_fn(
                     lambda i: route(kern, scores[i], k, scoring, renorm, cfg),
                     SETS, graph=True, reps=30).median_us
             rows.append(row)
             print(f"{name} T={T} ({row['cfg']}) two reductions {row['two reductions_us']:.2f} us, "
-                  f"packed {row['packed_us']:.2f} us, same bits {row['same_bits']}", flush=True)
+                  f"packed {row['packed_us']:.2f} us, sorted {row['sorted_us']:.2f} us, same bits "
+                  f"{row['packed_same_bits']} {row['sorted_same_bits']}", flush=True)
     if args.out and rows:
         from shufflemoe.bench.report import metadata
 
