@@ -1,5 +1,5 @@
-"""Top-k with one block reduction a round, or by one sort, measured against index_shuffle's own (offline SASS on
-any machine; CUDA-graph timings on a GPU).
+"""Top-k with one block reduction a round, or by one sort, measured against index_shuffle's own
+(offline SASS on any machine; CUDA-graph timings on a GPU).
 
     PYTHONPATH=src:benchmarks python benchmarks/probe_route_topk.py --sass       (no GPU needed)
     PYTHONPATH=src:benchmarks python benchmarks/probe_route_topk.py --out $OUT   (a GPU, ~1 min)
