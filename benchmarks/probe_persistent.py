@@ -357,7 +357,8 @@ def _persistent_kernel(x_ptr, wr_ptr, w13_ptr, w2_ptr, sw13_ptr, sw2_ptr, logit_
     # step's weights before the wait for gate_up (they do not depend on it)
     if ALL or PHASE == 3:
         if not ALL:
-            ids, ws = _pick(logit_ptr, scaling, E, EP, K, KP, SCORING, RENORM, SORT, RS, XT, INTERPRET)
+            ids, ws = _pick(logit_ptr, scaling, E, EP, K, KP, SCORING, RENORM, SORT, RS, XT,
+                            INTERPRET)
             jj = tl.arange(0, KP)
         seg = tl.arange(0, SP)
         seg_ok = seg < K + HS
@@ -424,7 +425,8 @@ class Persistent:
                  staged: int = 0):
         cfg = layer.config
         if not router_split:  # router rows cut in up to 8 parts, one a program
-            router_split = max(1, min(8, 1 << max(0, (programs // cfg.num_experts).bit_length() - 1)))
+            most = max(1, programs // cfg.num_experts)
+            router_split = min(8, 1 << (most.bit_length() - 1))
         # elements of one tile a K step: 32 a thread (16 with the prefetch); down's 32
         tile = tile or (512 if mode else 1024) * warps
         down_tile = 1024 * warps
@@ -454,7 +456,8 @@ class Persistent:
             D=D, I=I, IS=IS, E=E, EP=max(16, triton.next_power_of_2(E)), K=K,
             KP=triton.next_power_of_2(K), NP=programs, SCORING=SCORING_IDS[cfg.scoring],
             RENORM=cfg.renormalize, ON_INPUT=cfg.apply_router_weight_on_input,
-            RBD=min(triton.next_power_of_2(-(-D // router_split)), tile), S_RC=s_rc, S_BN=s_bn, S_BK=min(pd, max(16, tile // s_bn)),
+            RBD=min(triton.next_power_of_2(-(-D // router_split)), tile), S_RC=s_rc, S_BN=s_bn,
+            S_BK=min(pd, max(16, tile // s_bn)),
             G_RC=g_rc, G_BN=g_bn, G_BK=min(pd, max(16, tile // g_bn)), D_RC=d_rc, D_BN=d_bn,
             D_BK=min(triton.next_power_of_2(I), max(16, down_tile // (sp * d_bn))), SP=sp,
             SPLIT=split, PREFETCH=prefetch, G_EV="evict_first" if prefetch == 2 else "", SORT=sort,
