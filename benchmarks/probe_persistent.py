@@ -422,8 +422,10 @@ class Persistent:
     def __init__(self, layer: MoE, programs: int, warps: int = 8, stages: int = 3,
                  tile: int | None = None, mode: int = 0, split: bool = False,
                  prefetch: int = 0, sort: bool = False, router_split: int = 0,
-                 staged: int = 0):
+                 staged: int = 0, cooperative: bool = False):
         cfg = layer.config
+        self.cooperative = cooperative  # a cooperative launch: refused, not hung, where the
+        # grid cannot be resident
         if not router_split:  # router rows cut in up to 8 parts, one a program
             most = max(1, programs // cfg.num_experts)
             router_split = min(8, 1 << (most.bit_length() - 1))
@@ -496,7 +498,8 @@ class Persistent:
                 x, *self.args, self.logits, self.a, self.sync, self.flag, out, self.times,
                 self.scaling, TIMES=times,
                 **self.meta, PHASE=phase, INTERPRET=os.environ.get("TRITON_INTERPRET") == "1",
-                num_warps=self.warps, num_stages=self.stages)
+                num_warps=self.warps, num_stages=self.stages,
+                **({"launch_cooperative_grid": True} if self.cooperative and not phased else {}))
         return out
 
 
@@ -588,10 +591,10 @@ CASES = [("llama4-scout", 8), ("qwen3-30b-a3b", 1), ("llama4-maverick", 8), ("mi
 # (MODE, programs an SM, warps, split, prefetch: 0 none, 1 down's rows into L2 after this
 # program's gate_up, 2 as soon as the routing is known, gate_up's weights loaded evict_first;
 # sort: the top-k by one sort; router_split: parts a router row, 0: up to 8 as programs allow;
-# staged: shared rows a program before the wait for the routing, the rest after the pairs')
-VARIANTS = [(0, 2, 8, True, 0, True, 0, 0), (0, 2, 8, False, 0, True, 0, 1),
-            (0, 2, 8, False, 0, True, 0, 2), (0, 4, 4, True, 0, True, 0, 0),
-            (0, 4, 4, False, 0, True, 0, 1)]
+# staged: shared rows a program before the wait for the routing, the rest after the pairs';
+# cooperative: launched as a cooperative grid)
+VARIANTS = [(0, 2, 8, True, 0, True, 0, 0, False), (0, 2, 8, True, 0, True, 0, 0, True),
+            (0, 4, 4, True, 0, True, 0, 0, False), (0, 4, 4, True, 0, True, 0, 0, True)]
 
 
 def main() -> None:
@@ -620,11 +623,12 @@ def main() -> None:
         xs = [torch.randn(1, cfg.hidden_size, device="cuda", dtype=cfg.dtype)
               for _ in range(N_SETS)]
         floor_us = activated / (ceil.read_gbps * 1e3)
-        for mode, pps, warps, split, prefetch, sort, rsplit, staged in VARIANTS:
+        for mode, pps, warps, split, prefetch, sort, rsplit, staged, coop in VARIANTS:
             if staged and not cfg.shared_intermediate_size:
                 continue  # (the same kernel as without)
             ps = [Persistent(L, sms * pps, warps=warps, mode=mode, split=split,
-                             prefetch=prefetch, sort=sort, router_split=rsplit, staged=staged)
+                             prefetch=prefetch, sort=sort, router_split=rsplit, staged=staged,
+                             cooperative=coop)
                   for L in layers]
             fit, regs, smem = ps[0].per_sm(xs[0])
             if fit < pps:
@@ -654,7 +658,7 @@ def main() -> None:
             flags += sum(int(p.flag.item()) for p in ps)
             row = dict(preset=f"{name}-tp{tp}" if tp > 1 else name, T=1, mode=mode, split=split,
                        prefetch=prefetch, sort=sort, router_split=ps[0].meta["RS"],
-                       staged=staged,
+                       staged=staged, cooperative=coop,
                        programs_per_sm=pps, warps=warps, registers=regs, shared_bytes=smem,
                        meta=ps[0].meta, copies=len(layers), floor_us=floor_us,
                        rel_err_vs_layer=worst, timeouts=flags,
