@@ -3,7 +3,7 @@ index_shuffle, gate_up, down), both in CUDA graphs on rotating weights, with per
 global-timer stamps at each phase boundary (eager calls, one at a time).
 
     PYTHONPATH=src python benchmarks/probe_persistent.py --out $OUT        (a GPU, ~1 min)
-    TRITON_INTERPRET=1 PYTHONPATH=src python benchmarks/probe_persistent.py --check   (CPU)
+    TRITON_INTERPRET=1 PYTHONPATH=src python benchmarks/probe_persistent.py --check   (CPU; CI)
 
 notes/layer.md ("Why T = 1 stays near 28 us in every format") puts ~20 us of a 28 us Llama 4
 Scout call in four dependent kernels' ramps and drains. Here 2-4 programs an SM do it all:
@@ -552,17 +552,17 @@ def check_small() -> None:
         with torch.no_grad():  # tied logits: the lower expert goes first
             layer.router_weight[5] = layer.router_weight[2]
         for programs, mode, split, sort, rs, staged in (
-                (3, 0, True, False, 1, 0), (7, 1, False, True, 2, 0), (5, 1, True, False, 4, 0),
-                (2, 0, False, True, 0, 0), (5, 0, False, True, 0, 3), (4, 0, False, False, 2, 16)):
+                (3, 0, True, False, 1, 0), (7, 1, False, True, 2, 0), (5, 0, False, True, 0, 3),
+                (4, 0, False, False, 2, 16)):
             p = Persistent(layer, programs, warps=4, tile=512, mode=mode, split=split, sort=sort,
                            router_split=rs, staged=staged)
-            for _ in range(3):
+            for _ in range(2):
                 x = torch.randn(1, fields["hidden_size"], dtype=torch.bfloat16)
                 got, want = p(x, phased=True).float(), reference(layer, x).float()
                 err = ((got - want).abs().max() / want.abs().max()).item()
                 print(fields["num_experts"], fields["top_k"], programs, p.meta["G_RC"],
                       p.meta["D_RC"], f"rel err {err:.2e}", flush=True)
-                assert err < 1e-2, err
+                assert err <= 2.0**-8, err  # one bf16 step at the largest output
 
 
 STAMPS = ("start", "router done", "shared gate_up done", "routing known", "gate_up done",
