@@ -8,31 +8,32 @@ global-timer stamps at each phase boundary (eager calls, one at a time).
 notes/layer.md ("Why T = 1 stays near 28 us in every format") puts ~20 us of a 28 us Llama 4
 Scout call in four dependent kernels' ramps and drains. Here 2-4 programs an SM do it all:
 
-  1. router: the first E programs one router row each (fp32 dots, rounded to x's dtype as the
-     router kernel does); they store the logits and arrive on a word;
-  2. gate_up: the shared expert's row items (they need no routing); a wait for the router's
-     arrivals; each program's own top-k of the E logits (ranks from one comparison, in chunks
-     of 32 columns); its items of the chosen experts' w13 (x times the pair's weight first
-     where the router weight goes on the input); SwiGLU in fp32, a rounded to x's dtype; every
-     program arrives on a second word. SPLIT: shared items on the first programs, the pairs'
-     on the next ones (each program one item); else every program a shared item then a pair's;
+  1. router: programs take a part of a router row each (the rows cut in up to 8 parts, fp32
+     partial dots); they store the partials and arrive on a word;
+  2. gate_up: the shared expert's row items, on the first programs (they need no routing); a
+     wait for the router's arrivals; each program's own top-k of the E logits (the partials
+     summed and rounded once to x's dtype, as the router kernel rounds); the pairs' row items
+     of the chosen experts' w13 on the next programs (x times the pair's weight first where
+     the router weight goes on the input); SwiGLU in fp32, a rounded to x's dtype; every
+     program arrives on a second word;
   3. down: each program loads its first K step of down's weights (the shared expert's and the
      chosen experts' rows, one [segments, rows, K] tile) before it waits for gate_up, then
      streams its rows (one step ahead) and sums the segments in fp32, rounding once.
 
-Gate_up and down items are rows of the weights cut so that every program gets at most one a
-phase. Every program must be resident for the waits (per_sm checks the compiled kernel's
-registers and shared memory); a wait gives up after 2^20 polls and raises a flag instead of
-hanging. The last program to leave resets the words (CUDA-graph safe). Under the interpreter
-(--check) the phases run as three launches (PHASE), the same code without waits. T = 1,
-bf16, SwiGLU, routers top-k over softmax / sigmoid / none (no logits bias, no group limit), a
-shared expert of the routed experts' width or none. Writes $OUT/probe_persistent.json.
+Items are rows of the weights cut so that every program gets at most one a phase. Every program
+must be resident for the waits: per_sm checks the compiled kernel's registers and shared
+memory, and the cooperative variant has the driver refuse a grid that cannot be; a wait gives
+up after 2^20 polls and raises a flag instead of hanging. The last program to leave resets the
+words (CUDA-graph safe). Under the interpreter (--check) the phases run as three launches
+(PHASE), the same code without waits. T = 1, bf16, SwiGLU, routers top-k over softmax /
+sigmoid / none (no logits bias, no group limit), a shared expert of the routed experts' width
+or none. Writes $OUT/probe_persistent.json.
 
-What the runs found (H100; notes/layer.md has the numbers): the waits cost ~0.8 us (gate_up)
-and ~1.3-4 us (the router's, growing with its arrivals: 16 for Scout, 128 for Qwen3) as one
-word with one thread's acquire atomics polling it; plain loads by every thread (2-4 us a wait),
-a go word per program set by the last arrival (2-4 us), and 8 group words under a top word
-(1.3 us for gate_up, 4.6 for Qwen3's router) were all slower.
+The variants measured on the way (notes/layer.md, results/probe_persistent_<commit>.json) are
+in this script's history: K loops (one program an SM, unrolled, MMA against a 16-wide tile, a
+step loaded ahead), waits (plain loads, a go word a program, group words), top-k by ranks,
+balanced and staged shared items, and down's rows asked of L2 early. One word a barrier,
+polled by one thread's acquire atomics, was the fastest wait.
 """
 
 from __future__ import annotations
@@ -83,33 +84,6 @@ def _stamp(times_ptr, pid, i: tl.constexpr, TIMES: tl.constexpr):
 
 
 @triton.jit
-def _prefetch_l2(ptr, nbytes):
-    """Ask L2 for nbytes (a multiple of 16) from ptr (16-byte aligned), to be kept over data
-    loaded evict_first: one TMA bulk prefetch with an evict_last policy, from thread 0."""
-    tl.inline_asm_elementwise(
-        "{ .reg .u32 t; .reg .pred p; .reg .b64 pol; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0;\n\t"
-        "createpolicy.fractional.L2::evict_last.b64 pol, 1.0;\n\t"
-        "@p cp.async.bulk.prefetch.L2.global.L2::cache_hint [$1], $2, pol; mov.u32 $0, 0; }",
-        "=r,l,r", [ptr, nbytes], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _prefetch_down(w2_ptr, sw2_ptr, ids, jj, pid, D: tl.constexpr, I: tl.constexpr,
-                   K: tl.constexpr, HS: tl.constexpr, D_RC: tl.constexpr, NP: tl.constexpr):
-    """L2 prefetches of the down rows program pid will stream (its one item: the shared
-    expert's rows, then each pair's expert's), a contiguous block a segment."""
-    ND: tl.constexpr = (D + D_RC - 1) // D_RC
-    if pid < ND:
-        row0 = pid * D_RC
-        nbytes = (tl.minimum(D - row0, D_RC) * I * 2).to(tl.int32)
-        if HS:
-            _prefetch_l2(sw2_ptr + row0.to(tl.int64) * I, nbytes)
-        for j in tl.static_range(K):
-            e = tl.sum(tl.where(jj == j, ids, 0), 0)
-            _prefetch_l2(w2_ptr + (e.to(tl.int64) * D + row0) * I, nbytes)
-
-
-@triton.jit
 def _logits(part_ptr, E: tl.constexpr, EP: tl.constexpr, RS: tl.constexpr, DTYPE: tl.constexpr,
             INTERPRET: tl.constexpr):
     """The E logits [EP] in fp32: each expert's RS fp32 partial dot products summed (a fixed
@@ -125,50 +99,24 @@ def _logits(part_ptr, E: tl.constexpr, EP: tl.constexpr, RS: tl.constexpr, DTYPE
 
 
 @triton.jit
-def _ranks(logit_ptr, E: tl.constexpr, EP: tl.constexpr, RS: tl.constexpr,
-           DTYPE: tl.constexpr, INTERPRET: tl.constexpr):
-    """(the E logits in fp32 [EP], each expert's rank [EP]: the experts with a higher key, or
-    an equal key and a lower id, so ties go to the lower expert as index_shuffle's), from
-    [EP, 32] comparisons whose 32 columns' keys come out of the row's own registers (a max over
-    a one-hot), not from reloads: each reload was an L2 round trip (~3 us for Qwen3's 4)."""
-    cols = tl.arange(0, EP)
-    s = _logits(logit_ptr, E, EP, RS, DTYPE, INTERPRET)
-    key = tl.where(cols < E, _score_keys(s), _SENTINEL)
-    rank = tl.zeros([EP], tl.int32)
-    CH: tl.constexpr = 32 if EP > 32 else EP  # columns compared at a time (registers)
-    for c0 in tl.static_range(0, EP, CH):
-        cj = c0 + tl.arange(0, CH)
-        kj = tl.max(tl.where(cols[:, None] == cj[None, :], key[:, None], _SENTINEL), 0)
-        ahead = (kj[None, :] > key[:, None]) | ((kj[None, :] == key[:, None])
-                                               & (cj[None, :] < cols[:, None]))
-        rank += tl.sum(ahead.to(tl.int32), 1)
-    return s, rank
-
-
-@triton.jit
 def _pick(logit_ptr, scaling, E: tl.constexpr, EP: tl.constexpr, K: tl.constexpr,
-          KP: tl.constexpr, SCORING: tl.constexpr, RENORM: tl.constexpr, SORT: tl.constexpr,
-          RS: tl.constexpr, DTYPE: tl.constexpr, INTERPRET: tl.constexpr):
+          KP: tl.constexpr, SCORING: tl.constexpr, RENORM: tl.constexpr, RS: tl.constexpr,
+          DTYPE: tl.constexpr, INTERPRET: tl.constexpr):
     """Top-k of the E logits: (ids [KP], weights [KP]); ties go to the lower expert, as
-    index_shuffle's. SORT: one descending sort of (key << 32 | EP - 1 - expert) and its first
-    k; else each expert's rank from [EP, 32] comparisons and the k picks from a [KP, EP] match."""
+    index_shuffle's. Top-1: one max of (key << 32 | EP - 1 - expert); else one descending sort
+    of those and its first k (Qwen3's top-8 of 128: ~2 us; ranks from [128, 32] comparisons
+    took 3-3.6 us, k rounds of block reductions ~3)."""
     cols = tl.arange(0, EP)
     jj = tl.arange(0, KP)
-    if SORT or K == 1:
-        s = _logits(logit_ptr, E, EP, RS, DTYPE, INTERPRET)
-        key = tl.where(cols < E, _score_keys(s), _SENTINEL)
-        packed = (key.to(tl.int64) << 32) | (EP - 1 - cols).to(tl.int64)
-        if K == 1:  # one max
-            top = tl.full([KP], tl.max(packed, 0), tl.int64)
-        else:
-            top = tl.gather(tl.sort(packed, descending=True), tl.minimum(jj, EP - 1), 0)
-        ids = (EP - 1) - (top & 0xFFFFFFFF).to(tl.int32)
-        vals = _key_value((top >> 32).to(tl.int32))
+    s = _logits(logit_ptr, E, EP, RS, DTYPE, INTERPRET)
+    key = tl.where(cols < E, _score_keys(s), _SENTINEL)
+    packed = (key.to(tl.int64) << 32) | (EP - 1 - cols).to(tl.int64)
+    if K == 1:
+        top = tl.full([KP], tl.max(packed, 0), tl.int64)
     else:
-        s, rank = _ranks(logit_ptr, E, EP, RS, DTYPE, INTERPRET)
-        hit = rank[None, :] == jj[:, None]
-        ids = tl.sum(tl.where(hit, cols[None, :], 0), 1)
-        vals = tl.sum(tl.where(hit, s[None, :], 0.0), 1)
+        top = tl.gather(tl.sort(packed, descending=True), tl.minimum(jj, EP - 1), 0)
+    ids = (EP - 1) - (top & 0xFFFFFFFF).to(tl.int32)
+    vals = _key_value((top >> 32).to(tl.int32))
     if SCORING == 1:
         rmax = tl.max(s, 0)
         w = tl.math.div_rn(tl.exp(vals - rmax), tl.sum(tl.exp(s - rmax), 0))
@@ -182,70 +130,29 @@ def _pick(logit_ptr, scaling, E: tl.constexpr, EP: tl.constexpr, K: tl.constexpr
 
 
 @triton.jit
-def _step(acc, w, v):
-    """acc [BN] += w [BN, BK] . v [BK] on the CUDA cores, in fp32."""
-    return acc + tl.sum(w.to(tl.float32) * v.to(tl.float32)[None, :], 1)
-
-
-@triton.jit
-def _rows_dot(w_ptr, rows, rows2, rok, v_ptr, vw, SCALE_V: tl.constexpr, TWO: tl.constexpr,
-              N: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, MODE: tl.constexpr,
-              INTERPRET: tl.constexpr, EV: tl.constexpr):
-    """fp32 (w[rows, :N] . v[:N], w[rows2, :N] . v[:N] where TWO) for rows [BN] of w [*, N], both
-    row sets' tiles loaded in the same K step; v times vw, rounded to v's dtype, where SCALE_V.
-    MODE 0: load a step's tiles, then reduce them; 1: the next step's tiles are loaded before
-    this step's are reduced (two steps of weights in flight a program)."""
-    acc = tl.zeros([BN], tl.float32)
-    acc2 = tl.zeros([BN], tl.float32)
-    base = w_ptr + rows.to(tl.int64)[:, None] * N
-    base2 = w_ptr + rows2.to(tl.int64)[:, None] * N
-    if MODE == 1:
-        k = tl.arange(0, BK)
-        w = tl.load(base + k[None, :], mask=rok[:, None] & (k < N)[None, :], other=0.0,
-                        eviction_policy=EV)
-        if TWO:
-            w2 = tl.load(base2 + k[None, :], mask=rok[:, None] & (k < N)[None, :], other=0.0,
-                        eviction_policy=EV)
-    for k0 in range(0, N, BK):
-        k = k0 + tl.arange(0, BK)
-        kok = k < N
-        if MODE == 1:
-            kn = k + BK
-            nok = rok[:, None] & (kn < N)[None, :]
-            nw = tl.load(base + kn[None, :], mask=nok, other=0.0,
-                        eviction_policy=EV)
-            if TWO:
-                nw2 = tl.load(base2 + kn[None, :], mask=nok, other=0.0,
-                        eviction_policy=EV)
-        else:
-            w = tl.load(base + k[None, :], mask=rok[:, None] & kok[None, :], other=0.0,
-                        eviction_policy=EV)
-            if TWO:
-                w2 = tl.load(base2 + k[None, :], mask=rok[:, None] & kok[None, :], other=0.0,
-                        eviction_policy=EV)
-        v = tl.load(v_ptr + k, mask=kok, other=0.0, cache_modifier=".cg")
-        if SCALE_V:
-            v = cast_to(v.to(tl.float32) * vw, v_ptr.dtype.element_ty, INTERPRET)
-        acc = _step(acc, w, v)
-        if TWO:
-            acc2 = _step(acc2, w2, v)
-        if MODE == 1:
-            w = nw
-            if TWO:
-                w2 = nw2
-    return acc, acc2
-
-
-@triton.jit
 def _gate_up_rows(x_ptr, w_ptr, a_ptr, n0, n_stop, half, xw, SCALE_X: tl.constexpr,
-                  D: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, MODE: tl.constexpr,
-                  INTERPRET: tl.constexpr, EV: tl.constexpr):
-    """a[n0 .. n_stop) = silu(x . w[n]) * (x . w[half + n]) rounded to a's dtype; w: [2 * half,
-    D] rows (gate, then up); x times xw rounded to x's dtype first where SCALE_X."""
+                  D: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, INTERPRET: tl.constexpr):
+    """a[n0 .. n_stop) = silu(x . w[n]) * (x . w[half + n]) rounded to a's dtype, w: [2 * half,
+    D] rows (gate, then up), x times xw rounded to x's dtype first where SCALE_X. A K step loads
+    both row sets' tiles, then reduces them on the CUDA cores in fp32 (loading the next step's
+    before reducing this one's was never faster: 789cb13, 4fb0df0)."""
     n = n0 + tl.arange(0, BN)
     ok = n < n_stop
-    g, u = _rows_dot(w_ptr, n, half + n, ok, x_ptr, xw, SCALE_X, True, D, BN, BK, MODE,
-                     INTERPRET, EV)
+    gate = w_ptr + n.to(tl.int64)[:, None] * D
+    up = w_ptr + (half + n).to(tl.int64)[:, None] * D
+    g = tl.zeros([BN], tl.float32)
+    u = tl.zeros([BN], tl.float32)
+    for k0 in range(0, D, BK):
+        k = k0 + tl.arange(0, BK)
+        kok = k < D
+        wg = tl.load(gate + k[None, :], mask=ok[:, None] & kok[None, :], other=0.0)
+        wu = tl.load(up + k[None, :], mask=ok[:, None] & kok[None, :], other=0.0)
+        x = tl.load(x_ptr + k, mask=kok, other=0.0)
+        if SCALE_X:
+            x = cast_to(x.to(tl.float32) * xw, x_ptr.dtype.element_ty, INTERPRET)
+        x = x.to(tl.float32)[None, :]
+        g += tl.sum(wg.to(tl.float32) * x, 1)
+        u += tl.sum(wu.to(tl.float32) * x, 1)
     a = glu_f32(g, u, "silu", False, 1.0, 0.0)
     tl.store(a_ptr + n, cast_to(a, a_ptr.dtype.element_ty, INTERPRET), mask=ok)
 
@@ -270,15 +177,10 @@ def _persistent_kernel(x_ptr, wr_ptr, w13_ptr, w2_ptr, sw13_ptr, sw2_ptr, logit_
                        D: tl.constexpr, I: tl.constexpr, IS: tl.constexpr, E: tl.constexpr,
                        EP: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, NP: tl.constexpr,
                        SCORING: tl.constexpr, RENORM: tl.constexpr, ON_INPUT: tl.constexpr,
-                       RBD: tl.constexpr, S_RC: tl.constexpr, S_BN: tl.constexpr,
-                       S_BK: tl.constexpr, G_RC: tl.constexpr, G_BN: tl.constexpr,
+                       RBD: tl.constexpr, G_RC: tl.constexpr, G_BN: tl.constexpr,
                        G_BK: tl.constexpr, D_RC: tl.constexpr, D_BN: tl.constexpr,
-                       D_BK: tl.constexpr, SP: tl.constexpr, SPLIT: tl.constexpr,
-                       PREFETCH: tl.constexpr, G_EV: tl.constexpr, SORT: tl.constexpr,
-                       RS: tl.constexpr, DC: tl.constexpr, ISA: tl.constexpr,
-                       B_RC: tl.constexpr, B_BN: tl.constexpr, B_BK: tl.constexpr,
-                       MODE: tl.constexpr,
-                       PHASE: tl.constexpr, INTERPRET: tl.constexpr,
+                       D_BK: tl.constexpr, SP: tl.constexpr, RS: tl.constexpr,
+                       DC: tl.constexpr, PHASE: tl.constexpr, INTERPRET: tl.constexpr,
                        TIMES: tl.constexpr = False):
     pid = tl.program_id(0)
     _stamp(times_ptr, pid, 0, TIMES)
@@ -286,7 +188,7 @@ def _persistent_kernel(x_ptr, wr_ptr, w13_ptr, w2_ptr, sw13_ptr, sw2_ptr, logit_
     ALL: tl.constexpr = PHASE == 0
     HS: tl.constexpr = 1 if IS > 0 else 0  # segments of a and of down: the shared expert's
     # first (IS = I), then each pair's, at a[s * I]
-    # 1. router rows e = pid, pid + NP, ...
+    # 1. router parts r = pid, pid + NP, ... (row r // RS, part r % RS)
     if ALL or PHASE == 1:
         r = pid
         while r < E * RS:  # (the interpreter takes no range() over a program id)
@@ -305,35 +207,24 @@ def _persistent_kernel(x_ptr, wr_ptr, w13_ptr, w2_ptr, sw13_ptr, sw2_ptr, logit_
         if ALL:
             if pid < E * RS:  # only the programs with router parts arrive
                 _arrive(sync_ptr)
-    # 2. gate_up: the shared expert's rows (S_RC an item), then the pairs' (G_RC an item)
-    NS: tl.constexpr = (IS + S_RC - 1) // S_RC
+    # 2. gate_up: the shared expert's row items on programs 0 .. NS - 1 (no routing needed),
+    # the pairs' items numbered on from there (item NS + r on program (NS + r) % NP)
+    NS: tl.constexpr = (IS + G_RC - 1) // G_RC
     NR: tl.constexpr = (I + G_RC - 1) // G_RC
     if ALL or PHASE == 2:
-        if ISA < IS:  # staged: S_RC of the first ISA shared rows a program, the rest later
-            if pid * S_RC < ISA:
-                _gate_up_rows(x_ptr, sw13_ptr, a_ptr, pid * S_RC,
-                              tl.minimum(pid * S_RC + S_RC, ISA), IS, 1.0, False, D, S_BN, S_BK,
-                              MODE, INTERPRET, G_EV)
-        else:
-            it = pid
-            while it < NS:  # (SPLIT: programs NS.. have none, they take the pairs' first)
-                _gate_up_rows(x_ptr, sw13_ptr, a_ptr, it * S_RC,
-                              tl.minimum(it * S_RC + S_RC, IS), IS, 1.0, False, D, S_BN, S_BK,
-                              MODE, INTERPRET, G_EV)
-                it += NP
+        it = pid
+        while it < NS:
+            _gate_up_rows(x_ptr, sw13_ptr, a_ptr, it * G_RC, tl.minimum(it * G_RC + G_RC, IS),
+                          IS, 1.0, False, D, G_BN, G_BK, INTERPRET)
+            it += NP
         _stamp(times_ptr, pid, 2, TIMES)
         if ALL:
             _await(sync_ptr, E * RS if E * RS < NP else NP, flag_ptr)
         _stamp(times_ptr, pid, 7, TIMES)
         jj = tl.arange(0, KP)
-        ids, ws = _pick(logit_ptr, scaling, E, EP, K, KP, SCORING, RENORM, SORT, RS, XT, INTERPRET)
+        ids, ws = _pick(logit_ptr, scaling, E, EP, K, KP, SCORING, RENORM, RS, XT, INTERPRET)
         _stamp(times_ptr, pid, 3, TIMES)
-        if ALL and PREFETCH == 2:  # down's rows into L2 now, kept over gate_up's stream
-            _prefetch_down(w2_ptr, sw2_ptr, ids, jj, pid, D, I, K, HS, D_RC, NP)
-        if SPLIT:  # pair items continue the shared ones' numbering: item NS + r on (NS + r) % NP
-            it = ((pid - NS) % NP + NP) % NP
-        else:
-            it = pid
+        it = ((pid - NS) % NP + NP) % NP
         while it < K * NR:
             j = it // NR
             c = it % NR
@@ -341,15 +232,8 @@ def _persistent_kernel(x_ptr, wr_ptr, w13_ptr, w2_ptr, sw13_ptr, sw2_ptr, logit_
             xw = tl.sum(tl.where(jj == j, ws, 0.0), 0)
             _gate_up_rows(x_ptr, w13_ptr + e.to(tl.int64) * (2 * I * D), a_ptr + IS + j * I,
                           c * G_RC, tl.minimum(c * G_RC + G_RC, I), I, xw, ON_INPUT, D, G_BN,
-                          G_BK, MODE, INTERPRET, G_EV)
+                          G_BK, INTERPRET)
             it += NP
-        if ISA < IS:  # the shared rows left, after the pairs'
-            it = pid
-            while it < (IS - ISA + B_RC - 1) // B_RC:
-                n0 = ISA + it * B_RC
-                _gate_up_rows(x_ptr, sw13_ptr, a_ptr, n0, tl.minimum(n0 + B_RC, IS), IS, 1.0,
-                              False, D, B_BN, B_BK, MODE, INTERPRET, G_EV)
-                it += NP
         _stamp(times_ptr, pid, 4, TIMES)
         if ALL:
             _arrive(sync_ptr + 1)
@@ -357,8 +241,7 @@ def _persistent_kernel(x_ptr, wr_ptr, w13_ptr, w2_ptr, sw13_ptr, sw2_ptr, logit_
     # step's weights before the wait for gate_up (they do not depend on it)
     if ALL or PHASE == 3:
         if not ALL:
-            ids, ws = _pick(logit_ptr, scaling, E, EP, K, KP, SCORING, RENORM, SORT, RS, XT,
-                            INTERPRET)
+            ids, ws = _pick(logit_ptr, scaling, E, EP, K, KP, SCORING, RENORM, RS, XT, INTERPRET)
             jj = tl.arange(0, KP)
         seg = tl.arange(0, SP)
         seg_ok = seg < K + HS
@@ -371,8 +254,6 @@ def _persistent_kernel(x_ptr, wr_ptr, w13_ptr, w2_ptr, sw13_ptr, sw2_ptr, logit_
         else:
             coef = tl.where(shared_seg, 1.0, tl.sum(tl.where(hitp, ws[None, :], 0.0), 1))
         ND: tl.constexpr = (D + D_RC - 1) // D_RC
-        if ALL and PREFETCH == 1:  # down's rows into L2 once this program's gate_up is done
-            _prefetch_down(w2_ptr, sw2_ptr, ids, jj, pid, D, I, K, HS, D_RC, NP)
         kk = tl.arange(0, D_BK)
         it = pid
         w = _down_tiles(w2_ptr, sw2_ptr, it, kk, e_seg, seg_ok & (it < ND), shared_seg, D, I,
@@ -419,53 +300,32 @@ def _items(rows: list[int], programs: int) -> int:
 class Persistent:
     """layer (T = 1, bf16, SwiGLU, plain shared expert or none) as one launch."""
 
-    def __init__(self, layer: MoE, programs: int, warps: int = 8, stages: int = 3,
-                 tile: int | None = None, mode: int = 0, split: bool = False,
-                 prefetch: int = 0, sort: bool = False, router_split: int = 0,
-                 staged: int = 0, cooperative: bool = False):
+    def __init__(self, layer: MoE, programs: int, warps: int = 8, router_split: int = 0,
+                 cooperative: bool = False, tile: int | None = None):
         cfg = layer.config
-        self.cooperative = cooperative  # a cooperative launch: refused, not hung, where the
-        # grid cannot be resident
-        if not router_split:  # router rows cut in up to 8 parts, one a program
-            most = max(1, programs // cfg.num_experts)
-            router_split = min(8, 1 << (most.bit_length() - 1))
-        # elements of one tile a K step: 32 a thread (16 with the prefetch); down's 32
-        tile = tile or (512 if mode else 1024) * warps
-        down_tile = 1024 * warps
-        self.layer, self.np, self.warps, self.stages = layer, programs, warps, stages
         D, I, E, K = cfg.hidden_size, cfg.intermediate_size, cfg.num_experts, cfg.top_k
         IS = cfg.shared_intermediate_size if layer.shared_w13 is not None else 0
-        dev = layer.w13.device
         if IS not in (0, I):
             raise ValueError("the probe takes a shared expert of the routed experts' width")
-        isa, b_rc = IS, 1
-        if split:  # shared items on programs 0 .. NS - 1, the pairs' on the next ones
-            s_rc = g_rc = _items(([IS] if IS else []) + [I] * K, programs)
-        elif staged and IS:  # every program `staged` shared rows, a pair's item, then the rest
-            s_rc, isa = staged, min(IS, programs * staged)
-            g_rc = _items([I] * K, programs)
-            b_rc = _items([IS - isa], programs) if IS > isa else 1
-        else:  # every program a shared item, then a pair's
-            s_rc = _items([IS], programs) if IS else 1
-            g_rc = _items([I] * K, programs)
-        b_bn = triton.next_power_of_2(b_rc)
+        # a cooperative launch: refused, not hung, where the grid cannot be resident
+        self.layer, self.np, self.warps, self.cooperative = layer, programs, warps, cooperative
+        if not router_split:  # router rows cut in up to 8 parts, one a program
+            most = max(1, programs // E)
+            router_split = min(8, 1 << (most.bit_length() - 1))
+        tile = tile or 1024 * warps  # values of one tile a K step: 32 a thread
+        g_rc = _items(([IS] if IS else []) + [I] * K, programs)
         sp = triton.next_power_of_2(K + (IS > 0))
         d_rc = _items([D], programs)
-        s_bn, g_bn = triton.next_power_of_2(s_rc), triton.next_power_of_2(g_rc)
-        d_bn = triton.next_power_of_2(d_rc)
-        pd = triton.next_power_of_2(D)
+        g_bn, d_bn = triton.next_power_of_2(g_rc), triton.next_power_of_2(d_rc)
         self.meta = dict(
             D=D, I=I, IS=IS, E=E, EP=max(16, triton.next_power_of_2(E)), K=K,
             KP=triton.next_power_of_2(K), NP=programs, SCORING=SCORING_IDS[cfg.scoring],
             RENORM=cfg.renormalize, ON_INPUT=cfg.apply_router_weight_on_input,
-            RBD=min(triton.next_power_of_2(-(-D // router_split)), tile), S_RC=s_rc, S_BN=s_bn,
-            S_BK=min(pd, max(16, tile // s_bn)),
-            G_RC=g_rc, G_BN=g_bn, G_BK=min(pd, max(16, tile // g_bn)), D_RC=d_rc, D_BN=d_bn,
-            D_BK=min(triton.next_power_of_2(I), max(16, down_tile // (sp * d_bn))), SP=sp,
-            SPLIT=split, PREFETCH=prefetch, G_EV="evict_first" if prefetch == 2 else "", SORT=sort,
-            RS=router_split, DC=-(-D // router_split), ISA=isa, B_RC=b_rc, B_BN=b_bn,
-            B_BK=min(pd, max(16, tile // b_bn)),
-            MODE=mode)
+            RBD=min(triton.next_power_of_2(-(-D // router_split)), tile), G_RC=g_rc, G_BN=g_bn,
+            G_BK=min(triton.next_power_of_2(D), max(16, tile // g_bn)), D_RC=d_rc, D_BN=d_bn,
+            D_BK=min(triton.next_power_of_2(I), max(16, tile // (sp * d_bn))), SP=sp,
+            RS=router_split, DC=-(-D // router_split))
+        dev = layer.w13.device
         self.logits = torch.empty(E, router_split, dtype=torch.float32, device=dev)  # partials
         self.a = torch.empty(IS + K * I, dtype=cfg.dtype, device=dev)
         self.sync = torch.zeros(4, dtype=torch.int32, device=dev)
@@ -482,7 +342,7 @@ class Persistent:
         k = _persistent_kernel.warmup(
             x, *self.args, self.logits, self.a, self.sync, self.flag, torch.empty_like(x),
             self.times, self.scaling, **self.meta, PHASE=0, INTERPRET=False, num_warps=self.warps,
-            num_stages=self.stages, grid=(self.np,), TIMES=times)
+            grid=(self.np,), TIMES=times)
         k._init_handles()
         regs, smem = k.n_regs, k.metadata.shared
         warp_regs = -(-regs * 32 // 256) * 256
@@ -498,7 +358,7 @@ class Persistent:
                 x, *self.args, self.logits, self.a, self.sync, self.flag, out, self.times,
                 self.scaling, TIMES=times,
                 **self.meta, PHASE=phase, INTERPRET=os.environ.get("TRITON_INTERPRET") == "1",
-                num_warps=self.warps, num_stages=self.stages,
+                num_warps=self.warps,
                 **({"launch_cooperative_grid": True} if self.cooperative and not phased else {}))
         return out
 
@@ -551,11 +411,8 @@ def check_small() -> None:
         layer = MoE(MoEConfig(**fields, dtype=torch.bfloat16))
         with torch.no_grad():  # tied logits: the lower expert goes first
             layer.router_weight[5] = layer.router_weight[2]
-        for programs, mode, split, sort, rs, staged in (
-                (3, 0, True, False, 1, 0), (7, 1, False, True, 2, 0), (5, 0, False, True, 0, 3),
-                (4, 0, False, False, 2, 16)):
-            p = Persistent(layer, programs, warps=4, tile=512, mode=mode, split=split, sort=sort,
-                           router_split=rs, staged=staged)
+        for programs, rs in ((3, 1), (7, 2), (5, 0), (4, 4)):
+            p = Persistent(layer, programs, warps=4, router_split=rs, tile=512)
             for _ in range(2):
                 x = torch.randn(1, fields["hidden_size"], dtype=torch.bfloat16)
                 got, want = p(x, phased=True).float(), reference(layer, x).float()
@@ -588,13 +445,8 @@ def phases(ps: list[Persistent], xs: list[torch.Tensor]) -> dict:
 
 
 CASES = [("llama4-scout", 8), ("qwen3-30b-a3b", 1), ("llama4-maverick", 8), ("mixtral-8x7b", 2)]
-# (MODE, programs an SM, warps, split, prefetch: 0 none, 1 down's rows into L2 after this
-# program's gate_up, 2 as soon as the routing is known, gate_up's weights loaded evict_first;
-# sort: the top-k by one sort; router_split: parts a router row, 0: up to 8 as programs allow;
-# staged: shared rows a program before the wait for the routing, the rest after the pairs';
-# cooperative: launched as a cooperative grid)
-VARIANTS = [(0, 2, 8, True, 0, True, 0, 0, False), (0, 2, 8, True, 0, True, 0, 0, True),
-            (0, 4, 4, True, 0, True, 0, 0, False), (0, 4, 4, True, 0, True, 0, 0, True)]
+# (programs an SM, warps, launched as a cooperative grid)
+VARIANTS = [(2, 8, False), (2, 8, True), (4, 4, False), (4, 4, True)]
 
 
 def main() -> None:
@@ -623,16 +475,11 @@ def main() -> None:
         xs = [torch.randn(1, cfg.hidden_size, device="cuda", dtype=cfg.dtype)
               for _ in range(N_SETS)]
         floor_us = activated / (ceil.read_gbps * 1e3)
-        for mode, pps, warps, split, prefetch, sort, rsplit, staged, coop in VARIANTS:
-            if staged and not cfg.shared_intermediate_size:
-                continue  # (the same kernel as without)
-            ps = [Persistent(L, sms * pps, warps=warps, mode=mode, split=split,
-                             prefetch=prefetch, sort=sort, router_split=rsplit, staged=staged,
-                             cooperative=coop)
-                  for L in layers]
+        for pps, warps, coop in VARIANTS:
+            ps = [Persistent(L, sms * pps, warps=warps, cooperative=coop) for L in layers]
             fit, regs, smem = ps[0].per_sm(xs[0])
             if fit < pps:
-                print(name, mode, pps, warps, f"not resident: {fit} a SM ({regs} registers, "
+                print(name, pps, warps, f"not resident: {fit} a SM ({regs} registers, "
                       f"{smem} B shared)", flush=True)
                 continue
             worst, flags = 0.0, 0
@@ -644,7 +491,7 @@ def main() -> None:
             torch.cuda.synchronize()
             flags = sum(int(p.flag.item()) for p in ps)
             if flags:
-                print(name, mode, pps, warps, "a wait timed out", flush=True)
+                print(name, pps, warps, "a wait timed out", flush=True)
                 continue
             runs = {"layer": lambda i, L=layers: L[i % len(L)](xs[i]),
                     "persistent": lambda i, P=ps: P[i % len(P)](xs[i])}
@@ -656,10 +503,9 @@ def main() -> None:
                         t[k] = got
             torch.cuda.synchronize()
             flags += sum(int(p.flag.item()) for p in ps)
-            row = dict(preset=f"{name}-tp{tp}" if tp > 1 else name, T=1, mode=mode, split=split,
-                       prefetch=prefetch, sort=sort, router_split=ps[0].meta["RS"],
-                       staged=staged, cooperative=coop,
-                       programs_per_sm=pps, warps=warps, registers=regs, shared_bytes=smem,
+            row = dict(preset=f"{name}-tp{tp}" if tp > 1 else name, T=1,
+                       router_split=ps[0].meta["RS"], cooperative=coop, programs_per_sm=pps,
+                       warps=warps, registers=regs, shared_bytes=smem,
                        meta=ps[0].meta, copies=len(layers), floor_us=floor_us,
                        rel_err_vs_layer=worst, timeouts=flags,
                        **{f"{k}_us": v.median_us for k, v in t.items()},
