@@ -308,7 +308,7 @@ class Persistent:
         if IS not in (0, I):
             raise ValueError("the probe takes a shared expert of the routed experts' width")
         # a cooperative launch: refused, not hung, where the grid cannot be resident
-        self.layer, self.np, self.warps, self.cooperative = layer, programs, warps, cooperative
+        self.np, self.warps, self.cooperative = programs, warps, cooperative
         if not router_split:  # router rows cut in up to 8 parts, one a program
             most = max(1, programs // E)
             router_split = min(8, 1 << (most.bit_length() - 1))
