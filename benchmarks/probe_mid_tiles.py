@@ -5,7 +5,12 @@ TP2, Scout TP8) against 92-94% at T = 64, where the heuristic takes other tiles.
 against float64, then timed as CUDA-graph replays over rotated weight copies and 8 inputs
 (probe_combine's helpers). Writes $OUT/probe_mid_tiles.json.
 
-    PYTHONPATH=src:benchmarks python benchmarks/probe_mid_tiles.py --out $OUT
+    PYTHONPATH=src:benchmarks python benchmarks/probe_mid_tiles.py --out $OUT [--more | --flat]
+
+--flat: the heuristic's own tiles with the flattened (tile, k) loop (the next tile's loads issued
+during this one's last steps and epilogue), with 3 and 4 stages, on the T = 64 and 128 rows short
+of the 92% target: at 4-8 rows an expert the swapped tiles' K loops are 3-8 steps long
+(Qwen3-30B-A3B's down: K = 768), so each tile refills its pipeline.
 """
 
 from __future__ import annotations
@@ -38,6 +43,21 @@ CASES = [("mixtral-tp2", "none", (128, 256)), ("mixtral-tp2", "fp8_rowwise", (64
 MORE = [("qwen3-30b-a3b", "none", (256, 512)), ("qwen3-30b-a3b", "fp8_rowwise", (512,)),
         ("scout-tp8", "none", (512, 1024)), ("scout-tp8", "fp8_rowwise", (512, 1024)),
         ("mixtral-tp2", "fp8_rowwise", (256,))]  # --more: the middle rule's other shapes
+FLAT = [("qwen3-30b-a3b", "fp8_rowwise", (64, 128)), ("qwen3-30b-a3b", "none", (128,)),
+        ("mixtral-tp2", "fp8_rowwise", (64, 128)), ("scout-tp8", "fp8_rowwise", (64, 128)),
+        ("scout-tp8", "none", (64, 128))]
+
+
+def _flat(stages: int | None):
+    """An override: the heuristic's tile for the key, flattened (and with ``stages``)."""
+    def choose(key):
+        c = gg._heuristic(*key).with_(flatten=True)
+        return c if stages is None else c.with_(num_stages=stages)
+    return choose
+
+
+FLAT_CANDIDATES = {"heuristic flat": _flat(None), "heuristic flat s4": _flat(4),
+                   "heuristic flat s2": _flat(2)}
 PRESETS = {"mixtral-tp2": preset("mixtral-8x7b", tp=2), "scout-tp8": preset("llama4-scout", tp=8),
            "qwen3-30b-a3b": preset("qwen3-30b-a3b")}
 
@@ -47,22 +67,26 @@ def main() -> None:
     p.add_argument("--out", required=True, type=pathlib.Path)
     p.add_argument("--budget", type=float, default=300.0)
     p.add_argument("--more", action="store_true", help="the MORE cases instead of CASES")
+    p.add_argument("--flat", action="store_true", help="FLAT_CANDIDATES on the FLAT cases")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     deadline = time.time() + args.budget
     rows = []
-    for name, fmt, Ts in MORE if args.more else CASES:
+    cases, candidates = (MORE if args.more else CASES), CANDIDATES
+    if args.flat:
+        cases, candidates = FLAT, FLAT_CANDIDATES
+    for name, fmt, Ts in cases:
         cfg = PRESETS[name].replace(quantization=fmt)
         layers = _layers(cfg, "cuda", False)
         for T in Ts:
             xs = [torch.randn(T, cfg.hidden_size, device="cuda", dtype=cfg.dtype) for _ in range(N_SETS)]
             row = dict(preset=name, format=fmt, T=T)
             row["heuristic"] = dict(check=_check(layers[0], xs[0]), **_graph_us(layers, xs, False))
-            for label, c in CANDIDATES.items():
+            for label, c in candidates.items():
                 if time.time() > deadline:
                     row[label] = dict(note="skipped: time budget")
                     continue
-                if fmt != "none":
+                if fmt != "none" and not callable(c):
                     c = c.with_(block_k=2 * c.block_k)
                 try:
                     with gg.override(c):
@@ -79,7 +103,8 @@ def main() -> None:
                               if isinstance(v, dict) and v.get("us")), flush=True)
         del layers
         torch.cuda.empty_cache()
-    (args.out / f"probe_mid_tiles{'_more' if args.more else ''}.json").write_text(json.dumps(dict(meta=metadata(), rows=rows), indent=1))
+    tag = "_more" if args.more else "_flat" if args.flat else ""
+    (args.out / f"probe_mid_tiles{tag}.json").write_text(json.dumps(dict(meta=metadata(), rows=rows), indent=1))
 
 
 if __name__ == "__main__":

@@ -9,6 +9,10 @@ read bandwidth. Negative gaps: the kernel overlapped the one before (two streams
     PYTHONPATH=src python benchmarks/probe_timeline.py mxfp4 fp8_w8a16   (other formats)
     PYTHONPATH=src python benchmarks/probe_timeline.py --tokens 64,128 fp8_rowwise
     PYTHONPATH=src python benchmarks/probe_timeline.py --prefill none fp8_rowwise
+    PYTHONPATH=src python benchmarks/probe_timeline.py --presets scout,scout-tp8 --tokens 64 none
+
+--presets: the decode presets to run (default: the three below; "scout" is Llama 4 Scout at full
+width, as the e2e_hf suite's model has it).
 
 --prefill: Llama 4 Scout and Maverick TP8 at T = 16384 (the layer suite's prefill targets),
 each also without its shared expert (a layer of the same shapes with none): how much of the
@@ -34,6 +38,7 @@ PRESETS = {
     "qwen3-30b-a3b": preset("qwen3-30b-a3b"),
     "mixtral-tp2": preset("mixtral-8x7b", tp=2),
 }
+EXTRA_PRESETS = {"scout": preset("llama4-scout")}
 PREFILL_PRESETS = {
     "scout-tp8": preset("llama4-scout", tp=8),
     "maverick-tp8": preset("llama4-maverick", tp=8),
@@ -91,10 +96,12 @@ def graphed_timeline(layer, T: int, xs) -> tuple[list, list[float]]:
         return timeline(step, xs)
 
 
-def main(formats: list[str], tokens: tuple[int, ...] = (1, 8)) -> None:
+def main(formats: list[str], tokens: tuple[int, ...] = (1, 8),
+         presets: tuple[str, ...] = tuple(PRESETS)) -> None:
     ceil = measure_ceilings()
     print(f"{torch.cuda.get_device_name()}, read {ceil.read_gbps:.0f} GB/s", flush=True)
-    for name, base in PRESETS.items():
+    for name in presets:
+        base = {**PRESETS, **EXTRA_PRESETS}[name]
         for fmt in formats:
             cfg = base.replace(quantization=fmt)
             layer = MoE(cfg, device="cuda")
@@ -155,5 +162,10 @@ if __name__ == "__main__":
             i = args.index("--tokens")
             tokens = tuple(int(t) for t in args[i + 1].split(","))
             del args[i:i + 2]
-        main(args or ["none", "fp8_rowwise"], tokens)
+        presets = tuple(PRESETS)
+        if "--presets" in args:
+            i = args.index("--presets")
+            presets = tuple(args[i + 1].split(","))
+            del args[i:i + 2]
+        main(args or ["none", "fp8_rowwise"], tokens, presets)
     sys.exit(0)
