@@ -169,11 +169,9 @@ def test_shared_expert_forks_a_stream_only_under_capture():
     x = torch.randn(2, 128, device="cuda", dtype=torch.bfloat16)
     assert not layer._uses_side_stream(x)
     eager = layer(x)
-    assert layer._side_stream is None and layer._routed_stream is None
+    assert layer._side_stream is None
     assert torch.equal(graphed(layer, (2,))(x), eager)
     assert layer._side_stream is not None
-    # the routed path (router, routing, GEMMs) is dispatched before the shared expert's blocks
-    assert layer._routed_stream.priority < layer._side_stream.priority
     ref, mag = naive_moe(layer, x, layer.route(x), with_magnitude=True)
     assert_close(eager, ref, tolerance_key(layer.config), magnitude=mag)
 

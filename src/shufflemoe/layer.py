@@ -91,7 +91,7 @@ SHARED_FUSED_MAX_TOKENS = 16
 SHARED_WORKSPACE = 1
 # Attributes _Hot does not depend on: setting them keeps it (torch.compile(layer) sets the first
 # two; a compiled call then reads the gathered _Hot, its tensors graph inputs, not made anew)
-_NOT_GATHERED = frozenset({"training", "_is_torch_compile", "_side_stream", "_routed_stream"})
+_NOT_GATHERED = frozenset({"training", "_is_torch_compile", "_side_stream"})
 # Recorded regions, shared by layers of the same config and layouts (see MoE._planned).
 _TEMPLATES: dict[tuple, _launch.Template | None] = {}
 
@@ -148,7 +148,6 @@ class MoE(nn.Module):
         self.dispatch = dispatch or LocalDispatch()
         self.set_experts(experts)
         self._side_stream: torch.cuda.Stream | None = None
-        self._routed_stream: torch.cuda.Stream | None = None  # see _prioritized
 
     @classmethod
     def from_weights(
@@ -361,28 +360,7 @@ class MoE(nn.Module):
         side.wait_stream(main)
         with torch.cuda.stream(side):
             self.shared_expert(x, out)
-        return out, lambda: torch.cuda.current_stream(x.device).wait_stream(side)
-
-    def _prioritized(self, x: Tensor, routed: Callable[[], None]) -> None:
-        """routed() on the layer's high-priority stream, forked from the current stream and joined
-        back: beside the shared expert on its side stream (default priority, the lowest), the
-        GPU then dispatches the routed path's blocks first, and the router, the routing and
-        GEMM13, which wait on each other, no longer queue behind the shared expert's first GEMM
-        (Llama 4 Scout TP8 at T = 64: the router kernel took 7-11 us beside it, 3-5 us alone).
-        Captured only, where the fork and join cost nothing at replay. H100, the layer in CUDA
-        graphs, default / high-priority capture (benchmarks/results/probe_priority_e969387.json):
-        Scout TP8 fp8 rowwise T = 128 124.9 / 121.8 us, Maverick TP8 fp8 rowwise T = 64 306.2 /
-        301.1, Scout bf16 T = 128 204.9 / 202.6, the other rows within 1.3%."""
-        if not x.is_cuda:  # a side stream is CUDA's; tests stand a join in for it on the CPU
-            return routed()
-        main = torch.cuda.current_stream(x.device)
-        if self._routed_stream is None:
-            self._routed_stream = torch.cuda.Stream(x.device, priority=-1)
-        fast = self._routed_stream
-        fast.wait_stream(main)
-        with torch.cuda.stream(fast):
-            routed()
-        main.wait_stream(fast)
+        return out, lambda: main.wait_stream(side)
 
     def _uses_side_stream(self, x: Tensor) -> bool:
         """Only while a CUDA graph captures the layer, where the fork and join are free at replay.
@@ -452,12 +430,9 @@ class MoE(nn.Module):
             out, join = (torch.empty_like(x) if out is None else out), _noop
         else:  # decode: shared expert first, overlapping routing and GEMM13 on its own stream
             out, join = self.start_shared(x, out)
-        if join is not _noop:
-            # the shared expert runs on a side stream (captured): the routed combine must wait
-            # for it before adding into out, and the routed path goes first (_prioritized)
-            self._prioritized(x, lambda: self._route_and_run(hot, x, self._logits(hot, x), out,
-                                                             join, first))
-        elif given or torch.compiler.is_compiling():
+        if given or torch.compiler.is_compiling() or join is not _noop:
+            # join: the shared expert runs on a side stream (captured): the routed combine must
+            # wait for it before adding into out
             self._route_and_run(hot, x, self._logits(hot, x), out, join, first)
         else:  # eager, one stream: replayed from a launch plan when one can be made
             w = hot.weights
