@@ -10,6 +10,7 @@
    transformers' grouped_mm experts against shufflemoe, top kernels by CUDA time.
 
     PYTHONPATH=src python benchmarks/probe_layer.py [silu] [cpu] [prefill] [e2e]  (default: all)
+    PYTHONPATH=src python benchmarks/probe_layer.py silu_small   (SILU_SMALL_CASES only)
 """
 
 from __future__ import annotations
@@ -33,6 +34,10 @@ from shufflemoe.testing import compare
 
 
 SILU_CASES = ((5120, 2048), (5120, 16384), (768, 16384), (1024, 16384))  # (I, A)
+# silu_small: the decode sizes of the unfused fp8 path, one row a program on 132 SMs (Mixtral TP2
+# at T = 64 / 128, Qwen3-30B-A3B at T = 64, Llama 4 Scout TP8 at T = 64), where
+# probe_timeline saw 7.3 us against bf16 silu_mul's 3.4 (Mixtral T = 64)
+SILU_SMALL_CASES = ((7168, 128), (7168, 256), (768, 512), (1024, 64))
 
 
 def _describe(c: Fp8Launch) -> str:
@@ -50,11 +55,14 @@ def _check_fp8(h, q, s, ref_q, ref_s) -> str | None:
     return "within fp8 tolerance" if c.ok else None
 
 
-def silu_fp8_variants(copy_gbps: float) -> None:
+def silu_fp8_variants(copy_gbps: float, cases=SILU_CASES) -> None:
     """Every silu_mul + fp8 launch of fp8_variants(I), each
-    checked against the quantization of the kernel's float32 product before it is timed."""
-    for I, A in SILU_CASES:
+    checked against the quantization of the kernel's float32 product before it is timed; and
+    the bf16 silu_mul of the same rows."""
+    for I, A in cases:
         hs = [torch.randn(A, 2 * I, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
+        plain = time_fn(lambda i: silu_mul(hs[i]), len(hs), reps=30)
+        print(f"silu_mul bf16 I={I} A={A} {plain.median_us:8.1f} us", flush=True)
         q = torch.empty(A, I, device="cuda", dtype=FP8_DTYPE)
         s = torch.empty(A, device="cuda")
         ref_q, ref_s = quantize_fp8_rowwise(silu_mul(hs[0].float(), impl="triton"))
@@ -178,6 +186,8 @@ def main(parts: list[str]) -> None:
     print(ceil.as_dict(), triton.__version__, flush=True)
     if "silu" in parts:
         silu_fp8_variants(ceil.copy_gbps)
+    if "silu_small" in parts:
+        silu_fp8_variants(ceil.copy_gbps, SILU_SMALL_CASES)
     if "cpu" in parts:
         cpu_cost("qwen3-30b-a3b", preset("qwen3-30b-a3b"), 2048)
         cpu_cost("llama4-scout-tp8", preset("llama4-scout", tp=8), 64)
