@@ -61,7 +61,7 @@ def silu_fp8_variants(copy_gbps: float, cases=SILU_CASES) -> None:
     the bf16 silu_mul of the same rows."""
     for I, A in cases:
         hs = [torch.randn(A, 2 * I, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
-        plain = time_fn(lambda i: silu_mul(hs[i]), len(hs), reps=30)
+        plain = time_fn(lambda i, hs=hs: silu_mul(hs[i]), len(hs), reps=30)
         print(f"silu_mul bf16 I={I} A={A} {plain.median_us:8.1f} us", flush=True)
         q = torch.empty(A, I, device="cuda", dtype=FP8_DTYPE)
         s = torch.empty(A, device="cuda")
