@@ -1,8 +1,8 @@
 """Where a whole-model decode step's GPU time goes: the e2e_hf suite's models (real widths,
 reduced depth) decoding at batch 1 and 64 from one captured CUDA graph per step (the suite's
 step_graph rows), transformers' default experts against the patched model. One replay profiled
-with CUPTI (torch.profiler): kernels grouped by name, their summed time, and for the MoE block's
-kernels their bytes over the read ceiling where the step's floor says what they must read.
+with CUPTI (torch.profiler): kernels grouped by name with their summed time, beside the step's
+time and its floor (e2e_hf.decode_bytes over the read ceiling measured now).
 
     PYTHONPATH=src python benchmarks/probe_e2e_decode.py [scout] [qwen3] [--batches 1,64] [--ops]
 
