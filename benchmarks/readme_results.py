@@ -31,6 +31,9 @@ def load(results: pathlib.Path) -> list[dict]:
         if "headlines" not in doc:  # results written before the suites reported headlines
             print(f"{path.name}: no headlines (an older results format), left out", file=sys.stderr)
             continue
+        if path.stem != doc["suite"]:  # a copy kept under another name (e.g. a reverted run's)
+            print(f"{path.name}: not {doc['suite']}.json, left out", file=sys.stderr)
+            continue
         docs[doc["suite"]] = doc
     return [docs[s] for s in sorted(docs, key=lambda s: (ORDER.index(s) if s in ORDER else len(ORDER), s))]
 

@@ -88,12 +88,15 @@ def test_readme_section_from_results(tmp_path):
             d["rows"].append(dict(model="m", phase="decode", batch=64, impl="o", us=5.0,
                                   check="logits rel L2 0.12"))
         (results / f"{suite}.json").write_text(json.dumps(d))
+    stale = doc("layer")  # a suite's results kept under another name (a reverted run's copy)
+    stale["headlines"] = [dict(what="stale headline", result="9.99x")]
+    (results / "layer_kept.json").write_text(json.dumps(stale))
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n{mod.BEGIN}\nold\n{mod.END}\nrest\n")
     mod.main(["--results", str(results), "--readme", str(readme)])
     text = readme.read_text()
     assert text.startswith("intro\n") and text.endswith("rest\n") and "old" not in text
-    assert "layer headline" in text and "e2e_hf headline" in text
+    assert "layer headline" in text and "e2e_hf headline" in text and "stale" not in text
     assert "met 1 of 2; missed: b" in text  # misses listed next to hits
     failed = [line for line in text.splitlines() if "failed checks" in line]
     assert len(failed) == 1 and "m decode 64 o: logits rel L2 0.12" in failed[0]
