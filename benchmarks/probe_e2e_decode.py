@@ -24,22 +24,18 @@ from shufflemoe.bench.suites import e2e_hf, e2e_paths
 from shufflemoe.integrations.transformers import patch, unpatch
 from shufflemoe.integrations.transformers.models import build_model
 
-STEPS = 20
+STEPS = 20  # a timed sample's steps (5 samples, the median)
 TOP = 14
 
 
-def _replays(dec: e2e_paths.Decoder) -> tuple[float, list]:
-    """(median ms a step over STEPS steps x 5, kernels of one profiled step)."""
-    for _ in range(3):
-        dec.advance()
-    samples = [e2e_paths.elapsed_ms(lambda: [dec.advance() for _ in range(STEPS)]) / STEPS
-               for _ in range(5)]
+def _kernels(dec: e2e_paths.Decoder) -> list:
+    """The kernels of one profiled step (after a warm-up step)."""
+    dec.advance()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         dec.advance()
         torch.cuda.synchronize()
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    return statistics.median(samples), kernels
+    return [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
 
 
 def _table(kernels: list) -> None:
@@ -76,16 +72,15 @@ def main(models: list[str], batches: tuple[int, ...], ops: bool) -> None:
                     patch(model, graph_buckets=None)
                 else:
                     unpatch(model)
-                with torch.no_grad():
-                    dec = e2e_paths.Decoder(model, batch, STEPS * 5 + 10, graph=True)
-                    ms, kernels = _replays(dec)
+                with torch.no_grad():  # the suite's step-graph timing, then one step profiled
+                    ms = e2e_paths.time_decode(model, batch, STEPS, 5, graph=True)[0]["ms"]
+                    kernels = _kernels(e2e_paths.Decoder(model, batch, 4, graph=True))
                 print(f"\n== {shape.name} decode b{batch} step graph, {label}: {ms:.3f} ms a step, "
                       f"floor {floor:.3f} ms ({ms / floor:.2f}x)", flush=True)
                 _table(kernels)
                 if ops:
                     with torch.no_grad():
                         _ops(e2e_paths.Decoder(model, batch, 8, graph=False))
-                del dec
                 torch.cuda.empty_cache()
         unpatch(model)
         del model

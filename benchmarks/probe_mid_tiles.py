@@ -8,7 +8,7 @@ against float64, then timed as CUDA-graph replays over rotated weight copies and
     PYTHONPATH=src:benchmarks python benchmarks/probe_mid_tiles.py --out $OUT [--more | --flat]
 
 --flat: the heuristic's own tiles with the flattened (tile, k) loop (the next tile's loads issued
-during this one's last steps and epilogue), with 3 and 4 stages, on the T = 64 and 128 rows short
+during this one's last steps and epilogue), with 2, 3 and 4 stages, on the T = 64 and 128 rows short
 of the 92% target: at 4-8 rows an expert the swapped tiles' K loops are 3-8 steps long
 (Qwen3-30B-A3B's down: K = 768), so each tile refills its pipeline.
 """
