@@ -74,7 +74,7 @@ class _Hot:
     plans: dict = field(default_factory=dict)
 
 
-# Launch plans (MoE._planned): recorded at a T's first call up to PLAN_MAX_TOKENS (decode, the
+# Launch plans (run_planned): recorded at a T's first call up to PLAN_MAX_TOKENS (decode, the
 # graph buckets' sizes); past it (prefill) at its second call, for at most PLAN_MAX_LARGE (region,
 # T) a layer (_seen_once), kept only while the region's allocations fit PLAN_MAX_WORKSPACE (the
 # workspace is held for good: Qwen3-30B-A3B at T = 2048 needs ~200 MiB). Without a plan an eager
@@ -92,7 +92,7 @@ SHARED_WORKSPACE = 1
 # Attributes _Hot does not depend on: setting them keeps it (torch.compile(layer) sets the first
 # two; a compiled call then reads the gathered _Hot, its tensors graph inputs, not made anew)
 _NOT_GATHERED = frozenset({"training", "_is_torch_compile", "_side_stream"})
-# Recorded regions, shared by layers of the same config and layouts (see MoE._planned).
+# Recorded regions, shared by callers of the same signature and layouts (see run_planned).
 _TEMPLATES: dict[tuple, _launch.Template | None] = {}
 
 
@@ -605,46 +605,11 @@ class MoE(nn.Module):
 
     def _planned(self, hot: _Hot, name: str, region: Callable[[], None],
                  dynamic: tuple[Tensor, ...], fixed: tuple[Tensor | None, ...]) -> None:
-        """Run region(), replayed from a launch plan (ops/_launch.py: its Triton launches with
-        no argument binding and no allocation) where one can be made. ``dynamic``: the tensors
-        that change per call (the first's rows are the plan's T); ``fixed``: the layer's tensors
-        it reads. The first call at a (name, T, stream, impl) records the plan, or finds that it
-        cannot be made, while running the region for real; layers of one config and layout
-        share what was recorded (_TEMPLATES) and bind their own tensors. Past PLAN_MAX_TOKENS a
-        T is recorded at its second call (see PLAN_MAX_LARGE). Inside a CUDA-graph capture and
-        under a tile override (decode or grouped-GEMM configs) the region runs."""
-        x = dynamic[0]
-        if ((x.is_cuda and torch.cuda.is_current_stream_capturing())
-                or moe_decode.configs.overridden() or gemm_configs.overridden()):
-            return region()
-        stream = torch._C._cuda_getCurrentRawStream(x.get_device()) if x.is_cuda else 0
-        key = (name, x.shape[0], stream, _default_impl(), gemm_configs.invariant())
-        plan = hot.plans.get(key, _UNSEEN)
-        if plan is _UNSEEN or plan is _ONCE:
-            large = x.shape[0] > PLAN_MAX_TOKENS
-            if large and plan is _UNSEEN:  # a prompt length seen once is not worth a recording
-                _seen_once(hot.plans, key)
-                return region()
-            plan, ran = None, False
-            if self.dispatch.mesh is None and _launch.knobs and backend_for(x).name == "triton":
-                inputs = dynamic + fixed
-                signature = (self.config, self.experts.name, type(self.dispatch), key,
-                             tuple(_layout(t) for t in inputs))
-                template = _TEMPLATES.get(signature, _UNSEEN)
-                if template is _UNSEEN:
-                    template = _launch.record(region, inputs, len(dynamic))
-                    if template is not None and template.nbytes > PLAN_MAX_WORKSPACE:
-                        template = None
-                    _TEMPLATES[signature] = template
-                    ran = True
-                if template is not None:
-                    plan = _launch.Plan(template, inputs, len(dynamic), x.device, stream)
-            hot.plans[key] = plan
-            if ran:
-                return None
-        if plan is None or not plan(*dynamic):
-            region()
-        return None
+        """run_planned for this layer: ``fixed`` are its tensors the region reads; layers of one
+        config and layout share what was recorded. Without a plan under a device mesh."""
+        signature = ((self.config, self.experts.name, type(self.dispatch))
+                     if self.dispatch.mesh is None else None)
+        run_planned(hot.plans, name, signature, region, dynamic, fixed)
 
     def extra_repr(self) -> str:
         c = self.config
@@ -652,6 +617,52 @@ class MoE(nn.Module):
                 f"shared={c.shared_intermediate_size}, router={c.router}, "
                 f"experts={self.experts.name}, dispatch={self.dispatch.name}, "
                 f"quantization={c.quantization}")
+
+
+def run_planned(plans: dict, name: str, signature: tuple | None, region: Callable[[], None],
+                dynamic: tuple[Tensor, ...], fixed: tuple[Tensor | None, ...]) -> None:
+    """Run region(), replayed from a launch plan (ops/_launch.py: its Triton launches with no
+    argument binding and no allocation) where one can be made. ``plans``: the caller's
+    (its dict of (name, T, stream, impl, batch-invariant tiles) -> plan); ``dynamic``: the
+    tensors that change per call (the first's rows are the plan's T), whose layouts the name
+    and T must fix; ``fixed``: the caller's own tensors the region reads; ``signature``: what
+    else the region's launches depend on (callers with equal signatures and layouts share
+    one recording, _TEMPLATES), None for a region never recorded. The first call at a key
+    records the plan, or finds that it cannot be made, while running the region for real.
+    Past PLAN_MAX_TOKENS a T is recorded at its second call (see PLAN_MAX_LARGE). Inside a
+    CUDA-graph capture and under a tile override (decode or grouped-GEMM configs) the region
+    runs."""
+    x = dynamic[0]
+    if ((x.is_cuda and torch.cuda.is_current_stream_capturing())
+            or moe_decode.configs.overridden() or gemm_configs.overridden()):
+        return region()
+    stream = torch._C._cuda_getCurrentRawStream(x.get_device()) if x.is_cuda else 0
+    key = (name, x.shape[0], stream, _default_impl(), gemm_configs.invariant())
+    plan = plans.get(key, _UNSEEN)
+    if plan is _UNSEEN or plan is _ONCE:
+        large = x.shape[0] > PLAN_MAX_TOKENS
+        if large and plan is _UNSEEN:  # a prompt length seen once is not worth a recording
+            _seen_once(plans, key)
+            return region()
+        plan, ran = None, False
+        if signature is not None and _launch.knobs and backend_for(x).name == "triton":
+            inputs = dynamic + fixed
+            layouts = signature + (key, tuple(_layout(t) for t in inputs))
+            template = _TEMPLATES.get(layouts, _UNSEEN)
+            if template is _UNSEEN:
+                template = _launch.record(region, inputs, len(dynamic))
+                if template is not None and template.nbytes > PLAN_MAX_WORKSPACE:
+                    template = None
+                _TEMPLATES[layouts] = template
+                ran = True
+            if template is not None:
+                plan = _launch.Plan(template, inputs, len(dynamic), x.device, stream)
+        plans[key] = plan
+        if ran:
+            return None
+    if plan is None or not plan(*dynamic):
+        region()
+    return None
 
 
 def _noop() -> None:

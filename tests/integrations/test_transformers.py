@@ -236,6 +236,50 @@ def test_experts_implementation_registry(model_type, tmp_path):
     assert_close(_logits(loaded.eval(), ids), ref, torch.float32, "logits (from_pretrained)")
 
 
+@pytest.mark.parametrize("model_type", ["qwen3_moe", "mixtral"])
+def test_experts_implementation_replays_a_launch_plan(model_type, monkeypatch):
+    """Launched from Python the experts replay a launch plan from a T's first call on: the same
+    bits as running them (the interpreter on the CPU, the compiled kernels on a GPU), each module
+    its own weights; routing tensors with other strides run unplanned, with the same result."""
+    from shufflemoe import layer as moe_layer
+    from shufflemoe.integrations.transformers.experts import shufflemoe_experts_forward
+    from shufflemoe.ops import _launch, use_impl
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    cfg = tiny_config(model_type)
+    model = build_model(cfg, torch.bfloat16, device)
+    modules = [m for m in model.modules() if type(m).__name__.endswith("Experts")][:2]
+    E = getattr(cfg, "num_experts", None) or cfg.num_local_experts
+    k, D = cfg.num_experts_per_tok, cfg.hidden_size
+    g = torch.Generator().manual_seed(3)
+
+    def inputs(T):
+        ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)])
+        w = torch.rand(T, k, generator=g).softmax(-1).to(torch.bfloat16)
+        x = torch.randn(T, D, generator=g).to(torch.bfloat16)
+        return x.to(device), ids.to(device), w.to(device)
+
+    cases = [(m, inputs(T)) for T in (1, 5) for m in modules]
+    with use_impl("triton"), torch.no_grad():
+        monkeypatch.setattr(moe_layer, "PLAN_MAX_TOKENS", 0)
+        monkeypatch.setattr(moe_layer, "PLAN_MAX_LARGE", 0)
+        want = [shufflemoe_experts_forward(m, *args) for m, args in cases]
+        for m in modules:
+            m.__dict__.pop("_shufflemoe_experts")
+        monkeypatch.undo()
+        for _ in range(2):  # the first pass records (or binds), the second replays
+            for (m, args), ref in zip(cases, want):
+                assert torch.equal(shufflemoe_experts_forward(m, *args), ref)
+        for m in modules:
+            plans = m.__dict__["_shufflemoe_experts"].plans
+            assert sorted(key[1] for key, p in plans.items() if isinstance(p, _launch.Plan)) == [1, 5]
+        x, ids, w = cases[-1][1]
+        strided = torch.empty(k, ids.shape[0], dtype=ids.dtype, device=device).t().copy_(ids)
+        assert not strided.is_contiguous()
+        assert torch.equal(shufflemoe_experts_forward(cases[-1][0], x, strided, w), want[-1])
+    assert not torch.equal(want[0], want[1])  # the modules differ: each replays its own weights
+
+
 def test_unpatch_restores_the_hf_forward():
     model = build_model(tiny_config("llama4_text"), torch.float32)
     ids = _prompt()

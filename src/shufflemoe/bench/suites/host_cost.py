@@ -4,7 +4,7 @@ transformers model at real widths (random bf16 weights, transformers' init), cal
 
 | mode | transformers (peer) | shufflemoe (ours) |
 | --- | --- | --- |
-| eager | the block with each experts implementation it has (grouped_mm, batched_mm; Llama 4: its only one) | the patched block, patch(model, graph_buckets=None) |
+| eager | the block with each experts implementation it has (grouped_mm, batched_mm; Llama 4: its only one) | the patched block, patch(model, graph_buckets=None); and transformers' block with experts_implementation="shufflemoe" (Qwen3, Mixtral) |
 | layer_graphs | (none: compared with transformers eager, labelled as each library's default path) | the patched block, patch(model): a per-layer graph replay |
 | compile | torch.compile(block), its default experts (T = 1) | torch.compile of the patched block (T = 1) |
 
@@ -33,7 +33,7 @@ from typing import Callable
 import torch
 from transformers import AutoConfig
 
-from ...integrations.transformers import patch, spec_for
+from ...integrations.transformers import patch, register_experts_implementation, spec_for
 from ...integrations.transformers.models import build_model
 from ..analysis import ratios, select, span, tally, target
 from ..timing import summarize, time_fn
@@ -48,6 +48,7 @@ EAGER_HOST_US, GRAPH_HOST_US = 120.0, 30.0  # issue 21's targets at T = 1
 BATCHED_MM_MAX_BYTES = 8 << 30  # batched_mm gathers a weight matrix per pair
 KEYS = ["model", "T"]
 CROSS = [("layer_graphs", "eager", "default path vs default path (ours: per-layer graphs; transformers: eager)")]
+EXPERTS_PATH = "transformers + shufflemoe experts"  # transformers routes, our experts run
 COLUMNS = ["model", "T", "impl", "side", "mode", "us", "us_lo", "us_hi", "wall_us", "gpu_us", "note"]
 
 
@@ -57,19 +58,20 @@ class Shape:
     model_type: str
     fields: dict  # HF config fields at real width (one layer)
     experts: tuple[str | None, ...]  # transformers experts implementations (None: its only one)
+    ours_experts: bool = False  # whether experts_implementation="shufflemoe" takes its experts
 
 
 SHAPES = [
     Shape("qwen3-30b-a3b", "qwen3_moe", dict(hidden_size=2048, moe_intermediate_size=768, num_experts=128,
                                              num_experts_per_tok=8, norm_topk_prob=True, num_attention_heads=32,
-                                             num_key_value_heads=4, head_dim=128), ("grouped_mm", "batched_mm")),
+                                             num_key_value_heads=4, head_dim=128), ("grouped_mm", "batched_mm"), True),
     Shape("llama4-scout", "llama4_text", dict(hidden_size=5120, intermediate_size=8192, intermediate_size_mlp=16384,
                                               num_local_experts=16, num_experts_per_tok=1,
                                               interleave_moe_layer_step=1, num_attention_heads=40,
                                               num_key_value_heads=8, head_dim=128), (None,)),
     Shape("mixtral-8x7b", "mixtral", dict(hidden_size=4096, intermediate_size=14336, num_local_experts=8,
                                           num_experts_per_tok=2, num_attention_heads=32, num_key_value_heads=8,
-                                          head_dim=128), ("grouped_mm", "batched_mm")),
+                                          head_dim=128), ("grouped_mm", "batched_mm"), True),
     Shape("gpt-oss-120b", "gpt_oss", dict(hidden_size=2880, intermediate_size=2880, num_local_experts=128,
                                           num_experts_per_tok=4, num_attention_heads=64, num_key_value_heads=8,
                                           head_dim=64), ("grouped_mm", "batched_mm")),
@@ -148,6 +150,8 @@ def _paths(shape: Shape, T: int, models: dict, xs: tuple[torch.Tensor, ...]) -> 
         paths.append(_Path(label, "peer", "eager", _alternating(first_block(models[impl]), xs)))
     ours_eager, ours_graphs = first_block(models["ours eager"]), first_block(models["ours graphs"])
     paths.append(_Path("shufflemoe (graph_buckets=None)", "ours", "eager", _alternating(ours_eager, xs)))
+    if "ours experts" in models:
+        paths.append(_Path(EXPERTS_PATH, "ours", "eager", _alternating(first_block(models["ours experts"]), xs)))
     if DEVICE == "cuda":
         paths.append(_Path("shufflemoe (default: per-layer graphs)", "ours", "layer_graphs",
                            _alternating(ours_graphs, xs)))
@@ -179,7 +183,8 @@ def _case(shape: Shape, T: int, models: dict, ctx: Context) -> list[dict]:
             live.append(p)
         gpu = {}
         for p in live:
-            key = "shufflemoe" if p.side == "ours" and p.mode != "compile" else p.impl
+            # the patched block's GPU work is the same eager and in its per-layer graphs
+            key = "shufflemoe" if p.impl.startswith("shufflemoe (") else p.impl
             if p.mode != "compile" and key not in gpu:
                 gpu[key] = gpu_us(p.fn)
             p.gpu_us = gpu.get(key)
@@ -200,6 +205,9 @@ def _models(shape: Shape) -> dict:
     cfg = config(shape)
     models = {impl: build_model(cfg, torch.bfloat16, DEVICE, experts_implementation=impl) for impl in shape.experts}
     models["ours eager"] = patch(build_model(cfg, torch.bfloat16, DEVICE), graph_buckets=None)
+    if shape.ours_experts:
+        register_experts_implementation()
+        models["ours experts"] = build_model(cfg, torch.bfloat16, DEVICE, experts_implementation="shufflemoe")
     if DEVICE == "cuda":
         models["ours graphs"] = patch(build_model(cfg, torch.bfloat16, DEVICE))
     else:
@@ -220,11 +228,17 @@ def analyse(rows: list[dict]) -> Analysis:
     headlines = []
     for T in dict.fromkeys(r["T"] for r in rows if "T" in r):  # (skipped models: no T)
         for modes in dict.fromkeys(r["modes"] for r in best):
-            sel = select(best, T=T, modes=modes)
+            sel = select(best, T=T, modes=modes, ours=lambda o: o != EXPERTS_PATH)
             if sel:
                 headlines.append(dict(
                     what=f"host time per block call, T={T}, {modes.split(' (')[0]}: transformers' fastest / ours",
                     result="; ".join(f"{r['model']} {r['ratio']:.2f}x" for r in sel)))
+        sel = select(best, T=T, ours=EXPERTS_PATH)
+        if sel:
+            headlines.append(dict(
+                what=f"host time per block call, T={T}, eager: transformers' fastest / its block with "
+                     f"experts_implementation=\"shufflemoe\"",
+                result="; ".join(f"{r['model']} {r['ratio']:.2f}x" for r in sel)))
     for mode, impl in (("eager", "shufflemoe (graph_buckets=None)"), ("layer_graphs", "shufflemoe (default: per-layer graphs)")):
         headlines.append(dict(what=f"ours {mode} host us per block call at T=1",
                               result=span((r.get("us") for r in select(rows, impl=impl, T=1)), "{:.0f}", " us")))

@@ -7,11 +7,16 @@ DeepSeek-V3, ...) with ``@use_experts_implementation``; their forward is looked 
 top_k_weights [T, k]) -> [T, D]. transformers keeps routing; shufflemoe runs the experts
 (sort_by_expert + the expert strategy: grouped GEMMs with sizes on the device, no host sync).
 Llama 4's experts are not decorated: patch() its blocks instead.
+
+Launched from Python the experts cost the host more than the GPU at decode sizes (a Triton
+launch binds its ~30 arguments in 25-47 us on an H100 host), so a call replays a launch plan
+(layer.run_planned): recorded at a T's first call, later calls launch the same compiled kernels
+with the new pointers, as the patched layer's do.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
@@ -20,6 +25,7 @@ from transformers.integrations.moe import ExpertsInterface
 from ...config import MoEConfig
 from ...dispatch import LocalDispatch
 from ...experts import EXPERTS
+from ...layer import run_planned
 from ...ops import backend_for
 from ...types import ExpertWeights
 from .patch import TRAINING_ERROR
@@ -36,6 +42,7 @@ class _Cached:
     key: tuple  # (data_ptr, version, dtype, device) of gate_up_proj and down_proj, top_k, x dtype
     config: MoEConfig
     weights: ExpertWeights
+    plans: dict = field(default_factory=dict)  # run_planned's, for these weights
 
 
 def _check(module: nn.Module) -> None:
@@ -99,10 +106,21 @@ def shufflemoe_experts_forward(module: nn.Module, hidden_states: Tensor, top_k_i
                         f"got {hidden_states.dtype}")
     with torch.no_grad():
         x = hidden_states.contiguous()
-        routing = backend_for(x).sort_by_expert(top_k_index, s.config.num_experts, top_k_weights,
-                                                None)
         out = torch.zeros_like(x)  # [T, D]
-        _RUN(EXPERTS.get(STRATEGY), x, routing, s.weights, out, s.config)
+
+        def region() -> None:
+            routing = backend_for(x).sort_by_expert(top_k_index, s.config.num_experts,
+                                                    top_k_weights, None)
+            _RUN(EXPERTS.get(STRATEGY), x, routing, s.weights, out, s.config)
+
+        if (torch.compiler.is_compiling() or not top_k_index.is_contiguous()
+                or not top_k_weights.is_contiguous()):  # a plan keeps the strides it saw
+            region()
+        else:
+            # modules of one config share a recording (with the key and every input's layout)
+            run_planned(s.plans, (NAME, top_k_index.dtype, top_k_weights.dtype),
+                        (NAME, STRATEGY, s.config), region,
+                        (x, top_k_index, top_k_weights, out), (s.weights.w13, s.weights.w2))
     return out
 
 
