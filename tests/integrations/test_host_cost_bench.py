@@ -1,6 +1,6 @@
-"""A CPU dry run of the host_cost benchmark suite with tiny shapes: every path it would time on
-the GPU makes a row (per-layer graphs need CUDA: absent; torch.compile with the eager backend),
-so the GPU run does not fail on a typo."""
+"""A dry run of the host_cost benchmark suite with tiny models (on the CPU: no graph rows, the
+compile rows with the eager backend): every path it would time gives a row with its spread, and
+its judgement on synthetic rows."""
 
 from __future__ import annotations
 
@@ -9,45 +9,67 @@ import torch
 
 pytest.importorskip("transformers")
 
+from shufflemoe.bench.ceilings import Ceilings  # noqa: E402
 from shufflemoe.bench.suites import SUITES, Context  # noqa: E402
 from shufflemoe.bench.suites import host_cost  # noqa: E402
 from shufflemoe.integrations.transformers.models import _COMMON, TINY  # noqa: E402
 
-_ATTN = {k: _COMMON[k] for k in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim")}
+CEILINGS = Ceilings(read_gbps=3000.0, copy_gbps=2900.0, bf16_tflops=750.0, fp8_tflops=1300.0)
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+_WIDTHS = {k: _COMMON[k] for k in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim")}
 
 
-@pytest.fixture
-def tiny_suite(monkeypatch):
-    shapes = [
-        host_cost.Shape("tiny-qwen3", "qwen3_moe", dict(_ATTN, **TINY["qwen3_moe"]),
-                        ("grouped_mm", "batched_mm"), True),
-        host_cost.Shape("tiny-llama4", "llama4_text", dict(_ATTN, **TINY["llama4_text"]), (None,)),
-    ]
-    for name, value in dict(SHAPES=shapes, DEVICE="cpu", TOKENS=(1, 3),
-                            COMPILE_OPTIONS=dict(backend="eager")).items():
+def test_real_shapes_build_their_blocks():
+    names = {s.model_type: host_cost.config(s) for s in host_cost.SHAPES}
+    assert set(names) == {"qwen3_moe", "llama4_text", "mixtral", "gpt_oss"}
+    assert names["qwen3_moe"].num_experts == 128 and names["gpt_oss"].num_local_experts == 128
+    assert all(c.num_hidden_layers == 1 for c in names.values())
+
+
+def test_suite_dry_run(monkeypatch):
+    shapes = [host_cost.Shape(f"tiny-{t}", t, dict(_WIDTHS, **TINY[t]),
+                              ("grouped_mm", "batched_mm") if t != "llama4_text" else (None,),
+                              ours_experts=t == "qwen3_moe")
+              for t in ("qwen3_moe", "llama4_text", "gpt_oss")]
+    for name, value in dict(SHAPES=shapes, DEVICE=DEV, COMPILE_OPTIONS=dict(backend="eager")).items():
         monkeypatch.setattr(host_cost, name, value)
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models: see test_transformers.py
-    yield shapes
-    torch.set_num_threads(threads)
-
-
-def test_suite_dry_run_on_cpu(tiny_suite):
-    result = SUITES.get("host_cost").run(Context(ceilings=None, quick=True))
+    torch.set_num_threads(1)
+    try:
+        result = SUITES.get("host_cost").run(Context(ceilings=CEILINGS, quick=True, suite="host_cost"))
+    finally:
+        torch.set_num_threads(threads)
     rows = result.rows
-    assert not [r for r in rows if r.get("note", "").startswith(("failed", "skipped"))], rows
-    paths = {(r["model"], r["impl"]) for r in rows if r["T"] == 1}
-    assert paths == {
-        ("tiny-qwen3", "transformers grouped_mm"), ("tiny-qwen3", "transformers batched_mm"),
-        ("tiny-qwen3", "shufflemoe (graph_buckets=None)"), ("tiny-qwen3", host_cost.EXPERTS_PATH),
-        ("tiny-qwen3", "transformers grouped_mm + torch.compile"),
-        ("tiny-qwen3", "shufflemoe + torch.compile"),
-        ("tiny-llama4", "transformers default"), ("tiny-llama4", "shufflemoe (graph_buckets=None)"),
-        ("tiny-llama4", "transformers default + torch.compile"),
-        ("tiny-llama4", "shufflemoe + torch.compile")}
-    assert all(r["us"] > 0 and r["us_lo"] <= r["us"] <= r["us_hi"] for r in rows)
+    assert not [r for r in rows if "failed" in r.get("note", "")], rows
+    for shape in shapes:
+        mine = [r for r in rows if r["model"] == shape.name]
+        modes = {(r["side"], r["mode"]) for r in mine}
+        assert {("ours", "eager"), ("peer", "eager"), ("ours", "compile"), ("peer", "compile")} <= modes
+        assert (("ours", "layer_graphs") in modes) == (DEV == "cuda")
+        for r in mine:
+            assert r["us_lo"] <= r["us"] <= r["us_hi"] and r["wall_us"] > 0 and r["samples"] == 3
+    # transformers' block with experts_implementation="shufflemoe": an eager row of ours, where
+    # the shape takes it, with a headline of its own (not mixed into the patched block's)
+    experts = {r["model"] for r in rows if r["impl"] == host_cost.EXPERTS_PATH}
+    assert experts == {"tiny-qwen3_moe"}
     a = result.analyse(rows)
+    assert a.targets and a.headlines and a.ratios
     whats = [h["what"] for h in a.headlines]
-    assert any("experts_implementation" in w for w in whats)
+    assert sum("experts_implementation" in w for w in whats) == 2  # T = 1 and 64
     assert all(host_cost.EXPERTS_PATH not in h["result"] for h in a.headlines)
-    assert len(a.targets) == 4  # eager and per-layer graphs, each shape
+
+
+def _row(impl, side, mode, us, T=1):
+    return dict(model="m", T=T, impl=impl, side=side, mode=mode, us=us, us_lo=us, us_hi=us)
+
+
+@pytest.mark.parametrize("eager, graphs, met", [(100.0, 25.0, [True, True]), (130.0, 25.0, [False, True]),
+                                                (100.0, 31.0, [True, False])])
+def test_targets(eager, graphs, met):
+    rows = [_row("transformers grouped_mm", "peer", "eager", 300.0),
+            _row("shufflemoe (graph_buckets=None)", "ours", "eager", eager),
+            _row("shufflemoe (default: per-layer graphs)", "ours", "layer_graphs", graphs)]
+    a = host_cost.analyse(rows)
+    assert [t["met"] for t in a.targets] == met
+    best = {r["modes"].split(" (")[0]: r["ratio"] for r in a.ratios}
+    assert best["eager vs eager"] == pytest.approx(300.0 / eager)
