@@ -1,10 +1,13 @@
-"""The weight-only formats (fp8_w8a16, mxfp4) at decode through the fused kernels, in one GPU call.
+"""The quantized formats (fp8_w8a16, mxfp4; fp8_block by --formats) at decode through the fused
+kernels, in one GPU call.
 
 For each layer preset of the layer suite, format and T: the layer in CUDA-graph replays over the
 suite's rotated weight copies and input sets, as % of the read ceiling for the bytes the routing
 activates (the layer suite's basis), through
   - "unfused": the four-launch grouped-GEMM pipeline (configs.NEVER, the path before);
   - "fused": the default (the tuning table's fp8 rows for fp8_w8a16, the heuristic for mxfp4);
+  - "merged": at T <= 2 for presets with a shared expert, the shared expert in the routed
+    experts' fused launches (configs.Switch.shared_quantized_formats);
   - at T <= GEMV_T, tile candidates for both fused GEMMs (block_n x bytes of K a step, one pair
     a tile on the CUDA cores or 16-pair MMA tiles), split-K planned as the heuristic plans it;
   - at T > GEMV_T, for the formats --gemm names, grouped GEMM tiles (GEMM_CANDIDATES).
@@ -13,12 +16,14 @@ $OUT/probe_weight_only.json and prints a table.
 
     PYTHONPATH=src python benchmarks/probe_weight_only.py --out $OUT [--budget 540]
         [--formats fp8_w8a16] [--candidates none] [--gemm fp8_w8a16,mxfp4] [--ts 1,8,64]
+        [--tiles 4,5,10] [--presets llama4-scout-tp8,qwen3-30b-a3b]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import pathlib
 import time
@@ -92,13 +97,18 @@ def main() -> None:
     ap.add_argument("--gemm", default="", help="formats whose grouped GEMM tiles are timed at "
                                                "T > GEMV_T")
     ap.add_argument("--ts", default=",".join(map(str, TS)), help="token counts")
+    ap.add_argument("--tiles", default="", help="indices into CANDIDATES to time (default all)")
+    ap.add_argument("--presets", default="", help="layer presets (default all)")
     args = ap.parse_args()
     start = time.time()
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     ceil = measure_ceilings()
     rows = []
+    picked = [CANDIDATES[int(i)] for i in args.tiles.split(",")] if args.tiles else CANDIDATES
     for p in PRESETS:
+        if args.presets and p.name not in args.presets.split(","):
+            continue
         for fmt in args.formats.split(","):
             cfg = p.cfg.replace(quantization=fmt)
             torch.manual_seed(0)
@@ -114,8 +124,12 @@ def main() -> None:
                 case = _Case(layers, xs)
                 variants = {"unfused": configs.override(configs.NEVER),
                             "fused": contextlib.nullcontext()}
+                if T <= 2 and cfg.shared_intermediate_size:
+                    variants["merged"] = configs.override(dataclasses.replace(
+                        configs.Switch(), shared_quantized_formats=(fmt,),
+                        shared_quantized_max_tokens=2))
                 if T <= GEMV_T and fmt in args.candidates.split(","):
-                    for c in CANDIDATES:
+                    for c in picked:
                         name = f"{c[0]}x{c[1]}B {'gemv' if c[2] == 1 else 'mma'} w{c[3]} s{c[4]}"
                         variants[name] = configs.override(candidate(*c))
                 if T > GEMV_T and fmt in args.gemm.split(","):

@@ -521,8 +521,7 @@ class MoE(nn.Module):
         (no later allocation can hand them memory those kernels still use)."""
         cfg, w, ops = self.config, hot.weights, backend_for(x)
         T, I, quant = x.shape[0], cfg.intermediate_size, cfg.quantization
-        a = moe_decode.gate_up_outputs(None, T * cfg.top_k, I, x.dtype, quant == "fp8_rowwise",
-                                       x.device, T)
+        a = moe_decode.gate_up_outputs(None, T * cfg.top_k, I, x.dtype, quant, x.device, T)
         r = hot.route(logits(), cfg, hot.router_bias)
         w_in, w_out = pair_weights(r, cfg)
         ops.decode_gate_up(x, w.w13, w.w13_scale, r.counts, r.token_ids, w_in, a, 0, quant, None,

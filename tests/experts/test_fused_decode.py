@@ -49,6 +49,14 @@ CONFIGS = {
                               router="llama4", scoring="sigmoid",
                               apply_router_weight_on_input=True, shared_intermediate_size=32,
                               quantization="mxfp4"),
+    # two 128-column scale blocks along D and along I, the last partial
+    "qwen3 fp8_block (k=8 of 64)": MoEConfig(hidden_size=160, intermediate_size=144,
+                                             num_experts=64, top_k=8, renormalize=True,
+                                             quantization="fp8_block"),
+    "llama4 fp8_block": MoEConfig(hidden_size=160, intermediate_size=144, num_experts=16,
+                                  router="llama4", scoring="sigmoid",
+                                  apply_router_weight_on_input=True,
+                                  shared_intermediate_size=144, quantization="fp8_block"),
     "mixtral fp32 with capacity drops": MoEConfig(hidden_size=24, intermediate_size=20,
                                                   num_experts=8, top_k=2, dtype=torch.float32,
                                                   capacity_factor=0.5),
@@ -81,7 +89,7 @@ def fused_calls(monkeypatch):
 
 CASES = [(name, 5) for name in CONFIGS] + [
     ("llama4 (weights on input)", 1), ("qwen3 (k=8 of 128)", 1), ("llama4 fp8", 1),
-    ("gpt-oss mxfp4", 1)]
+    ("gpt-oss mxfp4", 1), ("llama4 fp8_block", 1)]
 
 
 @pytest.mark.parametrize("name,T", CASES, ids=[f"{n}-T={t}" for n, t in CASES])
@@ -157,7 +165,8 @@ def test_w8a16_tuned_tilings_match_float64(gemm, fields):
 
 
 @pytest.mark.parametrize("name", ["llama4 (weights on input)", "mixtral fp8", "llama4 fp8_w8a16",
-                                  "qwen3 mxfp4 (k=8 of 64)", "gpt-oss (k=4 of 16)"])
+                                  "qwen3 fp8_block (k=8 of 64)", "qwen3 mxfp4 (k=8 of 64)",
+                                  "gpt-oss (k=4 of 16)"])
 def test_fused_and_unfused_paths_agree(name):
     """The two paths differ only in rounding (the fused one keeps gate/up in float32)."""
     cfg = CONFIGS[name]

@@ -14,8 +14,9 @@ import pytest
 import torch
 
 from shufflemoe.ops import FP8_DTYPE, gather_scale, quantize_fp8_rowwise, sort_by_expert
-from shufflemoe.ops.moe_decode import configs, decode_down, decode_gate_up, kernel
+from shufflemoe.ops.moe_decode import W8A8, configs, decode_down, decode_gate_up, kernel
 from shufflemoe.ops.quantize.formats import weight_format
+from shufflemoe.ops.quantize.reference import dequantize_fp8_groups, quantize_fp8_groups
 from shufflemoe.ops.silu_mul.reference import glu
 from shufflemoe.testing import assert_close, poisoned
 
@@ -87,13 +88,17 @@ def pairs(r):
     return n, r.expert_ids[:n].cpu().long()
 
 
-def gate_up64(x, r, w13_64, on_input: bool, fp8: bool):
+def gate_up64(x, r, w13_64, on_input: bool, fp8: bool | str):
     """float64 silu(gate) * up of the valid pairs, from the rows the kernel multiplies: x
-    gathered and scaled (rounded to x's dtype, or quantized) exactly as gather_scale does."""
+    gathered and scaled (rounded to x's dtype, or quantized) exactly as gather_scale does (fp8
+    True or "fp8_rowwise": quantized per row; "fp8_block": in groups of 128 after it)."""
     n, experts = pairs(r)
-    xs = gather_scale(x, r.token_ids, r.weights if on_input else None, quantize=fp8,
+    rowwise = fp8 is True or fp8 == "fp8_rowwise"
+    xs = gather_scale(x, r.token_ids, r.weights if on_input else None, quantize=rowwise,
                       impl="torch")
-    x64 = (xs[0].double() * xs[1].double()[:, None] if fp8 else xs.double()).cpu()[:n]
+    if fp8 == "fp8_block":
+        xs = quantize_fp8_groups(xs)
+    x64 = (dequantized(*xs) if fp8 else xs.double()).cpu()[:n]
     h = torch.einsum("pd,pnd->pn", x64, w13_64[experts])
     g, u = h.chunk(2, dim=1)
     return g / (1 + torch.exp(-g)) * u
@@ -569,17 +574,18 @@ def wo_tiles(split: int, block_k: int = 32, block_m: int = 16) -> configs.Decode
     return configs.DecodeConfig(gemm, gemm)
 
 
-def wo_weights(E: int, quant: str, seed: int = 0):
-    """(w13, w2, w13_scale, w2_scale) stored in ``quant`` (bf16 and no scales for "none") and
-    their exact float64 values."""
+def wo_weights(E: int, quant: str, seed: int = 0, dims: tuple[int, int] = (WO_D, WO_I)):
+    """(w13, w2, w13_scale, w2_scale) stored in ``quant`` (bf16 and no scales for "none"; w13's
+    fp8_block scale blocks restart at the up half) and their exact float64 values."""
     fmt = weight_format(quant)
     g = gen(seed)
     stored, exact = [], []
-    for N, K in ((2 * WO_I, WO_D), (WO_D, WO_I)):
+    d, i = dims
+    for N, K, split in ((2 * i, d, i), (d, i, None)):
         w = torch.randn(E, N, K, generator=g) / K**0.5
-        q, s = fmt.quantize(w, None) if fmt.quantized else (w.to(torch.bfloat16), None)
+        q, s = fmt.quantize(w, split) if fmt.quantized else (w.to(torch.bfloat16), None)
         stored.append((q.to(DEV), None if s is None else s.to(DEV)))
-        exact.append(fmt.dequantize(q, s, None).double() if fmt.quantized else q.double())
+        exact.append(fmt.dequantize(q, s, split).double() if fmt.quantized else q.double())
     (q13, s13), (q2, s2) = stored
     return (q13, q2, s13, s2), tuple(exact)
 
@@ -622,28 +628,42 @@ def test_weight_only_formats_match_float64(case, quant, impl):
     run_wo(case, quant, wo_tiles(2), impl)
 
 
-SHARED_FORMATS = ("fp8_rowwise",) + WEIGHT_ONLY
+SHARED_FORMATS = ("fp8_rowwise", "fp8_block") + WEIGHT_ONLY
 SHARED_QUANT_TILES = {"16 rows": wo_tiles(1), "4 rows split 2": wo_tiles(2, block_m=4),
                       "one pair bk64": wo_tiles(1, 64, block_m=1)}
 SHARED_QUANT_CASES = [(c, q) for q in SHARED_FORMATS
                       for c in ("T=1 k=1 E=16", "odd T=9 k=3 E=7", "capacity drops", "T=0")]
 
 
-def shared_outputs(T: int, A: int, quant: str):
-    """Poisoned outputs of a merged decode_gate_up: a [T + A, I], or fp8 rowwise (q, scale, sa)."""
-    if quant != "fp8_rowwise":
-        return poisoned(T + A, WO_I, dtype=torch.bfloat16, device=DEV)
-    q = poisoned(A, WO_I, dtype=torch.uint8, device=DEV).view(FP8_DTYPE)
+def quantized_outputs(A: int, I: int, quant: str):
+    """Poisoned (q, scale) of a w8a8 decode_gate_up: e4m3 NaN, scales [A] or fp8_block's
+    [A, ceil(I / 128)] NaN."""
+    q = poisoned(A, I, dtype=torch.uint8, device=DEV).view(FP8_DTYPE)
     q.view(torch.uint8).fill_(0x7F)  # e4m3 NaN
-    return (q, poisoned(A, dtype=torch.float32, device=DEV),
+    shape = (A,) if quant == "fp8_rowwise" else (A, -(-I // 128))
+    return q, poisoned(*shape, dtype=torch.float32, device=DEV)
+
+
+def dequantized(q, scale):
+    """float64 values of w8a8 rows (q, scale [A] or [A, groups of 128])."""
+    if scale.dim() == 1:
+        return q.double() * scale.double()[:, None]
+    return dequantize_fp8_groups(q, scale).double()
+
+
+def shared_outputs(T: int, A: int, quant: str):
+    """Poisoned outputs of a merged decode_gate_up: a [T + A, I], or w8a8 (q, scale, sa)."""
+    if quant not in W8A8:
+        return poisoned(T + A, WO_I, dtype=torch.bfloat16, device=DEV)
+    return (*quantized_outputs(A, WO_I, quant),
             poisoned(T, WO_I, dtype=torch.bfloat16, device=DEV))
 
 
 def shared_and_routed(a, T: int, n: int, quant: str):
     """(the shared expert's rows, the valid pairs' rows) of a merged gate_up's outputs, float64."""
-    if quant == "fp8_rowwise":
+    if quant in W8A8:
         q, scale, sa = a
-        return sa.double().cpu(), (q.double() * scale.double()[:, None]).cpu()[:n]
+        return sa.double().cpu(), dequantized(q, scale).cpu()[:n]
     return a[:T].double().cpu(), a[T:T + n].double().cpu()
 
 
@@ -665,7 +685,7 @@ def test_shared_expert_beside_quantized_experts(case, quant, tiles_name, impl):
     sw2 = (torch.randn(WO_D, WO_I, generator=g) / WO_I**0.5).to(DEV, torch.bfloat16)
     x = torch.randn(T, WO_D, generator=gen(1)).to(DEV, torch.bfloat16)
     n, experts = pairs(r)
-    fp8 = quant == "fp8_rowwise"
+    fp8 = quant in W8A8
     a = shared_outputs(T, r.num_pairs, quant)
     with configs.override(cfg):
         got = decode_gate_up(x, w13, r.counts, r.token_ids, r.weights, w13_scale=s13,
@@ -674,8 +694,8 @@ def test_shared_expert_beside_quantized_experts(case, quant, tiles_name, impl):
     shared, routed = shared_and_routed(a, T, n, quant)
     gate, up = (x.double().cpu() @ sw13.double().cpu().t()).chunk(2, dim=1)
     assert_close(shared, gate / (1 + torch.exp(-gate)) * up, "bfloat16", name="shared rows")
-    assert_close(routed, gate_up64(x, r, w13_64, True, fp8),
-                 "fp8_rowwise" if fp8 else "bfloat16", name=f"{quant} pairs' rows")
+    assert_close(routed, gate_up64(x, r, w13_64, True, quant if fp8 else False),
+                 quant if fp8 else "bfloat16", name=f"{quant} pairs' rows")
     past = (a[0].view(torch.uint8)[n:] == 0x7F).all() if fp8 else torch.isnan(
         a[T + n:].float()).all()
     assert past, "rows past num_valid were written"
@@ -711,10 +731,10 @@ def test_shared_expert_beside_quantized_experts(case, quant, tiles_name, impl):
      ValueError, "out\\[2\\] must"),
     (lambda x, w, s, r, sw, a: decode_down(a[:2], w, r.counts, r.token_ids, r.positions,
                                            x, w2_scale=s, shared_w2=sw),
-     TypeError, "goes with fp8 rowwise and shared_w2 only"),
+     TypeError, "goes with w8a8 weights .* and shared_w2 only"),
     (lambda x, w, s, r, sw, a: decode_down(a, w, r.counts, r.token_ids, r.positions,
                                            x, w2_scale=s),
-     TypeError, "goes with fp8 rowwise and shared_w2 only"),
+     TypeError, "goes with w8a8 weights .* and shared_w2 only"),
 ])
 def test_shared_expert_beside_fp8_bad_input_raises(call, error, match):
     r, T, E = routing("odd T=9 k=3 E=7")
@@ -740,7 +760,9 @@ def test_weight_only_tiles(quant, cfg):
 
 @pytest.mark.parametrize("call, error, match", [
     (lambda x, w, s, r: decode_gate_up(x, w, r.counts, r.token_ids, w13_scale=s,
-                                       quantization="fp8_block"), ValueError, "quantization must"),
+                                       quantization="int8"), ValueError, "quantization must"),
+    (lambda x, w, s, r: decode_gate_up(x, w, r.counts, r.token_ids, w13_scale=s,
+                                       quantization="fp8_block"), TypeError, "w13 must be"),
     (lambda x, w, s, r: decode_gate_up(x, w, r.counts, r.token_ids,
                                        w13_scale=s[..., :1].contiguous(), quantization="mxfp4"),
      ValueError, "w13_scale must"),
@@ -769,6 +791,89 @@ def test_weight_only_default_tiles(quant):
 def test_mxfp4_needs_whole_scale_groups_per_k_step():
     with pytest.raises(ValueError, match="32-column scale groups"):
         run_wo("T=1 k=1 E=16", "mxfp4", wo_tiles(1, 16))
+
+
+# --------------------------------------------------------------------------------- fp8_block
+# w8a8 in 128-column groups: K steps of one scale block; widths with two groups each, the last
+# partial (gate_up K = 160: 128 + 32; down K = 144: 128 + 16), and w13's up half starting
+# its own scale blocks.
+BLOCK_DIMS = (160, 144)
+BLOCK_TILES = {"16 rows split 2": wo_tiles(2), "4 rows split 3": wo_tiles(3, block_m=4),
+               "one pair": wo_tiles(1, block_m=1), "one pair split 2": wo_tiles(2, block_m=1),
+               "one pair, 2 blocks a step": wo_tiles(1, 256, block_m=1)}
+BLOCK_CASES = ("T=0", "T=1 k=1 E=16", "odd T=9 k=3 E=7", "k=8 E=256", "all tokens on one expert",
+               "capacity drops", "ids routed nowhere")
+
+
+def run_block(case: str, cfg: configs.DecodeConfig | None, impl: str = "triton",
+              accumulate: bool = True, seed: int = 0) -> None:
+    """gate_up (x gathered times the input weights, quantized per 128 columns) against float64
+    of those rows through the exact weights, a's (q, scale) read back; then down from that a,
+    against float64; rows past num_valid stay NaN."""
+    r, T, E = routing(case, seed + 3)
+    d, i = BLOCK_DIMS
+    (w13, w2, s13, s2), (w13_64, w2_64) = wo_weights(E, "fp8_block", seed, BLOCK_DIMS)
+    n, experts = pairs(r)
+    x = torch.randn(T, d, generator=gen(seed + 1)).to(DEV, torch.bfloat16)
+    a = quantized_outputs(r.num_pairs, i, "fp8_block")
+    base = torch.randn(T, d, generator=gen(seed + 4)).to(DEV, torch.bfloat16)
+    out = base.clone()
+    with configs.override(cfg) if cfg else contextlib.nullcontext():
+        got = decode_gate_up(x, w13, r.counts, r.token_ids, r.weights, w13_scale=s13,
+                             quantization="fp8_block", out=a, impl=impl)
+        assert got is a
+        a64 = dequantized(*a).cpu()
+        assert_close(a64[:n], gate_up64(x, r, w13_64, True, "fp8_block"), "fp8_block",
+                     name="fp8_block a")
+        assert (a[0].view(torch.uint8)[n:] == 0x7F).all(), "rows past num_valid were written"
+        assert torch.isnan(a[1][n:]).all(), "scales past num_valid were written"
+        decode_down(a, w2, r.counts, r.token_ids, r.positions, out, r.weights, w2_scale=s2,
+                    quantization="fp8_block", accumulate=accumulate, impl=impl)
+    y = torch.einsum("pi,pdi->pd", a64[:n], w2_64[experts]) * r.weights[:n].double().cpu()[:, None]
+    tokens = r.token_ids[:n].long().cpu()
+    ref = base.double().cpu()
+    if not accumulate:
+        ref[tokens] = 0.0
+    assert_close(out, ref.index_add_(0, tokens, y), "bfloat16", name="fp8_block out")
+
+
+@pytest.mark.parametrize("impl", ["triton", "torch"])
+@pytest.mark.parametrize("case", BLOCK_CASES)
+def test_fp8_block_matches_float64(case, impl):
+    run_block(case, BLOCK_TILES["16 rows split 2"], impl)
+
+
+@pytest.mark.parametrize("tiles_name", BLOCK_TILES)
+def test_fp8_block_tiles(tiles_name):
+    """Every tile kind (MMA rows, one-pair GEMV, split-K), the default tiles, and down writing
+    out where a token has a pair (accumulate=False)."""
+    run_block("odd T=9 k=3 E=7", BLOCK_TILES[tiles_name])
+    run_block("ids routed nowhere", BLOCK_TILES[tiles_name], accumulate=False)
+
+
+def test_fp8_block_default_tiles():
+    for case in ("T=1 k=1 E=16", "k=8 E=256"):
+        run_block(case, None)
+
+
+def test_fp8_block_bad_input_raises():
+    r, T, E = routing("odd T=9 k=3 E=7")
+    d, i = BLOCK_DIMS
+    (w13, w2, s13, s2), _ = wo_weights(E, "fp8_block", 0, BLOCK_DIMS)
+    x = torch.randn(T, d).to(DEV, torch.bfloat16)
+    with pytest.raises(ValueError, match="w13_scale must"):  # the unsplit block count
+        decode_gate_up(x, w13, r.counts, r.token_ids, w13_scale=s13[:, 1:].contiguous(),
+                       quantization="fp8_block")
+    with pytest.raises(ValueError, match="out\\[1\\] must"):  # a row scale, not group scales
+        decode_gate_up(x, w13, r.counts, r.token_ids, w13_scale=s13, quantization="fp8_block",
+                       out=quantized_outputs(r.num_pairs, i, "fp8_rowwise"))
+    with pytest.raises(TypeError, match="needs bfloat16 or float16 activations"):
+        decode_gate_up(x.float(), w13, r.counts, r.token_ids, w13_scale=s13,
+                       quantization="fp8_block")
+    q, scale = quantized_outputs(r.num_pairs, i, "fp8_block")
+    with pytest.raises(ValueError, match="a scale must"):
+        decode_down((q, scale[:, 0].contiguous()), w2, r.counts, r.token_ids, r.positions, x,
+                    w2_scale=s2, quantization="fp8_block")
 
 
 # ------------------------------------------------------- gpt-oss: expert biases, clamped GLU

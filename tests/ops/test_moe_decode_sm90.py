@@ -46,11 +46,12 @@ def _split_const(split: int) -> dict:
 
 # weight format -> (weight pointer, its scales' pointer)
 WEIGHTS = {"none": ("*bf16", None), "fp8_rowwise": ("*fp8e4nv", "*fp32"),
-           "fp8_w8a16": ("*fp8e4nv", "*fp32"), "mxfp4": ("*u8", "*u8")}
+           "fp8_w8a16": ("*fp8e4nv", "*fp32"), "fp8_block": ("*fp8e4nv", "*fp32"),
+           "mxfp4": ("*u8", "*u8")}
 
 
 def _block_k(quant: str) -> int:
-    return 128 if quant == "none" else 256
+    return 128 if quant in ("none", "fp8_block") else 256
 
 
 def _shared_k(quant: str) -> int:
@@ -61,11 +62,11 @@ def _shared_k(quant: str) -> int:
 def _format(fp8: bool | str) -> tuple[str, bool]:
     """(weight format, whether activations are fp8): True is fp8 rowwise, False bf16."""
     quant = fp8 if isinstance(fp8, str) else ("fp8_rowwise" if fp8 else "none")
-    return quant, quant == "fp8_rowwise"
+    return quant, quant in ("fp8_rowwise", "fp8_block")
 
 
 def gate_up(fp8: bool | str, split: int, rw: bool, pdl: bool, block_m: int = 16,
-            oai: bool = False, shared: bool = False):
+            oai: bool = False, shared: bool = False, block_k: int | None = None):
     """oai: gpt-oss's expert bias and clamped swiglu_oai GLU; shared: a shared expert's tiles
     first, not waiting for the routing (EARLY)."""
     from shufflemoe.ops.moe_decode import kernel
@@ -83,7 +84,7 @@ def gate_up(fp8: bool | str, split: int, rw: bool, pdl: bool, block_m: int = 16,
                sa_ptr="*bf16" if shared and fp8 else None,
                flag_ptr="*i32" if shared else None, **_split_arg(split))
     consts = dict(SHARED=shared, EARLY=shared, BLOCK_E=16, BLOCK_M=block_m, BLOCK_N=64,
-                  BLOCK_K=_block_k(quant), SHARED_K=_shared_k(quant),
+                  BLOCK_K=block_k or _block_k(quant), SHARED_K=_shared_k(quant),
                   **_split_const(split), QUANT=quant, ACT="swiglu_oai" if oai else "silu",
                   HAS_LIMIT=oai, HAS_BIAS=oai, HAS_RW=rw, UPCAST=False,
                   W_TO_X=quant in ("fp8_w8a16", "mxfp4"), DOT_PRECISION="tf32", INTERPRET=False,
@@ -93,7 +94,8 @@ def gate_up(fp8: bool | str, split: int, rw: bool, pdl: bool, block_m: int = 16,
 
 
 def down(fp8: bool | str, split: int, k: int, pdl: bool, accumulate: bool = True,
-         block_m: int = 16, bias: bool = False, shared: bool = False):
+         block_m: int = 16, bias: bool = False, shared: bool = False,
+         block_k: int | None = None):
     from shufflemoe.ops.moe_decode import kernel
 
     quant, fp8 = _format(fp8)
@@ -111,7 +113,7 @@ def down(fp8: bool | str, split: int, k: int, pdl: bool, accumulate: bool = True
         sig.update(y_ptr="*fp32", words_ptr="*i32")
     consts = dict(SHARED=shared, EARLY=shared, K=k, TOP1=k == 1 and not shared, ACCUMULATE=accumulate, BLOCK_E=128, BLOCK_M=block_m,
                   BLOCK_N=64,
-                  BLOCK_K=_block_k(quant), SHARED_K=_shared_k(quant), BLOCK_T=16,
+                  BLOCK_K=block_k or _block_k(quant), SHARED_K=_shared_k(quant), BLOCK_T=16,
                   **_split_const(split),
                   QUANT=quant, HAS_BIAS=bias, HAS_RW=True, UPCAST=False,
                   W_TO_X=quant in ("fp8_w8a16", "mxfp4"),
@@ -162,6 +164,12 @@ BUILDS = {
         "fp8_w8a16", 1, True, True, shared=True),
     "down mxfp4 with a bf16 shared expert, early, k=1 PDL": lambda: down(
         "mxfp4", 1, 1, True, accumulate=False, shared=True),
+    "gate_up fp8_block split-K input weights": lambda: gate_up("fp8_block", 2, True, False),
+    "down fp8_block k=8 PDL": lambda: down("fp8_block", 1, 8, True),
+    "gate_up fp8_block with a bf16 shared expert (sa), early, PDL": lambda: gate_up(
+        "fp8_block", 1, True, True, shared=True),
+    "down fp8_block with a bf16 shared expert (sa), early, k=1 split-K PDL": lambda: down(
+        "fp8_block", 2, 1, True, accumulate=False, shared=True),
     "grouped GEMM mxfp4": lambda: grouped_mxfp4("none", False),
     "grouped GEMM mxfp4 device TMA, swapped": lambda: grouped_mxfp4("device", True),
     "grouped GEMM mxfp4 16 x 128 x 256, swapped": lambda: grouped_mxfp4("none", True, 16, 256),
@@ -188,6 +196,10 @@ GEMV = {  # one pair a tile: no MMA
         "fp8_w8a16", 2, 1, True, accumulate=False, block_m=1, shared=True),
     "gate_up mxfp4 one-pair tiles with a bf16 shared expert, early, PDL": lambda: gate_up(
         "mxfp4", 1, True, True, block_m=1, shared=True),
+    "gate_up fp8_block one-pair tiles, 4 blocks a step, split-K": lambda: gate_up(
+        "fp8_block", 4, True, False, block_m=1, block_k=512),
+    "down fp8_block one-pair tiles top-1 split-K PDL": lambda: down("fp8_block", 2, 1, True,
+                                                                    block_m=1),
 }
 
 

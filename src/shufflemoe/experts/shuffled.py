@@ -32,15 +32,14 @@ class Shuffled(Experts):
         # fused kernels only: the torch reference of the fused path composes the same ops as
         # below plus a token-major sum (on the CPU at T = 1, ~100 us more per call)
         atomic = not cfg.deterministic and cfg.top_k > 1  # opt-in: any order of a token's adds
-        w8a8 = w.quantization == "fp8_rowwise"
         if (x.shape[0] and ops.name == "triton" and not atomic and _fusable(x, w, cfg)
                 and decode_configs.use_fused(r.num_pairs, cfg.top_k, w.quantization,
                                              r.num_experts, cfg.batch_invariant)):
             # unchecked like the rest: the layer made every tensor
             a = ops.decode_gate_up(x, w.w13, w.w13_scale, r.counts, r.token_ids, w_in,
                                    gate_up_outputs(None, r.num_pairs, w.intermediate_size,
-                                                   x.dtype, w8a8, x.device), 0, w.quantization,
-                                   w.w13_bias, cfg.act)
+                                                   x.dtype, w.quantization, x.device), 0,
+                                   w.quantization, w.w13_bias, cfg.act)
             before_combine()
             ops.decode_down(*(a if isinstance(a, tuple) else (a, None)), w.w2, w.w2_scale,
                             r.counts, r.token_ids, r.positions, w_out, out, not overwrite, 0,
@@ -68,8 +67,8 @@ class Shuffled(Experts):
 
 
 def _fusable(x, w, cfg) -> bool:
-    """The fused decode kernels take bf16/fp16/fp32, fp8 rowwise w8a8 and the weight-only
-    fp8_w8a16 and mxfp4 weights (with expert biases and either GLU), on rows in the model dtype
-    (not rows expert parallelism quantized before sending); the other cases (fp8_block among
-    them) run the four-launch pipeline."""
+    """The fused decode kernels take bf16/fp16/fp32, the w8a8 fp8 rowwise and fp8_block and the
+    weight-only fp8_w8a16 and mxfp4 weights (with expert biases and either GLU), on rows in the
+    model dtype (not rows expert parallelism quantized before sending, which run the four-launch
+    pipeline)."""
     return not isinstance(x, QuantizedRows) and w.quantization in decode_formats.FORMATS

@@ -13,9 +13,9 @@ expert biases (gpt-oss).
 
 Split-K spreads a few experts' weights over every SM; see kernel.py for the schedule and
 configs.py for when the ``shuffled`` strategy uses it. Weights in the model dtype or one of the
-formats of ops/quantize/formats.py but fp8_block: fp8 rowwise keeps the layer's w8a8 contract
-(x and a quantized per row with ops.quantize's formula); fp8_w8a16 and mxfp4 are weight-only,
-dequantized in registers.
+formats of ops/quantize/formats.py: fp8 rowwise and fp8_block keep the layer's w8a8 contract (x
+and a quantized per row, or per 128-column group, with ops.quantize's formulas); fp8_w8a16 and
+mxfp4 are weight-only, dequantized in registers.
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ from torch import Tensor
 
 from ..._checks import INDEX_DTYPES, check_same_device, check_tensor
 from .._impl import ops_for, resolve, triton_available
-from ..quantize import FP8_DTYPE
+from ..quantize import FP8_BLOCK, FP8_DTYPE
 from ..quantize.formats import weight_format
 from ..silu_mul.reference import ACTIVATIONS
 from . import configs
-from .reference import FORMATS, WEIGHT_ONLY, format_of
+from .reference import FORMATS, W8A8, WEIGHT_ONLY, activation_of, format_of
 
 X_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -43,7 +43,8 @@ def _check_routing(counts: Tensor, token_ids: Tensor, E: int) -> int:
 def _check_weights(w: Tensor, w_scale: Tensor | None, name: str, x_dtype: torch.dtype,
                    quantization: str | None, K: int) -> str:
     """w [E, N, K as stored] and its scales in ``quantization``'s format (None: fp8_rowwise
-    for float8_e4m3fn w, else the activations' dtype); returns the format's name."""
+    for float8_e4m3fn w, else the activations' dtype; fp8_block's w13 holds the gate rows'
+    scale blocks, then the up rows'); returns the format's name."""
     if quantization is not None and quantization not in FORMATS:
         raise ValueError(f"quantization must be one of {FORMATS} for the fused decode kernels, "
                          f"got {quantization!r}")
@@ -59,15 +60,15 @@ def _check_weights(w: Tensor, w_scale: Tensor | None, name: str, x_dtype: torch.
     if w.shape[2] * fmt.k_per_element != K:
         raise ValueError(f"{name} must be [E, N, {K // fmt.k_per_element}] for K={K} "
                          f"({quant}), got {list(w.shape)}")
-    shape = fmt.scale_shape(N, K)
+    shape = fmt.scale_shape(N, K, N // 2 if name == "w13" and quant == "fp8_block" else None)
     if shape is None:
         if w_scale is not None:
             raise ValueError(f"{name}_scale is not used with quantization={quant!r}")
     else:
         check_tensor(f"{name}_scale", w_scale, shape=[E, *shape], dtypes=(fmt.scale_dtype,),
                      contiguous=True)
-    if quant == "fp8_rowwise" and x_dtype == torch.float32:
-        raise TypeError(f"fp8_rowwise {name} needs bfloat16 or float16 activations")
+    if quant in W8A8 and x_dtype == torch.float32:
+        raise TypeError(f"{quant} {name} needs bfloat16 or float16 activations")
     return quant
 
 
@@ -93,26 +94,28 @@ def _check_workspace(workspace: int) -> None:
         raise ValueError(f"workspace must be an int >= 0, got {workspace!r}")
 
 
-def gate_up_outputs(out, A: int, I: int, dtype: torch.dtype, fp8: bool, dev: torch.device,
+def gate_up_outputs(out, A: int, I: int, dtype: torch.dtype, quant: str, dev: torch.device,
                     shared_rows: int | None = None):
-    """decode_gate_up's outputs: a [A, I] in x's dtype, or for fp8 rowwise (fp8) (q [A, I],
-    scale [A]); with a shared expert of shared_rows (T) rows, a [T + A, I], or (q, scale, sa
-    [T, I] in x's dtype); checked when given, else allocated (the shuffled strategy's unchecked
-    call allocates them here)."""
+    """decode_gate_up's outputs for weights in the format ``quant``: a [A, I] in x's dtype, or
+    for w8a8 (q [A, I], scale [A] (fp8 rowwise) or [A, ceil(I / 128)] (fp8_block)); with a
+    shared expert of shared_rows (T) rows, a [T + A, I], or (q, scale, sa [T, I] in x's dtype);
+    checked when given, else allocated (the shuffled strategy's unchecked call allocates them
+    here)."""
     shared = shared_rows is not None
-    if fp8:
+    if quant in W8A8:
+        scale_shape = [A] if activation_of(quant) == "rowwise" else [A, -(-I // FP8_BLOCK)]
         if out is None:
             out = (torch.empty(A, I, dtype=FP8_DTYPE, device=dev),
-                   torch.empty(A, dtype=torch.float32, device=dev))
+                   torch.empty(scale_shape, dtype=torch.float32, device=dev))
             return out + (torch.empty(shared_rows, I, dtype=dtype, device=dev),) if shared \
                 else out
         if not isinstance(out, tuple) or len(out) != 2 + shared:
-            raise TypeError("out must be a (q, scale, sa) tuple for float8_e4m3fn w13 and a "
-                            "shared expert" if shared else
-                            "out must be a (q, scale) tuple for float8_e4m3fn w13")
+            raise TypeError(f"out must be a (q, scale, sa) tuple for {quant} w13 and a shared "
+                            f"expert" if shared else
+                            f"out must be a (q, scale) tuple for {quant} w13")
         check_tensor("out[0]", out[0], shape=[A, I], dtypes=(FP8_DTYPE,), device=dev,
                      contiguous=True)
-        check_tensor("out[1]", out[1], shape=[A], dtypes=(torch.float32,), device=dev,
+        check_tensor("out[1]", out[1], shape=scale_shape, dtypes=(torch.float32,), device=dev,
                      contiguous=True)
         if shared:
             check_tensor("out[2]", out[2], shape=[shared_rows, I], dtypes=(dtype,), device=dev,
@@ -150,14 +153,16 @@ def decode_gate_up(
     "swiglu_oai", 1.702, 7.0), all in float32 before a is rounded. quantization (the
     weight format, ops/quantize/formats.py; default "fp8_rowwise" for float8_e4m3fn w13, else
     "none"): "fp8_rowwise" (w13_scale [E, 2I] float32) returns (q [A, I] e4m3, scale [A]
-    float32), x quantized per row first; "fp8_w8a16" (e4m3 w13, w13_scale [E, 2I]) and "mxfp4"
+    float32), x quantized per row first; "fp8_block" (w13_scale [E, 2 ceil(I / 128),
+    ceil(D / 128)] float32: the gate rows' 128 x 128 blocks, then the up rows') returns (q,
+    scale [A, ceil(I / 128)]), x and a quantized per 128-column group; "fp8_w8a16" (e4m3 w13, w13_scale [E, 2I]) and "mxfp4"
     (uint8 w13 [E, 2I, D/2], e8m0 w13_scale [E, 2I, D/32]) keep x and a in x's dtype. Rows past
     sum(counts) are not written (out: preallocated outputs). workspace: which buffer of split-K
     arrival words the kernel uses (0, 1, ...): calls that may run at the same time on two
     streams need two. shared_w13 [2I, D] (x's dtype, not quantized, whatever w13's format; no
     expert bias): a shared expert in the same launch, a [T + A, I] with its rows (every
-    token's, in order) first; for fp8 rowwise its rows stay in x's dtype, a third output:
-    (q [A, I], scale [A], sa [T, I])."""
+    token's, in order) first; for w8a8 its rows stay in x's dtype, a third output:
+    (q [A, I], scale, sa [T, I])."""
     check_tensor("x", x, dim=2, dtypes=X_DTYPES, contiguous=True)
     check_tensor("w13", w13, dim=3, contiguous=True)
     E, two_i = w13.shape[:2]
@@ -177,7 +182,7 @@ def decode_gate_up(
     dev = check_same_device(x=x, w13=w13, counts=counts, token_ids=token_ids,
                             row_weights=row_weights, w13_scale=w13_scale, w13_bias=w13_bias,
                             shared_w13=shared_w13)
-    out = gate_up_outputs(out, A, two_i // 2, x.dtype, quant == "fp8_rowwise", dev,
+    out = gate_up_outputs(out, A, two_i // 2, x.dtype, quant, dev,
                           x.shape[0] if shared else None)
     _check_workspace(workspace)
     return ops_for(resolve(impl, x)).decode_gate_up(
@@ -202,7 +207,7 @@ def decode_down(
     shared_w2: Tensor | None = None,
     impl: str | None = None,
 ) -> Tensor:
-    """a [A, I] (or the fp8 rowwise (q, scale[, sa]) from decode_gate_up), w2 [E, D, I], counts [E],
+    """a [A, I] (or the w8a8 (q, scale[, sa]) from decode_gate_up), w2 [E, D, I], counts [E],
     token_ids [A], positions [A = T * k] of a Routing; out [T, D] += for each token the sum of
     its routed pairs' a @ w2[e]^T plus w2_bias[e] ([E, D], gpt-oss; times row_weights [A]
     float32, the output weights), in
@@ -227,7 +232,8 @@ def decode_down(
     act = out.dtype if q.dtype == FP8_DTYPE else q.dtype  # the activations' dtype
     shared = _check_shared(shared_w2, "shared_w2", [D, q.shape[1]], act, w2_bias)
     if (sa is not None) != (q.dtype == FP8_DTYPE and shared):
-        raise TypeError("a = (q, scale, sa) goes with fp8 rowwise and shared_w2 only")
+        raise TypeError("a = (q, scale, sa) goes with w8a8 weights (fp8_rowwise, fp8_block) and "
+                        "shared_w2 only")
     if sa is not None:
         check_tensor("a's sa", sa, shape=[out.shape[0], q.shape[1]], dtypes=(act,),
                      contiguous=True)
@@ -236,12 +242,14 @@ def decode_down(
         raise ValueError(f"a must have {'T + ' if s_rows else ''}A={s_rows + A} rows (one per "
                          f"{'token, then one per ' if s_rows else ''}pair), got {list(q.shape)}")
     quant = _check_weights(w2, w2_scale, "w2", act, quantization, q.shape[1])
-    rowwise = quant == "fp8_rowwise"
-    if (q.dtype == FP8_DTYPE) != rowwise or (a_scale is not None) != rowwise:
-        raise TypeError("fp8_rowwise needs a = (q, scale) with e4m3 q, and other formats a in "
-                        "the model dtype")
+    w8a8 = quant in W8A8
+    if (q.dtype == FP8_DTYPE) != w8a8 or (a_scale is not None) != w8a8:
+        raise TypeError("fp8_rowwise and fp8_block need a = (q, scale) with e4m3 q, and other "
+                        "formats a in the model dtype")
     if a_scale is not None:
-        check_tensor("a scale", a_scale, shape=[A], dtypes=(torch.float32,), contiguous=True)
+        groups = activation_of(quant) == "groups"
+        check_tensor("a scale", a_scale, shape=[A, -(-q.shape[1] // FP8_BLOCK)] if groups else [A],
+                     dtypes=(torch.float32,), contiguous=True)
     T = out.shape[0]
     if out.shape[1] != D:
         raise ValueError(f"out must be [T, {D}], got {list(out.shape)}")

@@ -90,7 +90,8 @@ class Switch:
 ALWAYS = Switch(max_pairs=1 << 30, max_top_k=1 << 30, fp8=True,
                 weight_only_tokens=1 << 30, mxfp4_max_top_k=1 << 30,
                 shared_quantized_max_tokens=2,
-                shared_quantized_formats=("fp8_rowwise", "fp8_w8a16", "mxfp4"))  # tests
+                shared_quantized_formats=("fp8_rowwise", "fp8_w8a16", "fp8_block",
+                                          "mxfp4"))  # tests
 NEVER = Switch(max_pairs=0)
 
 

@@ -1,6 +1,6 @@
 """The routed experts at decode in two Triton launches (after index_shuffle):
 
-    gate_up: a[p] = SwiGLU(x[token_ids[p]] (* w_in[p]) @ W13[e(p)]^T)  [A, I]  (+ fp8 rowwise)
+    gate_up: a[p] = SwiGLU(x[token_ids[p]] (* w_in[p]) @ W13[e(p)]^T)  [A, I]  (+ w8a8 quant)
     down:    out[t] (+)= sum over t's pairs p of (a[p] @ W2[e(p)]^T) (* w_out[p])    [T, D]
 
 Pairs are sorted by expert (Routing); an m-tile is up to BLOCK_M consecutive pairs of one expert,
@@ -24,6 +24,13 @@ ops.quantize, as gather_scale and silu_mul do): gate_up quantizes its rows of x 
 from the rows' amax (a pass over the rows before the loop); its epilogue stores a in fp32, and
 the last tile of each m-tile (a second arrival word) quantizes the m-tile's whole rows of a into
 (q, scale), which down reads like any fp8 GEMM input.
+
+fp8_block (w8a8 in 128-column groups, DeepSeek-V3 / Qwen3 FP8 checkpoints) takes K steps of one
+128-column block: each step quantizes its columns of the gathered rows (one group a row, from the
+step's own amax: no pass before the loop), multiplies in fp8 and adds the product times the
+weights' block scale and the rows' group scales (the grouped GEMM's order); the last tile of each
+m-tile quantizes whole rows of a in groups of 128 (q, scale [A, ceil(I / 128)]), which down reads
+the same way.
 
 Weight-only formats (QUANT, ops/quantize/formats.py) keep x and a in x's dtype and dequantize
 the weight tile in registers in the K step, as the grouped GEMM does: fp8_w8a16 (e4m3, exact in
@@ -70,7 +77,7 @@ from ..quantize.kernel import (cast_to, e2m1_f16, e4m3_bits, e4m3_to, e8m0_value
 from ..quantize.reference import FP8_DTYPE
 from ..silu_mul.kernel import glu_f32
 from . import configs
-from .reference import SILU, WEIGHT_ONLY, Act, format_of
+from .reference import SILU, W8A8, WEIGHT_ONLY, Act, format_of
 
 _INTERPRETER_SMS = 8  # the SM count the heuristic plans for under the interpreter
 _COMBINE_TOKENS = 16  # tokens per step of down's token-major combine
@@ -235,13 +242,13 @@ def _program(counts_ptr, E, n_tiles, split, T, BLOCK_E: tl.constexpr, BLOCK_M: t
 def _tile_rows(rows, shared, T, SHARED: tl.constexpr, QUANT: tl.constexpr):
     """A tile's rows [BM] (pairs, or the shared expert's tokens) -> (their rows of the partials
     and of gate_up's a / down's y, their rows of the input a). SHARED: the shared expert's T
-    rows come first in both (fp8 rowwise keeps the shared rows of a in sa, the pairs' rows of q
+    rows come first in both (w8a8 formats keep the shared rows of a in sa, the pairs' rows of q
     unshifted). (The weight pointer is picked in the kernels themselves: Inductor's analysis of
     which arguments a user kernel writes took a pointer returned by a helper for written, and
     copied the shared weights before every compiled call.)"""
     if SHARED:
         p_rows = rows + tl.where(shared, 0, T)
-        if QUANT == "fp8_rowwise":
+        if QUANT == "fp8_rowwise" or QUANT == "fp8_block":  # w8a8: shared rows in sa
             a_rows = rows
         else:
             a_rows = p_rows
@@ -290,6 +297,54 @@ def _x_tile(x_ptr, tok, rw, inv, row_ok, ks, D, HAS_RW: tl.constexpr, QUANT: tl.
     elif HAS_RW:
         v = cast_to(v.to(tl.float32) * rw[:, None], x_ptr.dtype.element_ty, INTERPRET)
     return v
+
+
+@triton.jit
+def _x_groups(x_ptr, tok, rw, row_ok, ks, D, HAS_RW: tl.constexpr, INTERPRET: tl.constexpr):
+    """fp8_block: gathered rows x[tok, ks] [BM, BK] (times rw rounded to x's dtype, as
+    gather_scale), BK whole 128-column groups, quantized as ops.quantize_fp8_groups does:
+    (values [BM, BK] as the dot takes them, group scales [BM, BK / 128])."""
+    v = tl.load(x_ptr + tok[:, None] * D + ks[None, :], mask=row_ok[:, None] & (ks < D)[None, :],
+                other=0.0)
+    if HAS_RW:
+        v = cast_to(v.to(tl.float32) * rw[:, None], x_ptr.dtype.element_ty, INTERPRET)
+    BM: tl.constexpr = v.shape[0]
+    BK: tl.constexpr = v.shape[1]
+    groups = tl.reshape(v.to(tl.float32), [BM, BK // 128, 128])
+    inv, scale = row_scales(tl.max(tl.abs(groups), 2))
+    y = tl.clamp(groups * inv[:, :, None], -448.0, 448.0, propagate_nan=tl.PropagateNan.ALL)
+    return _fp8_value(tl.reshape(y, [BM, BK]), INTERPRET), scale
+
+
+@triton.jit
+def _block_scales(ws_ptr, blocks, col_ok, k0, KB, BLOCK_K: tl.constexpr):
+    """fp8_block: the weight rows' scales [BN, BLOCK_K / 128] for the step at k0 (blocks [BN]:
+    their scale rows of w_scale viewed as [E * NB, KB])."""
+    kb = k0 // 128 + tl.arange(0, BLOCK_K // 128)
+    return tl.load(ws_ptr + blocks[:, None] * KB + kb[None, :],
+                   mask=col_ok[:, None] & (kb < KB)[None, :], other=0.0)
+
+
+@triton.jit
+def _block_dot(acc, w, xq, w_scale, x_scale, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """fp8_block: acc [BN, BM] += for each 128-column group g of the step, (w[:, g] @ xq[:, g]^T)
+    * w_scale[:, g] * x_scale[:, g] (w [BN, BK], xq [BM, BK], scales [BN, G], [BM, G]): each
+    group's product scaled by its scales, as the grouped GEMM does. One pair (BM = 1): products
+    on the CUDA cores summed per group; MMA tiles take one group a step (G = 1)."""
+    BN: tl.constexpr = w.shape[0]
+    BK: tl.constexpr = w.shape[1]
+    BM: tl.constexpr = xq.shape[0]
+    G: tl.constexpr = BK // 128
+    if BM == 1:
+        x = tl.reshape(xq, [BK]).to(tl.float32)
+        part = tl.sum(tl.reshape(w.to(tl.float32) * x[None, :], [BN, G, 128]), 2)  # [BN, G]
+        step = tl.sum(part * w_scale * tl.reshape(x_scale, [G])[None, :], 1)
+        acc += tl.reshape(step, [BN, 1])
+    else:
+        part = _dot(tl.zeros(acc.shape, tl.float32), w, tl.trans(xq), UPCAST, False,
+                    DOT_PRECISION)
+        acc += part * tl.reshape(w_scale, [BN])[:, None] * tl.reshape(x_scale, [BM])[None, :]
+    return acc
 
 
 @triton.jit
@@ -355,11 +410,22 @@ def _mxfp4_gemv(acc, w_ptr, ws_ptr, w_rows, col_ok, k0, k_hi, K, even, odd,
 
 @triton.jit
 def _gate_up_step(acc_g, acc_u, k0, k_hi, x_ptr, w_ptr, ws_ptr, tok, rw, inv, row_ok, gate_rows,
-                  col_ok, D, I, BLOCK_K: tl.constexpr, HAS_RW: tl.constexpr,
+                  col_ok, blocks, D, I, BLOCK_K: tl.constexpr, HAS_RW: tl.constexpr,
                   QUANT: tl.constexpr, UPCAST: tl.constexpr, W_TO_X: tl.constexpr,
                   DOT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
-    """One K step of gate_up: both accumulators += weights [BN, BK] @ gathered x^T [BK, BM]."""
-    if QUANT == "mxfp4" and tok.shape[0] == 1:  # one pair: see _mxfp4_gemv
+    """One K step of gate_up: both accumulators += weights [BN, BK] @ gathered x^T [BK, BM]
+    (fp8_block: blocks [BN], the gate rows' scale rows of w_scale viewed as [E * NB, KB])."""
+    if QUANT == "fp8_block":  # whole 128-column scale blocks a step (see _plan)
+        wg = _w_tile(w_ptr, ws_ptr, gate_rows, col_ok, k0, k_hi, D, QUANT, BLOCK_K, UPCAST)
+        wu = _w_tile(w_ptr, ws_ptr, gate_rows + I, col_ok, k0, k_hi, D, QUANT, BLOCK_K, UPCAST)
+        xq, xs = _x_groups(x_ptr, tok, rw, row_ok, k0 + tl.arange(0, BLOCK_K), D, HAS_RW,
+                           INTERPRET)
+        KB = tl.cdiv(D, 128)
+        sg = _block_scales(ws_ptr, blocks, col_ok, k0, KB, BLOCK_K)
+        su = _block_scales(ws_ptr, blocks + tl.cdiv(I, 128), col_ok, k0, KB, BLOCK_K)
+        acc_g = _block_dot(acc_g, wg, xq, sg, xs, UPCAST, DOT_PRECISION)
+        acc_u = _block_dot(acc_u, wu, xq, su, xs, UPCAST, DOT_PRECISION)
+    elif QUANT == "mxfp4" and tok.shape[0] == 1:  # one pair: see _mxfp4_gemv
         ok = tl.sum(row_ok.to(tl.int32), 0) > 0
         even, odd = _row_halves(x_ptr, tl.sum(tok, 0), tl.sum(rw, 0), ok, k0, k_hi, D, HAS_RW,
                                 INTERPRET, BLOCK_K)
@@ -379,8 +445,8 @@ def _gate_up_step(acc_g, acc_u, k0, k_hi, x_ptr, w_ptr, ws_ptr, tok, rw, inv, ro
 
 
 @triton.jit
-def _gate_up_loop(k_lo, k_hi, x_ptr, w_ptr, ws_ptr, tok, rw, inv, row_ok, gate_rows, col_ok, D, I,
-                  BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+def _gate_up_loop(k_lo, k_hi, x_ptr, w_ptr, ws_ptr, tok, rw, inv, row_ok, gate_rows, col_ok,
+                  blocks, D, I, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
                   HAS_RW: tl.constexpr, QUANT: tl.constexpr, UPCAST: tl.constexpr,
                   W_TO_X: tl.constexpr, DOT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
     """gate_up's K loop over [k_lo, k_hi): the (gate, up) accumulators [BN, BM] in float32."""
@@ -390,14 +456,16 @@ def _gate_up_loop(k_lo, k_hi, x_ptr, w_ptr, ws_ptr, tok, rw, inv, row_ok, gate_r
         k0 = k_lo
         while k0 < k_hi:
             acc_g, acc_u = _gate_up_step(acc_g, acc_u, k0, k_hi, x_ptr, w_ptr, ws_ptr, tok, rw,
-                                         inv, row_ok, gate_rows, col_ok, D, I, BLOCK_K, HAS_RW,
-                                         QUANT, UPCAST, W_TO_X, DOT_PRECISION, INTERPRET)
+                                         inv, row_ok, gate_rows, col_ok, blocks, D, I, BLOCK_K,
+                                         HAS_RW, QUANT, UPCAST, W_TO_X, DOT_PRECISION,
+                                         INTERPRET)
             k0 += BLOCK_K
     else:
         for k0 in range(k_lo, k_hi, BLOCK_K):
             acc_g, acc_u = _gate_up_step(acc_g, acc_u, k0, k_hi, x_ptr, w_ptr, ws_ptr, tok, rw,
-                                         inv, row_ok, gate_rows, col_ok, D, I, BLOCK_K, HAS_RW,
-                                         QUANT, UPCAST, W_TO_X, DOT_PRECISION, INTERPRET)
+                                         inv, row_ok, gate_rows, col_ok, blocks, D, I, BLOCK_K,
+                                         HAS_RW, QUANT, UPCAST, W_TO_X, DOT_PRECISION,
+                                         INTERPRET)
     return _acc_sum(acc_g, BLOCK_M, QUANT), _acc_sum(acc_u, BLOCK_M, QUANT)
 
 
@@ -406,19 +474,20 @@ def _gate_up_kernel(
     x_ptr,  # [T, D] tokens
     w_ptr,  # [E, 2I, D] gate rows then up rows (mxfp4: bytes [E, 2I, D / 2])
     sw_ptr,  # [2I, D] the shared expert's gate rows then up rows (SHARED)
-    w_scale_ptr,  # [E, 2I] fp32 (fp8_rowwise, fp8_w8a16); e8m0 [E, 2I, D / 32] (mxfp4)
+    w_scale_ptr,  # [E, 2I] fp32 (fp8_rowwise, fp8_w8a16); e8m0 [E, 2I, D / 32] (mxfp4); fp32
+    # [E, 2 ceil(I / 128), ceil(D / 128)] (fp8_block: gate's blocks, then up's)
     bias_ptr,  # [E, 2I] expert bias, added before the GLU (HAS_BIAS)
     counts_ptr,  # [E] pairs per expert
     ids_ptr,  # [A] token of each pair
     rw_ptr,  # [A] fp32 input weight of each pair (HAS_RW)
-    a_ptr,  # [A, I] SwiGLU output: x's dtype, or fp32 (fp8_rowwise: the last m-tile quantizes);
-    # SHARED: [T + A, I], the shared expert's rows first (fp8_rowwise: [A, I], see sa_ptr)
-    sa_ptr,  # [T, I] x's dtype: the shared expert's rows of a (SHARED with fp8_rowwise)
-    q_ptr,  # [A, I] e4m3 output (fp8_rowwise; uint8 view under the interpreter)
-    scale_ptr,  # [A] fp32 row scales (fp8_rowwise)
+    a_ptr,  # [A, I] SwiGLU output: x's dtype, or fp32 (w8a8: the last m-tile quantizes);
+    # SHARED: [T + A, I], the shared expert's rows first (w8a8: [A, I], see sa_ptr)
+    sa_ptr,  # [T, I] x's dtype: the shared expert's rows of a (SHARED with w8a8)
+    q_ptr,  # [A, I] e4m3 output (w8a8; uint8 view under the interpreter)
+    scale_ptr,  # [A] fp32 row scales (fp8_rowwise), [A, ceil(I / 128)] group scales (fp8_block)
     part_ptr,  # [split, A, 2I] fp32 partials (split > 1)
     words_ptr,  # int32 arrival words: [m-tiles max * n_tiles] tiles, then [m-tiles max] rows
-    # (split > 1 or fp8_rowwise)
+    # (split > 1 or w8a8)
     flag_ptr,  # int32 [2]: shared programs done (EARLY: each adds one after storing its rows)
     E, D, I, n_tiles, k_split,  # k_split: K elements per split, a multiple of BLOCK_K
     split,  # K ranges (a runtime value: Triton specializes 1, so split 1 drops the fixup)
@@ -427,7 +496,8 @@ def _gate_up_kernel(
     words_rows,  # offset of the per-m-tile words in words_ptr
     alpha, limit,  # swiglu_oai's alpha; the GLU's clamp (HAS_LIMIT), as ops.silu_mul's
     BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    QUANT: tl.constexpr,  # the weight format: "none" | "fp8_rowwise" | "fp8_w8a16" | "mxfp4"
+    QUANT: tl.constexpr,  # the weight format: "none" | "fp8_rowwise" | "fp8_w8a16" |
+    # "fp8_block" | "mxfp4"
     ACT: tl.constexpr, HAS_LIMIT: tl.constexpr, HAS_BIAS: tl.constexpr,
     HAS_RW: tl.constexpr, UPCAST: tl.constexpr, W_TO_X: tl.constexpr,
     DOT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr, PDL: tl.constexpr,
@@ -467,22 +537,25 @@ def _gate_up_kernel(
         cols = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
         col_ok = cols < I
         gate_rows = g.to(tl.int64) * (2 * I) + cols  # [BN] rows of w viewed as [E*2I, D]
+        blocks = gate_rows
+        if QUANT == "fp8_block":  # the gate rows' scale blocks (the up half's restart after)
+            blocks = g.to(tl.int64) * (2 * tl.cdiv(I, 128)) + cols // 128
         k_lo = s * k_split
         k_hi = tl.minimum(k_lo + k_split, D)
         if MIXED:
             if shared:  # the shared expert's weights in x's dtype
                 acc_g, acc_u = _gate_up_loop(k_lo, k_hi, x_ptr, sw_ptr, w_scale_ptr, tok, rw, inv,
-                                             row_ok, gate_rows, col_ok, D, I, BLOCK_N, BLOCK_M,
-                                             SHARED_K, HAS_RW, "none", UPCAST, False,
+                                             row_ok, gate_rows, col_ok, blocks, D, I, BLOCK_N,
+                                             BLOCK_M, SHARED_K, HAS_RW, "none", UPCAST, False,
                                              DOT_PRECISION, INTERPRET)
             else:
                 acc_g, acc_u = _gate_up_loop(k_lo, k_hi, x_ptr, w_ptr, w_scale_ptr, tok, rw, inv,
-                                             row_ok, gate_rows, col_ok, D, I, BLOCK_N, BLOCK_M,
-                                             BLOCK_K, HAS_RW, QUANT, UPCAST, W_TO_X,
+                                             row_ok, gate_rows, col_ok, blocks, D, I, BLOCK_N,
+                                             BLOCK_M, BLOCK_K, HAS_RW, QUANT, UPCAST, W_TO_X,
                                              DOT_PRECISION, INTERPRET)
         else:
             acc_g, acc_u = _gate_up_loop(k_lo, k_hi, x_ptr, wg_ptr, w_scale_ptr, tok, rw, inv,
-                                         row_ok, gate_rows, col_ok, D, I, BLOCK_N, BLOCK_M,
+                                         row_ok, gate_rows, col_ok, blocks, D, I, BLOCK_N, BLOCK_M,
                                          BLOCK_K, HAS_RW, QUANT, UPCAST, W_TO_X, DOT_PRECISION,
                                          INTERPRET)
         mask = col_ok[:, None] & row_ok[None, :]  # [BN, BM]
@@ -520,7 +593,7 @@ def _gate_up_kernel(
                 acc_u += b_u.to(tl.float32)[:, None]
             a = glu_f32(acc_g, acc_u, ACT, HAS_LIMIT, alpha, limit)  # e.g. silu(gate) * up, fp32
             a_at = a_rows.to(tl.int64)[None, :] * I + cols[:, None]
-            if QUANT == "fp8_rowwise":
+            if QUANT == "fp8_rowwise" or QUANT == "fp8_block":
                 if SHARED:
                     if shared:  # the shared expert's rows, in x's dtype
                         tl.store(sa_ptr + a_at, cast_to(a, sa_ptr.dtype.element_ty, INTERPRET),
@@ -529,11 +602,11 @@ def _gate_up_kernel(
                     else:
                         _store_quantized(a, a_ptr, a_at, mask, q_ptr, scale_ptr, words_ptr,
                                          words_rows + u, n_tiles, rows, row_ok, I, BLOCK_M,
-                                         QUANT_BLOCK, INTERPRET)
+                                         QUANT_BLOCK, QUANT, INTERPRET)
                 else:
                     _store_quantized(a, a_ptr, a_at, mask, q_ptr, scale_ptr, words_ptr,
                                      words_rows + u, n_tiles, rows, row_ok, I, BLOCK_M,
-                                     QUANT_BLOCK, INTERPRET)
+                                     QUANT_BLOCK, QUANT, INTERPRET)
             else:
                 tl.store(a_ptr + a_at, cast_to(a, a_ptr.dtype.element_ty, INTERPRET), mask=mask)
                 if shared:
@@ -543,12 +616,16 @@ def _gate_up_kernel(
 @triton.jit
 def _store_quantized(a, a_ptr, a_at, mask, q_ptr, scale_ptr, words_ptr, word, n_tiles, rows,
                      row_ok, I, BLOCK_M: tl.constexpr, QUANT_BLOCK: tl.constexpr,
-                     INTERPRET: tl.constexpr):
-    """fp8 rowwise: store this tile's fp32 rows of a; the m-tile's last tile quantizes them."""
+                     QUANT: tl.constexpr, INTERPRET: tl.constexpr):
+    """w8a8: store this tile's fp32 rows of a; the m-tile's last tile quantizes them (per row,
+    or for fp8_block per 128-column group)."""
     tl.store(a_ptr + a_at, a, mask=mask)
     if _arrive(words_ptr + word, n_tiles):
-        _quantize_rows(a_ptr, q_ptr, scale_ptr, rows, row_ok, I, BLOCK_M, QUANT_BLOCK,
-                       INTERPRET)
+        if QUANT == "fp8_block":
+            _quantize_groups(a_ptr, q_ptr, scale_ptr, rows, row_ok, I, BLOCK_M, INTERPRET)
+        else:
+            _quantize_rows(a_ptr, q_ptr, scale_ptr, rows, row_ok, I, BLOCK_M, QUANT_BLOCK,
+                           INTERPRET)
 
 
 @triton.jit
@@ -584,11 +661,43 @@ def _quantize_rows(a_ptr, q_ptr, scale_ptr, rows, row_ok, I, BLOCK_M: tl.constex
 
 
 @triton.jit
-def _down_step(acc, k0, k_hi, a_ptr, w_ptr, ws_ptr, rows, row_ok, w_rows, col_ok, I,
-               BLOCK_K: tl.constexpr, QUANT: tl.constexpr, UPCAST: tl.constexpr,
+def _quantize_groups(a_ptr, q_ptr, scale_ptr, rows, row_ok, I, BLOCK_M: tl.constexpr,
+                     INTERPRET: tl.constexpr):
+    """(q, scale [rows, ceil(I / 128)]) of whole rows of a (fp32, written by this m-tile's
+    programs), one pass: each 128-column group with the formula of ops.quantize_fp8_groups."""
+    offs = tl.arange(0, 128)
+    base = rows.to(tl.int64)[:, None] * I
+    G = tl.cdiv(I, 128)
+    c = 0
+    while c < I:
+        m = row_ok[:, None] & (c + offs < I)[None, :]
+        v = tl.load(a_ptr + base + c + offs[None, :], mask=m, other=0.0, cache_modifier=".cg")
+        inv, scale = row_scales(tl.max(tl.abs(v), 1))
+        store_fp8(q_ptr + base + c + offs[None, :], v, inv[:, None], m, INTERPRET)
+        tl.store(scale_ptr + rows.to(tl.int64) * G + c // 128, scale, mask=row_ok)
+        c += 128
+
+
+@triton.jit
+def _down_step(acc, k0, k_hi, a_ptr, as_ptr, w_ptr, ws_ptr, rows, row_ok, w_rows, col_ok, blocks,
+               I, BLOCK_K: tl.constexpr, QUANT: tl.constexpr, UPCAST: tl.constexpr,
                W_TO_X: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """One K step of down: acc += w2 rows [BN, BK] @ a^T [BK, BM]."""
-    if QUANT == "mxfp4" and rows.shape[0] == 1:  # one pair: see _mxfp4_gemv
+    """One K step of down: acc += w2 rows [BN, BK] @ a^T [BK, BM] (fp8_block: times the step's
+    block scales, blocks [BN] the rows' scale rows of w_scale viewed as [E * NB, KB], as_ptr
+    a's group scales [A, KB])."""
+    if QUANT == "fp8_block":  # whole 128-column scale blocks a step (see _plan)
+        w = _w_tile(w_ptr, ws_ptr, w_rows, col_ok, k0, k_hi, I, QUANT, BLOCK_K, UPCAST)
+        kk = k0 + tl.arange(0, BLOCK_K)
+        at = tl.load(a_ptr + rows.to(tl.int64)[:, None] * I + kk[None, :],
+                     mask=row_ok[:, None] & (kk < k_hi)[None, :], other=0.0,
+                     cache_modifier=".cg")
+        KB = tl.cdiv(I, 128)
+        kb = k0 // 128 + tl.arange(0, BLOCK_K // 128)
+        sx = tl.load(as_ptr + rows.to(tl.int64)[:, None] * KB + kb[None, :],
+                     mask=row_ok[:, None] & (kb < KB)[None, :], other=0.0, cache_modifier=".cg")
+        acc = _block_dot(acc, w, at, _block_scales(ws_ptr, blocks, col_ok, k0, KB, BLOCK_K), sx,
+                         UPCAST, DOT_PRECISION)
+    elif QUANT == "mxfp4" and rows.shape[0] == 1:  # one pair: see _mxfp4_gemv
         even, odd = _row_halves(a_ptr, tl.sum(rows, 0).to(tl.int64), 1.0,
                                 tl.sum(row_ok.to(tl.int32), 0) > 0, k0, k_hi, I, False, False,
                                 BLOCK_K)
@@ -605,8 +714,8 @@ def _down_step(acc, k0, k_hi, a_ptr, w_ptr, ws_ptr, rows, row_ok, w_rows, col_ok
 
 
 @triton.jit
-def _down_loop(k_lo, k_hi, a_ptr, w_ptr, ws_ptr, rows, row_ok, w_rows, col_ok, I,
-               BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+def _down_loop(k_lo, k_hi, a_ptr, as_ptr, w_ptr, ws_ptr, rows, row_ok, w_rows, col_ok, blocks,
+               I, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
                QUANT: tl.constexpr, UPCAST: tl.constexpr, W_TO_X: tl.constexpr,
                DOT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
     """down's K loop over [k_lo, k_hi): the accumulator [BN, BM] in float32."""
@@ -614,26 +723,27 @@ def _down_loop(k_lo, k_hi, a_ptr, w_ptr, ws_ptr, rows, row_ok, w_rows, col_ok, I
     if INTERPRET:  # range() over a tensor bound fails in the interpreter
         k0 = k_lo
         while k0 < k_hi:
-            acc = _down_step(acc, k0, k_hi, a_ptr, w_ptr, ws_ptr, rows, row_ok, w_rows, col_ok,
-                             I, BLOCK_K, QUANT, UPCAST, W_TO_X, DOT_PRECISION)
+            acc = _down_step(acc, k0, k_hi, a_ptr, as_ptr, w_ptr, ws_ptr, rows, row_ok, w_rows,
+                             col_ok, blocks, I, BLOCK_K, QUANT, UPCAST, W_TO_X, DOT_PRECISION)
             k0 += BLOCK_K
     else:
         for k0 in range(k_lo, k_hi, BLOCK_K):
-            acc = _down_step(acc, k0, k_hi, a_ptr, w_ptr, ws_ptr, rows, row_ok, w_rows, col_ok,
-                             I, BLOCK_K, QUANT, UPCAST, W_TO_X, DOT_PRECISION)
+            acc = _down_step(acc, k0, k_hi, a_ptr, as_ptr, w_ptr, ws_ptr, rows, row_ok, w_rows,
+                             col_ok, blocks, I, BLOCK_K, QUANT, UPCAST, W_TO_X, DOT_PRECISION)
     return _acc_sum(acc, BLOCK_M, QUANT)
 
 
 @triton.jit
 def _down_kernel(
     a_ptr,  # [A, I] activations (x's dtype, or e4m3 with a_scale); SHARED: [T + A, I]
-    # (fp8_rowwise: [A, I], the shared expert's rows in sa_ptr)
+    # (w8a8: [A, I], the shared expert's rows in sa_ptr)
     sa_ptr,  # [T, I] the shared expert's rows of a in x's dtype (SHARED with a quantized QUANT:
-    # sa_ptr is a_ptr itself but for fp8_rowwise)
-    a_scale_ptr,  # [A] fp32 (fp8_rowwise)
+    # sa_ptr is a_ptr itself but for w8a8)
+    a_scale_ptr,  # [A] fp32 (fp8_rowwise), [A, ceil(I / 128)] (fp8_block)
     w_ptr,  # [E, D, I] (mxfp4: bytes [E, D, I / 2])
     sw_ptr,  # [D, I] the shared expert's (SHARED)
-    w_scale_ptr,  # [E, D] fp32 (fp8_rowwise, fp8_w8a16); e8m0 [E, D, I / 32] (mxfp4)
+    w_scale_ptr,  # [E, D] fp32 (fp8_rowwise, fp8_w8a16); e8m0 [E, D, I / 32] (mxfp4); fp32
+    # [E, ceil(D / 128), ceil(I / 128)] (fp8_block)
     bias_ptr,  # [E, D] expert bias, added before the output weight (HAS_BIAS)
     counts_ptr,  # [E] pairs per expert
     ids_ptr,  # [A] token of each pair (TOP1)
@@ -679,21 +789,24 @@ def _down_kernel(
         cols = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
         col_ok = cols < D
         w_rows = g.to(tl.int64) * D + cols  # [BN] rows of w viewed as [E*D, I]
+        blocks = w_rows
+        if QUANT == "fp8_block":  # the rows' scale blocks
+            blocks = g.to(tl.int64) * tl.cdiv(D, 128) + cols // 128
         k_lo = s * k_split
         k_hi = tl.minimum(k_lo + k_split, I)
         if MIXED:
             if shared:  # the shared expert's weights and rows of a in the activations' dtype
-                acc = _down_loop(k_lo, k_hi, sa_ptr, sw_ptr, w_scale_ptr, a_rows, row_ok,
-                                 w_rows, col_ok, I, BLOCK_N, BLOCK_M, SHARED_K, "none", UPCAST,
-                                 False, DOT_PRECISION, INTERPRET)
+                acc = _down_loop(k_lo, k_hi, sa_ptr, a_scale_ptr, sw_ptr, w_scale_ptr, a_rows,
+                                 row_ok, w_rows, col_ok, blocks, I, BLOCK_N, BLOCK_M, SHARED_K,
+                                 "none", UPCAST, False, DOT_PRECISION, INTERPRET)
             else:
-                acc = _down_loop(k_lo, k_hi, a_ptr, w_ptr, w_scale_ptr, a_rows, row_ok, w_rows,
-                                 col_ok, I, BLOCK_N, BLOCK_M, BLOCK_K, QUANT, UPCAST, W_TO_X,
-                                 DOT_PRECISION, INTERPRET)
+                acc = _down_loop(k_lo, k_hi, a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, a_rows,
+                                 row_ok, w_rows, col_ok, blocks, I, BLOCK_N, BLOCK_M, BLOCK_K,
+                                 QUANT, UPCAST, W_TO_X, DOT_PRECISION, INTERPRET)
         else:
-            acc = _down_loop(k_lo, k_hi, a_ptr, wd_ptr, w_scale_ptr, a_rows, row_ok, w_rows,
-                             col_ok, I, BLOCK_N, BLOCK_M, BLOCK_K, QUANT, UPCAST, W_TO_X,
-                             DOT_PRECISION, INTERPRET)
+            acc = _down_loop(k_lo, k_hi, a_ptr, a_scale_ptr, wd_ptr, w_scale_ptr, a_rows,
+                             row_ok, w_rows, col_ok, blocks, I, BLOCK_N, BLOCK_M, BLOCK_K,
+                             QUANT, UPCAST, W_TO_X, DOT_PRECISION, INTERPRET)
         if EARLY:
             if shared:  # the routing and all of a, for the combine: as the other programs
                 if PDL:
@@ -891,6 +1004,18 @@ def _check_block_k(quant: str, cfg: configs.GemmConfig) -> None:
                          f"{cfg.block_k}")
 
 
+def _plan(A: int, E: int, D: int, I: int, w: Tensor, quant: str) -> configs.DecodeConfig:
+    """The tiles for A rows of a (configs.select). fp8_block's K steps hold whole 128-column
+    scale blocks: one for MMA tiles (each block's product is scaled before the next is added),
+    the tile's own multiple of 128 for one-pair tiles (summed per block on the CUDA cores)."""
+    plan = configs.select(A, E, D, I, w.dtype, sm_count(w.device), quant)
+    if quant != "fp8_block":
+        return plan
+    fit = [g.with_(block_k=128 if g.block_m > 1 else max(128, g.block_k // 128 * 128))
+           for g in (plan.gate_up, plan.down)]
+    return plan.with_(gate_up=fit[0], down=fit[1])
+
+
 def _k_split(K: int, cfg: configs.GemmConfig) -> tuple[int, int]:
     """(K elements per split, a multiple of block_k; splits that are not empty)."""
     steps = cdiv(K, cfg.block_k)
@@ -914,10 +1039,10 @@ def _gate_up_op(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Ten
                 workspace: int, quant: str, bias: Optional[Tensor], activation: str,
                 alpha: float, limit: Optional[float], words: Optional[Tensor],
                 shared: Optional[Tensor], early: bool) -> None:
-    """a [A, I] (x's dtype), or for fp8 rowwise w13 (q [A, I], scale [A]) <- the GLU
-    (activation, alpha, limit: as ops.silu_mul's) of the gathered rows' products plus their
-    expert's bias [E, 2I]; with the shared expert's w13 ``shared`` [2I, D] (x's dtype), a
-    [T + A, I] holds its rows first, or for fp8 rowwise sa [T, I] holds them (early: with PDL
+    """a [A, I] (x's dtype), or for w8a8 w13 (q [A, I], scale [A], fp8_block's [A, I / 128])
+    <- the GLU (activation, alpha, limit: as ops.silu_mul's) of the gathered rows' products plus
+    their expert's bias [E, 2I]; with the shared expert's w13 ``shared`` [2I, D] (x's dtype), a
+    [T + A, I] holds its rows first, or for w8a8 sa [T, I] holds them (early: with PDL
     its programs do not wait for the routing, see _program). words: held_words (left zero).
     The tiles are planned here, inside the op, so torch.compile never traces the host logic."""
     (T, D), (E, two_i, _), A = x.shape, w13.shape, token_ids.shape[0]
@@ -925,14 +1050,14 @@ def _gate_up_op(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Ten
     s_rows = T if shared is not None else 0  # the shared expert's rows of a
     if A + s_rows == 0 or I == 0:
         return
-    plan = configs.select(A + s_rows, E, D, I, w13.dtype, sm_count(x.device), quant)
+    plan = _plan(A + s_rows, E, D, I, w13, quant)
     cfg = plan.gate_up
     k_split, split = _k_split(D, cfg)
     n_tiles = cdiv(I, cfg.block_n)
     m_tiles = max_m_tiles(A, E, cfg.block_m) + cdiv(s_rows, cfg.block_m)
     _check_block_k(quant, cfg)
-    fp8 = quant == "fp8_rowwise"
-    # arrival words only where read (split-K, fp8's row quantization)
+    fp8 = quant in W8A8
+    # arrival words only where read (split-K, w8a8's quantization of a's rows)
     words = (arrival_words(x, m_tiles * n_tiles + m_tiles, workspace, words)
              if split > 1 or fp8 else None)
     part = (torch.empty(split, A + s_rows, 2 * I, dtype=torch.float32, device=x.device)
@@ -948,8 +1073,8 @@ def _gate_up_op(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Ten
         launch(_gate_up_kernel, (m_tiles * n_tiles * split,),
             x, w13, shared, w13_scale, bias, counts, token_ids, row_weights, a, sa,
             fp8_target(q)[0] if fp8 else None, scale, part, words,
-            arrival_words(x, 2, FLAG_WORKSPACE) if early else None, E, D, I, n_tiles, k_split, split, A + s_rows, T, m_tiles * n_tiles, alpha,
-            0.0 if limit is None else limit,
+            arrival_words(x, 2, FLAG_WORKSPACE) if early else None, E, D, I, n_tiles, k_split,
+            split, A + s_rows, T, m_tiles * n_tiles, alpha, 0.0 if limit is None else limit,
             BLOCK_E=next_power_of_2(E), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
             BLOCK_K=cfg.block_k, QUANT=quant, ACT=activation, HAS_LIMIT=limit is not None,
             HAS_BIAS=bias is not None, HAS_RW=row_weights is not None,
@@ -971,7 +1096,7 @@ def _down_op(a: Tensor, a_scale: Optional[Tensor], sa: Optional[Tensor], w2: Ten
              shared: Optional[Tensor], early: bool) -> None:
     """out [T, D] (+)= the routed rows of a [A, I] through w2 [E, D, I] plus their expert's
     bias [E, D] (times the row weights), token-major; with the shared expert's w2 ``shared``
-    [D, I] (a's dtype), a [T + A, I] holds its rows first (for fp8 rowwise, a [A, I] and sa
+    [D, I] (a's dtype), a [T + A, I] holds its rows first (for w8a8, a [A, I] and sa
     [T, I] in out's dtype), added first (early: as the gate_up call that wrote a; its shared
     programs wait only for gate_up's). words: held_words (left zero)."""
     (A, I), (E, D, _), T = a.shape, w2.shape, out.shape[0]
@@ -983,7 +1108,7 @@ def _down_op(a: Tensor, a_scale: Optional[Tensor], sa: Optional[Tensor], w2: Ten
         return
     k = A // T
     top1 = k == 1 and shared is None  # each token's row is one program's
-    plan = configs.select(rows, E, D, I, w2.dtype, sm_count(a.device), quant)
+    plan = _plan(rows, E, D, I, w2, quant)
     cfg = plan.down
     _check_block_k(quant, cfg)
     k_split, split = _k_split(I, cfg)
@@ -1023,12 +1148,12 @@ def gate_up(x: Tensor, w13: Tensor, w13_scale: Tensor | None, counts: Tensor, to
             act: Act = SILU, shared: Tensor | None = None,
             early: bool = False) -> Tensor | tuple[Tensor, Tensor]:
     """x [T, D], w13 [E, 2I, D] -> out: a [A, I] in x's dtype, or (q [A, I] e4m3, scale [A])
-    for fp8 rowwise w13 (quant: the weight format, see format_of); bias [E, 2I]; act:
-    (activation, alpha, limit) as ops.silu_mul's; shared [2I, D]: a [T + A, I], the shared
-    expert's rows first, or for fp8 rowwise out = (q, scale, sa [T, I]) with them in sa (early:
-    see _program's EARLY). Arguments were checked by the public function."""
+    for w8a8 w13 (fp8_block: scale [A, I / 128]; quant: the weight format, see format_of);
+    bias [E, 2I]; act: (activation, alpha, limit) as ops.silu_mul's; shared [2I, D]: a [T + A,
+    I], the shared expert's rows first, or for w8a8 out = (q, scale, sa [T, I]) with them in sa
+    (early: see _program's EARLY). Arguments were checked by the public function."""
     a, q, scale, sa = out, None, None, None
-    if isinstance(out, tuple):  # fp8 rowwise: (q, scale), with a shared expert (q, scale, sa)
+    if isinstance(out, tuple):  # w8a8: (q, scale), with a shared expert (q, scale, sa)
         a, (q, scale, sa) = None, (*out, None)[:3]
     _gate_up_op(x, w13, w13_scale, counts, token_ids, row_weights, a, q, scale, sa, workspace,
                 format_of(w13, quant), bias, *act, held_words(x, workspace), shared, early)
@@ -1042,7 +1167,7 @@ def down(a: Tensor, a_scale: Tensor | None, w2: Tensor, w2_scale: Tensor | None,
          early: bool = False, shared_a: Tensor | None = None) -> Tensor:
     """out [T, D] += (or, not accumulate, =) the routed rows of a [A, I] through w2 [E, D, I]
     plus bias [E, D]; shared [D, I]: a [T + A, I] holds the shared expert's rows first, or for
-    fp8 rowwise shared_a [T, I] holds them; each token's added before its pairs' (early: as the
+    w8a8 shared_a [T, I] holds them; each token's added before its pairs' (early: as the
     gate_up call that wrote a). Returns out. Arguments were checked by the public function."""
     _down_op(a, a_scale, shared_a, w2, w2_scale, counts, token_ids, positions, row_weights, out,
              accumulate, workspace, format_of(w2, quant), bias, held_words(a, workspace), shared,

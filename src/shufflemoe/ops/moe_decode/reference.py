@@ -1,8 +1,8 @@
 """The fused decode path in torch ops: the composition of the existing references (gather_scale,
 grouped_gemm, silu_mul, scatter_add's token-major sum), with the gate/up product kept in float32
 as the fused kernel keeps it in registers (the unfused path rounds it to the model dtype). Weight
-formats as the grouped GEMM's (FORMATS below: bf16 and fp8 rowwise w8a8, and the weight-only
-fp8_w8a16 and mxfp4)."""
+formats as the grouped GEMM's (FORMATS below: bf16, the w8a8 fp8 rowwise and fp8_block, and the
+weight-only fp8_w8a16 and mxfp4)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from torch import Tensor
 from .._impl import inplace_op
 from ..gather_scale.reference import gather_scale
 from ..grouped_gemm.reference import grouped_gemm
-from ..quantize.reference import FP8_DTYPE
+from ..quantize.formats import FORMATS as ALL_FORMATS
+from ..quantize.reference import FP8_DTYPE, quantize_fp8_groups
 from ..scatter_add.reference import token_sum
 from ..silu_mul.reference import Act, silu_mul
 
@@ -23,8 +24,20 @@ def _num_valid(counts: Tensor) -> Tensor:
     return counts.sum().reshape(1).to(torch.int32)
 
 
-FORMATS = ("none", "fp8_rowwise", "fp8_w8a16", "mxfp4")  # the weight formats the kernels read
+FORMATS = ("none", "fp8_rowwise", "fp8_w8a16", "fp8_block", "mxfp4")  # the formats the kernels read
 WEIGHT_ONLY = ("fp8_w8a16", "mxfp4")  # ... of which these keep activations in x's dtype
+W8A8 = ("fp8_rowwise", "fp8_block")  # ... and these quantize them: a = (q, scale[, sa])
+
+
+def activation_of(quant: str) -> str:
+    """How a format quantizes the GEMM inputs: "none", "rowwise" (scale [A]) or "groups" (scale
+    [A, ceil(I / 128)])."""
+    return ALL_FORMATS[quant].activation
+
+
+def w13_split(quant: str, w13: Tensor) -> int | None:
+    """fp8_block's w13 scale blocks restart at the up half (ops/quantize/formats.py)."""
+    return w13.shape[1] // 2 if quant == "fp8_block" else None
 SILU: Act = ("silu", 1.0, None)  # the GLU: (activation, alpha, limit) as ops.silu_mul takes it
 
 
@@ -58,14 +71,17 @@ def _gate_up(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Tensor
             a = a[T:]
         else:
             silu_mul(h, None, False, sa, act)
-    fp8 = quant == "fp8_rowwise"
+    mode = activation_of(quant)
     nv = _num_valid(counts)
-    xs = gather_scale(x, token_ids, row_weights, nv, fp8, None)
-    xq, x_scale = xs if fp8 else (xs, None)
+    xs = gather_scale(x, token_ids, row_weights, nv, mode == "rowwise", None)
+    if mode == "groups":
+        xs = quantize_fp8_groups(xs)
+    xq, x_scale = xs if mode != "none" else (xs, None)
     h = grouped_gemm(xq, w13, counts, x_scale, w13_scale, None, None, None, None,
-                     torch.float32, quantization=quant, bias=bias)  # [A, 2I]
+                     torch.float32, quantization=quant, bias=bias,
+                     scale_split=w13_split(quant, w13))  # [A, 2I]
     # rows past num_valid keep their values
-    silu_mul(h, nv, fp8, (q, scale) if fp8 else a, act)
+    silu_mul(h, nv, mode, (q, scale) if mode != "none" else a, act)
 
 
 @inplace_op("decode_down_ref", mutates_args=("out",))
@@ -108,7 +124,7 @@ def gate_up(x: Tensor, w13: Tensor, w13_scale: Tensor | None, counts: Tensor, to
     """As ops.decode_gate_up (out allocated by the public function; no workspace here; early:
     the kernels' launch detail)."""
     a, q, scale, sa = out, None, None, None
-    if isinstance(out, tuple):  # fp8 rowwise: (q, scale), with a shared expert (q, scale, sa)
+    if isinstance(out, tuple):  # w8a8: (q, scale), with a shared expert (q, scale, sa)
         a, (q, scale, sa) = None, (*out, None)[:3]
     _gate_up(x, w13, w13_scale, counts, token_ids, row_weights, a, q, scale, sa, workspace,
              format_of(w13, quant), bias, *act, None, shared)
