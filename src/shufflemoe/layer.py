@@ -485,8 +485,8 @@ class MoE(nn.Module):
 
     def _merges_shared(self, x: Tensor, hot: _Hot) -> bool:
         """A plain shared expert of the routed experts' width, in a layer whose routed experts
-        the fused decode kernels read (bf16, fp16, fp32, or stored fp8 rowwise, fp8_w8a16 or
-        mxfp4; no expert bias) with the shuffled strategy on one device, on the Triton backend,
+        the fused decode kernels read (bf16, fp16, fp32, or stored fp8 rowwise, fp8_block,
+        fp8_w8a16 or mxfp4; no expert bias) with the shuffled strategy on one device, on the Triton backend,
         where configs.merges_shared says (T <= Switch.shared_max_tokens, or for quantized
         routed experts shared_quantized_max_tokens): _merged runs both in two launches (in every
         mode: eager, CUDA graph, compiled)."""
@@ -515,10 +515,11 @@ class MoE(nn.Module):
         """out [T, D] = shared expert + routed experts through the fused decode kernels, the
         shared expert as an expert every token visits (ops.decode_gate_up's shared_w13): a [T +
         A, I] holds its rows first, decode_down adds each token's shared row and then its pairs'
-        in fp32 and rounds once (routed experts stored fp8 rowwise: the shared rows stay in x's
-        dtype, in a third buffer). Its gate_up programs need no routing: launched with PDL they
-        start while the router and index_shuffle run, so ``a`` is allocated before those launch
-        (no later allocation can hand them memory those kernels still use)."""
+        in fp32 and rounds once (routed experts stored w8a8, fp8 rowwise or fp8_block: the
+        shared rows stay in x's dtype, in a third buffer). Its gate_up programs need no routing:
+        launched with PDL they start while the router and index_shuffle run, so ``a`` is
+        allocated before those launch (no later allocation can hand them memory those kernels
+        still use)."""
         cfg, w, ops = self.config, hot.weights, backend_for(x)
         T, I, quant = x.shape[0], cfg.intermediate_size, cfg.quantization
         a = moe_decode.gate_up_outputs(None, T * cfg.top_k, I, x.dtype, quant, x.device, T)

@@ -107,7 +107,8 @@ def test_layer_through_fused_kernels(name, T, fused_calls):
 
 def test_switch_picks_the_path(fused_calls):
     """With the kernels, by default: bf16 layers of any k while T * k <= 64, fp8_w8a16 layers
-    while T <= 4, or T <= 8 with 2 T k <= E, mxfp4 top-1 layers while T <= 8 (others at T = 1);
+    while T <= 4, or T <= 8 with 2 T k <= E, fp8_block layers of 16 experts or more while T <= 4,
+    mxfp4 top-1 layers while T <= 8 (others at T = 1);
     fp8 rowwise layers never (measured slower, configs.Switch); a Switch in force decides
     otherwise. The torch references always run the unfused ops."""
     cases = [("llama4 (weights on input)", 64, True), ("llama4 (weights on input)", 65, False),
@@ -116,7 +117,8 @@ def test_switch_picks_the_path(fused_calls):
              ("llama4 fp8_w8a16", 9, False), ("llama4 mxfp4", 8, True),
              ("llama4 mxfp4", 9, False), ("qwen3 mxfp4 (k=8 of 64)", 1, True),
              ("qwen3 mxfp4 (k=8 of 64)", 2, False), ("gpt-oss (k=4 of 16)", 16, True),
-             ("gpt-oss (k=4 of 16)", 17, False)]
+             ("gpt-oss (k=4 of 16)", 17, False), ("qwen3 fp8_block (k=8 of 64)", 4, True),
+             ("qwen3 fp8_block (k=8 of 64)", 5, False)]
     qwen, llama4 = CONFIGS["qwen3 (k=8 of 128)"], CONFIGS["llama4 (weights on input)"]
     layer = make_layer(qwen, device=DEV)
     with use_impl("triton"):

@@ -270,6 +270,13 @@ def test_split_heuristic():
         assert configs.use_fused(64 * 8, 8, "mxfp4", 128)
     with configs.override(configs.NEVER):
         assert not configs.use_fused(1)
+    # fp8_block: T <= 4 in layers of 16 experts or more (Mixtral's 8 large ones: never)
+    assert configs.use_fused(4 * 8, 8, "fp8_block", 128)
+    assert configs.use_fused(4, 1, "fp8_block", 16)
+    assert not configs.use_fused(5 * 8, 8, "fp8_block", 128)
+    assert not configs.use_fused(2, 2, "fp8_block", 8)
+    assert configs.merges_shared(1, 1, "fp8_block", 128)
+    assert not configs.merges_shared(2, 1, "fp8_block", 128)
     # fp8_w8a16: T <= 4, or T <= 8 with at most one pair per two experts
     assert configs.use_fused(4 * 8, 8, "fp8_w8a16", 64)
     assert not configs.use_fused(5 * 8, 8, "fp8_w8a16", 64)

@@ -3,8 +3,8 @@
 Two choices, each a frozen dataclass that tests and benchmarks replace with ``override``:
 
 - ``Switch``: the ``shuffled`` strategy takes the fused path while A = T * k <= max_pairs, for
-  layers with k <= max_top_k, and for fp8 rowwise (w8a8) layers only if ``fp8`` (the
-  weight-only formats, fp8_w8a16 and mxfp4, by their own token limits). Measured on an H100
+  layers with k <= max_top_k, and for fp8 rowwise (w8a8) layers only if ``fp8`` (fp8_block and
+  the weight-only formats, fp8_w8a16 and mxfp4, by their own token limits). Measured on an H100
   (benchmarks/results/probe_combine.json, CUDA-graph replays, fused vs the unfused path with
   its deterministic token-major combine, T = 1..8): bf16 Llama 4 Scout TP8 1.02-1.05x faster,
   Qwen3-30B-A3B (k = 8) 1.01-1.02x, Mixtral TP2 (k = 2) 0.99-1.03x, and the eager call costs the
@@ -56,6 +56,17 @@ class Switch:
     # 1.24-1.25x. An exploratory run of earlier code (not committed) had the fused path slower
     # at T = 16 (Scout fp8_w8a16 157 vs 127 us) and at Mixtral T = 8.
     weight_only_tokens: int = 4
+    # fp8_block (w8a8 in 128-column groups) fuses while T <= fp8_block_tokens in layers of at
+    # least fp8_block_min_experts experts. H100, CUDA graphs, fused (the fp8 rowwise table's
+    # tiles, K steps cut to whole 128-column blocks) / the four-launch path, us
+    # (results/probe_fp8_block_d249906.json): Llama 4 Scout TP8 T = 1 32.1 / 38.0, T = 2 37.7 /
+    # 43.1, T = 4 49.2 / 54.9, T = 8 75.1 / 67.8; Maverick TP8 T = 1 39.9 / 42.5 (its shared
+    # expert merged: 30.8), T = 4 56.1 / 58.9, T = 8 90.3 / 78.4; Qwen3-30B-A3B T = 1 33.1 /
+    # 34.2, T = 4 67.5 / 71.6, T = 8 123.7 / 112.2; Mixtral TP2 (E = 8: two 88 MB experts a
+    # token, which the grouped GEMM streams at 67-89% of the read ceiling) T = 1 108.3 / 87.4,
+    # T = 4 232.9 / 195.4.
+    fp8_block_tokens: int = 4
+    fp8_block_min_experts: int = 16
     # mxfp4 fuses while T <= 2 x weight_only_tokens with k <= mxfp4_max_top_k, or at T = 1 (k
     # distinct experts: one-pair tiles stream each once, and eager calls save launches): once
     # the MMA tiles dequantize in PTX the four-launch path beats one-pair tiles wherever pairs
@@ -82,13 +93,16 @@ class Switch:
     # CUDA graphs, separate / merged us, results/probe_merged_quantized.json, at a62a1a7):
     # Llama 4 Scout TP8 T = 1 fp8 rowwise 27.6 / 24.8, fp8_w8a16 28.5 / 25.3; Maverick TP8 T = 1
     # 34.3 / 28.8, 30.3 / 27.5; at T = 2 merged lost 2-9% (one-pair tiles stream the shared
-    # weights, twice the routed bytes, once per token), and mxfp4 lost 6-8% at T = 1.
+    # weights, twice the routed bytes, once per token), and mxfp4 lost 6-8% at T = 1. fp8_block
+    # (H100, results/probe_fp8_block_d249906.json, separate / merged): Maverick TP8 T = 1 39.9
+    # / 30.8, T = 2 43.4 / 39.6; Scout TP8 T = 1 32.1 / 32.9, T = 2 37.7 / 38.7.
     shared_quantized_max_tokens: int = 1
-    shared_quantized_formats: tuple[str, ...] = ("fp8_rowwise", "fp8_w8a16")
+    shared_quantized_formats: tuple[str, ...] = ("fp8_rowwise", "fp8_w8a16", "fp8_block")
 
 
 ALWAYS = Switch(max_pairs=1 << 30, max_top_k=1 << 30, fp8=True,
                 weight_only_tokens=1 << 30, mxfp4_max_top_k=1 << 30,
+                fp8_block_tokens=1 << 30, fp8_block_min_experts=0,
                 shared_quantized_max_tokens=2,
                 shared_quantized_formats=("fp8_rowwise", "fp8_w8a16", "fp8_block",
                                           "mxfp4"))  # tests
@@ -180,6 +194,16 @@ def _weight_only_tokens() -> int:
 
 
 @torch._dynamo.assume_constant_result
+def _fp8_block_tokens() -> int:
+    return _switch.get().fp8_block_tokens
+
+
+@torch._dynamo.assume_constant_result
+def _fp8_block_min_experts() -> int:
+    return _switch.get().fp8_block_min_experts
+
+
+@torch._dynamo.assume_constant_result
 def _mxfp4_max_top_k() -> int:
     return _switch.get().mxfp4_max_top_k
 
@@ -227,6 +251,8 @@ def use_fused(num_pairs: int, top_k: int = 1, quant: str = "none", num_experts: 
         return (top_k <= _mxfp4_max_top_k() or T == 1) and T <= 2 * most
     if quant == "fp8_w8a16":
         return T <= most or (T <= 2 * most and 2 * num_pairs <= num_experts)
+    if quant == "fp8_block":
+        return T <= _fp8_block_tokens() and num_experts >= _fp8_block_min_experts()
     return True
 
 
