@@ -4,7 +4,8 @@ pairing, spreads, targets that can fail."""
 import pytest
 
 from shufflemoe.bench.analysis import apply_ceilings, ratios, select, span, tally, target
-from shufflemoe.bench.ceilings import Ceilings, parse_clocks, stricter, write_ns_per_byte
+from shufflemoe.bench.ceilings import (Ceilings, parse_clocks, raised, shown, stricter,
+                                       write_ns_per_byte)
 from shufflemoe.bench.timing import rotations, summarize
 
 C = Ceilings(read_gbps=3200.0, copy_gbps=2900.0, bf16_tflops=750.0, fp8_tflops=1300.0)
@@ -54,6 +55,28 @@ def test_ceilings_the_stricter_wins():
     slow = Ceilings(3000.0, 2800.0, 760.0, 1200.0)
     s = stricter(C, slow)
     assert (s.read_gbps, s.copy_gbps, s.bf16_tflops, s.fp8_tflops) == (3200.0, 2900.0, 760.0, 1300.0)
+
+
+def test_rows_raise_a_slow_ceiling_measurement():
+    """A row that read 330 MB in 100 us showed 3.3 TB/s: a read ceiling measured at 3.0 is raised
+    to it; rows under 200 MB (L2 could serve them), rows that failed their check and rows
+    without bytes do not count; copy-bound rows raise the copy ceiling by reads + writes."""
+    rows = [row("ours", "ours", "graph", 100.0, read_bytes=3.3e8, bound="read"),
+            row("ours", "ours", "graph", 1.0, read_bytes=1e8, bound="read"),  # 100 TB/s from L2
+            row("ours", "ours", "graph", 50.0, read_bytes=3.3e8, bound="read", check="wrong"),
+            dict(phase="decode", ms=0.2, read_bytes=3e8, write_bytes=3e8, bound="copy"),
+            row("torch", "peer", "graph", 10.0)]
+    best = shown(rows)
+    assert best == pytest.approx(dict(read_gbps=3300.0, copy_gbps=3000.0))
+    slow = Ceilings(3000.0, 2800.0, 760.0, 1200.0, clocks={"clocks.sm": 1980.0})
+    up = raised(slow, best)
+    assert (up.read_gbps, up.copy_gbps, up.bf16_tflops, up.fp8_tflops) == pytest.approx(
+        (3300.0, 3000.0, 760.0, 1200.0))
+    assert up.clocks == slow.clocks
+    assert raised(C, best).read_gbps == 3300.0 and raised(C, dict(read_gbps=0.0, copy_gbps=0.0)) == C
+    r = rows[0]
+    apply_ceilings([r], up)
+    assert r["pct_read"] == pytest.approx(100.0)
 
 
 def test_parse_clocks():

@@ -111,7 +111,7 @@ def _ceilings_table(ceilings: dict) -> str:
                  sm_mhz=ceilings[when].get("clocks", {}).get("clocks.sm"),
                  temp_c=ceilings[when].get("clocks", {}).get("temperature.gpu"),
                  power_w=ceilings[when].get("clocks", {}).get("power.draw"))
-            for when in ("start", "end", "used") if when in ceilings]
+            for when in ("start", "end", "shown", "used") if when in ceilings]
     return markdown_table(rows)
 
 
@@ -122,8 +122,9 @@ def render_markdown(doc: dict, columns: list[str] | None = None) -> str:
           f"transformers {meta.get('transformers')}, commit {meta['commit'][:10]}, source "
           f"{meta['source_digest']}, run {meta['run_id']}, {meta['date']}", ""]
     if doc.get("ceilings"):
-        md += ["## Ceilings (measured at the start and the end of this suite; 'used' is the higher "
-               "of the two, against which every % and floor below is computed)", "",
+        md += ["## Ceilings (measured at the start and the end of this suite; 'shown': the fastest "
+               "rates rows of this suite moving 200 MB or more reached, bytes over time; 'used' is "
+               "the highest of the three, against which every % and floor below is computed)", "",
                _ceilings_table(doc["ceilings"])]
     if doc.get("notes"):
         md += [doc["notes"], ""]
