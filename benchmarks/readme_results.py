@@ -49,7 +49,8 @@ def section(docs: list[dict]) -> str:
              f"Runs {runs} ({dates[0]}{'' if dates[0] == dates[-1] else ' to ' + dates[-1]}). Every ratio "
              "below compares two implementations issued the same way (eager vs eager, CUDA graph vs "
              "CUDA graph, torch.compile vs torch.compile); percentages are of ceilings measured at the "
-             "start and end of the same suite (the higher of the two); ranges span the cases. Full "
+             "start and end of the same suite (the higher of the two; from 647e86f on, raised to the "
+             "fastest rate the suite's own rows reached); ranges span the cases. Full "
              "tables, spreads and every target: `benchmarks/results/*.md`.", "",
              "| suite | what | result |", "|---|---|---|"]
     for d in docs:

@@ -639,7 +639,8 @@ SHARED_FORMATS = ("fp8_rowwise", "fp8_block") + WEIGHT_ONLY
 SHARED_QUANT_TILES = {"16 rows": wo_tiles(1), "4 rows split 2": wo_tiles(2, block_m=4),
                       "one pair bk64": wo_tiles(1, 64, block_m=1)}
 SHARED_QUANT_CASES = [(c, q) for q in SHARED_FORMATS
-                      for c in ("T=1 k=1 E=16", "odd T=9 k=3 E=7", "capacity drops", "T=0")]
+                      for c in ("T=1 k=1 E=16", "odd T=9 k=3 E=7", "capacity drops", "T=0")
+                      if q != "fp8_block" or c != "capacity drops"]  # its rows: fp8 rowwise's
 
 
 def quantized_outputs(A: int, I: int, quant: str):
@@ -852,10 +853,13 @@ def test_fp8_block_matches_float64(case, impl):
 
 @pytest.mark.parametrize("tiles_name", BLOCK_TILES)
 def test_fp8_block_tiles(tiles_name):
-    """Every tile kind (MMA rows, one-pair GEMV, split-K), the default tiles, and down writing
-    out where a token has a pair (accumulate=False)."""
+    """Every tile kind (MMA rows, one-pair GEMV with one or two blocks a step, split-K)."""
     run_block("odd T=9 k=3 E=7", BLOCK_TILES[tiles_name])
-    run_block("ids routed nowhere", BLOCK_TILES[tiles_name], accumulate=False)
+
+
+def test_fp8_block_down_writes_out():
+    """accumulate=False: out = the sum where a token has a routed pair, kept elsewhere."""
+    run_block("ids routed nowhere", BLOCK_TILES["4 rows split 3"], accumulate=False)
 
 
 def test_fp8_block_default_tiles():
