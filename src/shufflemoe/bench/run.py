@@ -1,7 +1,8 @@
 """Run benchmark suites on the GPU and write their results (``shufflemoe bench``).
 
 Per suite: the ceilings measured at its start (the previous suite's end) and at its end, the rows
-judged against the higher of the two (raised to the rates its rows showed: ceilings.shown), ratios, targets and headlines computed from them, then
+judged against the higher of the two (raised to the rates its rows showed: ceilings.shown),
+ratios, targets and headlines computed from them, then
 <out>/<suite>.json, .md, .png and a line appended to <out>/history/<suite>.jsonl."""
 
 from __future__ import annotations

@@ -25,12 +25,12 @@ from the rows' amax (a pass over the rows before the loop); its epilogue stores 
 the last tile of each m-tile (a second arrival word) quantizes the m-tile's whole rows of a into
 (q, scale), which down reads like any fp8 GEMM input.
 
-fp8_block (w8a8 in 128-column groups, DeepSeek-V3 / Qwen3 FP8 checkpoints) takes K steps of one
-128-column block: each step quantizes its columns of the gathered rows (one group a row, from the
-step's own amax: no pass before the loop), multiplies in fp8 and adds the product times the
-weights' block scale and the rows' group scales (the grouped GEMM's order); the last tile of each
-m-tile quantizes whole rows of a in groups of 128 (q, scale [A, ceil(I / 128)]), which down reads
-the same way.
+fp8_block (w8a8 in 128-column groups, DeepSeek-V3 / Qwen3 FP8 checkpoints) takes K steps of whole
+128-column scale blocks (one a step on MMA tiles, the tile's multiple of 128 on one-pair tiles):
+each step quantizes its groups of the gathered rows (each from its own amax: no pass before the
+loop), multiplies in fp8 and adds each block's product times the weights' block scale and the
+rows' group scale (the grouped GEMM's order); the last tile of each m-tile quantizes whole rows of
+a in groups of 128 (q, scale [A, ceil(I / 128)]), which down reads the same way.
 
 Weight-only formats (QUANT, ops/quantize/formats.py) keep x and a in x's dtype and dequantize
 the weight tile in registers in the K step, as the grouped GEMM does: fp8_w8a16 (e4m3, exact in
