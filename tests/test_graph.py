@@ -207,10 +207,10 @@ def test_a_callers_capture_waits_for_the_shared_expert_stream():
 
 @gpu
 def test_a_replay_is_one_allocation_and_one_graph_launch():
-    """A replay launches no aten copy in or clone out: the graph's own memcpy nodes are pointed
-    at the caller's x and at a fresh output. Each output is its own tensor (an earlier one keeps
-    its values), inputs may be non-contiguous or overwritten right after the call, and zero
-    tokens run the layer."""
+    """A replay launches no aten copy in, clone out or fill of the rows below the bucket: the
+    graph's own copy kernels are pointed at the caller's x and at a fresh output. Each output is
+    its own tensor (an earlier one keeps its values), inputs may be non-contiguous or overwritten
+    right after the call, and zero tokens run the layer."""
     cfg = CONFIGS["llama4-like"]
     layer = make_layer(cfg, device="cuda")
     decode = graphed(layer, token_buckets=(1, 4))
@@ -220,20 +220,36 @@ def test_a_replay_is_one_allocation_and_one_graph_launch():
     for i, (y, (ref, mag)) in enumerate(zip(ys, refs)):
         assert_close(y, ref, tolerance_key(cfg), name=f"call {i}", magnitude=mag)
     assert len({y.data_ptr() for y in ys}) == len(ys)
-    x = xs[1].clone()
+    x = xs[1].clone()  # T = 3 in the bucket of 4: its last static row is zeroed by the copy in
     decode(x)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         y = decode(x)
         x.normal_()  # the caller overwrites its input after the call: stream order protects it
     torch.cuda.synchronize()
     ops = {e.name for e in prof.events()}
-    assert not ops & {"aten::copy_", "aten::clone", "aten::contiguous"}, ops
+    assert not ops & {"aten::copy_", "aten::clone", "aten::contiguous", "aten::zero_",
+                      "aten::fill_"}, ops
     assert_close(y, refs[1][0], tolerance_key(cfg), magnitude=refs[1][1])
     wide = torch.empty(cfg.hidden_size, 3, device="cuda", dtype=x.dtype).t()  # not contiguous
     wide.copy_(xs[1])
     assert_close(decode(wide), refs[1][0], tolerance_key(cfg), magnitude=refs[1][1])
     empty = decode(xs[0][:0])
     assert empty.shape == (0, cfg.hidden_size)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("n,size", [(1, 1), (300, 300), (2048, 4096), (2049, 6000), (0, 17)])
+def test_copy_rows_copies_then_zeroes(device, dtype, n, size):
+    """The graphs' copy kernel: dst[:size] = src[:n] then zeros, dst past size untouched, at
+    sizes across program boundaries (COPY_BLOCK = 2048)."""
+    from shufflemoe.graph import copy_rows
+
+    src = torch.randn(max(n, 1) + 5, device=device).to(dtype)
+    dst = torch.full((size + 7,), float("nan"), device=device, dtype=dtype)
+    copy_rows(src, dst, n, size)
+    want = torch.cat([src[:n], torch.zeros(size - n, dtype=dtype, device=device)])
+    assert torch.equal(dst[:size], want)
+    assert dst[size:].isnan().all()
 
 
 @gpu
@@ -247,7 +263,7 @@ def test_a_refused_retarget_falls_back_to_the_eager_layer(monkeypatch):
     decode = graphed(layer, token_buckets=(1, 4))
     x = make_input(cfg, 3, device="cuda")
     ref, mag = naive_moe(layer, x, layer.route(x), with_magnitude=True)
-    monkeypatch.setattr(graph_module, "set_copy", lambda *args: 1)  # cudaErrorInvalidValue
+    monkeypatch.setattr(graph_module.KernelNode, "set", lambda *args: 1)  # CUDA_ERROR_INVALID_VALUE
     with pytest.warns(RuntimeWarning, match="without CUDA graphs"):
         y = decode(x)
     assert_close(y, ref, tolerance_key(cfg), magnitude=mag)
@@ -267,13 +283,13 @@ def test_copies_are_pointed_again_only_where_an_address_changed(monkeypatch):
     layer = make_layer(cfg, device="cuda")
     decode = graphed(layer, token_buckets=(4,))
     into = []
-    real = graph_module.set_copy
+    real = graph_module.KernelNode.set
 
-    def counting(handle, node, *args):
-        into.append(node.value == decode._graphs[4].into.value)
-        return real(handle, node, *args)
+    def counting(node, handle, *args):
+        into.append(node is decode._graphs[4].into)
+        return real(node, handle, *args)
 
-    monkeypatch.setattr(graph_module, "set_copy", counting)
+    monkeypatch.setattr(graph_module.KernelNode, "set", counting)
     buf = torch.empty(3, cfg.hidden_size, device="cuda", dtype=cfg.dtype)
     other = torch.empty_like(buf)
     expected_copies_in = 0

@@ -6,12 +6,16 @@ fits (each token's output depends on its own row only, so padding never changes 
 zero rows do route to experts 0..k-1, which may read one or two experts more than needed).
 
 Host cost: each graph begins with a copy into its static input and ends with a copy out of its
-static output, both captured as memcpy nodes. A replay points those two nodes at the caller's
-input and at a fresh output tensor (cudaGraphExecMemcpyNodeSetParams1D, _cudart.py) and launches
-the graph: one allocation, two runtime calls and one graph launch, where copying in and cloning
-out from Python would launch two more aten ops (~11 us of host time each on an H100 host). A
+static output, both captured as launches of one small Triton kernel (``_copy``). A replay points
+those two kernel nodes at the caller's input and at a fresh output (their arguments set in the
+instantiated graph through the driver, _cudart.py) and launches the graph: one allocation, up to
+two driver calls and one graph launch, where copying in and cloning out from Python would launch
+two more aten ops (~11 us of host time each on an H100 host). The copy in also zeroes the
+static rows past the caller's tokens, so a batch below its bucket costs no fill of its own. A
 node already pointing at the address (a decode loop's allocator often hands a layer the same
-blocks step after step) is left as it is: no runtime call.
+blocks step after step) is left as it is: no driver call. Kernel nodes, not the memcpy nodes
+that ``Tensor.copy_`` captures: a graph with memcpy nodes cost 3-7 us more host time per launch
+(benchmarks/probe_replay_host.py).
 
 Memory: graphs made with one ``GraphPool`` share its CUDA memory pool and, per (bucket, width,
 dtype), one static input, one static output and the scratch rows their copies were captured
@@ -29,12 +33,29 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
+import triton
+import triton.language as tl
 from torch import Tensor
 
-from ._cudart import memcpy_nodes, set_copy
+from ._cudart import KernelNode, kernel_nodes
 from .layer import MoE
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+COPY_BLOCK = 2048  # elements per program of _copy
+
+
+@triton.jit(do_not_specialize=("src", "dst", "n", "size"))
+def _copy(src, dst, n, size, BLOCK: tl.constexpr):
+    """dst[:size] = src[:n] followed by zeros. Nothing is specialized on the arguments' values
+    (alignment, divisibility): a replay sets them to any address and count."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(dst + offs, tl.load(src + offs, mask=offs < n, other=0), mask=offs < size)
+
+
+def copy_rows(src: Tensor, dst: Tensor, n: int, size: int):
+    """dst.view(-1)[:size] = src.view(-1)[:n] then zeros (contiguous tensors of one dtype); returns
+    the launched CompiledKernel (its ``.function`` names the kernel's nodes in a captured graph)."""
+    return _copy[(triton.cdiv(size, COPY_BLOCK),)](src, dst, n, size, BLOCK=COPY_BLOCK)
 
 
 class GraphPool:
@@ -101,81 +122,79 @@ class GraphedMoE:
     def _capture(self, bucket: int) -> _Graph | None:
         cfg, pool = self.layer.config, self.pool
         x, out, scratch = pool.io(bucket, cfg.hidden_size, cfg.dtype)
+        size = x.numel()
         main = torch.cuda.current_stream(pool.device)
         pool.stream.wait_stream(main)
         with torch.no_grad(), torch.cuda.stream(pool.stream):
             for _ in range(self.warmup):  # compiles kernels (may sync), off the capture
+                copy = copy_rows(scratch, x, size, size)
                 self.layer.forward_into(x, out)
+                copy_rows(out, scratch, size, size)
             graph = torch.cuda.CUDAGraph(keep_graph=True)  # keeps the nodes to find the copies
             # capture_begin/end, not torch.cuda.graph(): that also runs gc.collect() and
             # empty_cache() per capture, seconds over the layers of a large model.
             pool.stream.synchronize()
             graph.capture_begin(pool=pool.handle)
             try:
-                x.copy_(scratch)  # the copy in and the copy out, retargeted per replay
+                copy_rows(scratch, x, size, size)  # the copy in and the copy out, set per replay
                 self.layer.forward_into(x, out)
-                scratch.copy_(out)
+                copy_rows(out, scratch, size, size)
             finally:
                 graph.capture_end()
         main.wait_stream(pool.stream)
         graph.instantiate()
-        copies = memcpy_nodes(graph.raw_cuda_graph())
-        into = [c for c in copies if (c.src, c.dst) == (scratch.data_ptr(), x.data_ptr())]
-        outof = [c for c in copies if (c.src, c.dst) == (out.data_ptr(), scratch.data_ptr())]
-        if len(into) != 1 or len(outof) != 1:  # e.g. no libcudart mapped into this process
+        copies = kernel_nodes(graph.raw_cuda_graph(), copy.function)
+        into = [c for c in copies if c.args[:2] == [scratch.data_ptr(), x.data_ptr()]]
+        outof = [c for c in copies if c.args[:2] == [out.data_ptr(), scratch.data_ptr()]]
+        if len(into) != 1 or len(outof) != 1:  # e.g. no libcuda mapped into this process
             self._stop_replaying(f"found {len(into)} copies in and {len(outof)} out in the "
                                  "captured graph, not one each")
             return None
         captured = self._graphs[bucket] = _Graph(
-            graph, ctypes.c_void_p(graph.raw_cuda_graph_exec()), into[0].node, outof[0].node, x, out,
+            graph, ctypes.c_void_p(graph.raw_cuda_graph_exec()), into[0], outof[0], x, out,
             [0, 0, 0])
         return captured
 
     def _replay_for(self, x: Tensor) -> tuple | None:
         """(graph, exec handle, copy-in node, copy-out node, static input address, static output
-        address, bytes, [T, D] where flat and x is 3-D | None, static rows to zero | None, the
-        graph's ``pointed``) of the smallest bucket that holds x's T tokens (captured now if
-        lazy), or None: no tokens, above the largest bucket, or an input the layer must reject
-        (it then raises)."""
+        address, elements, [T, D] where flat and x is 3-D | None, the graph's ``pointed``) of the
+        smallest bucket that holds x's T tokens (captured now if lazy), or None: no tokens, above
+        the largest bucket, or an input the layer must reject (it then raises)."""
         cfg = self.layer.config
         if (x.dtype != cfg.dtype or x.device != self.layer.w13.device or x.dim() not in (2, 3)
                 or x.shape[-1] != cfg.hidden_size):
             return None
         T = x.numel() // cfg.hidden_size
         bucket = next((b for b in self.buckets if b >= T), None)
-        if bucket is None or T == 0:  # a memcpy node cannot copy zero bytes
+        if bucket is None or T == 0:
             return None
         g = self._graphs.get(bucket) or self._capture(bucket)
         if g is None:
             return None
         replay = self._replays[(x.shape, x.dtype, x.device)] = (
-            g.graph, g.handle, g.into, g.outof, g.x.data_ptr(), g.out.data_ptr(),
-            x.numel() * x.element_size(), (T, cfg.hidden_size) if self.flat and x.dim() == 3 else None,
-            g.x[T:] if T < bucket else None, g.pointed)
+            g.graph, g.handle, g.into, g.outof, g.x.data_ptr(), g.out.data_ptr(), x.numel(),
+            (T, cfg.hidden_size) if self.flat and x.dim() == 3 else None, g.pointed)
         return replay
 
     def __call__(self, x: Tensor) -> Tensor:
-        # The host path of a decode step: one dict lookup, an allocation, the copies retargeted
-        # to x and to the new output (where they point elsewhere), the replay.
+        # The host path of a decode step: one dict lookup, an allocation, the copies set to x and
+        # to the new output (where they point elsewhere), the replay.
         replay = (None if _capturing()  # captured into the caller's graph
                   else self._replays.get((x.shape, x.dtype, x.device)) or self._replay_for(x))
         if replay is None:  # no tokens, above the largest bucket, or a bad input (the layer says)
             out = self.layer(x)
             return out.view(-1, out.shape[-1]) if self.flat else out
-        graph, handle, into, outof, static_x, static_out, nbytes, flat_shape, pad, pointed = replay
+        graph, handle, into, outof, static_x, static_out, n, flat_shape, pointed = replay
         if not x.is_contiguous():
             x = x.contiguous()
         y = torch.empty_like(x)  # (torch.empty with a shape, dtype and device: ~4 us more)
-        if pad is not None:
-            pad.zero_()
         src, dst = x.data_ptr(), y.data_ptr()
-        moved_in = pointed[0] != src or pointed[2] != nbytes
-        moved_out = pointed[1] != dst or pointed[2] != nbytes
-        if ((moved_in and set_copy(handle, into, static_x, src, nbytes))
-                or (moved_out and set_copy(handle, outof, dst, static_out, nbytes))):
+        # the copy in keeps its size (the bucket's rows: those past n are zeroed)
+        if ((pointed[0] != src or pointed[2] != n) and into.set(handle, src, static_x, n)) or (
+                (pointed[1] != dst or pointed[2] != n) and outof.set(handle, static_out, dst, n, n)):
             self._stop_replaying("CUDA refused to point a graph's copies at this input")
             return self(x)
-        pointed[:] = src, dst, nbytes
+        pointed[:] = src, dst, n
         graph.replay()
         return y if flat_shape is None else y.view(flat_shape)
 
@@ -188,12 +207,13 @@ class GraphedMoE:
 
 
 class _Graph(NamedTuple):
-    """One bucket's captured graph: its exec handle, its two memcpy nodes, its static rows, and
-    where its copies point now (input address, output address, bytes; 0s: the scratch rows)."""
+    """One bucket's captured graph: its exec handle, its two copy nodes, its static rows, and
+    where its copies point now (input address, output address, elements; 0s: the scratch
+    rows)."""
     graph: torch.cuda.CUDAGraph
     handle: ctypes.c_void_p
-    into: ctypes.c_void_p
-    outof: ctypes.c_void_p
+    into: KernelNode
+    outof: KernelNode
     x: Tensor
     out: Tensor
     pointed: list[int]
