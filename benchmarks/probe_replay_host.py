@@ -10,7 +10,8 @@ patched with the default per-layer graphs), at T = 1: host us per call of
   - memcpy graphed alt: the same with the copies as memcpy nodes (``Tensor.copy_`` captured, set
     through cudaGraphExecMemcpyNodeSetParams1D: what GraphedMoE did before 2026-11-28), the layer's
     graph captured again that way;
-  - replay / memcpy replay: graph.replay() alone; empty_like: the output's allocation;
+  - replay / memcpy replay: graph.replay() alone; launch: _cudart.launch of the same graph
+    (cudaGraphLaunch, what GraphedMoE calls); empty_like: the output's allocation;
     set x2 / memcpy set x2: both copies set (alternating addresses);
 ROUNDS samples of CALLS back-to-back calls from a drained queue, every variant interleaved within
 each round; and each graph's GPU activities per replay (the profiler's count).
@@ -31,7 +32,7 @@ import statistics
 import torch
 
 from shufflemoe.bench.report import metadata
-from shufflemoe._cudart import runtime
+from shufflemoe._cudart import launch, runtime
 from shufflemoe.bench.suites.host_cost import SHAPES, _models, _sample, first_block
 
 CALLS, ROUNDS = 30, 20
@@ -122,8 +123,10 @@ def probe(shape) -> dict:
         for _ in range(3):
             block(x)
         run = block.__dict__["_shufflemoe"].run
-        graph, handle, into, outof, static_x, static_out, n, flat_shape, _ = \
+        handle, into, outof, static_x, static_out, n, flat_shape, _ = \
             run._replays[(x.shape, x.dtype, x.device)]
+        graph = run._graphs[1].graph
+        stream = torch.cuda.current_stream().cuda_stream
         yshape = x.shape if flat_shape is None else flat_shape
         mgraph, minto, moutof, mstatic_x, mstatic_out, set_copy = memcpy_graph(run)
         nbytes = n * x.element_size()
@@ -151,6 +154,7 @@ def probe(shape) -> dict:
                "graphed": lambda: run(x), "graphed alt": lambda: run(xs[next(alt_run)]),
                "memcpy graphed alt": lambda: memcpy_graphed(next(alt_memcpy)),
                "replay": graph.replay, "memcpy replay": mgraph.replay,
+               "launch": lambda: launch(handle, stream),
                "empty_like": lambda: torch.empty_like(x),
                "set x2": lambda: set_kernels(next(alt)), "memcpy set x2": lambda: set_memcpy(next(alt))}
         y = memcpy_graphed(1)

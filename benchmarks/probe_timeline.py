@@ -10,9 +10,12 @@ read bandwidth. Negative gaps: the kernel overlapped the one before (two streams
     PYTHONPATH=src python benchmarks/probe_timeline.py --tokens 64,128 fp8_rowwise
     PYTHONPATH=src python benchmarks/probe_timeline.py --prefill none fp8_rowwise
     PYTHONPATH=src python benchmarks/probe_timeline.py --presets scout,scout-tp8 --tokens 64 none
+    PYTHONPATH=src python benchmarks/probe_timeline.py --batch-invariant --tokens 1 none
 
 --presets: the decode presets to run (default: the three below; "scout" is Llama 4 Scout at full
 width, as the e2e_hf suite's model has it).
+
+--batch-invariant: the layers in batch-invariant mode (MoEConfig(batch_invariant=True)).
 
 --prefill: Llama 4 Scout and Maverick TP8 at T = 16384 (the layer suite's prefill targets),
 each also without its shared expert (a layer of the same shapes with none): how much of the
@@ -56,17 +59,18 @@ def short(name: str) -> str:
 
 
 def timeline(decode, xs) -> tuple[list[list[tuple[str, float, float]]], list[float]]:
-    """Per replay: [(kernel, gap before it us, duration us)] between the input copy and the output
-    clone (excluded), and the replay's span (first kernel start to last kernel end)."""
+    """Per replay: [(kernel, gap before it us, duration us)] between the graph's copy in and copy
+    out (excluded: graph._copy kernels), and the replay's span (first kernel start to last
+    kernel end)."""
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for x in xs:
             decode(x)
             torch.cuda.synchronize()
     kernels = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
                      key=lambda e: e.time_range.start)
-    groups, group = [], []  # one per replay: between its input copy and its output clone
+    groups, group = [], []  # one per replay: between its copy in and its copy out
     for e in kernels:
-        if "Memcpy" in e.name:
+        if e.name == "_copy":
             if group:
                 groups.append(group)
                 group = []
@@ -97,13 +101,13 @@ def graphed_timeline(layer, T: int, xs) -> tuple[list, list[float]]:
 
 
 def main(formats: list[str], tokens: tuple[int, ...] = (1, 8),
-         presets: tuple[str, ...] = tuple(PRESETS)) -> None:
+         presets: tuple[str, ...] = tuple(PRESETS), batch_invariant: bool = False) -> None:
     ceil = measure_ceilings()
     print(f"{torch.cuda.get_device_name()}, read {ceil.read_gbps:.0f} GB/s", flush=True)
     for name in presets:
         base = {**PRESETS, **EXTRA_PRESETS}[name]
         for fmt in formats:
-            cfg = base.replace(quantization=fmt)
+            cfg = base.replace(quantization=fmt, batch_invariant=batch_invariant)
             layer = MoE(cfg, device="cuda")
             for T in tokens:
                 g = torch.Generator(device="cuda").manual_seed(T)
@@ -167,5 +171,8 @@ if __name__ == "__main__":
             i = args.index("--presets")
             presets = tuple(args[i + 1].split(","))
             del args[i:i + 2]
-        main(args or ["none", "fp8_rowwise"], tokens, presets)
+        bi = "--batch-invariant" in args
+        if bi:
+            args.remove("--batch-invariant")
+        main(args or ["none", "fp8_rowwise"], tokens, presets, bi)
     sys.exit(0)

@@ -253,6 +253,25 @@ def test_copy_rows_copies_then_zeroes(device, dtype, n, size):
 
 
 @gpu
+def test_a_replay_runs_on_the_callers_stream():
+    """The graph is launched on the caller's current stream: work queued before the call on that
+    stream (the input's fill) is done first, and the output is ready once that stream is."""
+    cfg = CONFIGS["qwen3-like"]
+    layer = make_layer(cfg, device="cuda")
+    decode = graphed(layer, token_buckets=(4,))
+    x = make_input(cfg, 4, device="cuda")
+    ref, mag = naive_moe(layer, x, layer.route(x), with_magnitude=True)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(10_000_000)  # ~5 ms: a replay on another stream would read x first
+        x2 = x.clone()
+        y = decode(x2)
+    side.synchronize()
+    assert_close(y, ref, tolerance_key(cfg), magnitude=mag)
+
+
+@gpu
 def test_a_refused_retarget_falls_back_to_the_eager_layer(monkeypatch):
     """Where CUDA refuses to point a graph's copies at an input, the layer warns and runs
     eagerly from then on, with the same results."""

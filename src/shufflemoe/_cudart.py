@@ -2,7 +2,9 @@
 torch loaded: find a captured graph's kernel nodes that run a given function, and set leading
 arguments of one of them, in the instantiated graph, for the replays that follow
 (graph.GraphedMoE's copy in and copy out, pointed per replay at the caller's input and a fresh
-output)."""
+output); and launch an instantiated graph (``CUDAGraph.replay`` without torch's bookkeeping for
+random-number generators, which a layer's graph does not use: ~0.9 us less host time on an H100
+host, benchmarks/results/probe_graph_pdl.json)."""
 
 from __future__ import annotations
 
@@ -58,7 +60,7 @@ def runtime() -> ctypes.CDLL | None:
     lib = ctypes.CDLL(path)
     p = ctypes.c_void_p
     for name, args in (("cudaGraphGetNodes", [p, p, p]), ("cudaGraphNodeGetType", [p, p]),
-                       ("cudaGetLastError", [])):
+                       ("cudaGraphLaunch", [p, p]), ("cudaGetLastError", [])):
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = args, ctypes.c_int
     return lib
@@ -81,6 +83,14 @@ def driver() -> ctypes.CDLL | None:
             return None
         fn.argtypes, fn.restype = args, ctypes.c_int
     return lib
+
+
+def launch(graph_exec: ctypes.c_void_p, stream: int) -> None:
+    """cudaGraphLaunch(graph_exec, stream): raises on an error (cleared first)."""
+    rt = runtime()
+    err = rt.cudaGraphLaunch(graph_exec, stream)
+    if err:
+        _check(rt, err, "cudaGraphLaunch")
 
 
 def kernel_nodes(graph: int, function: int) -> list[KernelNode]:

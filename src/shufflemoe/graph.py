@@ -8,14 +8,15 @@ zero rows do route to experts 0..k-1, which may read one or two experts more tha
 Host cost: each graph begins with a copy into its static input and ends with a copy out of its
 static output, both captured as launches of one small Triton kernel (``_copy``). A replay points
 those two kernel nodes at the caller's input and at a fresh output (their arguments set in the
-instantiated graph through the driver, _cudart.py) and launches the graph: one allocation, up to
-two driver calls and one graph launch, where copying in and cloning out from Python would launch
-two more aten ops (~11 us of host time each on an H100 host). The copy in also zeroes the
-static rows past the caller's tokens, so a batch below its bucket costs no fill of its own. A
-node already pointing at the address (a decode loop's allocator often hands a layer the same
-blocks step after step) is left as it is: no driver call. Kernel nodes, not the memcpy nodes
-that ``Tensor.copy_`` captures: a graph with memcpy nodes cost 3-7 us more host time per launch
-(benchmarks/probe_replay_host.py).
+instantiated graph through the driver, _cudart.py) and launches the graph on the caller's current
+stream (cudaGraphLaunch): one allocation, up to two driver calls and one graph launch, where
+copying in and cloning out from Python would launch two more aten ops (~11 us of host time each
+on an H100 host). A node already pointing at the address (a decode loop's allocator often hands
+a layer the same blocks step after step) is left as it is: no driver call. The copy in also
+zeroes the static rows past the caller's tokens, so a batch below its bucket costs no fill
+launch of its own. (Before, the copies were the memcpy nodes ``Tensor.copy_`` captures: setting
+both cost 0.2-1.8 us more host time, launching the graph the same;
+benchmarks/results/probe_replay_host.json.)
 
 Memory: graphs made with one ``GraphPool`` share its CUDA memory pool and, per (bucket, width,
 dtype), one static input, one static output and the scratch rows their copies were captured
@@ -37,7 +38,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._cudart import KernelNode, kernel_nodes
+from ._cudart import KernelNode, kernel_nodes, launch
 from .layer import MoE
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -112,6 +113,7 @@ class GraphedMoE:
         self.buckets = sorted(set(token_buckets))
         self.warmup = warmup
         self.pool = pool or GraphPool(layer.w13.device)
+        self._device = layer.w13.device.index
         self._graphs: dict[int, _Graph] = {}
         self._replays: dict[tuple, tuple] = {}  # (shape, dtype, device) -> _replay_for(x)
         if not lazy:
@@ -156,7 +158,7 @@ class GraphedMoE:
         return captured
 
     def _replay_for(self, x: Tensor) -> tuple | None:
-        """(graph, exec handle, copy-in node, copy-out node, static input address, static output
+        """(exec handle, copy-in node, copy-out node, static input address, static output
         address, elements, [T, D] where flat and x is 3-D | None, the graph's ``pointed``) of the
         smallest bucket that holds x's T tokens (captured now if lazy), or None: no tokens, above
         the largest bucket, or an input the layer must reject (it then raises)."""
@@ -172,7 +174,7 @@ class GraphedMoE:
         if g is None:
             return None
         replay = self._replays[(x.shape, x.dtype, x.device)] = (
-            g.graph, g.handle, g.into, g.outof, g.x.data_ptr(), g.out.data_ptr(), x.numel(),
+            g.handle, g.into, g.outof, g.x.data_ptr(), g.out.data_ptr(), x.numel(),
             (T, cfg.hidden_size) if self.flat and x.dim() == 3 else None, g.pointed)
         return replay
 
@@ -184,7 +186,7 @@ class GraphedMoE:
         if replay is None:  # no tokens, above the largest bucket, or a bad input (the layer says)
             out = self.layer(x)
             return out.view(-1, out.shape[-1]) if self.flat else out
-        graph, handle, into, outof, static_x, static_out, n, flat_shape, pointed = replay
+        handle, into, outof, static_x, static_out, n, flat_shape, pointed = replay
         if not x.is_contiguous():
             x = x.contiguous()
         y = torch.empty_like(x)  # (torch.empty with a shape, dtype and device: ~4 us more)
@@ -195,7 +197,7 @@ class GraphedMoE:
             self._stop_replaying("CUDA refused to point a graph's copies at this input")
             return self(x)
         pointed[:] = src, dst, n
-        graph.replay()
+        launch(handle, _stream(self._device))
         return y if flat_shape is None else y.view(flat_shape)
 
     def _stop_replaying(self, why: str) -> None:
@@ -220,6 +222,8 @@ class _Graph(NamedTuple):
 
 
 _capturing = torch._C._cuda_isCurrentStreamCapturing  # torch.cuda's, without its Python frame
+# device index -> its current cudaStream_t (absent from CPU-only builds, which capture no graphs)
+_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
 def graphed(layer: MoE, token_buckets: Sequence[int] = DEFAULT_BUCKETS, warmup: int = 2,
