@@ -4,7 +4,8 @@ whatever else is in the batch (its size, the other rows, the row's position).
 A row's result changes with the batch wherever a reduction's order depends on it:
 | where                 | default                                          | batch-invariant            |
 | --------------------- | ------------------------------------------------ | -------------------------- |
-| router logits         | F.linear: BLAS / cuBLAS pick blocking by M       | grouped GEMM, one group    |
+| router logits         | kernel tiles follow T; past them F.linear, whose | the kernel's 8-token tile  |
+|                       | blocking BLAS / cuBLAS pick by M                 | at every T                 |
 | routing weights       | index_shuffle's tiles follow T                   | fixed tiles (kernel)       |
 | expert GEMMs          | tile configuration follows M and G               | the same; above 64 rows    |
 |                       |                                                  | one per (N, K, dtype)      |

@@ -34,9 +34,9 @@ import torch
 from torch import Tensor
 
 from ._registry import Registry
-from .batch_invariant import linear as invariant_linear
 from .config import MoEConfig
 from .ops import backend_for
+from .ops.router.kernel import invariant_router_logits
 from .types import Routing
 
 RouterFn = Callable[[Tensor, MoEConfig, Tensor | None], Routing]
@@ -46,14 +46,13 @@ ROUTERS: Registry[RouterFn] = Registry("router")
 def router_logits(x: Tensor, router_weight: Tensor, dtype: torch.dtype | None = None,
                   bias: Tensor | None = None, batch_invariant: bool = False) -> Tensor:
     """x [T, D], router_weight [E, D], bias [E] (gpt-oss) -> logits [T, E] in ``dtype`` (default:
-    x's dtype). batch_invariant: through the fixed-config grouped GEMM, each row computed the
-    same way whatever T (BLAS and cuBLAS pick their blocking by shape)."""
+    x's dtype). batch_invariant: through the router kernel with one tile at every T, each row
+    computed the same way whatever T (BLAS and cuBLAS pick their blocking by shape)."""
     if dtype is not None and dtype != x.dtype:
         x, router_weight = x.to(dtype), router_weight.to(dtype)
         bias = None if bias is None else bias.to(dtype)
     if batch_invariant:
-        logits = invariant_linear(x, router_weight)
-        return logits if bias is None else logits + bias
+        return invariant_router_logits(x, router_weight, bias)
     return backend_for(x).router_logits(x, router_weight, bias)  # decode T: one Triton launch
 
 

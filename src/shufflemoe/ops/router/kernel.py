@@ -30,6 +30,10 @@ _TILES = {1: (4096, 8), 2: (2048, 8), 4: (2048, 4), 8: (2048, 8)}
 # 8-token tile: E x T / 8 programs share the reads of x that one program per expert would make
 # alone (blocks of 16 and 32 tokens, and narrower steps, were slower: probe_router_tokens).
 TOKEN_BLOCK = 8
+# Batch-invariant mode (batch_invariant.router_logits): the 8-token tile at every T. A row's sum
+# then runs through the same registers, lanes and warps whatever T and wherever the row sits in
+# its block (masked rows add nothing to it), so its bits do not depend on the batch.
+INVARIANT_TILE = (TOKEN_BLOCK, *_TILES[TOKEN_BLOCK])
 
 
 @triton.jit
@@ -64,20 +68,34 @@ def _router_kernel(x_ptr, w_ptr, b_ptr, out_ptr, T, D, E, x_stride, w_stride,
 
 
 @kernel_op("router_logits", mutates_args=("out",))
-def _router_op(x: Tensor, w: Tensor, bias: Optional[Tensor], out: Tensor) -> None:
+def _router_op(x: Tensor, w: Tensor, bias: Optional[Tensor], out: Tensor,
+               invariant: bool = False) -> None:
     """out [T, E] <- x [T, D] @ w [E, D]^T (+ bias [E]; rows of x and w at any stride, unit
-    column strides). Meant for decode T; any T works (blocks of TOKEN_BLOCK tokens)."""
+    column strides). Meant for decode T; any T works (blocks of TOKEN_BLOCK tokens). invariant:
+    INVARIANT_TILE whatever T."""
     (T, D), E = x.shape, w.shape[0]
     if T == 0 or E == 0:
         return
-    block_t = min(next_power_of_2(T), TOKEN_BLOCK)
-    block_d, warps = _TILES[block_t]
+    if invariant:
+        block_t, block_d, warps = INVARIANT_TILE
+    else:
+        block_t = min(next_power_of_2(T), TOKEN_BLOCK)
+        block_d, warps = _TILES[block_t]
     interpret = interpreting()
     with on_device(x):
         launch(_router_kernel, (E, cdiv(T, block_t)), x, w, bias, out, T, D, E, x.stride(0), w.stride(0),
                HAS_BIAS=bias is not None, BLOCK_T=block_t,
                BLOCK_D=min(block_d, next_power_of_2(D)), INTERPRET=interpret,
                PDL=x.is_cuda and not interpret and not traced((x,)), num_warps=warps)
+
+
+def invariant_router_logits(x: Tensor, w: Tensor, bias: Tensor | None) -> Tensor:
+    """router_logits with INVARIANT_TILE at every T (any T: no F.linear): each row's logits the
+    same bits whatever the batch. Rows of x at unit column stride (else copied)."""
+    x, w = (t if t.stride(-1) == 1 else t.contiguous() for t in (x, w))
+    out = torch.empty(x.shape[0], w.shape[0], dtype=x.dtype, device=x.device)
+    _router_op(x, w, None if bias is None else bias.contiguous(), out, True)
+    return out
 
 
 def router_logits(x: Tensor, w: Tensor, bias: Tensor | None) -> Tensor:
