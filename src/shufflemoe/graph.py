@@ -15,8 +15,8 @@ on an H100 host). A node already pointing at the address (a decode loop's alloca
 a layer the same blocks step after step) is left as it is: no driver call. The copy in also
 zeroes the static rows past the caller's tokens, so a batch below its bucket costs no fill
 launch of its own. (Before, the copies were the memcpy nodes ``Tensor.copy_`` captures: setting
-both cost 0.2-1.8 us more host time, launching the graph the same;
-benchmarks/results/probe_replay_host.json.)
+both cost 0.2-2.1 us more host time in two H100 runs, launching the graph the same;
+benchmarks/probe_replay_host.py, DESIGN.md.)
 
 Memory: graphs made with one ``GraphPool`` share its CUDA memory pool and, per (bucket, width,
 dtype), one static input, one static output and the scratch rows their copies were captured
