@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Hashable
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -619,7 +619,7 @@ class MoE(nn.Module):
                 f"quantization={c.quantization}")
 
 
-def run_planned(plans: dict, name: Hashable, signature: tuple | None, region: Callable[[], None],
+def run_planned(plans: dict, name: str, signature: tuple | None, region: Callable[[], None],
                 dynamic: tuple[Tensor, ...], fixed: tuple[Tensor | None, ...]) -> None:
     """Run region(), replayed from a launch plan (ops/_launch.py: its Triton launches with no
     argument binding and no allocation) where one can be made. ``plans``: the caller's
