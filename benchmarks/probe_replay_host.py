@@ -54,8 +54,8 @@ class _Memcpy3DParms(ctypes.Structure):  # cudaMemcpy3DParms
 
 
 def memcpy_graph(run):
-    """The layer's T = 1 graph captured again with its copies as memcpy nodes: (graph, exec
-    handle, copy-in node, copy-out node, static x, static out, set(node, dst, src, nbytes))."""
+    """The layer's T = 1 graph captured again with its copies as memcpy nodes: (graph, copy-in
+    node, copy-out node, static x address, static out address, set(node, dst, src, nbytes))."""
     pool, layer = run.pool, run.layer
     x, out, scratch = pool.io(1, layer.config.hidden_size, layer.config.dtype)
     main = torch.cuda.current_stream()
