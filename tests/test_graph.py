@@ -79,6 +79,8 @@ def test_graphed_rejects_what_it_cannot_capture():
             graphed(make_layer(cfg.replace(capacity_factor=1.0), device="cuda"))
         with pytest.raises(ValueError, match="token_buckets"):
             graphed(make_layer(cfg, device="cuda"), token_buckets=(0, 4))
+        with pytest.raises(ValueError, match="warmup"):
+            graphed(make_layer(cfg, device="cuda"), warmup=0)
 
 
 @gpu
@@ -250,6 +252,34 @@ def test_copy_rows_copies_then_zeroes(device, dtype, n, size):
     want = torch.cat([src[:n], torch.zeros(size - n, dtype=dtype, device=device)])
     assert torch.equal(dst[:size], want)
     assert dst[size:].isnan().all()
+
+
+@gpu
+def test_inputs_and_outputs_at_any_alignment(monkeypatch):
+    """The copy kernel is specialized on nothing, so one captured graph serves an input at any
+    address: views one and three elements past an aligned block, then an aligned one, each
+    against float64; the output (a fresh allocation) is moved off alignment with them."""
+    cfg = CONFIGS["qwen3-like"]
+    layer = make_layer(cfg, device="cuda")
+    decode = graphed(layer, token_buckets=(4,))
+
+    def misaligned_empty_like(t):
+        return t.new_empty(t.numel() + 1)[1:].view(t.shape)
+
+    for step, offset in enumerate((1, 3, 0)):
+        x = make_input(cfg, 3, seed=step, device="cuda")
+        buf = torch.empty(x.numel() + offset, device="cuda", dtype=x.dtype)
+        shifted = buf[offset:].view(x.shape)
+        shifted.copy_(x)
+        size = x.element_size()
+        assert shifted.data_ptr() % 16 == size * offset
+        ref, mag = naive_moe(layer, x, layer.route(x), with_magnitude=True)
+        with monkeypatch.context() as m:
+            if offset:
+                m.setattr(torch, "empty_like", misaligned_empty_like)
+            y = decode(shifted)
+        assert y.data_ptr() % 16 == (size if offset else 0)
+        assert_close(y, ref, tolerance_key(cfg), name=f"offset {offset}", magnitude=mag)
 
 
 @gpu

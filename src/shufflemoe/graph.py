@@ -108,6 +108,8 @@ class GraphedMoE:
             raise ValueError("graphed() pads the batch, which would change capacity-factor drops")
         if not token_buckets or any(not isinstance(b, int) or b <= 0 for b in token_buckets):
             raise ValueError(f"token_buckets must be positive ints, got {token_buckets!r}")
+        if not isinstance(warmup, int) or warmup < 1:  # kernels compile (and may sync) in it
+            raise ValueError(f"warmup must be an int >= 1 (calls before capture), got {warmup!r}")
         self.layer = layer
         self.flat = flat
         self.buckets = sorted(set(token_buckets))

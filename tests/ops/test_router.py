@@ -49,6 +49,26 @@ def test_kernel_matches_float64(T, E, D, bias, dtype):
     check(out, x, w, b)
 
 
+@pytest.mark.parametrize("T,E,D,programs", [(40, 12, 200, 4), (17, 7, 96, 1), (64, 128, 64, 128)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_programs_over_several_experts(monkeypatch, T, E, D, programs, bias):
+    """Past kernel.PROGRAMS programs a program takes a block of experts (experts_per_program: a
+    power of two, the last block cut at E: 12 experts in blocks of 8, 7 in one of 8): every
+    logit written, within float64's bound, and the same bits as one expert a program."""
+    g = torch.Generator().manual_seed(T + E + D)
+    x = torch.randn(T, D, generator=g).to(DEV, torch.bfloat16)
+    w = (torch.randn(E, D, generator=g) / D**0.5).to(DEV, torch.bfloat16)
+    b = torch.randn(E, generator=g).to(DEV, torch.bfloat16) if bias else None
+    one = poisoned(T, E, dtype=torch.bfloat16, device=DEV)
+    kernel._router_op(x, w, b, one)
+    monkeypatch.setattr(kernel, "PROGRAMS", programs)
+    assert kernel.experts_per_program(T, E) == 8
+    blocked = poisoned(T, E, dtype=torch.bfloat16, device=DEV)
+    kernel._router_op(x, w, b, blocked)
+    check(blocked, x, w, b)
+    assert torch.equal(blocked, one)
+
+
 def test_strided_rows_and_no_tokens():
     """Rows of x and of the router weight with a stride (slices of wider rows) read right; a
     weight or bias whose columns are strided goes to F.linear; T = 0 writes nothing."""
