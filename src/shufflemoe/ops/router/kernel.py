@@ -38,41 +38,62 @@ INVARIANT_TILE = (TOKEN_BLOCK, *_TILES[TOKEN_BLOCK])
 PROGRAMS = 1024
 
 
+@triton.jit
+def _store_logits(s, b_ptr, out_ptr, ts, t_ok, e, e_ok, E, HAS_BIAS: tl.constexpr,
+                  INTERPRET: tl.constexpr):
+    """out[ts, e] = s (+ b[e]), rounded once to out's dtype."""
+    if HAS_BIAS:
+        s += tl.load(b_ptr + e, mask=e_ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + ts.to(tl.int64) * E + e, cast_to(s, out_ptr.dtype.element_ty, INTERPRET),
+             mask=t_ok & e_ok)
+
+
 @triton.jit(do_not_specialize=("experts",))
 def _router_kernel(x_ptr, w_ptr, b_ptr, out_ptr, T, D, E, experts, x_stride, w_stride,
                    HAS_BIAS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
-                   INTERPRET: tl.constexpr, PDL: tl.constexpr):
+                   ONE_STEP: tl.constexpr, INTERPRET: tl.constexpr, PDL: tl.constexpr):
     """out[t, e] = x[t] . w[e] (+ b[e]) for the tokens t of this program's block (axis 1, BLOCK_T
     tokens) and the `experts` experts e of its block (axis 0), one after another, each summed
     by the same instructions (so a logit's bits do not depend on `experts`, which is a runtime
-    value: one binary serves every count; after the first expert the block's rows of x come from
-    L1). PDL: let a next kernel launched with programmatic dependent launch (index_shuffle's)
-    start at once; it waits for this one before it reads the logits."""
+    value: one binary serves every count). ONE_STEP (D <= BLOCK_D): the block's rows are loaded
+    and converted to fp32 once for all its experts; else each expert walks D in BLOCK_D steps,
+    the rows coming from L1 after the first expert. PDL: let a next kernel launched with
+    programmatic dependent launch (index_shuffle's) start at once; it waits for this one before
+    it reads the logits."""
     if PDL:
         gdc_launch_dependents()
     ts = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
     t_ok = ts < T
     e = tl.program_id(0) * experts
     e_end = e + experts
-    while e < e_end:
-        e_ok = e < E
-        row = w_ptr + e.to(tl.int64) * w_stride
-        acc = tl.zeros([BLOCK_T, BLOCK_D], tl.float32)
-        d0 = 0
-        while d0 < D:
-            ds = d0 + tl.arange(0, BLOCK_D)
-            d_ok = ds < D
-            w = tl.load(row + ds, mask=d_ok & e_ok, other=0.0)
-            x = tl.load(x_ptr + ts.to(tl.int64)[:, None] * x_stride + ds[None, :],
-                        mask=t_ok[:, None] & d_ok[None, :], other=0.0)
-            acc += x.to(tl.float32) * w.to(tl.float32)[None, :]
-            d0 += BLOCK_D
-        s = tl.sum(acc, 1)
-        if HAS_BIAS:
-            s += tl.load(b_ptr + e, mask=e_ok, other=0.0).to(tl.float32)
-        tl.store(out_ptr + ts.to(tl.int64) * E + e, cast_to(s, out_ptr.dtype.element_ty, INTERPRET),
-                 mask=t_ok & e_ok)
-        e += 1
+    if ONE_STEP:
+        ds = tl.arange(0, BLOCK_D)
+        d_ok = ds < D
+        x = tl.load(x_ptr + ts.to(tl.int64)[:, None] * x_stride + ds[None, :],
+                    mask=t_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+        while e < e_end:
+            e_ok = e < E
+            w = tl.load(w_ptr + e.to(tl.int64) * w_stride + ds, mask=d_ok & e_ok, other=0.0)
+            s = tl.sum(x * w.to(tl.float32)[None, :], 1)
+            _store_logits(s, b_ptr, out_ptr, ts, t_ok, e, e_ok, E, HAS_BIAS, INTERPRET)
+            e += 1
+    else:
+        while e < e_end:
+            e_ok = e < E
+            row = w_ptr + e.to(tl.int64) * w_stride
+            acc = tl.zeros([BLOCK_T, BLOCK_D], tl.float32)
+            d0 = 0
+            while d0 < D:
+                ds = d0 + tl.arange(0, BLOCK_D)
+                d_ok = ds < D
+                w = tl.load(row + ds, mask=d_ok & e_ok, other=0.0)
+                x = tl.load(x_ptr + ts.to(tl.int64)[:, None] * x_stride + ds[None, :],
+                            mask=t_ok[:, None] & d_ok[None, :], other=0.0)
+                acc += x.to(tl.float32) * w.to(tl.float32)[None, :]
+                d0 += BLOCK_D
+            _store_logits(tl.sum(acc, 1), b_ptr, out_ptr, ts, t_ok, e, e_ok, E, HAS_BIAS,
+                          INTERPRET)
+            e += 1
 
 
 def experts_per_program(T: int, E: int) -> int:
@@ -98,13 +119,14 @@ def _router_op(x: Tensor, w: Tensor, bias: Optional[Tensor], out: Tensor,
     else:
         block_t = min(next_power_of_2(T), TOKEN_BLOCK)
         block_d, warps = _TILES[block_t]
+    block_d = min(block_d, next_power_of_2(D))
     experts = experts_per_program(T, E)
     interpret = interpreting()
     with on_device(x):
         launch(_router_kernel, (cdiv(E, experts), cdiv(T, block_t)), x, w, bias, out, T, D, E,
                experts, x.stride(0), w.stride(0),
-               HAS_BIAS=bias is not None, BLOCK_T=block_t,
-               BLOCK_D=min(block_d, next_power_of_2(D)), INTERPRET=interpret,
+               HAS_BIAS=bias is not None, BLOCK_T=block_t, BLOCK_D=block_d,
+               ONE_STEP=D <= block_d, INTERPRET=interpret,
                PDL=x.is_cuda and not interpret and not traced((x,)), num_warps=warps)
 
 
