@@ -62,6 +62,7 @@ def test_programs_over_several_experts(monkeypatch, T, E, D, programs, bias):
     one = poisoned(T, E, dtype=torch.bfloat16, device=DEV)
     kernel._router_op(x, w, b, one)
     monkeypatch.setattr(kernel, "PROGRAMS", programs)
+    monkeypatch.setattr(kernel, "EXPERTS_MAX", 8)
     assert kernel.experts_per_program(T, E) == 8
     blocked = poisoned(T, E, dtype=torch.bfloat16, device=DEV)
     kernel._router_op(x, w, b, blocked)

@@ -34,8 +34,13 @@ TOKEN_BLOCK = 8
 # then runs through the same registers, lanes and warps whatever T and wherever the row sits in
 # its block (masked rows add nothing to it), so its bits do not depend on the batch.
 INVARIANT_TILE = (TOKEN_BLOCK, *_TILES[TOKEN_BLOCK])
-# Programs past which a program takes several experts (experts_per_program)
-PROGRAMS = 1024
+# experts_per_program: past PROGRAMS programs a program takes up to EXPERTS_MAX experts. H100,
+# the invariant tile alone in CUDA graphs (benchmarks/probe_bi_router.py), against one expert a
+# program, us: Qwen3-30B-A3B (E = 128, D = 2048) T = 64 10.3 -> 7.3, T = 2048 222 -> 120-125,
+# T = 8192 871 -> 461; Llama 4 Scout (16, 5120) T = 2048 80 -> 54; DeepSeek-V3 (256, 7168) T =
+# 2048 1008 with 256 experts a program (256 programs), 923 with 32.
+PROGRAMS = 256
+EXPERTS_MAX = 32
 
 
 @triton.jit
@@ -99,10 +104,10 @@ def _router_kernel(x_ptr, w_ptr, b_ptr, out_ptr, T, D, E, experts, x_stride, w_s
 def experts_per_program(T: int, E: int) -> int:
     """How many experts a program takes: 1 until the grid would pass PROGRAMS programs (decode:
     a program per expert and token block streams the router's weights on every SM), then the
-    power of two that keeps it near PROGRAMS, so that at prefill a block's rows of x are read
-    from L2 once per `experts` experts instead of once per expert."""
+    power of two that keeps it near PROGRAMS, at most EXPERTS_MAX, so that at prefill a block's
+    rows of x are loaded once per that many experts instead of once per expert."""
     n = E * cdiv(T, TOKEN_BLOCK) // PROGRAMS
-    return min(next_power_of_2(E), 1 << max(n.bit_length() - 1, 0))
+    return min(next_power_of_2(E), EXPERTS_MAX, 1 << max(n.bit_length() - 1, 0))
 
 
 @kernel_op("router_logits", mutates_args=("out",))

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 from typing import Optional
 
-import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import libdevice
