@@ -1,5 +1,6 @@
 """MetaShuffling: pairs already sorted by expert -> gather-scale, one grouped GEMM for all experts
-(sizes read on the device), SwiGLU, a second grouped GEMM whose epilogue adds into the output
+(sizes read on the device; 16-bit rows are gathered and scaled in its loads, quantized ones by
+gather_scale first), SwiGLU, a second grouped GEMM whose epilogue adds into the output
 (top-1) or writes pair rows that one token-major sum combines (k > 1). No padding, no host sync,
 static shapes.
 
@@ -14,6 +15,7 @@ from ..ops import backend_for
 from ..ops.moe_decode import configs as decode_configs
 from ..ops.moe_decode import gate_up_outputs
 from ..ops.moe_decode import reference as decode_formats
+from ..ops.quantize.formats import FORMATS
 from .base import Experts, QuantizedRows, expert_gemm, gather_input, glu, pair_weights, register
 
 
@@ -46,8 +48,12 @@ class Shuffled(Experts):
                             w.quantization, w.w2_bias)
             return
         nv = None if r.all_routed else r.num_valid  # known: every row is valid
-        xs = gather_input(ops, x, r.token_ids, w_in, w, nv)  # [A, D]
-        h = expert_gemm(ops, xs, w, "w13", r.counts, cfg.dtype)  # [A, 2I]
+        if isinstance(x, QuantizedRows) or FORMATS[w.quantization].activation != "none":
+            xs = gather_input(ops, x, r.token_ids, w_in, w, nv)  # [A, D], quantized
+            h = expert_gemm(ops, xs, w, "w13", r.counts, cfg.dtype)  # [A, 2I]
+        else:  # 16-bit rows: gathered (and scaled) in the GEMM's loads, no [A, D] copy
+            h = expert_gemm(ops, x, w, "w13", r.counts, cfg.dtype, x_ids=r.token_ids,
+                            x_weights=w_in)
         a = glu(ops, h, w, cfg, nv)  # [A, I]
         # top-1: one pair a token, the epilogue adds it without atomics (or stores it: nothing
         # to read); the opt-in atomic combine adds k > 1 rows in any order

@@ -39,9 +39,16 @@ def grouped_gemm(
     out_dtype: torch.dtype | None = None,
     scatter: str = "add",
     all_rows: bool = False,
+    x_ids: Tensor | None = None,
+    x_weights: Tensor | None = None,
     impl: str | None = None,
 ) -> Tensor:
     """x [M, K], w [W, N, K], m_sizes [G] int32 -> [M, N].
+
+    x_ids [M] (16-bit or float32 x only; x is then [T, K] for any T): row r of the product is
+    x[x_ids[r]], times x_weights[r] (float32 [M], optional) rounded to x's dtype, as
+    ops.gather_scale would make it, gathered in the GEMM's loads instead of a pass of its own.
+    Only the ids of rows inside the groups are read; they must be in [0, T).
 
     quantization (ops/quantize/formats.py; default "fp8_rowwise" for float8 x, else "none"):
     "fp8_rowwise": x, w e4m3, x_scale [M], w_scale [W, N] float32. "fp8_w8a16": x in bf16/fp16/
@@ -69,6 +76,16 @@ def grouped_gemm(
     fmt = weight_format(quantization)
     W, N = w.shape[:2]
     _check_operands(fmt, x, w, x_scale, w_scale, scale_split)
+    if x_ids is not None:
+        check_tensor("x_ids", x_ids, dim=1, dtypes=INDEX_DTYPES)
+        if fmt.activation != "none":
+            raise ValueError(f"x_ids gathers 16-bit or float32 rows only, not the fp8 x of "
+                             f"quantization={fmt.name!r} (gather and quantize with gather_scale)")
+        M = x_ids.shape[0]
+    if x_weights is not None:
+        if x_ids is None:
+            raise ValueError("x_weights scales gathered rows: it needs x_ids")
+        check_tensor("x_weights", x_weights, shape=[M], dtypes=(torch.float32,))
     check_tensor("m_sizes", m_sizes, dim=1, dtypes=INDEX_DTYPES)
     G = m_sizes.shape[0]
     if weight_ids is not None:
@@ -95,11 +112,11 @@ def grouped_gemm(
         raise ValueError(f"scatter={scatter!r} needs scatter_ids")
     check_same_device(x=x, w=w, m_sizes=m_sizes, x_scale=x_scale, w_scale=w_scale, bias=bias,
                       weight_ids=weight_ids, row_weights=row_weights, scatter_ids=scatter_ids,
-                      out=out)
+                      out=out, x_ids=x_ids, x_weights=x_weights)
     return ops_for(resolve(impl, x)).grouped_gemm(x, w, m_sizes, x_scale, w_scale, weight_ids,
                                                   row_weights, scatter_ids, out, out_dtype,
                                                   scatter, quantization, bias, scale_split,
-                                                  all_rows)
+                                                  all_rows, x_ids, x_weights)
 
 
 def _check_operands(fmt: WeightFormat, x: Tensor, w: Tensor, x_scale: Tensor | None,

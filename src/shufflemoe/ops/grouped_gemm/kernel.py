@@ -59,7 +59,7 @@ from .._common import cdiv, next_power_of_2, on_device, traced
 from .._impl import interpreting, kernel_op
 from .._launch import launch
 from ..quantize import FP8_BLOCK, FP8_DTYPE, MX_GROUP
-from ..quantize.kernel import e4m3_to, mxfp4_values
+from ..quantize.kernel import cast_to, e4m3_to, mxfp4_values
 from . import configs
 
 _INTERPRETER_PROGRAMS = 3  # several programs, so the round-robin is exercised on the CPU too
@@ -98,19 +98,23 @@ def _load_w(k0, w_row0, w_rows, col_ok, w_ptr, w_desc, w_scale_ptr, K,
 
 
 @triton.jit
-def _k_step(acc, k0, row0, w_row0, rows, row_ok, w_rows, col_ok, ws_rows, x_ptr, w_ptr, x_desc,
-            w_desc, x_scale_ptr, w_scale_ptr, K, KB,
+def _k_step(acc, k0, row0, w_row0, rows, row_ok, a_rows, a_w, w_rows, col_ok, ws_rows, x_ptr,
+            w_ptr, x_desc, w_desc, x_scale_ptr, w_scale_ptr, K, KB,
             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_TMA: tl.constexpr,
-            SWAP_AB: tl.constexpr, QUANT: tl.constexpr, UPCAST: tl.constexpr,
-            DOT_PRECISION: tl.constexpr):
-    """acc += x[rows, k0:k0+BLOCK_K] @ w[w_rows, k0:k0+BLOCK_K]^T (transposed when SWAP_AB);
-    fp8_block scales this step's product by its 128-column block's scales first."""
-    if USE_TMA:
+            SWAP_AB: tl.constexpr, QUANT: tl.constexpr, GATHER: tl.constexpr,
+            UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    """acc += x[a_rows, k0:k0+BLOCK_K] @ w[w_rows, k0:k0+BLOCK_K]^T (transposed when SWAP_AB);
+    a_rows are the tile's rows, or the x rows they gather (GATHER), scaled by a_w and rounded to
+    x's dtype when GATHER == "scaled". fp8_block scales this step's product by its 128-column
+    block's scales first."""
+    if USE_TMA and GATHER == "none":
         a = x_desc.load([row0, k0])
     else:
         ks = k0 + tl.arange(0, BLOCK_K)
-        a = tl.load(x_ptr + rows.to(tl.int64)[:, None] * K + ks[None, :],
+        a = tl.load(x_ptr + a_rows[:, None] * K + ks[None, :],
                     mask=row_ok[:, None] & (ks < K)[None, :], other=0.0)
+        if GATHER == "scaled":  # one rounding, as gather_scale's
+            a = cast_to(a.to(tl.float32) * a_w[:, None], x_ptr.dtype.element_ty, INTERPRET)
     b = _load_w(k0, w_row0, w_rows, col_ok, w_ptr, w_desc, w_scale_ptr, K, BLOCK_N, BLOCK_K,
                 USE_TMA, QUANT, UPCAST)
     if UPCAST:  # interpreter: its bf16 dot is wrong (Triton 3.6); fp32 of bf16/fp8 is exact
@@ -161,11 +165,12 @@ def _tile(
     tile_end,  # [BLOCK_G] inclusive prefix sum of tiles
     row_end,  # [BLOCK_G] inclusive prefix sum of m
     x_ptr, w_ptr, x_desc, w_desc, weight_ids_ptr, x_scale_ptr, w_scale_ptr, bias_ptr,
-    row_weights_ptr, scatter_ids_ptr, out_ptr, M, N, K, NB, KB, SPLIT,
+    row_weights_ptr, scatter_ids_ptr, x_ids_ptr, x_weights_ptr, out_ptr, M, N, K, NB, KB, SPLIT,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     USE_TMA: tl.constexpr, SWAP_AB: tl.constexpr, QUANT: tl.constexpr, HAS_BIAS: tl.constexpr,
     HAS_WEIGHT_IDS: tl.constexpr, HAS_ROW_WEIGHTS: tl.constexpr, SCATTER: tl.constexpr,
-    UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr,
+    GATHER: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    INTERPRET: tl.constexpr,
 ):
     # Group g of tile t: the groups before it are those whose tiles end at or before t (empty
     # groups included); one 4-way reduction gives g, its first row, its first tile, its row end.
@@ -186,6 +191,14 @@ def _tile(
     cols = n0 + tl.arange(0, BLOCK_N)
     row_ok = (rows < row_stop) & (rows < M)
     col_ok = cols < N
+    if GATHER == "none":
+        a_rows = rows.to(tl.int64)
+    else:  # only the tile's own rows are looked up: past row_stop the ids may be anything
+        a_rows = tl.load(x_ids_ptr + rows, mask=row_ok, other=0).to(tl.int64)
+    if GATHER == "scaled":
+        a_w = tl.load(x_weights_ptr + rows, mask=row_ok, other=0.0)
+    else:
+        a_w = row_ok.to(tl.float32)  # unused
     w_rows = wid.to(tl.int64) * N + cols  # [BLOCK_N] rows of w viewed as [W*N, K]
     if QUANT == "fp8_block":  # each column's scale-block row; blocks restart at SPLIT (up half)
         blk = tl.where(cols < SPLIT, cols // 128, tl.cdiv(SPLIT, 128) + (cols - SPLIT) // 128)
@@ -200,15 +213,17 @@ def _tile(
     if INTERPRET:
         k0 = 0
         while k0 < K:
-            acc = _k_step(acc, k0, row0, wid * N + n0, rows, row_ok, w_rows, col_ok, ws_rows,
-                          x_ptr, w_ptr, x_desc, w_desc, x_scale_ptr, w_scale_ptr, K, KB, BLOCK_N,
-                          BLOCK_K, USE_TMA, SWAP_AB, QUANT, UPCAST, DOT_PRECISION)
+            acc = _k_step(acc, k0, row0, wid * N + n0, rows, row_ok, a_rows, a_w, w_rows,
+                          col_ok, ws_rows, x_ptr, w_ptr, x_desc, w_desc, x_scale_ptr,
+                          w_scale_ptr, K, KB, BLOCK_N, BLOCK_K, USE_TMA, SWAP_AB, QUANT, GATHER,
+                          UPCAST, DOT_PRECISION, INTERPRET)
             k0 += BLOCK_K
     else:
         for k0 in range(0, K, BLOCK_K):
-            acc = _k_step(acc, k0, row0, wid * N + n0, rows, row_ok, w_rows, col_ok, ws_rows,
-                          x_ptr, w_ptr, x_desc, w_desc, x_scale_ptr, w_scale_ptr, K, KB, BLOCK_N,
-                          BLOCK_K, USE_TMA, SWAP_AB, QUANT, UPCAST, DOT_PRECISION)
+            acc = _k_step(acc, k0, row0, wid * N + n0, rows, row_ok, a_rows, a_w, w_rows,
+                          col_ok, ws_rows, x_ptr, w_ptr, x_desc, w_desc, x_scale_ptr,
+                          w_scale_ptr, K, KB, BLOCK_N, BLOCK_K, USE_TMA, SWAP_AB, QUANT, GATHER,
+                          UPCAST, DOT_PRECISION, INTERPRET)
     if SWAP_AB:
         acc = acc.T
 
@@ -244,6 +259,8 @@ def _grouped_gemm_kernel(
     bias_ptr,  # [W, N] added to each output row of group g with bias[weight of g] (HAS_BIAS)
     row_weights_ptr,  # [M] fp32 (HAS_ROW_WEIGHTS)
     scatter_ids_ptr,  # [M] destination row in out (SCATTER != "none")
+    x_ids_ptr,  # [M] the row of x each row gathers (GATHER != "none"; x is then [T, K])
+    x_weights_ptr,  # [M] fp32 each gathered row's scale (GATHER == "scaled")
     out_ptr,  # [M, N], or [T, N] accumulated into (SCATTER != "none")
     x_host_desc,  # TensorDescriptor over x [M, K] (TMA == "host"), else None
     w_host_desc,  # TensorDescriptor over w [W*N, K] (or [W*N, K/2]) (TMA == "host"), else None
@@ -258,6 +275,7 @@ def _grouped_gemm_kernel(
     QUANT: tl.constexpr,  # "none" | "fp8_rowwise" | "fp8_w8a16" | "fp8_block" | "mxfp4"
     HAS_BIAS: tl.constexpr, HAS_WEIGHT_IDS: tl.constexpr, HAS_ROW_WEIGHTS: tl.constexpr,
     SCATTER: tl.constexpr,  # "none" (rows in order), "add" (atomic), "add_unique", "store"
+    GATHER: tl.constexpr,  # "none" | "rows" (x[x_ids]) | "scaled" (x[x_ids] * x_weights)
     UPCAST: tl.constexpr,  # cast tiles to fp32 before tl.dot (interpreter)
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs (tf32 would drop 13 mantissa bits)
     INTERPRET: tl.constexpr,  # the interpreter needs a while loop (range() of a tensor fails)
@@ -272,8 +290,11 @@ def _grouped_gemm_kernel(
     total = tl.sum(tiles, 0)
 
     if TMA == "device":
-        x_desc = tl.make_tensor_descriptor(x_ptr, shape=[M, K], strides=[K, 1],
-                                           block_shape=[BLOCK_M, BLOCK_K])
+        if GATHER == "none":
+            x_desc = tl.make_tensor_descriptor(x_ptr, shape=[M, K], strides=[K, 1],
+                                               block_shape=[BLOCK_M, BLOCK_K])
+        else:  # gathered rows load through pointers
+            x_desc = x_host_desc
         if QUANT == "mxfp4":
             w_desc = tl.make_tensor_descriptor(w_ptr, shape=[W * N, K // 2], strides=[K // 2, 1],
                                                block_shape=[BLOCK_N, BLOCK_K // 2])
@@ -288,18 +309,18 @@ def _grouped_gemm_kernel(
         t = pid
         while t < total:
             _tile(t, m, tiles, tile_end, row_end, x_ptr, w_ptr, x_desc, w_desc, weight_ids_ptr,
-                  x_scale_ptr, w_scale_ptr, bias_ptr, row_weights_ptr, scatter_ids_ptr, out_ptr,
-                  M, N, K, NB, KB, SPLIT, BLOCK_M, BLOCK_N, BLOCK_K, TMA != "none", SWAP_AB,
-                  QUANT, HAS_BIAS, HAS_WEIGHT_IDS, HAS_ROW_WEIGHTS, SCATTER, UPCAST,
-                  DOT_PRECISION, INTERPRET)
+                  x_scale_ptr, w_scale_ptr, bias_ptr, row_weights_ptr, scatter_ids_ptr,
+                  x_ids_ptr, x_weights_ptr, out_ptr, M, N, K, NB, KB, SPLIT, BLOCK_M, BLOCK_N,
+                  BLOCK_K, TMA != "none", SWAP_AB, QUANT, HAS_BIAS, HAS_WEIGHT_IDS,
+                  HAS_ROW_WEIGHTS, SCATTER, GATHER, UPCAST, DOT_PRECISION, INTERPRET)
             t += num_programs
     else:
         for t in tl.range(pid, total, num_programs, flatten=FLATTEN):
             _tile(t, m, tiles, tile_end, row_end, x_ptr, w_ptr, x_desc, w_desc, weight_ids_ptr,
-                  x_scale_ptr, w_scale_ptr, bias_ptr, row_weights_ptr, scatter_ids_ptr, out_ptr,
-                  M, N, K, NB, KB, SPLIT, BLOCK_M, BLOCK_N, BLOCK_K, TMA != "none", SWAP_AB,
-                  QUANT, HAS_BIAS, HAS_WEIGHT_IDS, HAS_ROW_WEIGHTS, SCATTER, UPCAST,
-                  DOT_PRECISION, INTERPRET)
+                  x_scale_ptr, w_scale_ptr, bias_ptr, row_weights_ptr, scatter_ids_ptr,
+                  x_ids_ptr, x_weights_ptr, out_ptr, M, N, K, NB, KB, SPLIT, BLOCK_M, BLOCK_N,
+                  BLOCK_K, TMA != "none", SWAP_AB, QUANT, HAS_BIAS, HAS_WEIGHT_IDS,
+                  HAS_ROW_WEIGHTS, SCATTER, GATHER, UPCAST, DOT_PRECISION, INTERPRET)
 
 
 @functools.cache
@@ -351,8 +372,10 @@ def _grouped_gemm_op(x: Tensor, w: Tensor, m_sizes: Tensor, x_scale: Optional[Te
                      w_scale: Optional[Tensor], weight_ids: Optional[Tensor],
                      row_weights: Optional[Tensor], scatter_ids: Optional[Tensor], out: Tensor,
                      scatter: str, quantization: str, bias: Optional[Tensor],
-                     scale_split: Optional[int]) -> None:
-    M, K = x.shape
+                     scale_split: Optional[int], x_ids: Optional[Tensor],
+                     x_weights: Optional[Tensor]) -> None:
+    M = x.shape[0] if x_ids is None else x_ids.shape[0]  # rows of the product
+    K = x.shape[1]
     W, N = w.shape[:2]
     G = m_sizes.shape[0]
     if M == 0 or N == 0 or G == 0:
@@ -363,8 +386,10 @@ def _grouped_gemm_op(x: Tensor, w: Tensor, m_sizes: Tensor, x_scale: Optional[Te
     interpret = interpreting()
     tma = tma_mode(cfg, x, w)
     x_desc = w_desc = None
+    gather = "none" if x_ids is None else "rows" if x_weights is None else "scaled"
     if tma == "host":
-        x_desc = TensorDescriptor(x, [M, K], [K, 1], [cfg.block_m, cfg.block_k])
+        if x_ids is None:  # gathered rows load through pointers
+            x_desc = TensorDescriptor(x, [M, K], [K, 1], [cfg.block_m, cfg.block_k])
         Kw = w.shape[-1]  # K, or K / 2 packed mxfp4 bytes
         w_desc = TensorDescriptor(w.view(W * N, Kw), [W * N, Kw], [Kw, 1],
                                   [cfg.block_n, cfg.block_k * Kw // K])
@@ -380,14 +405,14 @@ def _grouped_gemm_op(x: Tensor, w: Tensor, m_sizes: Tensor, x_scale: Optional[Te
     dst = out.float() if interpret and scatter_ids is not None and scatter == "add" else out
     with on_device(x):
         launch(_grouped_gemm_kernel, (num_programs,),
-            x, w, m_sizes, weight_ids, x_scale, w_scale, bias, row_weights, scatter_ids, dst,
-            x_desc, w_desc, M, N, K, G, W, nb, cdiv(K, FP8_BLOCK),
+            x, w, m_sizes, weight_ids, x_scale, w_scale, bias, row_weights, scatter_ids, x_ids,
+            x_weights, dst, x_desc, w_desc, M, N, K, G, W, nb, cdiv(K, FP8_BLOCK),
             N if scale_split is None else scale_split, num_programs,
             BLOCK_G=next_power_of_2(G), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
             BLOCK_K=cfg.block_k, TMA=tma, SWAP_AB=cfg.swap_ab, FLATTEN=cfg.flatten,
             QUANT=quantization, HAS_BIAS=bias is not None, HAS_WEIGHT_IDS=weight_ids is not None,
             HAS_ROW_WEIGHTS=row_weights is not None,
-            SCATTER="none" if scatter_ids is None else scatter,
+            SCATTER="none" if scatter_ids is None else scatter, GATHER=gather,
             UPCAST=upcast, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
             INTERPRET=interpret, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
@@ -411,12 +436,15 @@ def grouped_gemm(
     bias: Tensor | None = None,
     scale_split: int | None = None,
     all_rows: bool = False,
+    x_ids: Tensor | None = None,
+    x_weights: Tensor | None = None,
 ) -> Tensor:
-    """Arguments already validated by ``ops.grouped_gemm``: x [M, K], w [W, N, K] (mxfp4: [W, N,
-    K / 2] bytes), m_sizes [G] -> out [M, N] (or out [T, N] += scattered rows). all_rows changes
-    nothing: tiles never cover rows past sum(m_sizes) anyway."""
+    """Arguments already validated by ``ops.grouped_gemm``: x [M, K] (or [T, K] with x_ids [M]),
+    w [W, N, K] (mxfp4: [W, N, K / 2] bytes), m_sizes [G] -> out [M, N] (or out [T, N] +=
+    scattered rows). all_rows changes nothing: tiles never cover rows past sum(m_sizes) anyway."""
     if out is None:
-        out = torch.empty((x.shape[0], w.shape[1]), dtype=out_dtype, device=x.device)
+        M = x.shape[0] if x_ids is None else x_ids.shape[0]
+        out = torch.empty((M, w.shape[1]), dtype=out_dtype, device=x.device)
     _grouped_gemm_op(x, w, m_sizes, x_scale, w_scale, weight_ids, row_weights, scatter_ids, out,
-                     scatter, quantization, bias, scale_split)
+                     scatter, quantization, bias, scale_split, x_ids, x_weights)
     return out

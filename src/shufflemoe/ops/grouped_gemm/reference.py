@@ -13,6 +13,7 @@ from torch import Tensor
 
 from .._common import store_rows
 from .._impl import _is_compiling, inplace_op
+from ..gather_scale.reference import gather_scale
 from ..quantize import reference as q
 from ..quantize.formats import FORMATS
 
@@ -54,9 +55,15 @@ def _grouped_mm(x: Tensor, w: Tensor, ends: Tensor) -> Tensor:
 def _products(x: Tensor, w: Tensor, m_sizes: Tensor, x_scale: Optional[Tensor],
               w_scale: Optional[Tensor], weight_ids: Optional[Tensor],
               row_weights: Optional[Tensor], quantization: str, bias: Optional[Tensor],
-              scale_split: Optional[int]) -> tuple[Tensor, Tensor]:
-    """(y [M, N]: each row times its group's weights, plus its group's bias, times its row
+              scale_split: Optional[int], x_ids: Optional[Tensor] = None,
+              x_weights: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+    """(y [M, N]: each row (x's, or the one of x it gathers, times its x weight and rounded as
+    gather_scale rounds it) times its group's weights, plus its group's bias, times its row
     weight, rows past the total uninitialised; ends [G] int32 inclusive row ends)."""
+    if x_ids is not None:  # ids past the groups may be anything: they read row 0
+        ends = torch.cumsum(m_sizes, 0, dtype=torch.int32)
+        tail = torch.arange(x_ids.shape[0], device=x.device) >= _total(ends)
+        x = gather_scale(x, x_ids.masked_fill(tail, 0), x_weights, None, False, None)
     M = x.shape[0]
     if weight_ids is not None:
         w = w.index_select(0, weight_ids)
@@ -79,13 +86,14 @@ def _grouped_gemm(x: Tensor, w: Tensor, m_sizes: Tensor, x_scale: Optional[Tenso
                   w_scale: Optional[Tensor], weight_ids: Optional[Tensor],
                   row_weights: Optional[Tensor], scatter_ids: Optional[Tensor], out: Tensor,
                   keep_tail: bool, quantization: str, bias: Optional[Tensor],
-                  scale_split: Optional[int], all_rows: bool, store: bool) -> None:
+                  scale_split: Optional[int], all_rows: bool, store: bool,
+                  x_ids: Optional[Tensor], x_weights: Optional[Tensor]) -> None:
     """keep_tail: rows of out past sum(m_sizes) keep their values (else they may be written).
     all_rows: sum(m_sizes) == M, there is no tail. store: scattered rows replace out's rows
     (distinct ids) instead of adding to them."""
-    M = x.shape[0]
+    M = x.shape[0] if x_ids is None else x_ids.shape[0]
     y, ends = _products(x, w, m_sizes, x_scale, w_scale, weight_ids, row_weights, quantization,
-                        bias, scale_split)
+                        bias, scale_split, x_ids, x_weights)
     if scatter_ids is None:
         store_rows(out, y, _total(ends) if keep_tail and not all_rows else None)
         return
@@ -125,19 +133,23 @@ def grouped_gemm(
     bias: Tensor | None = None,
     scale_split: int | None = None,
     all_rows: bool = False,
+    x_ids: Tensor | None = None,
+    x_weights: Tensor | None = None,
 ) -> Tensor:
     """As ops.grouped_gemm ("add" and "add_unique" are the same sum here)."""
     if out is None and scatter_ids is None and not _is_compiling():
         # eager, new output: the product itself (rows past the total may hold anything), not
         # an allocation and a copy
         y = _products(x, w, m_sizes, x_scale, w_scale, weight_ids, row_weights, quantization,
-                      bias, scale_split)[0]
+                      bias, scale_split, x_ids, x_weights)[0]
         return y if y.dtype == out_dtype else y.to(out_dtype)
     keep_tail = out is not None
     if out is None:
-        out = torch.empty(x.shape[0], w.shape[1], dtype=out_dtype, device=x.device)
+        M = x.shape[0] if x_ids is None else x_ids.shape[0]
+        out = torch.empty(M, w.shape[1], dtype=out_dtype, device=x.device)
     _grouped_gemm(x, w, m_sizes, x_scale, w_scale, weight_ids, row_weights, scatter_ids, out,
-                  keep_tail, quantization, bias, scale_split, all_rows, scatter == "store")
+                  keep_tail, quantization, bias, scale_split, all_rows, scatter == "store",
+                  x_ids, x_weights)
     return out
 
 
