@@ -1,10 +1,14 @@
-"""The unfused path's gather in the first grouped GEMM's loads, against gather_scale's own pass,
-in the layer, one GPU call. Since <this commit> ``shuffled`` gathers (and scales) 16-bit rows in
-GEMM13's loads (ops.grouped_gemm's x_ids / x_weights: pointer loads of x's rows, the weights
-still through TMA) instead of writing the [A, D] copy first; "separate" patches the strategy
-back to gather_scale + a TMA-fed GEMM. Each variant checked against float64, then timed as
-CUDA-graph replays over rotated weight copies (probe_combine's helpers), three rounds in turns.
-Writes $OUT/probe_gather_gemm.json.
+"""The unfused path's first grouped GEMM doing more than its product, in the layer, one GPU
+call: gathering its rows itself (ops.grouped_gemm's x_ids / x_weights: pointer loads of x's rows,
+the weights still through TMA, where shuffled._gathers_in_gemm says so) and the GLU in its
+epilogue (glu=: a [A, I] from the fp32 sums instead of h [A, 2I] for silu_mul; formats whose
+GEMM2 takes a in the model dtype, shuffled._glu_in_gemm). Variants: "default" (the layer as
+shipped); "no_glu" (h stored, silu_mul after); "separate" (neither: gather_scale's [A, D] copy,
+a TMA-fed GEMM, silu_mul, as before both). Each checked against float64; "separate" and GEMM13
+gathering for every 16-bit format (without the GLU) give the same bits. Timed as CUDA-graph
+replays over rotated weight copies (probe_combine's helpers), ROUNDS rounds in turns. Writes
+$OUT/probe_gather_gemm.json. (results/probe_gather_gemm_ab92b7b.json: at ab92b7b, before the
+GLU, where the layer's GEMM13 gathered for every 16-bit format, rows scaled at the input too.)
 
     PYTHONPATH=src:benchmarks python benchmarks/probe_gather_gemm.py --out $OUT
     PYTHONPATH=src:benchmarks python benchmarks/probe_gather_gemm.py --dry-run --out /tmp/x
@@ -19,7 +23,6 @@ import os
 import pathlib
 import sys
 import time
-import types
 
 if "--dry-run" in sys.argv and not os.environ.get("TRITON_INTERPRET"):
     os.environ["TRITON_INTERPRET"] = "1"  # before triton decorates any kernel
@@ -31,24 +34,39 @@ from shufflemoe import preset  # noqa: E402
 from shufflemoe.bench.report import metadata  # noqa: E402
 from shufflemoe.experts import shuffled  # noqa: E402
 
-CASES = [("scout-tp8", "llama4-scout", 8, "none", (128, 2048, 16384)),
+CASES = [("scout-tp8", "llama4-scout", 8, "none", (128, 16384)),
          ("maverick-tp8", "llama4-maverick", 8, "none", (16384,)),
          ("qwen3-30b-a3b", "qwen3-30b-a3b", 1, "none", (64, 128, 2048, 16384)),
          ("qwen3-30b-a3b", "qwen3-30b-a3b", 1, "fp8_w8a16", (64,)),
          ("qwen3-30b-a3b", "qwen3-30b-a3b", 1, "mxfp4", (64,)),
-         ("mixtral-tp2", "mixtral-8x7b", 2, "none", (64, 2048)),
-         ("mixtral-tp2", "mixtral-8x7b", 2, "fp8_w8a16", (64,))]
+         ("mixtral-tp2", "mixtral-8x7b", 2, "none", (64, 2048))]
+ROUNDS = 2
 
 
 @contextlib.contextmanager
-def separate():
-    """shuffled as before: every format's rows through gather_input, then the GEMM."""
-    real = shuffled.FORMATS
-    shuffled.FORMATS = {k: types.SimpleNamespace(activation="separate") for k in real}
+def patched(**choices):
+    """shuffled's rules replaced: _gathers_in_gemm=..., _glu_in_gemm=... (None: as shipped)."""
+    real = {name: getattr(shuffled, name) for name in choices}
+    for name, choice in choices.items():
+        if choice is not None:
+            setattr(shuffled, name, choice)
     try:
         yield
     finally:
-        shuffled.FORMATS = real
+        for name, fn in real.items():
+            setattr(shuffled, name, fn)
+
+
+def _always(x, w, w_in) -> bool:
+    return not isinstance(x, tuple) and w.quantization in ("none", "fp8_w8a16", "mxfp4")
+
+
+def _never(*args) -> bool:
+    return False
+
+
+VARIANTS = {"default": {}, "no_glu": dict(_glu_in_gemm=_never),
+            "separate": dict(_gathers_in_gemm=_never, _glu_in_gemm=_never)}
 
 
 def main() -> None:
@@ -76,20 +94,21 @@ def main() -> None:
             xs = [torch.randn(T, cfg.hidden_size, device=device, dtype=cfg.dtype)
                   for _ in range(2 if T >= 8192 else N_SETS)]
             use = layers[:2] if T >= 8192 else layers
-            row["check_fused"] = _check(layers[0], xs[0])
-            with separate():
-                row["check_separate"] = _check(layers[0], xs[0])
-                same = torch.equal(layers[0](xs[0]), layers[0](xs[0]))
-                ref = layers[0](xs[0])
-            row["bits_equal"] = bool(same and torch.equal(layers[0](xs[0]), ref))
-            for r in range(1 if dry else 3):
-                row[f"fused_{r}"] = _graph_us(use, xs, dry)
-                with separate():
-                    row[f"separate_{r}"] = _graph_us(use, xs, dry)
+            for label, choices in VARIANTS.items():
+                with patched(**choices):
+                    row[f"check_{label}"] = _check(layers[0], xs[0])
+            with patched(_gathers_in_gemm=_always, _glu_in_gemm=_never):
+                gathered = layers[0](xs[0])
+            with patched(**VARIANTS["separate"]):
+                row["bits_equal"] = torch.equal(gathered, layers[0](xs[0]))
+            for r in range(1 if dry else ROUNDS):
+                for label, choices in VARIANTS.items():
+                    with patched(**choices):
+                        row[f"{label}_{r}"] = _graph_us(use, xs, dry)
             if not dry:
-                f = min(row[f"fused_{r}"]["us"] for r in range(3))
-                s = min(row[f"separate_{r}"]["us"] for r in range(3))
-                row["separate_over_fused"] = s / f
+                best = {v: min(row[f"{v}_{r}"]["us"] for r in range(ROUNDS)) for v in VARIANTS}
+                for v in ("no_glu", "separate"):
+                    row[f"{v}_over_default"] = best[v] / best["default"]
             rows.append(row)
             print(json.dumps(row), flush=True)
         del layers

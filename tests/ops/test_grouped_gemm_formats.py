@@ -5,6 +5,8 @@ through every load path; on a GPU, model-sized shapes with the kernel's own tile
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -12,6 +14,7 @@ from shufflemoe.ops import grouped_gemm
 from shufflemoe.ops.grouped_gemm import configs
 from shufflemoe.ops.quantize import reference as qref
 from shufflemoe.ops.quantize.formats import weight_format
+from shufflemoe.ops.silu_mul import reference as silu_mul_ref
 from shufflemoe.testing import assert_close, poisoned
 
 CUDA = torch.cuda.is_available()
@@ -240,3 +243,102 @@ def test_gpu_cuda_graph_replay(fmt):
         graph.replay()
         n = sum(sizes)
         assert_close(out[:n], loop64(x64, w64, sizes, bias=b), "bfloat16")
+
+
+# ---------------------------------------------------------------- SwiGLU in the epilogue
+
+GLU_FORMATS = ["none", "fp8_w8a16", "mxfp4"]  # those whose GEMM2 takes a in the model dtype
+ACTS = {"silu": ("silu", 1.0, None), "swiglu_oai (limit)": ("swiglu_oai", 1.702, 7.0),
+        "silu (limit)": ("silu", 1.0, 1.5)}
+
+
+def run_glu(impl, fmt_name, m_sizes, act, *, I=20, K=64, tail=3, gather=False, seed=0,
+            bias=True):
+    """act(gate, up) of each row's products with w's first I rows and its last I (bias and
+    scales first) against float64; with gather, the rows come from a shuffled x by x_ids (rows
+    no id reaches and ids past the groups: NaN and out of range)."""
+    if fmt_name == "none":
+        g = gen(seed)
+        x = torch.randn(sum(m_sizes) + tail, K, generator=g).to(torch.bfloat16)
+        w = (torch.randn(len(m_sizes), 2 * I, K, generator=g) / K**0.5).to(torch.bfloat16)
+        b = torch.randn(len(m_sizes), 2 * I, generator=g).to(torch.bfloat16) if bias else None
+        x[x.shape[0] - tail:] = float("nan")
+        kw = {} if b is None else dict(bias=b.to(DEV))
+        x, w, x64, w64 = x.to(DEV), w.to(DEV), x.double(), w.double()
+    else:
+        x, w, kw, x64, w64, b = make(fmt_name, m_sizes, 2 * I, K, tail=tail, bias=bias,
+                                     seed=seed)
+    n = sum(m_sizes)
+    gate, up = loop64(x64, w64, m_sizes, bias=b).chunk(2, dim=1)
+    ref = silu_mul_ref.glu(gate, up, *act)
+    if gather:  # the same rows, scattered over a larger x
+        perm = torch.randperm(n + 5, generator=gen(seed + 1))[:n]
+        src = torch.full((n + 5, K), float("nan"), dtype=x.dtype, device=DEV)
+        src[perm.to(DEV)] = x[:n]
+        ids = torch.cat([perm, torch.full((tail,), 10**6)]).to(torch.int32).to(DEV)
+        x, kw = src, dict(kw, x_ids=ids)
+    ms = torch.tensor(m_sizes, dtype=torch.int32, device=DEV)
+    out = poisoned(n + tail, I, dtype=torch.bfloat16, device=DEV)
+    y = grouped_gemm(x, w, ms, out=out, glu=act, impl=impl, **kw)
+    assert_close(y[:n], ref, "bfloat16")
+    assert torch.isnan(y[n:].float()).all(), "rows past sum(m_sizes) were written"
+
+
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+@pytest.mark.parametrize("fmt", GLU_FORMATS)
+@pytest.mark.parametrize("act", list(ACTS))
+def test_glu_matches_float64(impl, fmt, act):
+    with configs.override(SMALL):
+        run_glu(impl, fmt, [5, 0, 21, 3], ACTS[act], seed=3)
+
+
+@pytest.mark.parametrize("fmt", GLU_FORMATS)
+@pytest.mark.parametrize("variant", ["pointers", "tma host", "tma device", "swap_ab"])
+def test_glu_kernel_variants(fmt, variant):
+    """Two weight tiles a step (gate, up) through every load path, with gathered rows; I = 20
+    leaves the last tile's halves partial."""
+    with configs.override(VARIANTS[variant]):
+        run_glu("triton", fmt, [11, 0, 3, 19], ACTS["swiglu_oai (limit)"], gather=True, seed=6)
+
+
+def test_glu_edge_cases():
+    """No rows, one row, no bias, and a tile as wide as I (one tile of halves)."""
+    with configs.override(SMALL):
+        run_glu("triton", "none", [0, 0], ACTS["silu"], tail=2)
+        run_glu("triton", "none", [0, 1], ACTS["silu"], bias=False, gather=True)
+        run_glu("triton", "none", [4, 9], ACTS["silu"], I=16)
+
+
+@pytest.mark.parametrize("change,match", [
+    (dict(glu="gelu"), "glu must be one of"),
+    (dict(glu="silu", row_weights=torch.ones(6)), "glu needs 16-bit"),
+    (dict(glu="silu", scatter_ids=torch.zeros(6, dtype=torch.int32),
+          out=torch.empty(6, 8, dtype=torch.bfloat16)), "glu needs 16-bit"),
+])
+def test_glu_bad_inputs_raise(change, match):
+    x = torch.randn(6, 32, dtype=torch.bfloat16)
+    w = torch.randn(2, 16, 32, dtype=torch.bfloat16)
+    with pytest.raises((TypeError, ValueError), match=match):
+        grouped_gemm(x, w, torch.tensor([2, 3], dtype=torch.int32), **change)
+    with pytest.raises(ValueError, match="glu needs an even N"):
+        grouped_gemm(x, w[:, :15].contiguous(), torch.tensor([2, 3], dtype=torch.int32),
+                     glu="silu")
+
+
+@needs_cuda
+@pytest.mark.parametrize("fmt", GLU_FORMATS)
+@pytest.mark.parametrize("variant", [
+    None,  # the heuristic's own choice
+    configs.TileConfig(128, 256, 64, 8, 3, flatten=True),
+    configs.TileConfig(128, 256, 64, 8, 3, tma="device"),
+    configs.TileConfig(16, 128, 128, 4, 4, swap_ab=True, ctas_per_sm=2),
+    configs.TileConfig(64, 128, 64, 4, 4, ctas_per_sm=2),
+], ids=str)
+def test_gpu_glu(fmt, variant):
+    """Model-like widths (I = 768 and a partial tile at 700), gathered rows, gpt-oss's GLU."""
+    ctx = configs.override(variant) if variant is not None else contextlib.nullcontext()
+    with ctx:
+        run_glu("triton", fmt, [300, 0, 17, 129, 1, 64], ACTS["silu"], I=768, K=1024,
+                gather=True, seed=7)
+        run_glu("triton", fmt, [40, 3, 0, 200], ACTS["swiglu_oai (limit)"], I=700, K=512,
+                seed=8)

@@ -1,6 +1,6 @@
 """MetaShuffling: pairs already sorted by expert -> gather-scale, one grouped GEMM for all experts
-(sizes read on the device; 16-bit rows are gathered and scaled in its loads, quantized ones by
-gather_scale first), SwiGLU, a second grouped GEMM whose epilogue adds into the output
+(sizes read on the device; where it pays, _gathers_in_gemm, the GEMM gathers 16-bit rows in
+its loads), SwiGLU, a second grouped GEMM whose epilogue adds into the output
 (top-1) or writes pair rows that one token-major sum combines (k > 1). No padding, no host sync,
 static shapes.
 
@@ -48,13 +48,15 @@ class Shuffled(Experts):
                             w.quantization, w.w2_bias)
             return
         nv = None if r.all_routed else r.num_valid  # known: every row is valid
-        if isinstance(x, QuantizedRows) or FORMATS[w.quantization].activation != "none":
-            xs = gather_input(ops, x, r.token_ids, w_in, w, nv)  # [A, D], quantized
-            h = expert_gemm(ops, xs, w, "w13", r.counts, cfg.dtype)  # [A, 2I]
-        else:  # 16-bit rows: gathered (and scaled) in the GEMM's loads, no [A, D] copy
-            h = expert_gemm(ops, x, w, "w13", r.counts, cfg.dtype, x_ids=r.token_ids,
-                            x_weights=w_in)
-        a = glu(ops, h, w, cfg, nv)  # [A, I]
+        gathered = _gathers_in_gemm(x, w, w_in)  # no [A, D] copy: GEMM13 loads x's rows by id
+        xs = x if gathered else gather_input(ops, x, r.token_ids, w_in, w, nv)  # [A, D]
+        ids, w_ids = (r.token_ids, w_in) if gathered else (None, None)
+        if _glu_in_gemm(w):  # no [A, 2I] product: SwiGLU in GEMM13's epilogue -> a [A, I]
+            a = expert_gemm(ops, xs, w, "w13", r.counts, cfg.dtype, x_ids=ids, x_weights=w_ids,
+                            glu=cfg.act)
+        else:
+            h = expert_gemm(ops, xs, w, "w13", r.counts, cfg.dtype, x_ids=ids, x_weights=w_ids)
+            a = glu(ops, h, w, cfg, nv)  # [A, I], quantized as GEMM2 takes it
         # top-1: one pair a token, the epilogue adds it without atomics (or stores it: nothing
         # to read); the opt-in atomic combine adds k > 1 rows in any order
         if overwrite and atomic:  # atomics add into out (the layer does not ask for this)
@@ -70,6 +72,32 @@ class Shuffled(Experts):
                         all_rows=r.all_routed)  # [A, D]
         before_combine()
         ops.token_sum(out, y, r.positions, None, nv, None, not overwrite)
+
+
+GATHER_MAX_N = 4096  # GEMM13 gathers its rows itself up to this width (2I)
+
+
+def _gathers_in_gemm(x, w, w_in) -> bool:
+    """Whether the unfused path's GEMM13 reads x's rows by id (pointer loads) instead of a copy
+    gather_scale writes first (the weights still through TMA): for rows in the model dtype, not
+    scaled at the input, against bf16 or fp8_w8a16 weights, where the copy's bytes (2 A D) weigh
+    against GEMM13's (A D 2I): 2I <= GATHER_MAX_N. Measured on an H100
+    (benchmarks/results/probe_gather_gemm_ab92b7b.json, the layer in CUDA graphs, the copy's
+    time / the gathering GEMM's): Qwen3-30B-A3B (2I = 1536) T = 64 1.009x, 128 1.012x, 2048
+    1.063x, 16384 1.12x, fp8_w8a16 T = 64 1.019x; Mixtral TP2 (2I = 14336) 1.004x at T = 64 but
+    0.977x at 2048 and fp8_w8a16 0.983x; mxfp4 0.961x (its K steps are bound by the
+    conversion); rows scaled at the input (Llama 4), the scale taken in registers before the
+    MMA: Scout TP8 T = 128 1.016x but 0.992x at 2048 and 0.916x at 16384, Maverick TP8 T = 16384
+    1.012x. The same bits either way."""
+    return (not isinstance(x, QuantizedRows) and w_in is None
+            and w.quantization in ("none", "fp8_w8a16") and w.w13.shape[1] <= GATHER_MAX_N)
+
+
+def _glu_in_gemm(w) -> bool:
+    """Whether GEMM13's epilogue takes the GLU (a [A, I] from its fp32 sums, one rounding)
+    instead of storing h [A, 2I] for silu_mul: where GEMM2 takes a in the model dtype (bf16 and
+    the weight-only formats; fp8 rowwise and fp8_block quantize a's rows first)."""
+    return FORMATS[w.quantization].activation == "none"
 
 
 def _fusable(x, w, cfg) -> bool:

@@ -16,6 +16,7 @@ from ..._checks import INDEX_DTYPES, check_same_device, check_tensor
 from .._impl import ops_for, resolve
 from ..quantize import FP8_BLOCK, FP8_DTYPE
 from ..quantize.formats import WeightFormat, weight_format
+from ..silu_mul.reference import ACTIVATIONS
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32, FP8_DTYPE)
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -41,6 +42,7 @@ def grouped_gemm(
     all_rows: bool = False,
     x_ids: Tensor | None = None,
     x_weights: Tensor | None = None,
+    glu: str | tuple[str, float, float | None] | None = None,
     impl: str | None = None,
 ) -> Tensor:
     """x [M, K], w [W, N, K], m_sizes [G] int32 -> [M, N].
@@ -49,6 +51,12 @@ def grouped_gemm(
     x[x_ids[r]], times x_weights[r] (float32 [M], optional) rounded to x's dtype, as
     ops.gather_scale would make it, gathered in the GEMM's loads instead of a pass of its own.
     Only the ids of rows inside the groups are read; they must be in [0, T).
+
+    glu ("silu", "swiglu_oai", or (activation, alpha, limit) as ops.silu_mul's act; 16-bit or
+    float32 x only): out [M, N / 2] = act(gate, up) of each row's products with w's first N / 2
+    rows (gate) and its last (up), from the float32 sums (bias and fp8_w8a16 scales applied
+    first), rounded once: SwiGLU in the epilogue, no [M, N] product stored and read again. Not
+    with row_weights or scatter_ids.
 
     quantization (ops/quantize/formats.py; default "fp8_rowwise" for float8 x, else "none"):
     "fp8_rowwise": x, w e4m3, x_scale [M], w_scale [W, N] float32. "fp8_w8a16": x in bf16/fp16/
@@ -86,6 +94,13 @@ def grouped_gemm(
         if x_ids is None:
             raise ValueError("x_weights scales gathered rows: it needs x_ids")
         check_tensor("x_weights", x_weights, shape=[M], dtypes=(torch.float32,))
+    if glu is not None:
+        glu = _glu_act(glu)
+        if fmt.activation != "none" or row_weights is not None or scatter_ids is not None:
+            raise ValueError("glu needs 16-bit or float32 x and no row_weights or scatter_ids")
+        if N % 2:
+            raise ValueError(f"glu needs an even N (gate rows, then as many up rows), got {N}")
+        N //= 2
     check_tensor("m_sizes", m_sizes, dim=1, dtypes=INDEX_DTYPES)
     G = m_sizes.shape[0]
     if weight_ids is not None:
@@ -96,7 +111,7 @@ def grouped_gemm(
     if out_dtype not in OUT_DTYPES:
         raise TypeError(f"out_dtype must be one of {OUT_DTYPES}, got {out_dtype}")
     if bias is not None:
-        check_tensor("bias", bias, shape=[W, N], dtypes=OUT_DTYPES, contiguous=True)
+        check_tensor("bias", bias, shape=[W, w.shape[1]], dtypes=OUT_DTYPES, contiguous=True)
     if row_weights is not None:
         check_tensor("row_weights", row_weights, shape=[M], dtypes=(torch.float32,))
     if scatter_ids is not None:
@@ -116,7 +131,16 @@ def grouped_gemm(
     return ops_for(resolve(impl, x)).grouped_gemm(x, w, m_sizes, x_scale, w_scale, weight_ids,
                                                   row_weights, scatter_ids, out, out_dtype,
                                                   scatter, quantization, bias, scale_split,
-                                                  all_rows, x_ids, x_weights)
+                                                  all_rows, x_ids, x_weights, glu)
+
+
+def _glu_act(glu) -> tuple[str, float, float | None]:
+    """glu as (activation, alpha, limit)."""
+    act = (glu, 1.0, None) if isinstance(glu, str) else tuple(glu)
+    if len(act) != 3 or act[0] not in ACTIVATIONS:
+        raise ValueError(f"glu must be one of {sorted(ACTIVATIONS)} or (activation, alpha, "
+                         f"limit), got {glu!r}")
+    return act
 
 
 def _check_operands(fmt: WeightFormat, x: Tensor, w: Tensor, x_scale: Tensor | None,

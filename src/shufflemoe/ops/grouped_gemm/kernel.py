@@ -30,6 +30,15 @@ kernels do); mxfp4 (two e2m1 a byte and one e8m0 scale per 32 along K, dequantiz
 float32 in the K step and converted to x's dtype, exact). The packed weights stream at a quarter
 of bf16's bytes, which is what decode is bound by.
 
+Gathered rows (GATHER, 16-bit or fp32 x only): row r of the product is x[x_ids[r]] (times
+x_weights[r], rounded to x's dtype as gather_scale rounds it), loaded through pointers whatever
+the weights take, so the unfused MoE path needs no [A, D] copy of its rows.
+
+GLU (16-bit or fp32 x only): a tile holds BLOCK_N gate rows and the BLOCK_N up rows N / 2 further
+on (two weight tiles a K step against one x tile, two accumulators), and its epilogue stores
+act(gate, up) [M, N / 2] from the fp32 sums (after bias and scales), as the fused decode kernels
+do: no [M, N] product stored and read again by silu_mul.
+
 Epilogue, in fp32: rowwise scales, bias[e, n] (HAS_BIAS), row_weights[r], then either a
 masked store into out [M, N] or a scatter into out[scatter_ids[r]] ([T, N]). ``scatter``
 "add" is atomic in out's dtype (Triton 3.6 emits 8-wide bf16 atomics on sm_90,
@@ -60,6 +69,7 @@ from .._impl import interpreting, kernel_op
 from .._launch import launch
 from ..quantize import FP8_BLOCK, FP8_DTYPE, MX_GROUP
 from ..quantize.kernel import cast_to, e4m3_to, mxfp4_values
+from ..silu_mul.kernel import glu_f32
 from . import configs
 
 _INTERPRETER_PROGRAMS = 3  # several programs, so the round-robin is exercised on the CPU too
@@ -98,15 +108,10 @@ def _load_w(k0, w_row0, w_rows, col_ok, w_ptr, w_desc, w_scale_ptr, K,
 
 
 @triton.jit
-def _k_step(acc, k0, row0, w_row0, rows, row_ok, a_rows, a_w, w_rows, col_ok, ws_rows, x_ptr,
-            w_ptr, x_desc, w_desc, x_scale_ptr, w_scale_ptr, K, KB,
-            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_TMA: tl.constexpr,
-            SWAP_AB: tl.constexpr, QUANT: tl.constexpr, GATHER: tl.constexpr,
-            UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
-    """acc += x[a_rows, k0:k0+BLOCK_K] @ w[w_rows, k0:k0+BLOCK_K]^T (transposed when SWAP_AB);
-    a_rows are the tile's rows, or the x rows they gather (GATHER), scaled by a_w and rounded to
-    x's dtype when GATHER == "scaled". fp8_block scales this step's product by its 128-column
-    block's scales first."""
+def _load_x(k0, row0, row_ok, a_rows, a_w, x_ptr, x_desc, K, BLOCK_K: tl.constexpr,
+            USE_TMA: tl.constexpr, GATHER: tl.constexpr, INTERPRET: tl.constexpr):
+    """x[a_rows, k0:k0+BLOCK_K]: the tile's rows (through TMA from row0), or the x rows they
+    gather (GATHER), scaled by a_w and rounded to x's dtype when GATHER == "scaled"."""
     if USE_TMA and GATHER == "none":
         a = x_desc.load([row0, k0])
     else:
@@ -115,8 +120,15 @@ def _k_step(acc, k0, row0, w_row0, rows, row_ok, a_rows, a_w, w_rows, col_ok, ws
                     mask=row_ok[:, None] & (ks < K)[None, :], other=0.0)
         if GATHER == "scaled":  # one rounding, as gather_scale's
             a = cast_to(a.to(tl.float32) * a_w[:, None], x_ptr.dtype.element_ty, INTERPRET)
-    b = _load_w(k0, w_row0, w_rows, col_ok, w_ptr, w_desc, w_scale_ptr, K, BLOCK_N, BLOCK_K,
-                USE_TMA, QUANT, UPCAST)
+    return a
+
+
+@triton.jit
+def _mma(acc, a, b, k0, rows, row_ok, ws_rows, col_ok, x_scale_ptr, w_scale_ptr, KB,
+         SWAP_AB: tl.constexpr, QUANT: tl.constexpr, UPCAST: tl.constexpr,
+         DOT_PRECISION: tl.constexpr):
+    """acc += a @ b^T (transposed when SWAP_AB); fp8_block scales this step's product by its
+    128-column block's scales first."""
     if UPCAST:  # interpreter: its bf16 dot is wrong (Triton 3.6); fp32 of bf16/fp8 is exact
         a = a.to(tl.float32)
         b = b.to(tl.float32)
@@ -139,6 +151,29 @@ def _k_step(acc, k0, row0, w_row0, rows, row_ok, a_rows, a_w, w_rows, col_ok, ws
     else:
         acc = tl.dot(a, b.T, acc, input_precision=DOT_PRECISION)
     return acc
+
+
+@triton.jit
+def _k_step(acc, acc_u, k0, row0, w_row0, rows, row_ok, a_rows, a_w, w_rows, col_ok, ws_rows,
+            x_ptr, w_ptr, x_desc, w_desc, x_scale_ptr, w_scale_ptr, K, KB, N_OUT,
+            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_TMA: tl.constexpr,
+            SWAP_AB: tl.constexpr, QUANT: tl.constexpr, GATHER: tl.constexpr,
+            GLU: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+            INTERPRET: tl.constexpr):
+    """One K step: acc += x[rows] @ w[w_rows]^T over k0:k0+BLOCK_K; with a GLU, also acc_u +=
+    the same rows against the up rows, N_OUT rows further on (x's tile loaded once for both)."""
+    a = _load_x(k0, row0, row_ok, a_rows, a_w, x_ptr, x_desc, K, BLOCK_K, USE_TMA, GATHER,
+                INTERPRET)
+    b = _load_w(k0, w_row0, w_rows, col_ok, w_ptr, w_desc, w_scale_ptr, K, BLOCK_N, BLOCK_K,
+                USE_TMA, QUANT, UPCAST)
+    acc = _mma(acc, a, b, k0, rows, row_ok, ws_rows, col_ok, x_scale_ptr, w_scale_ptr, KB,
+               SWAP_AB, QUANT, UPCAST, DOT_PRECISION)
+    if GLU != "none":
+        b = _load_w(k0, w_row0 + N_OUT, w_rows + N_OUT, col_ok, w_ptr, w_desc, w_scale_ptr, K,
+                    BLOCK_N, BLOCK_K, USE_TMA, QUANT, UPCAST)
+        acc_u = _mma(acc_u, a, b, k0, rows, row_ok, ws_rows, col_ok, x_scale_ptr, w_scale_ptr,
+                     KB, SWAP_AB, QUANT, UPCAST, DOT_PRECISION)
+    return acc, acc_u
 
 
 @triton.jit
@@ -165,12 +200,13 @@ def _tile(
     tile_end,  # [BLOCK_G] inclusive prefix sum of tiles
     row_end,  # [BLOCK_G] inclusive prefix sum of m
     x_ptr, w_ptr, x_desc, w_desc, weight_ids_ptr, x_scale_ptr, w_scale_ptr, bias_ptr,
-    row_weights_ptr, scatter_ids_ptr, x_ids_ptr, x_weights_ptr, out_ptr, M, N, K, NB, KB, SPLIT,
+    row_weights_ptr, scatter_ids_ptr, x_ids_ptr, x_weights_ptr, out_ptr, M, N, N_OUT, K, NB, KB,
+    SPLIT, alpha, limit,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     USE_TMA: tl.constexpr, SWAP_AB: tl.constexpr, QUANT: tl.constexpr, HAS_BIAS: tl.constexpr,
     HAS_WEIGHT_IDS: tl.constexpr, HAS_ROW_WEIGHTS: tl.constexpr, SCATTER: tl.constexpr,
-    GATHER: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    INTERPRET: tl.constexpr,
+    GATHER: tl.constexpr, GLU: tl.constexpr, HAS_LIMIT: tl.constexpr, UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     # Group g of tile t: the groups before it are those whose tiles end at or before t (empty
     # groups included); one 4-way reduction gives g, its first row, its first tile, its row end.
@@ -188,9 +224,9 @@ def _tile(
     else:
         wid = g
     rows = row0 + tl.arange(0, BLOCK_M)
-    cols = n0 + tl.arange(0, BLOCK_N)
+    cols = n0 + tl.arange(0, BLOCK_N)  # output columns: with a GLU, gate rows (up: + N_OUT)
     row_ok = (rows < row_stop) & (rows < M)
-    col_ok = cols < N
+    col_ok = cols < N_OUT
     if GATHER == "none":
         a_rows = rows.to(tl.int64)
     else:  # only the tile's own rows are looked up: past row_stop the ids may be anything
@@ -210,25 +246,36 @@ def _tile(
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if GLU != "none":
+        acc_u = tl.zeros_like(acc)
+    else:
+        acc_u = tl.zeros((1,), dtype=tl.float32)  # unused
     if INTERPRET:
         k0 = 0
         while k0 < K:
-            acc = _k_step(acc, k0, row0, wid * N + n0, rows, row_ok, a_rows, a_w, w_rows,
-                          col_ok, ws_rows, x_ptr, w_ptr, x_desc, w_desc, x_scale_ptr,
-                          w_scale_ptr, K, KB, BLOCK_N, BLOCK_K, USE_TMA, SWAP_AB, QUANT, GATHER,
-                          UPCAST, DOT_PRECISION, INTERPRET)
+            acc, acc_u = _k_step(acc, acc_u, k0, row0, wid * N + n0, rows, row_ok, a_rows, a_w,
+                                 w_rows, col_ok, ws_rows, x_ptr, w_ptr, x_desc, w_desc,
+                                 x_scale_ptr, w_scale_ptr, K, KB, N_OUT, BLOCK_N, BLOCK_K,
+                                 USE_TMA, SWAP_AB, QUANT, GATHER, GLU, UPCAST, DOT_PRECISION,
+                                 INTERPRET)
             k0 += BLOCK_K
     else:
         for k0 in range(0, K, BLOCK_K):
-            acc = _k_step(acc, k0, row0, wid * N + n0, rows, row_ok, a_rows, a_w, w_rows,
-                          col_ok, ws_rows, x_ptr, w_ptr, x_desc, w_desc, x_scale_ptr,
-                          w_scale_ptr, K, KB, BLOCK_N, BLOCK_K, USE_TMA, SWAP_AB, QUANT, GATHER,
-                          UPCAST, DOT_PRECISION, INTERPRET)
+            acc, acc_u = _k_step(acc, acc_u, k0, row0, wid * N + n0, rows, row_ok, a_rows, a_w,
+                                 w_rows, col_ok, ws_rows, x_ptr, w_ptr, x_desc, w_desc,
+                                 x_scale_ptr, w_scale_ptr, K, KB, N_OUT, BLOCK_N, BLOCK_K,
+                                 USE_TMA, SWAP_AB, QUANT, GATHER, GLU, UPCAST, DOT_PRECISION,
+                                 INTERPRET)
     if SWAP_AB:
         acc = acc.T
-
     acc = _epilogue_scale_bias(acc, rows, row_ok, w_rows, col_ok, x_scale_ptr, w_scale_ptr,
                                bias_ptr, QUANT, HAS_BIAS)
+    if GLU != "none":  # act(gate, up) from the fp32 sums, as the fused decode kernels take it
+        if SWAP_AB:
+            acc_u = acc_u.T
+        acc_u = _epilogue_scale_bias(acc_u, rows, row_ok, w_rows + N_OUT, col_ok, x_scale_ptr,
+                                     w_scale_ptr, bias_ptr, QUANT, HAS_BIAS)
+        acc = glu_f32(acc, acc_u, GLU, HAS_LIMIT, alpha, limit)
     if HAS_ROW_WEIGHTS:
         acc = acc * tl.load(row_weights_ptr + rows, mask=row_ok, other=0.0)[:, None]
     val = acc.to(out_ptr.dtype.element_ty)
@@ -245,7 +292,7 @@ def _tile(
         dst = tl.load(scatter_ids_ptr + rows, mask=row_ok, other=0).to(tl.int64)
         tl.store(out_ptr + dst[:, None] * N + cols[None, :], val, mask=mask)
     else:
-        tl.store(out_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :], val, mask=mask)
+        tl.store(out_ptr + rows.to(tl.int64)[:, None] * N_OUT + cols[None, :], val, mask=mask)
 
 
 @triton.jit
@@ -267,6 +314,7 @@ def _grouped_gemm_kernel(
     M, N, K, G, W,
     NB, KB,  # fp8_block: scale blocks per weight matrix along N, along K
     SPLIT,  # fp8_block: output rows restart their scale blocks here (N: no restart)
+    alpha, limit,  # the GLU's (as ops.silu_mul's; limit used with HAS_LIMIT)
     num_programs,  # persistent programs in the grid
     BLOCK_G: tl.constexpr,  # next power of two >= G
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -276,6 +324,9 @@ def _grouped_gemm_kernel(
     HAS_BIAS: tl.constexpr, HAS_WEIGHT_IDS: tl.constexpr, HAS_ROW_WEIGHTS: tl.constexpr,
     SCATTER: tl.constexpr,  # "none" (rows in order), "add" (atomic), "add_unique", "store"
     GATHER: tl.constexpr,  # "none" | "rows" (x[x_ids]) | "scaled" (x[x_ids] * x_weights)
+    GLU: tl.constexpr,  # "none" | "silu" | "swiglu_oai": out [M, N / 2] = act(gate, up) of the
+    # rows' products with w's first and second N / 2 rows (a tile: BLOCK_N of each)
+    HAS_LIMIT: tl.constexpr,
     UPCAST: tl.constexpr,  # cast tiles to fp32 before tl.dot (interpreter)
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs (tf32 would drop 13 mantissa bits)
     INTERPRET: tl.constexpr,  # the interpreter needs a while loop (range() of a tensor fails)
@@ -284,7 +335,11 @@ def _grouped_gemm_kernel(
     offs_g = tl.arange(0, BLOCK_G)
     m = tl.load(m_sizes_ptr + offs_g, mask=offs_g < G, other=0).to(tl.int32)
     m = tl.maximum(m, 0)
-    tiles = tl.cdiv(m, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    if GLU != "none":
+        N_OUT = N // 2
+    else:
+        N_OUT = N
+    tiles = tl.cdiv(m, BLOCK_M) * tl.cdiv(N_OUT, BLOCK_N)
     tile_end = tl.cumsum(tiles, 0)
     row_end = tl.cumsum(m, 0)
     total = tl.sum(tiles, 0)
@@ -310,17 +365,19 @@ def _grouped_gemm_kernel(
         while t < total:
             _tile(t, m, tiles, tile_end, row_end, x_ptr, w_ptr, x_desc, w_desc, weight_ids_ptr,
                   x_scale_ptr, w_scale_ptr, bias_ptr, row_weights_ptr, scatter_ids_ptr,
-                  x_ids_ptr, x_weights_ptr, out_ptr, M, N, K, NB, KB, SPLIT, BLOCK_M, BLOCK_N,
-                  BLOCK_K, TMA != "none", SWAP_AB, QUANT, HAS_BIAS, HAS_WEIGHT_IDS,
-                  HAS_ROW_WEIGHTS, SCATTER, GATHER, UPCAST, DOT_PRECISION, INTERPRET)
+                  x_ids_ptr, x_weights_ptr, out_ptr, M, N, N_OUT, K, NB, KB, SPLIT, alpha, limit,
+                  BLOCK_M, BLOCK_N, BLOCK_K, TMA != "none", SWAP_AB, QUANT, HAS_BIAS,
+                  HAS_WEIGHT_IDS, HAS_ROW_WEIGHTS, SCATTER, GATHER, GLU, HAS_LIMIT, UPCAST,
+                  DOT_PRECISION, INTERPRET)
             t += num_programs
     else:
         for t in tl.range(pid, total, num_programs, flatten=FLATTEN):
             _tile(t, m, tiles, tile_end, row_end, x_ptr, w_ptr, x_desc, w_desc, weight_ids_ptr,
                   x_scale_ptr, w_scale_ptr, bias_ptr, row_weights_ptr, scatter_ids_ptr,
-                  x_ids_ptr, x_weights_ptr, out_ptr, M, N, K, NB, KB, SPLIT, BLOCK_M, BLOCK_N,
-                  BLOCK_K, TMA != "none", SWAP_AB, QUANT, HAS_BIAS, HAS_WEIGHT_IDS,
-                  HAS_ROW_WEIGHTS, SCATTER, GATHER, UPCAST, DOT_PRECISION, INTERPRET)
+                  x_ids_ptr, x_weights_ptr, out_ptr, M, N, N_OUT, K, NB, KB, SPLIT, alpha, limit,
+                  BLOCK_M, BLOCK_N, BLOCK_K, TMA != "none", SWAP_AB, QUANT, HAS_BIAS,
+                  HAS_WEIGHT_IDS, HAS_ROW_WEIGHTS, SCATTER, GATHER, GLU, HAS_LIMIT, UPCAST,
+                  DOT_PRECISION, INTERPRET)
 
 
 @functools.cache
@@ -373,7 +430,8 @@ def _grouped_gemm_op(x: Tensor, w: Tensor, m_sizes: Tensor, x_scale: Optional[Te
                      row_weights: Optional[Tensor], scatter_ids: Optional[Tensor], out: Tensor,
                      scatter: str, quantization: str, bias: Optional[Tensor],
                      scale_split: Optional[int], x_ids: Optional[Tensor],
-                     x_weights: Optional[Tensor]) -> None:
+                     x_weights: Optional[Tensor], glu: str, alpha: float,
+                     limit: Optional[float]) -> None:
     M = x.shape[0] if x_ids is None else x_ids.shape[0]  # rows of the product
     K = x.shape[1]
     W, N = w.shape[:2]
@@ -383,6 +441,8 @@ def _grouped_gemm_op(x: Tensor, w: Tensor, m_sizes: Tensor, x_scale: Optional[Te
     if W * N >= 2**31:
         raise ValueError(f"w has {W} x {N} rows; the kernel indexes them with int32 (< 2**31)")
     cfg = _tile_config(M, N, K, G, x, quantization)
+    if glu != "none":  # a tile: block_n / 2 gate rows and as many up rows
+        cfg = cfg.with_(block_n=max(16, cfg.block_n // 2))
     interpret = interpreting()
     tma = tma_mode(cfg, x, w)
     x_desc = w_desc = None
@@ -396,7 +456,7 @@ def _grouped_gemm_op(x: Tensor, w: Tensor, m_sizes: Tensor, x_scale: Optional[Te
     elif tma == "device" and not interpret:
         _ensure_allocator()
     # Tiles can number at most n_tiles * (M // BLOCK_M + nonempty groups): no idle programs.
-    max_tiles = cdiv(N, cfg.block_n) * (M // cfg.block_m + min(G, M))
+    max_tiles = cdiv(N if glu == "none" else N // 2, cfg.block_n) * (M // cfg.block_m + min(G, M))
     sms = _INTERPRETER_PROGRAMS if interpret else _sm_count(x.device.index or 0) * cfg.ctas_per_sm
     num_programs = max(1, min(sms, max_tiles))
     upcast = interpret and (x.dtype in (torch.bfloat16, FP8_DTYPE) or quantization == "mxfp4")
@@ -407,13 +467,14 @@ def _grouped_gemm_op(x: Tensor, w: Tensor, m_sizes: Tensor, x_scale: Optional[Te
         launch(_grouped_gemm_kernel, (num_programs,),
             x, w, m_sizes, weight_ids, x_scale, w_scale, bias, row_weights, scatter_ids, x_ids,
             x_weights, dst, x_desc, w_desc, M, N, K, G, W, nb, cdiv(K, FP8_BLOCK),
-            N if scale_split is None else scale_split, num_programs,
+            N if scale_split is None else scale_split, alpha,
+            0.0 if limit is None else limit, num_programs,
             BLOCK_G=next_power_of_2(G), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
             BLOCK_K=cfg.block_k, TMA=tma, SWAP_AB=cfg.swap_ab, FLATTEN=cfg.flatten,
             QUANT=quantization, HAS_BIAS=bias is not None, HAS_WEIGHT_IDS=weight_ids is not None,
             HAS_ROW_WEIGHTS=row_weights is not None,
-            SCATTER="none" if scatter_ids is None else scatter, GATHER=gather,
-            UPCAST=upcast, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+            SCATTER="none" if scatter_ids is None else scatter, GATHER=gather, GLU=glu,
+            HAS_LIMIT=limit is not None, UPCAST=upcast, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
             INTERPRET=interpret, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
     if dst is not out:
@@ -438,13 +499,17 @@ def grouped_gemm(
     all_rows: bool = False,
     x_ids: Tensor | None = None,
     x_weights: Tensor | None = None,
+    glu: tuple[str, float, float | None] | None = None,
 ) -> Tensor:
     """Arguments already validated by ``ops.grouped_gemm``: x [M, K] (or [T, K] with x_ids [M]),
     w [W, N, K] (mxfp4: [W, N, K / 2] bytes), m_sizes [G] -> out [M, N] (or out [T, N] +=
-    scattered rows). all_rows changes nothing: tiles never cover rows past sum(m_sizes) anyway."""
+    scattered rows; with glu, out [M, N / 2]). all_rows changes nothing: tiles never cover rows
+    past sum(m_sizes) anyway."""
     if out is None:
         M = x.shape[0] if x_ids is None else x_ids.shape[0]
-        out = torch.empty((M, w.shape[1]), dtype=out_dtype, device=x.device)
+        N = w.shape[1] if glu is None else w.shape[1] // 2
+        out = torch.empty((M, N), dtype=out_dtype, device=x.device)
     _grouped_gemm_op(x, w, m_sizes, x_scale, w_scale, weight_ids, row_weights, scatter_ids, out,
-                     scatter, quantization, bias, scale_split, x_ids, x_weights)
+                     scatter, quantization, bias, scale_split, x_ids, x_weights,
+                     *(("none", 1.0, None) if glu is None else glu))
     return out

@@ -16,6 +16,7 @@ from .._impl import _is_compiling, inplace_op
 from ..gather_scale.reference import gather_scale
 from ..quantize import reference as q
 from ..quantize.formats import FORMATS
+from ..silu_mul.reference import glu as _glu
 
 
 _HAS_GROUPED_MM = hasattr(torch, "_grouped_mm")
@@ -81,19 +82,30 @@ def _products(x: Tensor, w: Tensor, m_sizes: Tensor, x_scale: Optional[Tensor],
     return y, ends
 
 
+def _glu_rows(y: Tensor, glu: tuple | None) -> Tensor:
+    """y [M, N], or act(y[:, :N/2], y[:, N/2:]) [M, N / 2] in float32 with glu = (activation,
+    alpha, limit)."""
+    if glu is None:
+        return y
+    gate, up = y.float().chunk(2, dim=1)
+    return _glu(gate, up, *glu)
+
+
 @inplace_op("grouped_gemm_ref", mutates_args=("out",))
 def _grouped_gemm(x: Tensor, w: Tensor, m_sizes: Tensor, x_scale: Optional[Tensor],
                   w_scale: Optional[Tensor], weight_ids: Optional[Tensor],
                   row_weights: Optional[Tensor], scatter_ids: Optional[Tensor], out: Tensor,
                   keep_tail: bool, quantization: str, bias: Optional[Tensor],
                   scale_split: Optional[int], all_rows: bool, store: bool,
-                  x_ids: Optional[Tensor], x_weights: Optional[Tensor]) -> None:
+                  x_ids: Optional[Tensor], x_weights: Optional[Tensor], glu: Optional[str],
+                  alpha: float, limit: Optional[float]) -> None:
     """keep_tail: rows of out past sum(m_sizes) keep their values (else they may be written).
     all_rows: sum(m_sizes) == M, there is no tail. store: scattered rows replace out's rows
     (distinct ids) instead of adding to them."""
     M = x.shape[0] if x_ids is None else x_ids.shape[0]
     y, ends = _products(x, w, m_sizes, x_scale, w_scale, weight_ids, row_weights, quantization,
                         bias, scale_split, x_ids, x_weights)
+    y = _glu_rows(y, None if glu is None else (glu, alpha, limit))
     if scatter_ids is None:
         store_rows(out, y, _total(ends) if keep_tail and not all_rows else None)
         return
@@ -135,21 +147,23 @@ def grouped_gemm(
     all_rows: bool = False,
     x_ids: Tensor | None = None,
     x_weights: Tensor | None = None,
+    glu: tuple[str, float, float | None] | None = None,
 ) -> Tensor:
     """As ops.grouped_gemm ("add" and "add_unique" are the same sum here)."""
     if out is None and scatter_ids is None and not _is_compiling():
         # eager, new output: the product itself (rows past the total may hold anything), not
         # an allocation and a copy
-        y = _products(x, w, m_sizes, x_scale, w_scale, weight_ids, row_weights, quantization,
-                      bias, scale_split, x_ids, x_weights)[0]
+        y = _glu_rows(_products(x, w, m_sizes, x_scale, w_scale, weight_ids, row_weights,
+                                quantization, bias, scale_split, x_ids, x_weights)[0], glu)
         return y if y.dtype == out_dtype else y.to(out_dtype)
     keep_tail = out is not None
     if out is None:
         M = x.shape[0] if x_ids is None else x_ids.shape[0]
-        out = torch.empty(M, w.shape[1], dtype=out_dtype, device=x.device)
+        N = w.shape[1] if glu is None else w.shape[1] // 2
+        out = torch.empty(M, N, dtype=out_dtype, device=x.device)
     _grouped_gemm(x, w, m_sizes, x_scale, w_scale, weight_ids, row_weights, scatter_ids, out,
                   keep_tail, quantization, bias, scale_split, all_rows, scatter == "store",
-                  x_ids, x_weights)
+                  x_ids, x_weights, *((None, 1.0, None) if glu is None else glu))
     return out
 
 

@@ -336,10 +336,14 @@ def route_config(T: int, E: int, k: int, from_scores: bool = True, single_pairs:
     return RouteConfig(bt, bec, single, 8 if bt * kp >= 128 else 4)
 
 
-def invariant_route_config(T: int, E: int, k: int, block_pairs: int = 256) -> RouteConfig:
+def invariant_route_config(T: int, E: int, k: int, block_pairs: int = 64) -> RouteConfig:
     """batch_invariant: the tiling that computes a row's weights (block_tokens, expert_chunk,
     num_warps; they set the order of the softmax and renormalization sums) fixed whatever T, at
-    ``block_pairs`` pairs a block; only ``single`` follows T, and it changes no value."""
+    ``block_pairs`` pairs a block; only ``single`` follows T, and it changes no value. 64 pairs
+    beat 256 at every T = 1..2048 measured (H100, benchmarks/results/probe_bi_route_ab92b7b.txt,
+    CUDA graphs, us): Qwen3-30B-A3B T = 1 6.3 against 13.8, T = 2048 13.4 / 14.8; Scout 4.0 /
+    5.4 and 6.7 / 7.6; Mixtral 4.8 / 11.0 and 7.1 / 13.3; gpt-oss 6.2 / 11.0 and 10.0 / 13.2;
+    each token's pairs the same bits alone and in every batch at each size."""
     kp = next_power_of_2(k)
     bt = max(1, block_pairs // kp)
     bec = min(max(16, next_power_of_2(E)), max(16, 2048 // bt))
