@@ -15,7 +15,6 @@ from ..ops import backend_for
 from ..ops.moe_decode import configs as decode_configs
 from ..ops.moe_decode import gate_up_outputs
 from ..ops.moe_decode import reference as decode_formats
-from ..ops.quantize.formats import FORMATS
 from .base import Experts, QuantizedRows, expert_gemm, gather_input, glu, pair_weights, register
 
 
@@ -51,7 +50,7 @@ class Shuffled(Experts):
         gathered = _gathers_in_gemm(x, w, w_in)  # no [A, D] copy: GEMM13 loads x's rows by id
         xs = x if gathered else gather_input(ops, x, r.token_ids, w_in, w, nv)  # [A, D]
         ids, w_ids = (r.token_ids, w_in) if gathered else (None, None)
-        if _glu_in_gemm(w):  # no [A, 2I] product: SwiGLU in GEMM13's epilogue -> a [A, I]
+        if _glu_in_gemm(w, r.num_pairs, r.num_experts):  # SwiGLU in GEMM13's epilogue
             a = expert_gemm(ops, xs, w, "w13", r.counts, cfg.dtype, x_ids=ids, x_weights=w_ids,
                             glu=cfg.act)
         else:
@@ -93,11 +92,21 @@ def _gathers_in_gemm(x, w, w_in) -> bool:
             and w.quantization in ("none", "fp8_w8a16") and w.w13.shape[1] <= GATHER_MAX_N)
 
 
-def _glu_in_gemm(w) -> bool:
-    """Whether GEMM13's epilogue takes the GLU (a [A, I] from its fp32 sums, one rounding)
-    instead of storing h [A, 2I] for silu_mul: where GEMM2 takes a in the model dtype (bf16 and
-    the weight-only formats; fp8 rowwise and fp8_block quantize a's rows first)."""
-    return FORMATS[w.quantization].activation == "none"
+GLU_MAX_ROWS = 16  # GEMM13 takes the GLU up to this many pairs an expert (A / E)
+
+
+def _glu_in_gemm(w, num_pairs: int, num_experts: int) -> bool:
+    """Whether GEMM13's epilogue takes the GLU (a [A, I] from its fp32 sums, one rounding: no
+    h [A, 2I] stored and read by silu_mul): bf16 weights, at most GLU_MAX_ROWS pairs an expert.
+    Each tile then holds two weight tiles a K step (gate and up) and two accumulators, which
+    pays where the weights' bytes bound the GEMM and loses where its MMAs do. Measured
+    (benchmarks/results/probe_gather_gemm_2809e21.json, on an H200: the layer in CUDA graphs,
+    silu_mul after / the GLU in the epilogue): Qwen3-30B-A3B T = 64 (4 pairs an expert) 1.004x,
+    128 1.016x; Llama 4 Scout TP8 T = 128 1.015x; Mixtral TP2 T = 64 (16) 1.009x; but Qwen3 T =
+    2048 (128) 0.80x, 16384 0.88x, Scout T = 16384 0.87x, Maverick 0.98x, Mixtral T = 2048
+    0.85x, and fp8_w8a16 0.91x, mxfp4 0.97x at Qwen3 T = 64 (their weight tiles are converted in
+    registers, and two a step cost more than the stores saved)."""
+    return w.quantization == "none" and num_pairs <= GLU_MAX_ROWS * num_experts
 
 
 def _fusable(x, w, cfg) -> bool:
