@@ -86,7 +86,6 @@ def _opcheck_cases() -> dict[str, tuple]:
     x, w13 = d["x"].float(), d["w13"].float()
     y = h[:, :I].contiguous()
     topk = torch.randint(0, E, (T, K), device=DEV)
-    gemm = (x[r.token_ids.long()], w13, r.counts, None, None, None, r.weights, None, empty(A, 2 * I))
     scatter = (x[r.token_ids.long()], w13[:, :D].contiguous(), r.counts, None, None, None,
                r.weights, r.token_ids, torch.zeros(T, D, device=DEV))
     cases = {
@@ -96,9 +95,15 @@ def _opcheck_cases() -> dict[str, tuple]:
         "sort_by_expert_ref": (topk, E, None, 1, False, *routing),
         "gather_scale": (d["x"], r.token_ids, r.weights, r.num_valid, empty(A, D, dtype=d["x"].dtype)),
         "gather_scale_fp8": (d["x"], r.token_ids, None, r.num_valid, empty(A, D, dtype=fp8), empty(A)),
-        "grouped_gemm": (*gemm, "add", "none", None, None),
+        "gather_scale_groups": (d["x"], r.token_ids, r.weights, r.num_valid,
+                                empty(A, D, dtype=fp8), empty(A, -(-D // 128))),
+        "gather_scale_fp8_ref": (d["x"], r.token_ids, None, r.num_valid, empty(A, D, dtype=fp8),
+                                 empty(A, -(-D // 128)), "groups"),
+        # x's rows gathered and scaled in the loads, the GLU in the epilogue: every argument set
+        "grouped_gemm": (x, w13, r.counts, None, None, None, None, None, empty(A, I), "add",
+                         "none", None, None, r.token_ids, r.weights, "swiglu_oai", 1.702, 7.0),
         "grouped_gemm_ref": (*scatter, True, "none", torch.randn(E, D, device=DEV), None, False,
-                             True),
+                             True, None, None, None, 1.0, None),
         "silu_mul": (h, r.num_valid, empty(A, I), "swiglu_oai", 1.702, 7.0),
         "silu_mul_fp8": (h, None, empty(A, I, dtype=fp8), empty(A), "silu", 1.0, None),
         "silu_mul_fp8_groups": (h, r.num_valid, empty(A, I, dtype=fp8), empty(A, 1), "swiglu_oai",
@@ -123,7 +128,7 @@ def _opcheck_cases() -> dict[str, tuple]:
                         torch.zeros(1024, dtype=i32, device=DEV), None, False),
     }
     refs = {  # the references of the kernels above take the same arguments
-        "gather_scale", "gather_scale_fp8", "silu_mul", "silu_mul_fp8", "silu_mul_fp8_groups",
+        "gather_scale", "silu_mul", "silu_mul_fp8", "silu_mul_fp8_groups",
         "quantize_fp8_groups", "scatter_add", "scatter_add_token_major", "combine_shuffling",
         "split_shuffling", "decode_gate_up", "decode_down"}
     cases.update({f"{name}_ref": cases[name] for name in refs})
@@ -201,6 +206,7 @@ def test_opcheck_weight_formats(name, quantization):
             quantization, torch.randn(3, 48), 24 if quantization == "fp8_block" else None)
     if name == "grouped_gemm_ref":
         args += (False, False)  # all_rows, store
+    args += (None, None, None if name == "grouped_gemm_ref" else "none", 1.0, None)  # no gather, GLU
     args = tuple(a.to(DEV) if isinstance(a, torch.Tensor) else a for a in args)
     torch.library.opcheck(getattr(torch.ops.shufflemoe, name), args, test_utils=("test_faketensor",))
 

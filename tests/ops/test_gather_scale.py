@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shufflemoe.ops import FP8_DTYPE, dequantize_fp8_rowwise, gather_scale
+from shufflemoe.ops.quantize.reference import dequantize_fp8_groups, quantize_fp8_groups
 from shufflemoe.testing import assert_close, poisoned
 
 CUDA = torch.cuda.is_available()
@@ -91,6 +92,30 @@ def test_kernel_quantized_bit_exact(dtype, D):
     assert (q[n:].view(torch.uint8) == FP8_POISON).all() and s[n:].isnan().all()
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("D", [300, 256, 7], ids=["partial group", "whole groups", "D=7"])
+def test_kernel_groups_bit_exact(dtype, D):
+    """fp8_block's activations: the same bits as gather_scale's rows quantized by
+    quantize_fp8_groups (the two passes this one replaces), and float64 of the rows within the
+    format's tolerance; rows past num_valid untouched."""
+    T, A, n = 7, 37, 29
+    x, ids, w, nv = make(T, D, A, dtype, n_valid=n, seed=D)
+    x[ids[0]] = 0.0  # an all-zero row: scales from the 1e-12 floor, q all zero
+    G = -(-D // 128)
+    q = torch.full((A, D), FP8_POISON, dtype=torch.uint8, device=DEV).view(FP8_DTYPE)
+    q, s = gather_scale(x, ids, w, num_valid=nv, quantize="groups",
+                        out=(q, poisoned(A, G, dtype=torch.float32, device=DEV)), impl="triton")
+    rows = gather_scale(x, ids[:n], w[:n], impl="torch")
+    rq, rs = quantize_fp8_groups(rows)
+    assert torch.equal(q[:n].view(torch.uint8), rq.view(torch.uint8))
+    assert torch.equal(s[:n], rs)
+    assert (q[n:].view(torch.uint8) == FP8_POISON).all() and s[n:].isnan().all()
+    tq, ts = gather_scale(x, ids[:n], w[:n], quantize="groups", impl="torch")
+    assert torch.equal(tq.view(torch.uint8), rq.view(torch.uint8)) and torch.equal(ts, rs)
+    assert_close(dequantize_fp8_groups(q[:n], s[:n]), loop_gather(x.cpu(), ids[:n].cpu(),
+                                                                  w[:n].cpu()), "fp8_block")
+
+
 def test_kernel_allocates_and_handles_empty():
     x, ids, w, _ = make(5, 24, 6, torch.bfloat16)
     out = gather_scale(x, ids, w, impl="triton")
@@ -112,6 +137,9 @@ def test_kernel_allocates_and_handles_empty():
     (dict(out=torch.empty(4, 7)), "out"),
     (dict(out=torch.empty(4, 8, dtype=torch.bfloat16)), "out"),
     (dict(quantize=True, out=torch.empty(4, 8)), "out"),
+    (dict(quantize="groups", out=(torch.empty(4, 8, dtype=FP8_DTYPE), torch.empty(4))),
+     "out\\[1\\] must have shape"),
+    (dict(quantize="blocks"), "quantize must be one of"),
 ])
 def test_bad_input_raises(kwargs, match):
     x = torch.randn(3, 8)
@@ -124,7 +152,7 @@ def test_bad_input_raises(kwargs, match):
 # ---- GPU: the model's width ------------------------------------------------------------------------
 
 @needs_cuda
-@pytest.mark.parametrize("quantize", [False, True])
+@pytest.mark.parametrize("quantize", [False, True, "groups"])
 def test_gpu_d5120(quantize):
     T, k, D = 2048, 4, 5120
     x, ids, w, nv = make(T, D, T * k, torch.bfloat16, n_valid=T * k - 100)

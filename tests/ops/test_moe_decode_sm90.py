@@ -1,4 +1,4 @@
-"""The fused decode kernels (and the grouped GEMM's mxfp4 path) compile for Hopper (sm_90) on any
+"""The fused decode kernels (and the grouped GEMM's mxfp4, gather and GLU paths) compile for Hopper (sm_90) on any
 machine: Triton's bundled ptxas builds them without a GPU, so an error that only the GPU
 compiler sees (types, layouts, the fp8, PDL and PTX-dequantization paths the interpreter never
 takes) fails CI rather than the one GPU call. Also checks the decode K loop is
@@ -32,7 +32,7 @@ def compile_sm90(fn, sig: dict, consts: dict, **options):
              if v.startswith("*") or k in DIV16}
     src = ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                          options=dict(num_warps=4, num_stages=3, **options))
+                          options={"num_warps": 4, "num_stages": 3, **options})
 
 
 def _split_arg(split: int) -> dict:
@@ -121,20 +121,28 @@ def down(fp8: bool | str, split: int, k: int, pdl: bool, accumulate: bool = True
     return compile_sm90(kernel._down_kernel, sig, consts, **({"launch_pdl": True} if pdl else {}))
 
 
-def grouped_mxfp4(tma: str, swap_ab: bool, block_m: int = 64, block_k: int = 128):
-    """The grouped GEMM's mxfp4 path (the interpreter cannot run its PTX dequantization)."""
+def grouped(quant: str, tma: str, swap_ab: bool, block_m: int = 64, block_k: int = 128,
+            block_n: int = 128, gather: str = "none", glu: str = "none", num_warps: int = 4):
+    """The grouped GEMM: its mxfp4 path (the interpreter cannot run its PTX dequantization), its
+    gathered rows and its GLU epilogue (two weight tiles a K step) under the GPU compiler."""
     from shufflemoe.ops.grouped_gemm import kernel
 
-    sig = dict(x_ptr="*bf16", w_ptr="*u8", m_sizes_ptr="*i32", weight_ids_ptr=None,
-               x_scale_ptr=None, w_scale_ptr="*u8", bias_ptr=None, row_weights_ptr=None,
-               scatter_ids_ptr="*i32", out_ptr="*bf16", x_host_desc=None, w_host_desc=None,
-               M="i32", N="i32", K="i32", G="i32", W="i32", NB="i32", KB="i32", SPLIT="i32",
+    wdt = {"mxfp4": "*u8", "none": "*bf16"}[quant]
+    sig = dict(x_ptr="*bf16", w_ptr=wdt, m_sizes_ptr="*i32", weight_ids_ptr=None,
+               x_scale_ptr=None, w_scale_ptr="*u8" if quant == "mxfp4" else None, bias_ptr=None,
+               row_weights_ptr=None, scatter_ids_ptr=None if glu != "none" else "*i32",
+               x_ids_ptr=None if gather == "none" else "*i32",
+               x_weights_ptr="*fp32" if gather == "scaled" else None, out_ptr="*bf16",
+               x_host_desc=None, w_host_desc=None, M="i32", N="i32", K="i32", G="i32",
+               W="i32", NB="i32", KB="i32", SPLIT="i32", alpha="fp32", limit="fp32",
                num_programs="i32")
-    consts = dict(BLOCK_G=128, BLOCK_M=block_m, BLOCK_N=128, BLOCK_K=block_k, TMA=tma,
-                  SWAP_AB=swap_ab, FLATTEN=False, QUANT="mxfp4", HAS_BIAS=False,
-                  HAS_WEIGHT_IDS=False, HAS_ROW_WEIGHTS=False, SCATTER="add", UPCAST=False,
-                  DOT_PRECISION="tf32", INTERPRET=False)
-    return compile_sm90(kernel._grouped_gemm_kernel, sig, consts)
+    consts = dict(BLOCK_G=128, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, TMA=tma,
+                  SWAP_AB=swap_ab, FLATTEN=False, QUANT=quant, HAS_BIAS=False,
+                  HAS_WEIGHT_IDS=False, HAS_ROW_WEIGHTS=False,
+                  SCATTER="none" if glu != "none" else "add", GATHER=gather, GLU=glu,
+                  HAS_LIMIT=glu == "swiglu_oai", UPCAST=False, DOT_PRECISION="tf32",
+                  INTERPRET=False)
+    return compile_sm90(kernel._grouped_gemm_kernel, sig, consts, num_warps=num_warps)
 
 
 BUILDS = {
@@ -170,9 +178,14 @@ BUILDS = {
         "fp8_block", 1, True, True, shared=True),
     "down fp8_block with a bf16 shared expert (sa), early, k=1 split-K PDL": lambda: down(
         "fp8_block", 2, 1, True, accumulate=False, shared=True),
-    "grouped GEMM mxfp4": lambda: grouped_mxfp4("none", False),
-    "grouped GEMM mxfp4 device TMA, swapped": lambda: grouped_mxfp4("device", True),
-    "grouped GEMM mxfp4 16 x 128 x 256, swapped": lambda: grouped_mxfp4("none", True, 16, 256),
+    "grouped GEMM mxfp4": lambda: grouped("mxfp4", "none", False),
+    "grouped GEMM mxfp4 device TMA, swapped": lambda: grouped("mxfp4", "device", True),
+    "grouped GEMM mxfp4 16 x 128 x 256, swapped": lambda: grouped("mxfp4", "none", True, 16, 256),
+    "grouped GEMM bf16 gathered scaled rows, GLU, device TMA, 128 x 128 x 64": lambda: grouped(
+        "none", "device", False, 128, 64, 128, "scaled", "silu", num_warps=8),
+    "grouped GEMM bf16 gathered rows, gpt-oss GLU, swapped 16 x 64 x 128": lambda: grouped(
+        "none", "device", True, 16, 128, 64, "rows", "swiglu_oai"),
+    "grouped GEMM mxfp4 GLU, swapped": lambda: grouped("mxfp4", "device", True, glu="silu"),
 }
 GEMV = {  # one pair a tile: no MMA
     "gate_up fp8 one-pair tiles split-K": lambda: gate_up(True, 4, True, False, block_m=1),

@@ -29,7 +29,6 @@ from torch import Tensor
 from .._registry import Registry
 from ..config import MoEConfig
 from ..ops import Ops, gather_scale
-from ..ops.quantize import FP8_BLOCK, FP8_DTYPE
 from ..ops.quantize.formats import FORMATS
 from ..types import ExpertWeights, Routing
 
@@ -114,7 +113,7 @@ def gather_input(ops: Ops, x: Tensor | QuantizedRows, token_ids: Tensor,
                  row_weights: Tensor | None,
                  w: ExpertWeights, num_valid: Tensor | None = None) -> Activation:
     """xs = x[token_ids] (* row_weights) [A, D], quantized as the weight format's first GEMM
-    takes it: fp8 rowwise fused into gather_scale, fp8 groups of 128 (fp8_block) right after.
+    takes it (in gather_scale's pass: one scale a row, or a 128-column group for fp8_block).
     Rows already quantized (QuantizedRows, fp8_rowwise only) are gathered as they are."""
     act = FORMATS[w.quantization].activation
     if isinstance(x, QuantizedRows):
@@ -123,14 +122,7 @@ def gather_input(ops: Ops, x: Tensor | QuantizedRows, token_ids: Tensor,
                              f"{w.quantization!r}), and cannot be scaled again")
         return (gather_rows(x.q, token_ids, num_valid),
                 gather_rows(x.scale.view(-1, 1), token_ids, num_valid).view(-1))
-    xs = ops.gather_scale(x, token_ids, row_weights, num_valid, act == "rowwise", None)
-    if act != "groups":
-        return xs
-    A, D = xs.shape
-    q = torch.empty(A, D, dtype=FP8_DTYPE, device=xs.device)
-    scale = torch.empty(A, -(-D // FP8_BLOCK), dtype=torch.float32, device=xs.device)
-    ops.quantize_fp8_groups(xs, num_valid, q, scale, FP8_BLOCK)
-    return q, scale
+    return ops.gather_scale(x, token_ids, row_weights, num_valid, act, None)
 
 
 def glu(ops: Ops, h: Tensor, w: ExpertWeights, cfg: MoEConfig,

@@ -50,7 +50,7 @@ class Shuffled(Experts):
         gathered = _gathers_in_gemm(x, w, w_in)  # no [A, D] copy: GEMM13 loads x's rows by id
         xs = x if gathered else gather_input(ops, x, r.token_ids, w_in, w, nv)  # [A, D]
         ids, w_ids = (r.token_ids, w_in) if gathered else (None, None)
-        if _glu_in_gemm(w, r.num_pairs, r.num_experts):  # SwiGLU in GEMM13's epilogue
+        if _glu_in_gemm(w, r.num_pairs, r.num_experts, cfg):  # SwiGLU in GEMM13's epilogue
             a = expert_gemm(ops, xs, w, "w13", r.counts, cfg.dtype, x_ids=ids, x_weights=w_ids,
                             glu=cfg.act)
         else:
@@ -95,9 +95,10 @@ def _gathers_in_gemm(x, w, w_in) -> bool:
 GLU_MAX_ROWS = 16  # GEMM13 takes the GLU up to this many pairs an expert (A / E)
 
 
-def _glu_in_gemm(w, num_pairs: int, num_experts: int) -> bool:
+def _glu_in_gemm(w, num_pairs: int, num_experts: int, cfg) -> bool:
     """Whether GEMM13's epilogue takes the GLU (a [A, I] from its fp32 sums, one rounding: no
-    h [A, 2I] stored and read by silu_mul): bf16 weights, at most GLU_MAX_ROWS pairs an expert.
+    h [A, 2I] stored and read by silu_mul): bf16 weights, at most GLU_MAX_ROWS pairs an expert,
+    not in batch-invariant mode (h unrounded would give a row other bits past the limit's T).
     Each tile then holds two weight tiles a K step (gate and up) and two accumulators, which
     pays where the weights' bytes bound the GEMM and loses where its MMAs do. Measured
     (benchmarks/results/probe_gather_gemm_2809e21.json, on an H200: the layer in CUDA graphs,
@@ -106,7 +107,8 @@ def _glu_in_gemm(w, num_pairs: int, num_experts: int) -> bool:
     2048 (128) 0.80x, 16384 0.88x, Scout T = 16384 0.87x, Maverick 0.98x, Mixtral T = 2048
     0.85x, and fp8_w8a16 0.91x, mxfp4 0.97x at Qwen3 T = 64 (their weight tiles are converted in
     registers, and two a step cost more than the stores saved)."""
-    return w.quantization == "none" and num_pairs <= GLU_MAX_ROWS * num_experts
+    return (w.quantization == "none" and num_pairs <= GLU_MAX_ROWS * num_experts
+            and not cfg.batch_invariant)
 
 
 def _fusable(x, w, cfg) -> bool:

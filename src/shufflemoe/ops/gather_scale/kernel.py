@@ -19,8 +19,9 @@ from torch import Tensor
 from .._common import cdiv, next_power_of_2
 from .._impl import interpreting, kernel_op
 from .._launch import launch
-from ..quantize.kernel import cast_to, fp8_target, quant_block, row_scales, store_fp8
-from ..quantize.reference import FP8_DTYPE
+from ..quantize.kernel import (cast_to, fp8_target, quant_block, row_scales, store_fp8,
+                               store_fp8_group)
+from ..quantize.reference import FP8_BLOCK, FP8_DTYPE, QUANTIZE_MODES
 
 
 @triton.jit
@@ -105,6 +106,36 @@ def _gather_scale_fp8_kernel(
     tl.store(scale_ptr + row, scale, mask=valid)
 
 
+@triton.jit
+def _gather_scale_groups_kernel(
+    x_ptr,  # [T, D] source rows
+    ids_ptr,  # [A] int32/int64 source token of each output row
+    w_ptr,  # [A] float32 weights (unused when not HAS_W)
+    nv_ptr,  # [1] number of valid rows (unused when not HAS_NV)
+    q_ptr,  # [A, D] e4m3 output (uint8 view when INTERPRET)
+    scale_ptr,  # [A, G] float32 group scales
+    D, G,
+    HAS_W: tl.constexpr,
+    HAS_NV: tl.constexpr,
+    INTERPRET: tl.constexpr,
+    GROUP: tl.constexpr,  # columns per scale (one program per row and group)
+):
+    """fp8_block's activations: the gathered row, times its weight rounded to x's dtype (the
+    value gather_scale would store), quantized per group of GROUP columns as
+    quantize_fp8_groups quantizes that stored row: the same bits as the two passes."""
+    row = tl.program_id(0)
+    grp = tl.program_id(1)
+    valid, tok, w = _row_source(ids_ptr, w_ptr, nv_ptr, row, HAS_W, HAS_NV)
+    cols = grp * GROUP + tl.arange(0, GROUP)
+    mask = (cols < D) & valid
+    v = tl.load(x_ptr + tok * D + cols, mask=mask, other=0.0)
+    if HAS_W:
+        v = cast_to(v.to(tl.float32) * w, x_ptr.dtype.element_ty, INTERPRET)
+    scale = store_fp8_group(q_ptr + row.to(tl.int64) * D + cols, v.to(tl.float32), mask,
+                            INTERPRET)
+    tl.store(scale_ptr + row.to(tl.int64) * G + grp, scale, mask=valid)
+
+
 def _copy_block(D: int) -> int:
     """Columns per program: the largest power of two <= 2048 that divides D (no masked tail;
     5120 -> 1024), at least 256."""
@@ -141,18 +172,38 @@ def _gather_scale_fp8_op(x: Tensor, token_ids: Tensor, weights: Optional[Tensor]
         BLOCK_D=block, ONE_PASS=one_pass, num_warps=8 if block >= 4096 else 4)
 
 
+@kernel_op("gather_scale_groups", mutates_args=("q", "scale"))
+def _gather_scale_groups_op(x: Tensor, token_ids: Tensor, weights: Optional[Tensor],
+                            num_valid: Optional[Tensor], q: Tensor, scale: Tensor) -> None:
+    A, D = q.shape
+    if A == 0 or D == 0:
+        return
+    target, interpret = fp8_target(q)
+    launch(_gather_scale_groups_kernel, (A, scale.shape[1]),
+        x, token_ids, weights, num_valid, target, scale, D, scale.shape[1],
+        HAS_W=weights is not None, HAS_NV=num_valid is not None, INTERPRET=interpret,
+        GROUP=FP8_BLOCK, num_warps=1)
+
+
 def gather_scale(
     x: Tensor,
     token_ids: Tensor,
     weights: Tensor | None,
     num_valid: Tensor | None,
-    quantize: bool,
+    quantize: bool | str,
     out: Tensor | tuple[Tensor, Tensor] | None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """x [T, D], token_ids [A], weights [A] | None -> [A, D] in x's dtype, or (q [A, D] e4m3,
-    scale [A] float32). Arguments were checked by the public function."""
+    scale [A] float32) with quantize "rowwise" (or True), (q, scale [A, ceil(D / 128)]) with
+    "groups". Arguments were checked by the public function."""
     A, D = token_ids.shape[0], x.shape[1]
-    if quantize:
+    if QUANTIZE_MODES[quantize] == "groups":
+        if out is None:
+            out = (torch.empty(A, D, dtype=FP8_DTYPE, device=x.device),
+                   torch.empty(A, cdiv(D, FP8_BLOCK), dtype=torch.float32, device=x.device))
+        _gather_scale_groups_op(x, token_ids, weights, num_valid, out[0], out[1])
+        return out
+    if QUANTIZE_MODES[quantize] == "rowwise":
         if out is None:
             out = (torch.empty(A, D, dtype=FP8_DTYPE, device=x.device),
                    torch.empty(A, dtype=torch.float32, device=x.device))

@@ -9,7 +9,8 @@ from torch import Tensor
 
 from .._common import store_rows
 from .._impl import _is_compiling, inplace_op
-from ..quantize.reference import FP8_DTYPE, quantize_fp8_rowwise
+from ..quantize.reference import (FP8_BLOCK, FP8_DTYPE, QUANTIZE_MODES, quantize_fp8_groups,
+                                  quantize_fp8_rowwise)
 
 
 def _rows(x: Tensor, token_ids: Tensor, weights: Optional[Tensor],
@@ -32,8 +33,15 @@ def _gather_scale(x: Tensor, token_ids: Tensor, weights: Optional[Tensor],
 
 @inplace_op("gather_scale_fp8_ref", mutates_args=("q", "scale"))
 def _gather_scale_fp8(x: Tensor, token_ids: Tensor, weights: Optional[Tensor],
-                      num_valid: Optional[Tensor], q: Tensor, scale: Tensor) -> None:
-    new_q, new_scale = quantize_fp8_rowwise(_rows(x, token_ids, weights))
+                      num_valid: Optional[Tensor], q: Tensor, scale: Tensor, mode: str) -> None:
+    """mode "rowwise": one scale a row of the float32 product; "groups": a scale a 128-column
+    group of the row as gather_scale stores it (rounded to x's dtype), as fp8_block's GEMMs
+    take it."""
+    rows = _rows(x, token_ids, weights)
+    if mode == "groups":
+        new_q, new_scale = quantize_fp8_groups(rows.to(x.dtype))
+    else:
+        new_q, new_scale = quantize_fp8_rowwise(rows)
     store_rows(q, new_q, num_valid)
     store_rows(scale, new_scale, num_valid)
 
@@ -43,23 +51,25 @@ def gather_scale(
     token_ids: Tensor,
     weights: Tensor | None,
     num_valid: Tensor | None,
-    quantize: bool,
+    quantize: bool | str,
     out: Tensor | tuple[Tensor, Tensor] | None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """As ops.gather_scale. Rows of a new output past num_valid may hold anything, so they are
     computed like the others rather than masked (three ops fewer), in eager straight into the
     result rather than into an allocated output."""
     A, D = token_ids.shape[0], x.shape[1]
-    if out is None and not quantize and not _is_compiling():
+    mode = QUANTIZE_MODES[quantize]
+    if out is None and mode == "none" and not _is_compiling():
         rows = _rows(x, token_ids, weights)  # eager: no allocation to copy into
         return rows if rows.dtype == x.dtype else rows.to(x.dtype)
     if out is None:
         num_valid = None
+        scales = (A,) if mode == "rowwise" else (A, -(-D // FP8_BLOCK))
         out = ((torch.empty(A, D, dtype=FP8_DTYPE, device=x.device),
-                torch.empty(A, dtype=torch.float32, device=x.device)) if quantize
+                torch.empty(scales, dtype=torch.float32, device=x.device)) if mode != "none"
                else torch.empty(A, D, dtype=x.dtype, device=x.device))
-    if quantize:
-        _gather_scale_fp8(x, token_ids, weights, num_valid, *out)
+    if mode != "none":
+        _gather_scale_fp8(x, token_ids, weights, num_valid, *out, mode)
     else:
         _gather_scale(x, token_ids, weights, num_valid, out)
     return out

@@ -30,6 +30,9 @@ FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite e4m3 value
 FP8_EPS = 1e-12  # floor on a row's absolute maximum, so all-zero rows get a finite scale
 FP8_BLOCK = 128  # fp8_block: weights in 128 x 128 blocks, activations in groups of 128 columns
+# quantize= as the public op takes it -> the fp8 scale layout ("none": not quantized)
+QUANTIZE_MODES = {False: "none", True: "rowwise", "none": "none", "rowwise": "rowwise",
+                  "groups": "groups"}
 MX_GROUP = 32  # mxfp4: values sharing one e8m0 scale, along K
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # codes 0..7; bit 3 is the sign
 

@@ -1,6 +1,7 @@
-"""The router's logits at decode sizes in one Triton launch: a program per expert row and block
-of up to 8 tokens, every token's dot product with it summed in fp32 and rounded once to x's
-dtype (as cuBLAS does, in another order), plus the bias (gpt-oss) before the rounding. Where
+"""The router's logits at decode sizes in one Triton launch: a program per expert row (past
+PROGRAMS programs, per block of experts) and block of up to 8 tokens, every token's dot product
+with it summed in fp32 and rounded once to x's dtype (as cuBLAS does, in another order), plus
+the bias (gpt-oss) before the rounding. Where
 uses_kernel says no (more tokens x experts), F.linear. H100, CUDA graphs
 (benchmarks/probe_router.py, the router alone at T = 1 / 8, us): Llama 4 Scout (E = 16, D =
 5120) 6.6 / 6.4 for cuBLAS (a split-K GEMM and its reduction) against 2.7 / 3.5; Qwen3-30B-A3B
@@ -61,8 +62,8 @@ def _router_kernel(x_ptr, w_ptr, b_ptr, out_ptr, T, D, E, experts, x_stride, w_s
     tokens) and the `experts` experts e of its block (axis 0), one after another, each summed
     by the same instructions (so a logit's bits do not depend on `experts`, which is a runtime
     value: one binary serves every count). ONE_STEP (D <= BLOCK_D): the block's rows are loaded
-    and converted to fp32 once for all its experts; else each expert walks D in BLOCK_D steps,
-    the rows coming from L1 after the first expert. PDL: let a next kernel launched with
+    and converted to fp32 once for all its experts; else each expert walks D in BLOCK_D steps
+    and loads the rows again (from cache after the first expert). PDL: let a next kernel launched with
     programmatic dependent launch (index_shuffle's) start at once; it waits for this one before
     it reads the logits."""
     if PDL:

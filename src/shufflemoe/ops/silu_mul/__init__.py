@@ -9,7 +9,8 @@ from torch import Tensor
 from ..._checks import check_num_valid, check_same_device, check_tensor
 from .._impl import ops_for, resolve
 from ..quantize import FP8_BLOCK, FP8_DTYPE
-from .reference import ACTIVATIONS, QUANTIZE_MODES
+from ..quantize.reference import QUANTIZE_MODES
+from .reference import ACTIVATIONS
 
 H_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 

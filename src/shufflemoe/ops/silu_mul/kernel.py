@@ -29,8 +29,7 @@ from .._common import cdiv, next_power_of_2
 from .._impl import interpreting, kernel_op
 from .._launch import launch
 from ..quantize.kernel import cast_to, fp8_target, row_scales, store_fp8, store_fp8_group
-from ..quantize.reference import FP8_BLOCK, FP8_DTYPE
-from .reference import QUANTIZE_MODES
+from ..quantize.reference import FP8_BLOCK, FP8_DTYPE, QUANTIZE_MODES
 
 
 @triton.jit

@@ -18,7 +18,8 @@ from torch import Tensor
 
 from .._common import store_rows
 from .._impl import _is_compiling, inplace_op
-from ..quantize.reference import FP8_BLOCK, FP8_DTYPE, quantize_fp8_groups, quantize_fp8_rowwise
+from ..quantize.reference import (FP8_BLOCK, FP8_DTYPE, QUANTIZE_MODES, quantize_fp8_groups,
+                                  quantize_fp8_rowwise)
 
 ACTIVATIONS = {  # (gate, up, alpha, out) -> a, rounded once into out when given
     "silu": lambda g, u, alpha, out: torch.mul(F.silu(g), u, out=out),
@@ -26,9 +27,6 @@ ACTIVATIONS = {  # (gate, up, alpha, out) -> a, rounded once into out when given
                                                      out=out),
 }
 QUANTIZERS = {"rowwise": quantize_fp8_rowwise, "groups": quantize_fp8_groups}
-# quantize= as the public op takes it -> the fp8 scale layout ("none": not quantized)
-QUANTIZE_MODES = {False: "none", True: "rowwise", "none": "none", "rowwise": "rowwise",
-                  "groups": "groups"}
 Act = tuple  # (activation, alpha, limit): (str, float, float | None)
 
 
