@@ -1,6 +1,6 @@
-"""The fused decode kernels (and the grouped GEMM's mxfp4, gather and GLU paths) compile for Hopper (sm_90) on any
-machine: Triton's bundled ptxas builds them without a GPU, so an error that only the GPU
-compiler sees (types, layouts, the fp8, PDL and PTX-dequantization paths the interpreter never
+"""The fused decode kernels (and the grouped GEMM's mxfp4, gather and GLU paths) compile for
+Hopper (sm_90) on any machine: Triton's bundled ptxas builds them without a GPU, so an error
+that only the GPU compiler sees (types, layouts, the fp8, PDL and PTX-dequantization paths the interpreter never
 takes) fails CI rather than the one GPU call. Also checks the decode K loop is
 software-pipelined (cp.async copies) and multiplies on wgmma.
 
