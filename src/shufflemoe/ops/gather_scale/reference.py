@@ -33,12 +33,13 @@ def _gather_scale(x: Tensor, token_ids: Tensor, weights: Optional[Tensor],
 
 @inplace_op("gather_scale_fp8_ref", mutates_args=("q", "scale"))
 def _gather_scale_fp8(x: Tensor, token_ids: Tensor, weights: Optional[Tensor],
-                      num_valid: Optional[Tensor], q: Tensor, scale: Tensor, mode: str) -> None:
-    """mode "rowwise": one scale a row of the float32 product; "groups": a scale a 128-column
-    group of the row as gather_scale stores it (rounded to x's dtype), as fp8_block's GEMMs
-    take it."""
+                      num_valid: Optional[Tensor], q: Tensor, scale: Tensor,
+                      scales: str) -> None:
+    """scales "rowwise": one a row of the float32 product; "groups": one a 128-column group of
+    the row as gather_scale stores it (rounded to x's dtype), as fp8_block's GEMMs take it. (Not
+    named ``mode``: torch.compile's tracing passes a keyword of that name.)"""
     rows = _rows(x, token_ids, weights)
-    if mode == "groups":
+    if scales == "groups":
         new_q, new_scale = quantize_fp8_groups(rows.to(x.dtype))
     else:
         new_q, new_scale = quantize_fp8_rowwise(rows)
