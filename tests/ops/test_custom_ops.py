@@ -99,11 +99,11 @@ def _opcheck_cases() -> dict[str, tuple]:
                                 empty(A, D, dtype=fp8), empty(A, -(-D // 128))),
         "gather_scale_fp8_ref": (d["x"], r.token_ids, None, r.num_valid, empty(A, D, dtype=fp8),
                                  empty(A, -(-D // 128)), "groups"),
-        # x's rows gathered and scaled in the loads, the GLU in the epilogue: every argument set
+        # x's rows gathered in the loads, the GLU in the epilogue: every argument set
         "grouped_gemm": (x, w13, r.counts, None, None, None, None, None, empty(A, I), "add",
-                         "none", None, None, r.token_ids, r.weights, "swiglu_oai", 1.702, 7.0),
+                         "none", None, None, r.token_ids, "swiglu_oai", 1.702, 7.0),
         "grouped_gemm_ref": (*scatter, True, "none", torch.randn(E, D, device=DEV), None, False,
-                             True, None, None, None, 1.0, None),
+                             True, None, None, 1.0, None),
         "silu_mul": (h, r.num_valid, empty(A, I), "swiglu_oai", 1.702, 7.0),
         "silu_mul_fp8": (h, None, empty(A, I, dtype=fp8), empty(A), "silu", 1.0, None),
         "silu_mul_fp8_groups": (h, r.num_valid, empty(A, I, dtype=fp8), empty(A, 1), "swiglu_oai",
@@ -206,7 +206,7 @@ def test_opcheck_weight_formats(name, quantization):
             quantization, torch.randn(3, 48), 24 if quantization == "fp8_block" else None)
     if name == "grouped_gemm_ref":
         args += (False, False)  # all_rows, store
-    args += (None, None, None if name == "grouped_gemm_ref" else "none", 1.0, None)  # no gather, GLU
+    args += (None, None if name == "grouped_gemm_ref" else "none", 1.0, None)  # no gather, GLU
     args = tuple(a.to(DEV) if isinstance(a, torch.Tensor) else a for a in args)
     torch.library.opcheck(getattr(torch.ops.shufflemoe, name), args, test_utils=("test_faketensor",))
 

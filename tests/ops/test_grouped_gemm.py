@@ -221,10 +221,10 @@ def test_scatter_ignores_tail_ids():
 # ---------------------------------------------------------------- gathered rows
 
 
-def run_gather(impl, m_sizes, N, K, *, T, dtype=torch.bfloat16, weights=False, tail=4, seed=0):
-    """Rows of x [T, K] gathered by x_ids (repeats, rows never gathered set to NaN, ids past the
-    groups out of range), optionally scaled: against float64 of the rows gather_scale makes,
-    and the same bits as gather_scale followed by the GEMM."""
+def run_gather(impl, m_sizes, N, K, *, T, dtype=torch.bfloat16, tail=4, seed=0):
+    """Rows of x [T, K] gathered by x_ids (repeats, a row never gathered set to NaN, ids past the
+    groups out of range): against float64 of the gathered rows, and the same bits as
+    gather_scale followed by the GEMM."""
     g = gen(seed)
     n = sum(m_sizes)
     used = torch.randint(0, T - 1, (n,), generator=g)  # row T - 1 is never gathered
@@ -232,13 +232,10 @@ def run_gather(impl, m_sizes, N, K, *, T, dtype=torch.bfloat16, weights=False, t
     x[T - 1] = float("nan")
     w = (torch.randn(len(m_sizes), N, K, generator=g) / K**0.5).to(dtype)
     ids = torch.cat([used, torch.full((tail,), 10**6)]).to(torch.int32)
-    xw = torch.rand(n + tail, generator=g) + 0.5 if weights else None
-    rows = gather_scale(x, used, None if xw is None else xw[:n], impl="torch")  # rounded once
+    rows = gather_scale(x, used, impl="torch")
     ms = torch.tensor(m_sizes, dtype=torch.int32, device=DEV)
-    dev = lambda t: None if t is None else t.to(DEV)  # noqa: E731
     out = poisoned(n + tail, N, dtype=dtype, device=DEV)
-    y = grouped_gemm(x.to(DEV), w.to(DEV), ms, x_ids=dev(ids), x_weights=dev(xw), out=out,
-                     impl=impl)
+    y = grouped_gemm(x.to(DEV), w.to(DEV), ms, x_ids=ids.to(DEV), out=out, impl=impl)
     assert_close(y[:n], loop64(rows.double(), w.double(), m_sizes), tol(dtype))
     assert torch.isnan(y[n:].float()).all(), "rows past sum(m_sizes) were written"
     xs = torch.cat([rows, torch.full((tail, K), float("nan"), dtype=dtype)])
@@ -247,25 +244,24 @@ def run_gather(impl, m_sizes, N, K, *, T, dtype=torch.bfloat16, weights=False, t
 
 @pytest.mark.parametrize("impl", ["torch", "triton"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
-@pytest.mark.parametrize("weights", [False, True], ids=["rows", "scaled"])
-def test_gather(impl, dtype, weights):
+def test_gather(impl, dtype):
     with configs.override(SMALL):
-        run_gather(impl, [5, 0, 21, 9], 40, 48, T=17, dtype=dtype, weights=weights, seed=3)
+        run_gather(impl, [5, 0, 21, 9], 40, 48, T=17, dtype=dtype, seed=3)
 
 
 @pytest.mark.parametrize("variant", ["pointers", "tma device", "tma host", "swap_ab tma"])
 def test_gather_kernel_variants(variant):
     """Gathered rows load through pointers whatever the weights take (TMA or not, swapped)."""
     with configs.override(VARIANTS[variant]):
-        run_gather("triton", [19, 0, 3, 40], 48, 64, T=30, weights=True, seed=12)
+        run_gather("triton", [19, 0, 3, 40], 48, 64, T=30, seed=12)
 
 
 def test_gather_edge_cases():
     """No rows, one row, every row from one token, and T = 1."""
     with configs.override(SMALL):
         run_gather("triton", [0, 0], 16, 32, T=2, tail=3)
-        run_gather("triton", [0, 1], 16, 32, T=2, tail=0, weights=True)
-        run_gather("triton", [7, 6], 24, 32, T=2, weights=True)
+        run_gather("triton", [0, 1], 16, 32, T=2, tail=0)
+        run_gather("triton", [7, 6], 24, 32, T=2)
 
 
 # ---------------------------------------------------------------- kernel variants
@@ -351,9 +347,6 @@ def _ok():
      "weight_ids must have shape"),
     (lambda x, w, m: grouped_gemm(x, w, m, out_dtype=torch.int32), "out_dtype must be"),
     (lambda x, w, m: grouped_gemm(x.t(), w, m), "x must be"),
-    (lambda x, w, m: grouped_gemm(x, w, m, x_weights=torch.ones(6)), "x_weights .* needs x_ids"),
-    (lambda x, w, m: grouped_gemm(x, w, m, x_ids=torch.zeros(5, dtype=torch.int32),
-                                  x_weights=torch.ones(6)), "x_weights must have shape"),
     (lambda x, w, m: grouped_gemm(x, w, m, x_ids=torch.zeros(5)), "x_ids must have dtype"),
     (lambda x, w, m: grouped_gemm(x.to(FP8_DTYPE), w.to(FP8_DTYPE), m, x_scale=torch.ones(6),
                                   w_scale=torch.ones(2, 16), x_ids=torch.zeros(5, dtype=torch.int32)),
@@ -494,12 +487,10 @@ def test_gpu_variants(variant, dtype):
     configs.TileConfig(16, 128, 128, 4, 4, swap_ab=True, ctas_per_sm=2),
     configs.TileConfig(64, 128, 64, 4, 4, ctas_per_sm=2),
 ], ids=str)
-@pytest.mark.parametrize("weights", [False, True], ids=["rows", "scaled"])
-def test_gpu_gather(variant, weights):
-    """Gathered (and scaled) rows under the tiles prefill and the middle sizes take."""
+def test_gpu_gather(variant):
+    """Gathered rows under the tiles prefill and the middle sizes take."""
     with configs.override(variant):
-        run_gather("triton", [300, 0, 17, 129, 1, 64], 640, 1024, T=400, weights=weights,
-                   tail=11, seed=5)
+        run_gather("triton", [300, 0, 17, 129, 1, 64], 640, 1024, T=400, tail=11, seed=5)
 
 
 @needs_cuda

@@ -131,8 +131,7 @@ def grouped(quant: str, tma: str, swap_ab: bool, block_m: int = 64, block_k: int
     sig = dict(x_ptr="*bf16", w_ptr=wdt, m_sizes_ptr="*i32", weight_ids_ptr=None,
                x_scale_ptr=None, w_scale_ptr="*u8" if quant == "mxfp4" else None, bias_ptr=None,
                row_weights_ptr=None, scatter_ids_ptr=None if glu != "none" else "*i32",
-               x_ids_ptr=None if gather == "none" else "*i32",
-               x_weights_ptr="*fp32" if gather == "scaled" else None, out_ptr="*bf16",
+               x_ids_ptr=None if gather == "none" else "*i32", out_ptr="*bf16",
                x_host_desc=None, w_host_desc=None, M="i32", N="i32", K="i32", G="i32",
                W="i32", NB="i32", KB="i32", SPLIT="i32", alpha="fp32", limit="fp32",
                num_programs="i32")
@@ -181,8 +180,8 @@ BUILDS = {
     "grouped GEMM mxfp4": lambda: grouped("mxfp4", "none", False),
     "grouped GEMM mxfp4 device TMA, swapped": lambda: grouped("mxfp4", "device", True),
     "grouped GEMM mxfp4 16 x 128 x 256, swapped": lambda: grouped("mxfp4", "none", True, 16, 256),
-    "grouped GEMM bf16 gathered scaled rows, GLU, device TMA, 128 x 128 x 64": lambda: grouped(
-        "none", "device", False, 128, 64, 128, "scaled", "silu", num_warps=8),
+    "grouped GEMM bf16 gathered rows, GLU, device TMA, 128 x 128 x 64": lambda: grouped(
+        "none", "device", False, 128, 64, 128, "rows", "silu", num_warps=8),
     "grouped GEMM bf16 gathered rows, gpt-oss GLU, swapped 16 x 64 x 128": lambda: grouped(
         "none", "device", True, 16, 128, 64, "rows", "swiglu_oai"),
     "grouped GEMM mxfp4 GLU, swapped": lambda: grouped("mxfp4", "device", True, glu="silu"),

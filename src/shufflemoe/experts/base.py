@@ -147,11 +147,10 @@ def expert_gemm(
     scatter: str = "add",
     all_rows: bool = False,
     x_ids: Tensor | None = None,
-    x_weights: Tensor | None = None,
     glu: tuple[str, float, float | None] | None = None,
 ) -> Tensor:
     """grouped_gemm of rows (in out_dtype, or fp8 (q, scale); or the rows of inp that x_ids
-    gathers, times x_weights) against w.w13 (proj "w13", with its bias; fp8_block scale blocks
+    gathers) against w.w13 (proj "w13", with its bias; fp8_block scale blocks
     restart at its up half; glu: act(gate, up) in the epilogue) or w.w2 (proj "w2")."""
     if proj == "w13":
         weight, scale, bias = w.w13, w.w13_scale, w.w13_bias
@@ -161,7 +160,7 @@ def expert_gemm(
     x, x_scale = inp if isinstance(inp, tuple) else (inp, None)
     return ops.grouped_gemm(x, weight, m_sizes, x_scale, scale, weight_ids, row_weights,
                             scatter_ids, out, out_dtype, scatter, w.quantization, bias,
-                            split, all_rows, x_ids, x_weights, glu)
+                            split, all_rows, x_ids, glu)
 
 
 def pair_weights(routing: Routing, cfg: MoEConfig) -> tuple[Tensor | None, Tensor | None]:

@@ -49,12 +49,11 @@ class Shuffled(Experts):
         nv = None if r.all_routed else r.num_valid  # known: every row is valid
         gathered = _gathers_in_gemm(x, w, w_in)  # no [A, D] copy: GEMM13 loads x's rows by id
         xs = x if gathered else gather_input(ops, x, r.token_ids, w_in, w, nv)  # [A, D]
-        ids, w_ids = (r.token_ids, w_in) if gathered else (None, None)
+        ids = r.token_ids if gathered else None
         if _glu_in_gemm(w, r.num_pairs, r.num_experts, cfg):  # SwiGLU in GEMM13's epilogue
-            a = expert_gemm(ops, xs, w, "w13", r.counts, cfg.dtype, x_ids=ids, x_weights=w_ids,
-                            glu=cfg.act)
+            a = expert_gemm(ops, xs, w, "w13", r.counts, cfg.dtype, x_ids=ids, glu=cfg.act)
         else:
-            h = expert_gemm(ops, xs, w, "w13", r.counts, cfg.dtype, x_ids=ids, x_weights=w_ids)
+            h = expert_gemm(ops, xs, w, "w13", r.counts, cfg.dtype, x_ids=ids)
             a = glu(ops, h, w, cfg, nv)  # [A, I], quantized as GEMM2 takes it
         # top-1: one pair a token, the epilogue adds it without atomics (or stores it: nothing
         # to read); the opt-in atomic combine adds k > 1 rows in any order
@@ -86,8 +85,9 @@ def _gathers_in_gemm(x, w, w_in) -> bool:
     1.063x, 16384 1.12x, fp8_w8a16 T = 64 1.019x; Mixtral TP2 (2I = 14336) 1.004x at T = 64 but
     0.977x at 2048 and fp8_w8a16 0.983x; mxfp4 0.961x (its K steps are bound by the
     conversion); rows scaled at the input (Llama 4), the scale taken in registers before the
-    MMA: Scout TP8 T = 128 1.016x but 0.992x at 2048 and 0.916x at 16384, Maverick TP8 T = 16384
-    1.012x. The same bits either way."""
+    MMA (since removed from the kernel: wrong sums in one tile config on an H100): Scout TP8 T
+    = 128 1.016x but 0.992x at 2048 and 0.916x at 16384, Maverick TP8 T = 16384 1.012x. The
+    same bits either way."""
     return (not isinstance(x, QuantizedRows) and w_in is None
             and w.quantization in ("none", "fp8_w8a16") and w.w13.shape[1] <= GATHER_MAX_N)
 

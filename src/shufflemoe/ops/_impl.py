@@ -177,7 +177,7 @@ class Ops:
     sort_by_expert: Callable
     gather_scale: Callable  # (x, token_ids, weights, num_valid, quantize, out) -> xs | (q, scale)
     # (x, w, m_sizes, x_scale, w_scale, weight_ids, row_weights, scatter_ids, out, out_dtype,
-    #  scatter, quantization, bias, scale_split, all_rows[, x_ids, x_weights, glu]) -> out
+    #  scatter, quantization, bias, scale_split, all_rows[, x_ids, glu]) -> out
     grouped_gemm: Callable
     # (h, num_valid, quantize, out, (activation, alpha, limit)) -> a | (q, scale)
     silu_mul: Callable

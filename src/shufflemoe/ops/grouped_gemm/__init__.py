@@ -41,16 +41,14 @@ def grouped_gemm(
     scatter: str = "add",
     all_rows: bool = False,
     x_ids: Tensor | None = None,
-    x_weights: Tensor | None = None,
     glu: str | tuple[str, float, float | None] | None = None,
     impl: str | None = None,
 ) -> Tensor:
     """x [M, K], w [W, N, K], m_sizes [G] int32 -> [M, N].
 
     x_ids [M] (16-bit or float32 x only; x is then [T, K] for any T): row r of the product is
-    x[x_ids[r]], times x_weights[r] (float32 [M], optional) rounded to x's dtype, as
-    ops.gather_scale would make it, gathered in the GEMM's loads instead of a pass of its own.
-    Only the ids of rows inside the groups are read; they must be in [0, T).
+    x[x_ids[r]], gathered in the GEMM's loads instead of ops.gather_scale's pass. Only the ids
+    of rows inside the groups are read; they must be in [0, T).
 
     glu ("silu", "swiglu_oai", or (activation, alpha, limit) as ops.silu_mul's act; 16-bit or
     float32 x only): out [M, N / 2] = act(gate, up) of each row's products with w's first N / 2
@@ -90,10 +88,6 @@ def grouped_gemm(
             raise ValueError(f"x_ids gathers 16-bit or float32 rows only, not the fp8 x of "
                              f"quantization={fmt.name!r} (gather and quantize with gather_scale)")
         M = x_ids.shape[0]
-    if x_weights is not None:
-        if x_ids is None:
-            raise ValueError("x_weights scales gathered rows: it needs x_ids")
-        check_tensor("x_weights", x_weights, shape=[M], dtypes=(torch.float32,))
     if glu is not None:
         glu = _glu_act(glu)
         if fmt.activation != "none" or row_weights is not None or scatter_ids is not None:
@@ -127,11 +121,11 @@ def grouped_gemm(
         raise ValueError(f"scatter={scatter!r} needs scatter_ids")
     check_same_device(x=x, w=w, m_sizes=m_sizes, x_scale=x_scale, w_scale=w_scale, bias=bias,
                       weight_ids=weight_ids, row_weights=row_weights, scatter_ids=scatter_ids,
-                      out=out, x_ids=x_ids, x_weights=x_weights)
+                      out=out, x_ids=x_ids)
     return ops_for(resolve(impl, x)).grouped_gemm(x, w, m_sizes, x_scale, w_scale, weight_ids,
                                                   row_weights, scatter_ids, out, out_dtype,
                                                   scatter, quantization, bias, scale_split,
-                                                  all_rows, x_ids, x_weights, glu)
+                                                  all_rows, x_ids, glu)
 
 
 def _glu_act(glu) -> tuple[str, float, float | None]:

@@ -30,9 +30,11 @@ kernels do); mxfp4 (two e2m1 a byte and one e8m0 scale per 32 along K, dequantiz
 float32 in the K step and converted to x's dtype, exact). The packed weights stream at a quarter
 of bf16's bytes, which is what decode is bound by.
 
-Gathered rows (GATHER, 16-bit or fp32 x only): row r of the product is x[x_ids[r]] (times
-x_weights[r], rounded to x's dtype as gather_scale rounds it), loaded through pointers whatever
-the weights take, so the unfused MoE path needs no [A, D] copy of its rows.
+Gathered rows (GATHER, 16-bit or fp32 x only): row r of the product is x[x_ids[r]], loaded
+through pointers whatever the weights take, so the unfused MoE path needs no [A, D] copy of its
+rows. (Rows scaled in registers before the MMA, x_ids with weights, gave wrong sums in 128x256x64
+8-warp tiles without the flattened loop on an H100, Triton 3.6, fb4150c's GPU tests, and paid
+only at small T: removed, gather_scale scales rows.)
 
 GLU (16-bit or fp32 x only): a tile holds BLOCK_N gate rows and the BLOCK_N up rows N / 2 further
 on (two weight tiles a K step against one x tile, two accumulators), and its epilogue stores
@@ -68,7 +70,7 @@ from .._common import cdiv, next_power_of_2, on_device, traced
 from .._impl import interpreting, kernel_op
 from .._launch import launch
 from ..quantize import FP8_BLOCK, FP8_DTYPE, MX_GROUP
-from ..quantize.kernel import cast_to, e4m3_to, mxfp4_values
+from ..quantize.kernel import e4m3_to, mxfp4_values
 from ..silu_mul.kernel import glu_f32
 from . import configs
 
@@ -108,18 +110,16 @@ def _load_w(k0, w_row0, w_rows, col_ok, w_ptr, w_desc, w_scale_ptr, K,
 
 
 @triton.jit
-def _load_x(k0, row0, row_ok, a_rows, a_w, x_ptr, x_desc, K, BLOCK_K: tl.constexpr,
-            USE_TMA: tl.constexpr, GATHER: tl.constexpr, INTERPRET: tl.constexpr):
+def _load_x(k0, row0, row_ok, a_rows, x_ptr, x_desc, K, BLOCK_K: tl.constexpr,
+            USE_TMA: tl.constexpr, GATHER: tl.constexpr):
     """x[a_rows, k0:k0+BLOCK_K]: the tile's rows (through TMA from row0), or the x rows they
-    gather (GATHER), scaled by a_w and rounded to x's dtype when GATHER == "scaled"."""
+    gather (GATHER)."""
     if USE_TMA and GATHER == "none":
         a = x_desc.load([row0, k0])
     else:
         ks = k0 + tl.arange(0, BLOCK_K)
         a = tl.load(x_ptr + a_rows[:, None] * K + ks[None, :],
                     mask=row_ok[:, None] & (ks < K)[None, :], other=0.0)
-        if GATHER == "scaled":  # one rounding, as gather_scale's
-            a = cast_to(a.to(tl.float32) * a_w[:, None], x_ptr.dtype.element_ty, INTERPRET)
     return a
 
 
@@ -154,16 +154,14 @@ def _mma(acc, a, b, k0, rows, row_ok, ws_rows, col_ok, x_scale_ptr, w_scale_ptr,
 
 
 @triton.jit
-def _k_step(acc, acc_u, k0, row0, w_row0, rows, row_ok, a_rows, a_w, w_rows, col_ok, ws_rows,
+def _k_step(acc, acc_u, k0, row0, w_row0, rows, row_ok, a_rows, w_rows, col_ok, ws_rows,
             x_ptr, w_ptr, x_desc, w_desc, x_scale_ptr, w_scale_ptr, K, KB, N_OUT,
             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_TMA: tl.constexpr,
             SWAP_AB: tl.constexpr, QUANT: tl.constexpr, GATHER: tl.constexpr,
-            GLU: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
-            INTERPRET: tl.constexpr):
+            GLU: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """One K step: acc += x[rows] @ w[w_rows]^T over k0:k0+BLOCK_K; with a GLU, also acc_u +=
     the same rows against the up rows, N_OUT rows further on (x's tile loaded once for both)."""
-    a = _load_x(k0, row0, row_ok, a_rows, a_w, x_ptr, x_desc, K, BLOCK_K, USE_TMA, GATHER,
-                INTERPRET)
+    a = _load_x(k0, row0, row_ok, a_rows, x_ptr, x_desc, K, BLOCK_K, USE_TMA, GATHER)
     b = _load_w(k0, w_row0, w_rows, col_ok, w_ptr, w_desc, w_scale_ptr, K, BLOCK_N, BLOCK_K,
                 USE_TMA, QUANT, UPCAST)
     acc = _mma(acc, a, b, k0, rows, row_ok, ws_rows, col_ok, x_scale_ptr, w_scale_ptr, KB,
@@ -200,7 +198,7 @@ def _tile(
     tile_end,  # [BLOCK_G] inclusive prefix sum of tiles
     row_end,  # [BLOCK_G] inclusive prefix sum of m
     x_ptr, w_ptr, x_desc, w_desc, weight_ids_ptr, x_scale_ptr, w_scale_ptr, bias_ptr,
-    row_weights_ptr, scatter_ids_ptr, x_ids_ptr, x_weights_ptr, out_ptr, M, N, N_OUT, K, NB, KB,
+    row_weights_ptr, scatter_ids_ptr, x_ids_ptr, out_ptr, M, N, N_OUT, K, NB, KB,
     SPLIT, alpha, limit,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     USE_TMA: tl.constexpr, SWAP_AB: tl.constexpr, QUANT: tl.constexpr, HAS_BIAS: tl.constexpr,
@@ -231,10 +229,6 @@ def _tile(
         a_rows = rows.to(tl.int64)
     else:  # only the tile's own rows are looked up: past row_stop the ids may be anything
         a_rows = tl.load(x_ids_ptr + rows, mask=row_ok, other=0).to(tl.int64)
-    if GATHER == "scaled":
-        a_w = tl.load(x_weights_ptr + rows, mask=row_ok, other=0.0)
-    else:
-        a_w = row_ok.to(tl.float32)  # unused
     w_rows = wid.to(tl.int64) * N + cols  # [BLOCK_N] rows of w viewed as [W*N, K]
     if QUANT == "fp8_block":  # each column's scale-block row; blocks restart at SPLIT (up half)
         blk = tl.where(cols < SPLIT, cols // 128, tl.cdiv(SPLIT, 128) + (cols - SPLIT) // 128)
@@ -253,19 +247,17 @@ def _tile(
     if INTERPRET:
         k0 = 0
         while k0 < K:
-            acc, acc_u = _k_step(acc, acc_u, k0, row0, wid * N + n0, rows, row_ok, a_rows, a_w,
+            acc, acc_u = _k_step(acc, acc_u, k0, row0, wid * N + n0, rows, row_ok, a_rows,
                                  w_rows, col_ok, ws_rows, x_ptr, w_ptr, x_desc, w_desc,
                                  x_scale_ptr, w_scale_ptr, K, KB, N_OUT, BLOCK_N, BLOCK_K,
-                                 USE_TMA, SWAP_AB, QUANT, GATHER, GLU, UPCAST, DOT_PRECISION,
-                                 INTERPRET)
+                                 USE_TMA, SWAP_AB, QUANT, GATHER, GLU, UPCAST, DOT_PRECISION)
             k0 += BLOCK_K
     else:
         for k0 in range(0, K, BLOCK_K):
-            acc, acc_u = _k_step(acc, acc_u, k0, row0, wid * N + n0, rows, row_ok, a_rows, a_w,
+            acc, acc_u = _k_step(acc, acc_u, k0, row0, wid * N + n0, rows, row_ok, a_rows,
                                  w_rows, col_ok, ws_rows, x_ptr, w_ptr, x_desc, w_desc,
                                  x_scale_ptr, w_scale_ptr, K, KB, N_OUT, BLOCK_N, BLOCK_K,
-                                 USE_TMA, SWAP_AB, QUANT, GATHER, GLU, UPCAST, DOT_PRECISION,
-                                 INTERPRET)
+                                 USE_TMA, SWAP_AB, QUANT, GATHER, GLU, UPCAST, DOT_PRECISION)
     if SWAP_AB:
         acc = acc.T
     acc = _epilogue_scale_bias(acc, rows, row_ok, w_rows, col_ok, x_scale_ptr, w_scale_ptr,
@@ -306,8 +298,7 @@ def _grouped_gemm_kernel(
     bias_ptr,  # [W, N] added to each output row of group g with bias[weight of g] (HAS_BIAS)
     row_weights_ptr,  # [M] fp32 (HAS_ROW_WEIGHTS)
     scatter_ids_ptr,  # [M] destination row in out (SCATTER != "none")
-    x_ids_ptr,  # [M] the row of x each row gathers (GATHER != "none"; x is then [T, K])
-    x_weights_ptr,  # [M] fp32 each gathered row's scale (GATHER == "scaled")
+    x_ids_ptr,  # [M] the row of x each row gathers (GATHER == "rows"; x is then [T, K])
     out_ptr,  # [M, N], or [T, N] accumulated into (SCATTER != "none")
     x_host_desc,  # TensorDescriptor over x [M, K] (TMA == "host"), else None
     w_host_desc,  # TensorDescriptor over w [W*N, K] (or [W*N, K/2]) (TMA == "host"), else None
@@ -323,7 +314,7 @@ def _grouped_gemm_kernel(
     QUANT: tl.constexpr,  # "none" | "fp8_rowwise" | "fp8_w8a16" | "fp8_block" | "mxfp4"
     HAS_BIAS: tl.constexpr, HAS_WEIGHT_IDS: tl.constexpr, HAS_ROW_WEIGHTS: tl.constexpr,
     SCATTER: tl.constexpr,  # "none" (rows in order), "add" (atomic), "add_unique", "store"
-    GATHER: tl.constexpr,  # "none" | "rows" (x[x_ids]) | "scaled" (x[x_ids] * x_weights)
+    GATHER: tl.constexpr,  # "none" | "rows" (x[x_ids])
     GLU: tl.constexpr,  # "none" | "silu" | "swiglu_oai": out [M, N / 2] = act(gate, up) of the
     # rows' products with w's first and second N / 2 rows (a tile: BLOCK_N of each)
     HAS_LIMIT: tl.constexpr,
@@ -365,7 +356,7 @@ def _grouped_gemm_kernel(
         while t < total:
             _tile(t, m, tiles, tile_end, row_end, x_ptr, w_ptr, x_desc, w_desc, weight_ids_ptr,
                   x_scale_ptr, w_scale_ptr, bias_ptr, row_weights_ptr, scatter_ids_ptr,
-                  x_ids_ptr, x_weights_ptr, out_ptr, M, N, N_OUT, K, NB, KB, SPLIT, alpha, limit,
+                  x_ids_ptr, out_ptr, M, N, N_OUT, K, NB, KB, SPLIT, alpha, limit,
                   BLOCK_M, BLOCK_N, BLOCK_K, TMA != "none", SWAP_AB, QUANT, HAS_BIAS,
                   HAS_WEIGHT_IDS, HAS_ROW_WEIGHTS, SCATTER, GATHER, GLU, HAS_LIMIT, UPCAST,
                   DOT_PRECISION, INTERPRET)
@@ -374,7 +365,7 @@ def _grouped_gemm_kernel(
         for t in tl.range(pid, total, num_programs, flatten=FLATTEN):
             _tile(t, m, tiles, tile_end, row_end, x_ptr, w_ptr, x_desc, w_desc, weight_ids_ptr,
                   x_scale_ptr, w_scale_ptr, bias_ptr, row_weights_ptr, scatter_ids_ptr,
-                  x_ids_ptr, x_weights_ptr, out_ptr, M, N, N_OUT, K, NB, KB, SPLIT, alpha, limit,
+                  x_ids_ptr, out_ptr, M, N, N_OUT, K, NB, KB, SPLIT, alpha, limit,
                   BLOCK_M, BLOCK_N, BLOCK_K, TMA != "none", SWAP_AB, QUANT, HAS_BIAS,
                   HAS_WEIGHT_IDS, HAS_ROW_WEIGHTS, SCATTER, GATHER, GLU, HAS_LIMIT, UPCAST,
                   DOT_PRECISION, INTERPRET)
@@ -429,8 +420,7 @@ def _grouped_gemm_op(x: Tensor, w: Tensor, m_sizes: Tensor, x_scale: Optional[Te
                      w_scale: Optional[Tensor], weight_ids: Optional[Tensor],
                      row_weights: Optional[Tensor], scatter_ids: Optional[Tensor], out: Tensor,
                      scatter: str, quantization: str, bias: Optional[Tensor],
-                     scale_split: Optional[int], x_ids: Optional[Tensor],
-                     x_weights: Optional[Tensor], glu: str, alpha: float,
+                     scale_split: Optional[int], x_ids: Optional[Tensor], glu: str, alpha: float,
                      limit: Optional[float]) -> None:
     M = x.shape[0] if x_ids is None else x_ids.shape[0]  # rows of the product
     K = x.shape[1]
@@ -446,9 +436,7 @@ def _grouped_gemm_op(x: Tensor, w: Tensor, m_sizes: Tensor, x_scale: Optional[Te
     interpret = interpreting()
     tma = tma_mode(cfg, x, w)
     x_desc = w_desc = None
-    gather = "none" if x_ids is None else "rows" if x_weights is None else "scaled"
-    if gather == "scaled" and tma == "device":  # wrong sums on an H100 (Triton 3.6, 2809e21)
-        tma = "host"
+    gather = "none" if x_ids is None else "rows"
     if tma == "host":
         if x_ids is None:  # gathered rows load through pointers
             x_desc = TensorDescriptor(x, [M, K], [K, 1], [cfg.block_m, cfg.block_k])
@@ -468,7 +456,7 @@ def _grouped_gemm_op(x: Tensor, w: Tensor, m_sizes: Tensor, x_scale: Optional[Te
     with on_device(x):
         launch(_grouped_gemm_kernel, (num_programs,),
             x, w, m_sizes, weight_ids, x_scale, w_scale, bias, row_weights, scatter_ids, x_ids,
-            x_weights, dst, x_desc, w_desc, M, N, K, G, W, nb, cdiv(K, FP8_BLOCK),
+            dst, x_desc, w_desc, M, N, K, G, W, nb, cdiv(K, FP8_BLOCK),
             N if scale_split is None else scale_split, alpha,
             0.0 if limit is None else limit, num_programs,
             BLOCK_G=next_power_of_2(G), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
@@ -500,7 +488,6 @@ def grouped_gemm(
     scale_split: int | None = None,
     all_rows: bool = False,
     x_ids: Tensor | None = None,
-    x_weights: Tensor | None = None,
     glu: tuple[str, float, float | None] | None = None,
 ) -> Tensor:
     """Arguments already validated by ``ops.grouped_gemm``: x [M, K] (or [T, K] with x_ids [M]),
@@ -512,6 +499,6 @@ def grouped_gemm(
         N = w.shape[1] if glu is None else w.shape[1] // 2
         out = torch.empty((M, N), dtype=out_dtype, device=x.device)
     _grouped_gemm_op(x, w, m_sizes, x_scale, w_scale, weight_ids, row_weights, scatter_ids, out,
-                     scatter, quantization, bias, scale_split, x_ids, x_weights,
+                     scatter, quantization, bias, scale_split, x_ids,
                      *(("none", 1.0, None) if glu is None else glu))
     return out

@@ -56,15 +56,14 @@ def _grouped_mm(x: Tensor, w: Tensor, ends: Tensor) -> Tensor:
 def _products(x: Tensor, w: Tensor, m_sizes: Tensor, x_scale: Optional[Tensor],
               w_scale: Optional[Tensor], weight_ids: Optional[Tensor],
               row_weights: Optional[Tensor], quantization: str, bias: Optional[Tensor],
-              scale_split: Optional[int], x_ids: Optional[Tensor] = None,
-              x_weights: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
-    """(y [M, N]: each row (x's, or the one of x it gathers, times its x weight and rounded as
-    gather_scale rounds it) times its group's weights, plus its group's bias, times its row
+              scale_split: Optional[int], x_ids: Optional[Tensor] = None
+              ) -> tuple[Tensor, Tensor]:
+    """(y [M, N]: each row (x's, or the one of x it gathers) times its group's weights, plus its group's bias, times its row
     weight, rows past the total uninitialised; ends [G] int32 inclusive row ends)."""
     if x_ids is not None:  # ids past the groups may be anything: they read row 0
         ends = torch.cumsum(m_sizes, 0, dtype=torch.int32)
         tail = torch.arange(x_ids.shape[0], device=x.device) >= _total(ends)
-        x = gather_scale(x, x_ids.masked_fill(tail, 0), x_weights, None, False, None)
+        x = gather_scale(x, x_ids.masked_fill(tail, 0), None, None, False, None)
     M = x.shape[0]
     if weight_ids is not None:
         w = w.index_select(0, weight_ids)
@@ -97,14 +96,14 @@ def _grouped_gemm(x: Tensor, w: Tensor, m_sizes: Tensor, x_scale: Optional[Tenso
                   row_weights: Optional[Tensor], scatter_ids: Optional[Tensor], out: Tensor,
                   keep_tail: bool, quantization: str, bias: Optional[Tensor],
                   scale_split: Optional[int], all_rows: bool, store: bool,
-                  x_ids: Optional[Tensor], x_weights: Optional[Tensor], glu: Optional[str],
+                  x_ids: Optional[Tensor], glu: Optional[str],
                   alpha: float, limit: Optional[float]) -> None:
     """keep_tail: rows of out past sum(m_sizes) keep their values (else they may be written).
     all_rows: sum(m_sizes) == M, there is no tail. store: scattered rows replace out's rows
     (distinct ids) instead of adding to them."""
     M = x.shape[0] if x_ids is None else x_ids.shape[0]
     y, ends = _products(x, w, m_sizes, x_scale, w_scale, weight_ids, row_weights, quantization,
-                        bias, scale_split, x_ids, x_weights)
+                        bias, scale_split, x_ids)
     y = _glu_rows(y, None if glu is None else (glu, alpha, limit))
     if scatter_ids is None:
         store_rows(out, y, _total(ends) if keep_tail and not all_rows else None)
@@ -146,7 +145,6 @@ def grouped_gemm(
     scale_split: int | None = None,
     all_rows: bool = False,
     x_ids: Tensor | None = None,
-    x_weights: Tensor | None = None,
     glu: tuple[str, float, float | None] | None = None,
 ) -> Tensor:
     """As ops.grouped_gemm ("add" and "add_unique" are the same sum here)."""
@@ -154,7 +152,7 @@ def grouped_gemm(
         # eager, new output: the product itself (rows past the total may hold anything), not
         # an allocation and a copy
         y = _glu_rows(_products(x, w, m_sizes, x_scale, w_scale, weight_ids, row_weights,
-                                quantization, bias, scale_split, x_ids, x_weights)[0], glu)
+                                quantization, bias, scale_split, x_ids)[0], glu)
         return y if y.dtype == out_dtype else y.to(out_dtype)
     keep_tail = out is not None
     if out is None:
@@ -163,7 +161,7 @@ def grouped_gemm(
         out = torch.empty(M, N, dtype=out_dtype, device=x.device)
     _grouped_gemm(x, w, m_sizes, x_scale, w_scale, weight_ids, row_weights, scatter_ids, out,
                   keep_tail, quantization, bias, scale_split, all_rows, scatter == "store",
-                  x_ids, x_weights, *((None, 1.0, None) if glu is None else glu))
+                  x_ids, *((None, 1.0, None) if glu is None else glu))
     return out
 
 
