@@ -79,7 +79,6 @@ def _opcheck_cases() -> dict[str, tuple]:
     i32, fp8 = torch.int32, torch.float8_e4m3fn
     routing = (empty(E, dtype=i32), empty(A, dtype=i32), empty(A, dtype=i32), empty(A), empty(1, dtype=i32),
                empty(A, dtype=i32))
-    scratch = (empty(2, 0, dtype=i32), empty(0), empty(0, 32, dtype=i32))  # one program: unused
     h = torch.randn(A, 2 * I, device=DEV)
     counts = r.counts.view(2, -1)
     starts = torch.tensor([0, 5], device=DEV)
@@ -89,8 +88,8 @@ def _opcheck_cases() -> dict[str, tuple]:
     scatter = (x[r.token_ids.long()], w13[:, :D].contiguous(), r.counts, None, None, None,
                r.weights, r.token_ids, torch.zeros(T, D, device=DEV))
     cases = {
-        "route": (d["scores"], None, *routing, *scratch, E, K, True, 1, True, 1.0, None, 16, 16,
-                  True, 4, 128),
+        "route": (d["scores"], None, *routing, None, None, None, E, K, True, 1, True, 1.0, None,
+                  16, 16, True, 4, 128),  # one program (16 tokens >= T): no scratch
         "index_shuffle_ref": (d["scores"], K, "softmax", True, 1.0, None, *routing),
         "sort_by_expert_ref": (topk, E, None, 1, False, *routing),
         "gather_scale": (d["x"], r.token_ids, r.weights, r.num_valid, empty(A, D, dtype=d["x"].dtype)),
@@ -153,6 +152,27 @@ def test_opcheck_every_op():
         fp8 = any(isinstance(a, torch.Tensor) and a.dtype == torch.float8_e4m3fn for a in args)
         utils = ("test_faketensor",) if fp8 else ("test_schema", "test_faketensor")
         torch.library.opcheck(getattr(torch.ops.shufflemoe, name), args, test_utils=utils)
+
+
+def test_opcheck_route_in_blocks():
+    """The routing in blocks of 4 tokens, with the scratch a single program goes without."""
+    from torch._library.custom_ops import OPDEFS
+
+    d = inputs(device=DEV)
+    i32, nb, P = torch.int32, -(-T // 4), 4 * K
+    A = T * K
+
+    def empty(*shape, dtype=torch.float32):
+        return torch.empty(*shape, dtype=dtype, device=DEV)
+
+    args = (d["scores"], None, empty(E, dtype=i32), empty(A, dtype=i32), empty(A, dtype=i32),
+            empty(A), empty(1, dtype=i32), empty(A, dtype=i32), empty(2, nb * P, dtype=i32),
+            empty(nb * P), empty(nb, 32, dtype=i32), E, K, True, 1, True, 1.0, None, 4, 16, False,
+            4, 128)
+    for name in ("route", "route_kernels"):
+        if f"shufflemoe::{name}" in OPDEFS:
+            torch.library.opcheck(getattr(torch.ops.shufflemoe, name), args,
+                                  test_utils=("test_schema", "test_faketensor"))
 
 
 def test_traced_kernels_op_has_the_opaque_ops_schema():

@@ -196,14 +196,14 @@ def gather_scale(
     """x [T, D], token_ids [A], weights [A] | None -> [A, D] in x's dtype, or (q [A, D] e4m3,
     scale [A] float32) with quantize "rowwise" (or True), (q, scale [A, ceil(D / 128)]) with
     "groups". Arguments were checked by the public function."""
-    A, D = token_ids.shape[0], x.shape[1]
-    if QUANTIZE_MODES[quantize] == "groups":
+    A, D, mode = token_ids.shape[0], x.shape[1], QUANTIZE_MODES[quantize]
+    if mode == "groups":
         if out is None:
             out = (torch.empty(A, D, dtype=FP8_DTYPE, device=x.device),
                    torch.empty(A, cdiv(D, FP8_BLOCK), dtype=torch.float32, device=x.device))
         _gather_scale_groups_op(x, token_ids, weights, num_valid, out[0], out[1])
         return out
-    if QUANTIZE_MODES[quantize] == "rowwise":
+    if mode == "rowwise":
         if out is None:
             out = (torch.empty(A, D, dtype=FP8_DTYPE, device=x.device),
                    torch.empty(A, dtype=torch.float32, device=x.device))

@@ -170,7 +170,7 @@ def _route_kernel(
     win_ptr,  # topk_weights [T, K] (HAS_W only)
     win_stride,
     counts_ptr, tok_ptr, exp_ptr, w_ptr, nv_ptr, pos_ptr,  # outputs: [E], [A] x3, [1], [A]
-    skey_ptr, sid_ptr, sw_ptr, hist_ptr,  # scratch when not SINGLE: [nb*P] x3, [nb, NB]
+    skey_ptr, sid_ptr, sw_ptr, hist_ptr,  # scratch (None when SINGLE): [nb*P] x3, [nb, NB]
     T,  # tokens
     cap,  # capacity per expert (HAS_CAP only)
     scaling,  # weight multiplier (FROM_SCORES only)
@@ -356,7 +356,8 @@ def invariant_route_config(T: int, E: int, k: int, block_pairs: int = 64) -> Rou
                   "scratch_i", "scratch_w", "hist"))
 def _route_op(src: Tensor, topk_weights: Optional[Tensor], counts: Tensor, token_ids: Tensor,
               expert_ids: Tensor, weights: Tensor, num_valid: Tensor, positions: Tensor,
-              scratch_i: Tensor, scratch_w: Tensor, hist: Tensor, num_experts: int, top_k: int,
+              scratch_i: Optional[Tensor], scratch_w: Optional[Tensor], hist: Optional[Tensor],
+              num_experts: int, top_k: int,
               from_scores: bool, scoring: int, renormalize: bool, scaling: float,
               capacity: Optional[int], block_tokens: int, expert_chunk: int, single: bool,
               num_warps: int, place_programs: int) -> None:
@@ -375,9 +376,10 @@ def _route_op(src: Tensor, topk_weights: Optional[Tensor], counts: Tensor, token
     # One program (decode): with PDL the next kernel launches as this one starts, so its
     # programs that need no routing (the fused decode kernels' shared expert) run beside it.
     pdl = single and src.is_cuda and not interpreting() and not traced((src,))
+    skey, sid = (None, None) if scratch_i is None else (scratch_i[0], scratch_i[1])
     launch(_route_kernel, (nb,),
         src, src.stride(0), win, win.stride(0), counts, token_ids, expert_ids, weights, num_valid,
-        positions, scratch_i[0], scratch_i[1], scratch_w, hist, T, cap, scaling,
+        positions, skey, sid, scratch_w, hist, T, cap, scaling,
         K=k, KP=kp, BT=block_tokens, BEC=expert_chunk, SCORING=scoring, RENORM=renormalize,
         HAS_W=topk_weights is not None, SINGLE=single, PDL=pdl, num_warps=num_warps, **meta,
         **({"launch_pdl": True} if pdl else {}))
@@ -406,18 +408,21 @@ def _route(src: Tensor, topk_weights: Tensor | None, E: int, k: int, from_scores
     cfg = config or route_config(T, E, k, from_scores)
     if cfg.single and cfg.block_tokens < T:
         raise ValueError(f"a single-program config needs block_tokens >= T={T}")
-    kp = next_power_of_2(k)
-    nb = 0 if cfg.single else cdiv(T, cfg.block_tokens)
-    nbins = _num_buckets(E, from_scores)
     counts = torch.empty(E, dtype=torch.int32, device=dev)
     token_ids = torch.empty(A, dtype=torch.int32, device=dev)
     expert_ids = torch.empty(A, dtype=torch.int32, device=dev)
     weights = torch.empty(A, dtype=torch.float32, device=dev)
     num_valid = torch.empty(1, dtype=torch.int32, device=dev)
     positions = torch.empty(A, dtype=torch.int32, device=dev)
-    scratch_i = torch.empty(2, nb * cfg.block_tokens * kp, dtype=torch.int32, device=dev)
-    scratch_w = torch.empty(nb * cfg.block_tokens * kp, dtype=torch.float32, device=dev)
-    hist = torch.empty(nb, nbins, dtype=torch.int32, device=dev)
+    # Scratch only for blocks: one program (decode) allocates none (compiled, each allocation
+    # is a call in Inductor's wrapper, empty or not)
+    scratch_i = scratch_w = hist = None
+    if not cfg.single:
+        pairs = cdiv(T, cfg.block_tokens) * cfg.block_tokens * next_power_of_2(k)
+        scratch_i = torch.empty(2, pairs, dtype=torch.int32, device=dev)
+        scratch_w = torch.empty(pairs, dtype=torch.float32, device=dev)
+        hist = torch.empty(cdiv(T, cfg.block_tokens), _num_buckets(E, from_scores),
+                           dtype=torch.int32, device=dev)
     _route_op(
         src, topk_weights, counts, token_ids, expert_ids, weights, num_valid, positions, scratch_i,
         scratch_w, hist, E, k, from_scores, SCORING_IDS[scoring], renormalize, float(scaling),

@@ -15,7 +15,7 @@ from .._impl import inplace_op
 from ..gather_scale.reference import gather_scale
 from ..grouped_gemm.reference import grouped_gemm
 from ..quantize.formats import FORMATS as ALL_FORMATS
-from ..quantize.reference import FP8_DTYPE, quantize_fp8_groups
+from ..quantize.reference import FP8_DTYPE
 from ..scatter_add.reference import token_sum
 from ..silu_mul.reference import Act, silu_mul
 
@@ -73,9 +73,7 @@ def _gate_up(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Tensor
             silu_mul(h, None, False, sa, act)
     mode = activation_of(quant)
     nv = _num_valid(counts)
-    xs = gather_scale(x, token_ids, row_weights, nv, mode == "rowwise", None)
-    if mode == "groups":
-        xs = quantize_fp8_groups(xs)
+    xs = gather_scale(x, token_ids, row_weights, nv, mode, None)
     xq, x_scale = xs if mode != "none" else (xs, None)
     h = grouped_gemm(xq, w13, counts, x_scale, w13_scale, None, None, None, None,
                      torch.float32, quantization=quant, bias=bias,
