@@ -67,14 +67,16 @@ def check_same(got: dict, want: dict, same_weights: bool = True) -> None:
         assert torch.equal(got["out_tm"], want["out_tm"])
 
 
+def empty(*shape, dtype=torch.float32):
+    """An uninitialised tensor on DEV (the ops under opcheck write it)."""
+    return torch.empty(*shape, dtype=dtype, device=DEV)
+
+
 def _opcheck_cases() -> dict[str, tuple]:
     """Arguments for every op shufflemoe registers, kernel and reference alike."""
     d = inputs(device=DEV)
     r = index_shuffle(d["scores"], K, impl="torch")
     A = r.num_pairs
-
-    def empty(*shape, dtype=torch.float32):
-        return torch.empty(*shape, dtype=dtype, device=DEV)
 
     i32, fp8 = torch.int32, torch.float8_e4m3fn
     routing = (empty(E, dtype=i32), empty(A, dtype=i32), empty(A, dtype=i32), empty(A), empty(1, dtype=i32),
@@ -161,10 +163,6 @@ def test_opcheck_route_in_blocks():
     d = inputs(device=DEV)
     i32, nb, P = torch.int32, -(-T // 4), 4 * K
     A = T * K
-
-    def empty(*shape, dtype=torch.float32):
-        return torch.empty(*shape, dtype=dtype, device=DEV)
-
     args = (d["scores"], None, empty(E, dtype=i32), empty(A, dtype=i32), empty(A, dtype=i32),
             empty(A), empty(1, dtype=i32), empty(A, dtype=i32), empty(2, nb * P, dtype=i32),
             empty(nb * P), empty(nb, 32, dtype=i32), E, K, True, 1, True, 1.0, None, 4, 16, False,
