@@ -2,11 +2,12 @@
 pairing, spreads, targets that can fail."""
 
 import pytest
+import torch
 
 from shufflemoe.bench.analysis import apply_ceilings, ratios, select, span, tally, target
 from shufflemoe.bench.ceilings import (Ceilings, parse_clocks, raised, shown, stricter,
                                        write_ns_per_byte)
-from shufflemoe.bench.timing import rotations, summarize
+from shufflemoe.bench.timing import L2_BYTES, rotations, summarize
 
 C = Ceilings(read_gbps=3200.0, copy_gbps=2900.0, bf16_tflops=750.0, fp8_tflops=1300.0)
 
@@ -168,9 +169,13 @@ def test_summarize_spread():
 
 
 def test_rotations_leave_l2():
-    assert rotations(1 << 20) == 32  # capped
-    assert rotations(30 << 20) == 4  # 4 x 30 MB > 2 x 50 MB
-    assert rotations(1 << 30) == 1
+    h100, h200 = 50 << 20, 60 << 20
+    assert rotations(1 << 20, h100) == 32  # capped
+    assert rotations(30 << 20, h100) == 4  # 4 x 30 MB > 2 x 50 MB
+    assert (rotations(26 << 20, h100), rotations(26 << 20, h200)) == (4, 5)
+    assert rotations(1 << 30, h100) == 1
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size if torch.cuda.is_available() else L2_BYTES
+    assert rotations(26 << 20) == rotations(26 << 20, l2)  # the GPU's own L2 by default
 
 
 def test_host_cost_analysis_takes_a_skipped_model():

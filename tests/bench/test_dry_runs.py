@@ -83,6 +83,9 @@ def test_layer(monkeypatch):
     assert len(shootout) == 2 * 7 and all(r["check"] == "ok" for r in shootout)
     assert {"graph vs graph", "eager vs eager", "compile vs compile"} <= {r["modes"] for r in a.ratios}
     assert all(r.get("pct_read") for r in ours)
+    prefill = [r for r in ours if r["phase"] == "prefill"]  # eager here: graphs need CUDA
+    assert prefill and all(r["dense_lo"] <= r["dense_us"] <= r["dense_hi"]
+                           and r["pct_dense_lo"] <= r["pct_dense"] <= r["pct_dense_hi"] for r in prefill)
 
 
 @pytest.mark.parametrize("fmt", ["none", "fp8_rowwise"])

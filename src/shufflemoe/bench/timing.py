@@ -13,7 +13,7 @@ from typing import Callable, Collection
 import torch
 from torch.utils._pytree import tree_map
 
-L2_BYTES = 50 << 20  # H100
+L2_BYTES = 50 << 20  # an H100's; rotations() reads the GPU's own where there is one
 
 
 @dataclass(frozen=True)
@@ -49,8 +49,12 @@ def summarize(samples_us: list[float], mode: str) -> Timing:
                   len(samples_us), mode)
 
 
-def rotations(bytes_per_set: int, l2_bytes: int = L2_BYTES, cap: int = 32) -> int:
-    """Input sets to rotate through so that one pass reads over 2x the L2 (50 MB on an H100)."""
+def rotations(bytes_per_set: int, l2_bytes: int | None = None, cap: int = 32) -> int:
+    """Input sets to rotate through so that one pass reads over 2x the L2: ``l2_bytes``, else the
+    current GPU's (50 MB on an H100, 60 on an H200), else L2_BYTES (no CUDA: dry runs)."""
+    if l2_bytes is None:
+        l2_bytes = (torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+                    if torch.cuda.is_available() else L2_BYTES)
     return max(1, min(cap, -(-2 * l2_bytes // max(bytes_per_set, 1))))
 
 

@@ -21,6 +21,7 @@ of that set, under the format's tolerance (shufflemoe.testing).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import traceback
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ from ...config import QUANTIZATIONS
 from ...ops import use_impl
 from ...testing import compare, tolerance_key
 from ..peers import _dequantized, hf_block_candidates, hf_block_forward, per_expert_loop, torch_pipeline
-from ..timing import rotations, time_fn, time_turns
+from ..timing import Timing, rotations, time_fn, time_turns
 from . import Context, SuiteResult, suite
 from .layer_report import COLUMNS, analyse, plot_strategies
 
@@ -119,20 +120,35 @@ def covering_inputs(layer: MoE, T: int, seed: int) -> torch.Tensor:
     return x[torch.randperm(T, device=x.device, generator=g)]
 
 
-def _dense_us(T: int, D: int, flops: float, fp8: bool) -> float:
+def _dense(T: int, D: int, flops: float, fp8: bool, reps: int) -> Timing:
     """Time of one dense cuBLAS GEMM [T, D] x [D, N] doing ``flops`` (bf16, or fp8 rowwise through
-    torch._scaled_mm with fast accumulation, as shufflemoe's fp8 kernels accumulate)."""
+    torch._scaled_mm with fast accumulation, as shufflemoe's fp8 kernels accumulate), timed as
+    ours is: CUDA-graph replays (eager calls without CUDA: dry runs), ``reps`` samples; scaled to
+    exactly ``flops``."""
     N = max(128, round(flops / (2 * T * D) / 128) * 128)
     a = torch.randn(T, D, device=DEVICE, dtype=torch.bfloat16)
     b = torch.randn(N, D, device=DEVICE, dtype=torch.bfloat16)
     if fp8:
         a8, b8 = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn)
         sa, sb = torch.ones(T, 1, device=DEVICE), torch.ones(1, N, device=DEVICE)
-        t = time_fn(lambda i: torch._scaled_mm(a8, b8.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16,
-                                               use_fast_accum=True), 1, graph=False, reps=10)
+        run = lambda i: torch._scaled_mm(a8, b8.t(), scale_a=sa, scale_b=sb,  # noqa: E731
+                                         out_dtype=torch.bfloat16, use_fast_accum=True)
     else:
-        t = time_fn(lambda i: a @ b.t(), 1, graph=False, reps=10)
-    return t.median_us * 2 * T * D * N / flops  # scaled to exactly ``flops``
+        run = lambda i: a @ b.t()  # noqa: E731
+    t = time_fn(run, 1, graph=torch.cuda.is_available(), reps=reps)
+    k = 2 * T * D * N / flops
+    return dataclasses.replace(t, median_us=t.median_us * k, p20_us=t.p20_us * k, p80_us=t.p80_us * k,
+                               min_us=t.min_us * k, max_us=t.max_us * k)
+
+
+def _dense_fields(parts: list[Timing], row: dict) -> dict:
+    """dense_us [dense_lo, dense_hi]: the dense GEMMs' medians [p20s, p80s] summed; pct_dense =
+    dense over our median, its bounds [dense p20 / our p80, dense p80 / our p20]: the target
+    judges the median, the bounds say how far the two runs' spreads could move it."""
+    lo, mid, hi = (sum(getattr(t, f) for t in parts) for f in ("p20_us", "median_us", "p80_us"))
+    return dict(dense_us=mid, dense_lo=lo, dense_hi=hi, pct_dense=100 * mid / row["us"],
+                pct_dense_lo=100 * lo / row.get("us_hi", row["us"]),
+                pct_dense_hi=100 * hi / row.get("us_lo", row["us"]))
 
 
 class _Case:
@@ -306,11 +322,11 @@ def _token_rows(p: Preset, fmt: str, ctx: Context, layers: list[MoE], T: int, ph
     if fmt == "none" and (p.name, T) in BATCH_INVARIANT_CASES and not ctx.quick:
         rows.append(dict(base, **case.fields, **_batch_invariant_row(case, reps)))
     if phase == "prefill" and fmt in DENSE_FP8:
-        dense = (_dense_us(T, cfg.hidden_size, case.routed_flops, DENSE_FP8[fmt])
-                 + _dense_us(T, cfg.hidden_size, case.other_flops, False))
+        dense = [_dense(T, cfg.hidden_size, case.routed_flops, DENSE_FP8[fmt], reps),
+                 _dense(T, cfg.hidden_size, case.other_flops, False, reps)]
         for r in rows:
             if r.get("us"):
-                r.update(dense_us=dense, pct_dense=100 * dense / r["us"])
+                r.update(_dense_fields(dense, r))
     if p.name == "llama4-scout-tp8" and fmt == "none" and T == 64:
         spec_xs = [covering_inputs(case.layer(i), T, seed=i) for i in range(N_SETS)]
         spec = _Case(layers, spec_xs)
@@ -365,5 +381,6 @@ NOTES = ("us: median per layer call [p20, p80]; mode: graph = CUDA-graph replays
          "per second over the read ceiling; floor: reads at the read ceiling, writes at what a copy "
          "leaves for them, or the FLOPs at the dense rate. pct_dense: a dense cuBLAS GEMM doing the "
          "layer's FLOPs (routed in the format's precision, fp8 with fast accumulation; shared expert "
-         "and router in bf16) over our time. Peers on the same rotated weights. Shoot-out rows: every "
+         "and router in bf16, CUDA-graph replays as ours) over our time, [dense p20 / our p80, dense p80 / "
+         "our p20]; dense_us its time [p20, p80]. Peers on the same rotated weights. Shoot-out rows: every "
          "strategy on one layer.")

@@ -11,7 +11,7 @@ from ..plots import pyplot
 
 KEYS = ["preset", "format", "T", "routing"]
 COLUMNS = ["preset", "format", "T", "phase", "routing", "impl", "mode", "us", "pct_read", "floor_us",
-           "x_floor", "tflops", "pct_dense", "active_experts", "check", "note"]
+           "x_floor", "tflops", "pct_dense", "dense_us", "active_experts", "check", "note"]
 PRESET_NAMES = ("llama4-scout-tp8", "llama4-maverick-tp8", "qwen3-30b-a3b", "mixtral-8x7b-tp2")
 DECODE_SMALL, DECODE_LARGE_T = 8, 64  # decode targets at T = 1..8 and T >= 64
 # % of the read ceiling (issue 23): bf16 and fp8 rowwise 80 / 92; the other formats 70 / 85
