@@ -11,7 +11,7 @@ two runs differ in more than the memory (machines, the day's clocks, the run-to-
 each row, a few per cent), so read F to a few microseconds, never as a measurement of its own.
 
     python benchmarks/two_devices.py benchmarks/results/layer.json \\
-        benchmarks/results/h200_97e43f6/layer.json > benchmarks/results/h200_97e43f6/two_devices.md
+        benchmarks/results/h200/layer.json > benchmarks/results/h200/two_devices.md
 """
 
 from __future__ import annotations
