@@ -20,6 +20,8 @@ import json
 import pathlib
 import sys
 
+from shufflemoe.bench.analysis import select
+
 KEY = ("preset", "format", "T")
 
 
@@ -34,9 +36,8 @@ def split(t_a: float, t_b: float, ratio: float) -> tuple[float, float]:
 
 def _ours(doc: dict) -> dict:
     """(preset, format, T) -> our checked CUDA-graph row under random routing."""
-    return {tuple(r[k] for k in KEY): r for r in doc["rows"]
-            if r.get("impl") == "shufflemoe" and r.get("mode") == "graph"
-            and r.get("routing") == "random" and r.get("us") and r.get("check") == "ok"}
+    rows = select(doc["rows"], impl="shufflemoe", mode="graph", routing="random", check="ok", us=bool)
+    return {tuple(r[k] for k in KEY): r for r in rows}
 
 
 def table(doc_a: dict, doc_b: dict) -> str:
