@@ -70,7 +70,7 @@ from .._common import cdiv, next_power_of_2, on_device, traced
 from .._impl import interpreting, kernel_op
 from .._launch import launch
 from ..quantize import FP8_BLOCK, FP8_DTYPE, MX_GROUP
-from ..quantize.kernel import e4m3_to, mxfp4_dot, mxfp4_values
+from ..quantize.kernel import e4m3_to, mxfp4_values
 from ..silu_mul.kernel import glu_f32
 from . import configs
 
@@ -83,17 +83,23 @@ def _locate_combine(a0, a1, a2, a3, b0, b1, b2, b3):
 
 
 @triton.jit
-def _load_w(k0, w_row0, w_rows, col_ok, w_ptr, w_desc, K, BLOCK_K: tl.constexpr,
-            USE_TMA: tl.constexpr, QUANT: tl.constexpr):
-    """The weight tile w[w_rows, k0:k0+BLOCK_K] [BLOCK_N, BLOCK_K] as stored: bf16, fp8, or
-    mxfp4's packed bytes [BLOCK_N, BLOCK_K / 2] (_mma decodes them with their scales)."""
+def _load_w(k0, w_row0, w_rows, col_ok, w_ptr, w_desc, w_scale_ptr, K,
+            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_TMA: tl.constexpr,
+            QUANT: tl.constexpr, UPCAST: tl.constexpr):
+    """The weight tile w[w_rows, k0:k0+BLOCK_K] [BLOCK_N, BLOCK_K]: as stored (bf16, fp8), or
+    dequantized (mxfp4: packed [BLOCK_N, BLOCK_K / 2] bytes and their scales; to bf16, or to
+    float32 under the interpreter)."""
     if QUANT == "mxfp4":
         if USE_TMA:
-            b = w_desc.load([w_row0, k0 // 2])
+            packed = w_desc.load([w_row0, k0 // 2])
         else:
             js = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-            b = tl.load(w_ptr + w_rows[:, None] * (K // 2) + js[None, :],
-                        mask=col_ok[:, None] & (js < K // 2)[None, :], other=0)
+            packed = tl.load(w_ptr + w_rows[:, None] * (K // 2) + js[None, :],
+                             mask=col_ok[:, None] & (js < K // 2)[None, :], other=0)
+        gs = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+        s = tl.load(w_scale_ptr + w_rows[:, None] * (K // 32) + gs[None, :],
+                    mask=col_ok[:, None] & (gs < K // 32)[None, :], other=0)
+        b = mxfp4_values(packed, s, BLOCK_N, BLOCK_K, UPCAST)
     elif USE_TMA:
         b = w_desc.load([w_row0, k0])
     else:
@@ -118,43 +124,18 @@ def _load_x(k0, row0, row_ok, a_rows, x_ptr, x_desc, K, BLOCK_K: tl.constexpr,
 
 
 @triton.jit
-def _mma(acc, a, b, k0, rows, row_ok, ws_rows, col_ok, x_scale_ptr, w_scale_ptr, K, KB,
-         BLOCK_K: tl.constexpr, SWAP_AB: tl.constexpr, QUANT: tl.constexpr,
-         UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr):
+def _mma(acc, a, b, k0, rows, row_ok, ws_rows, col_ok, x_scale_ptr, w_scale_ptr, KB,
+         SWAP_AB: tl.constexpr, QUANT: tl.constexpr, UPCAST: tl.constexpr,
+         DOT_PRECISION: tl.constexpr):
     """acc += a @ b^T (transposed when SWAP_AB); fp8_block scales this step's product by its
-    128-column block's scales first; mxfp4 (b: the packed bytes) loads the step's e8m0 scales
-    and decodes in registers (mxfp4_dot: the weights as the MMA's left operand, SWAP_AB) or
-    dequantizes first (mxfp4_values: to bf16, float32 under the interpreter)."""
-    if QUANT == "mxfp4":
-        gs = k0 // 32 + tl.arange(0, BLOCK_K // 32)
-        s = tl.load(w_scale_ptr + ws_rows[:, None] * (K // 32) + gs[None, :],
-                    mask=col_ok[:, None] & (gs < K // 32)[None, :], other=0)
-        if SWAP_AB:
-            acc = mxfp4_dot(acc, b, s, a.T, BLOCK_K, UPCAST, DOT_PRECISION)
-        else:
-            b = mxfp4_values(b, s, b.shape[0], BLOCK_K, UPCAST)
-            if UPCAST:
-                a = a.to(tl.float32)
-            else:
-                b = b.to(a.dtype)
-            acc = tl.dot(a, b.T, acc, input_precision=DOT_PRECISION)
-    else:
-        acc = _mma_stored(acc, a, b, k0, rows, row_ok, ws_rows, col_ok, x_scale_ptr,
-                          w_scale_ptr, KB, SWAP_AB, QUANT, UPCAST, DOT_PRECISION)
-    return acc
-
-
-@triton.jit
-def _mma_stored(acc, a, b, k0, rows, row_ok, ws_rows, col_ok, x_scale_ptr, w_scale_ptr, KB,
-                SWAP_AB: tl.constexpr, QUANT: tl.constexpr, UPCAST: tl.constexpr,
-                DOT_PRECISION: tl.constexpr):
-    """_mma for the formats whose tiles the MMA takes as stored (bf16, fp8) or converted
-    elementwise (fp8_w8a16)."""
+    128-column block's scales first."""
     if UPCAST:  # interpreter: its bf16 dot is wrong (Triton 3.6); fp32 of bf16/fp8 is exact
         a = a.to(tl.float32)
         b = b.to(tl.float32)
     elif QUANT == "fp8_w8a16":  # weight-only: exact in x's dtype
         b = e4m3_to(b, a.dtype)
+    elif QUANT == "mxfp4":
+        b = b.to(a.dtype)
     if QUANT == "fp8_block":  # the K step lies inside one 128-column block (BLOCK_K <= 128)
         kb = k0 // 128
         xs = tl.load(x_scale_ptr + rows.to(tl.int64) * KB + kb, mask=row_ok, other=0.0)
@@ -181,14 +162,15 @@ def _k_step(acc, acc_u, k0, row0, w_row0, rows, row_ok, a_rows, w_rows, col_ok, 
     """One K step: acc += x[rows] @ w[w_rows]^T over k0:k0+BLOCK_K; with a GLU, also acc_u +=
     the same rows against the up rows, N_OUT rows further on (x's tile loaded once for both)."""
     a = _load_x(k0, row0, row_ok, a_rows, x_ptr, x_desc, K, BLOCK_K, USE_TMA, GATHER)
-    b = _load_w(k0, w_row0, w_rows, col_ok, w_ptr, w_desc, K, BLOCK_K, USE_TMA, QUANT)
-    acc = _mma(acc, a, b, k0, rows, row_ok, ws_rows, col_ok, x_scale_ptr, w_scale_ptr, K, KB,
-               BLOCK_K, SWAP_AB, QUANT, UPCAST, DOT_PRECISION)
+    b = _load_w(k0, w_row0, w_rows, col_ok, w_ptr, w_desc, w_scale_ptr, K, BLOCK_N, BLOCK_K,
+                USE_TMA, QUANT, UPCAST)
+    acc = _mma(acc, a, b, k0, rows, row_ok, ws_rows, col_ok, x_scale_ptr, w_scale_ptr, KB,
+               SWAP_AB, QUANT, UPCAST, DOT_PRECISION)
     if GLU != "none":
-        b = _load_w(k0, w_row0 + N_OUT, w_rows + N_OUT, col_ok, w_ptr, w_desc, K, BLOCK_K,
-                    USE_TMA, QUANT)
-        acc_u = _mma(acc_u, a, b, k0, rows, row_ok, ws_rows + N_OUT, col_ok, x_scale_ptr,
-                     w_scale_ptr, K, KB, BLOCK_K, SWAP_AB, QUANT, UPCAST, DOT_PRECISION)
+        b = _load_w(k0, w_row0 + N_OUT, w_rows + N_OUT, col_ok, w_ptr, w_desc, w_scale_ptr, K,
+                    BLOCK_N, BLOCK_K, USE_TMA, QUANT, UPCAST)
+        acc_u = _mma(acc_u, a, b, k0, rows, row_ok, ws_rows, col_ok, x_scale_ptr, w_scale_ptr,
+                     KB, SWAP_AB, QUANT, UPCAST, DOT_PRECISION)
     return acc, acc_u
 
 

@@ -73,7 +73,7 @@ from .._common import cdiv, next_power_of_2, on_device, traced
 from .._impl import interpreting, kernel_op
 from .._launch import launch, persistent_zeros
 from ..quantize.kernel import (cast_to, e2m1_f16, e4m3_bits, e4m3_to, e8m0_values, fp8_target,
-                               mxfp4_dot, row_scales, store_fp8)
+                               mxfp4_values, row_scales, store_fp8)
 from ..quantize.reference import FP8_DTYPE
 from ..silu_mul.kernel import glu_f32
 from . import configs
@@ -120,47 +120,41 @@ def _fp8_value(v, INTERPRET: tl.constexpr):
 
 
 @triton.jit
-def _dot(acc, w, sc, xt, QUANT: tl.constexpr, UPCAST: tl.constexpr, W_TO_X: tl.constexpr,
-         DOT_PRECISION: tl.constexpr):
+def _dot(acc, w, xt, UPCAST: tl.constexpr, W_TO_X: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """acc [BN, BM] += w [BN, BK] @ xt [BK, BM]; with BM = 1 on the CUDA cores (products of
-    bf16 / fp8 values are exact in fp32, summed in fp32). W_TO_X: a weight-only format's tile
-    (e4m3) becomes x's dtype for the MMA, exactly (fp8_w8a16). mxfp4 (MMA tiles; one pair takes
-    _mxfp4_gemv): w the packed bytes, sc their e8m0 scales (_w_tile), decoded by mxfp4_dot."""
-    if QUANT == "mxfp4":
-        acc = mxfp4_dot(acc, w, sc, xt, 2 * w.shape[1], UPCAST, DOT_PRECISION)
-    elif xt.shape[1] == 1:
+    bf16 / fp8 / dequantized mxfp4 values are exact in fp32, summed in fp32). W_TO_X: a
+    weight-only format's tile (e4m3, or mxfp4 dequantized to fp32) becomes x's dtype for the
+    MMA, exactly (fp8_w8a16, mxfp4 with bf16 x)."""
+    if xt.shape[1] == 1:
         x = tl.reshape(xt, [xt.shape[0]]).to(tl.float32)
-        acc += tl.reshape(tl.sum(w.to(tl.float32) * x[None, :], 1), [w.shape[0], 1])
-    else:
-        if UPCAST:  # interpreter: its bf16 dot is wrong (Triton 3.6); fp32 of bf16/fp8 is exact
-            w = w.to(tl.float32)
-            xt = xt.to(tl.float32)
-        elif W_TO_X:
-            w = e4m3_to(w, xt.dtype) if w.dtype == tl.float8e4nv else w.to(xt.dtype)
-        acc = tl.dot(w, xt, acc, input_precision=DOT_PRECISION)
-    return acc
+        return acc + tl.reshape(tl.sum(w.to(tl.float32) * x[None, :], 1), [w.shape[0], 1])
+    if UPCAST:  # interpreter: its bf16 dot is wrong (Triton 3.6); fp32 of bf16/fp8 is exact
+        w = w.to(tl.float32)
+        xt = xt.to(tl.float32)
+    elif W_TO_X:
+        w = e4m3_to(w, xt.dtype) if w.dtype == tl.float8e4nv else w.to(xt.dtype)
+    return tl.dot(w, xt, acc, input_precision=DOT_PRECISION)
 
 
 @triton.jit
 def _w_tile(w_ptr, ws_ptr, w_rows, col_ok, k0, k_hi, K, QUANT: tl.constexpr,
-            BLOCK_K: tl.constexpr):
-    """(tile, scales): weight rows w_rows [BN] (of w viewed as [E * N, K]) at columns k0 .. k0 +
-    BLOCK_K below k_hi as stored (bf16, e4m3; the scales are the tile again, unused), or for
-    mxfp4 the packed bytes [BN, BLOCK_K / 2] (of [E * N, K / 2]) and their e8m0 scales [BN,
-    BLOCK_K / 32] (of [E * N, K / 32]; K steps of whole 32-column groups), for _dot."""
+            BLOCK_K: tl.constexpr, UPCAST: tl.constexpr):
+    """Weight rows w_rows [BN] (of w viewed as [E * N, K]) at columns k0 .. k0 + BLOCK_K below
+    k_hi: as stored (bf16, e4m3), or for mxfp4 (bytes [E * N, K / 2], e8m0 scales [E * N,
+    K / 32]; K steps of whole 32-column groups) dequantized exactly (mxfp4_values)."""
     if QUANT == "mxfp4":
         js = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-        w = tl.load(w_ptr + w_rows[:, None] * (K // 2) + js[None, :],
-                    mask=col_ok[:, None] & (js < k_hi // 2)[None, :], other=0)
+        packed = tl.load(w_ptr + w_rows[:, None] * (K // 2) + js[None, :],
+                         mask=col_ok[:, None] & (js < k_hi // 2)[None, :], other=0)
         gs = k0 // 32 + tl.arange(0, BLOCK_K // 32)
         sc = tl.load(ws_ptr + w_rows[:, None] * (K // 32) + gs[None, :],
                      mask=col_ok[:, None] & (gs < k_hi // 32)[None, :], other=0)
+        w = mxfp4_values(packed, sc, w_rows.shape[0], BLOCK_K, UPCAST)
     else:
         kk = k0 + tl.arange(0, BLOCK_K)
         w = tl.load(w_ptr + w_rows[:, None] * K + kk[None, :],
                     mask=col_ok[:, None] & (kk < k_hi)[None, :], other=0.0)
-        sc = w
-    return w, sc
+    return w
 
 
 @triton.jit
@@ -347,8 +341,8 @@ def _block_dot(acc, w, xq, w_scale, x_scale, UPCAST: tl.constexpr, DOT_PRECISION
         step = tl.sum(part * w_scale * tl.reshape(x_scale, [G])[None, :], 1)
         acc += tl.reshape(step, [BN, 1])
     else:
-        part = _dot(tl.zeros(acc.shape, tl.float32), w, w, tl.trans(xq), "fp8_block", UPCAST,
-                    False, DOT_PRECISION)
+        part = _dot(tl.zeros(acc.shape, tl.float32), w, tl.trans(xq), UPCAST, False,
+                    DOT_PRECISION)
         acc += part * tl.reshape(w_scale, [BN])[:, None] * tl.reshape(x_scale, [BM])[None, :]
     return acc
 
@@ -422,8 +416,8 @@ def _gate_up_step(acc_g, acc_u, k0, k_hi, x_ptr, w_ptr, ws_ptr, tok, rw, inv, ro
     """One K step of gate_up: both accumulators += weights [BN, BK] @ gathered x^T [BK, BM]
     (fp8_block: blocks [BN], the gate rows' scale rows of w_scale viewed as [E * NB, KB])."""
     if QUANT == "fp8_block":  # whole 128-column scale blocks a step (see _plan)
-        wg, _ = _w_tile(w_ptr, ws_ptr, gate_rows, col_ok, k0, k_hi, D, QUANT, BLOCK_K)
-        wu, _ = _w_tile(w_ptr, ws_ptr, gate_rows + I, col_ok, k0, k_hi, D, QUANT, BLOCK_K)
+        wg = _w_tile(w_ptr, ws_ptr, gate_rows, col_ok, k0, k_hi, D, QUANT, BLOCK_K, UPCAST)
+        wu = _w_tile(w_ptr, ws_ptr, gate_rows + I, col_ok, k0, k_hi, D, QUANT, BLOCK_K, UPCAST)
         xq, xs = _x_groups(x_ptr, tok, rw, row_ok, k0 + tl.arange(0, BLOCK_K), D, HAS_RW,
                            INTERPRET)
         KB = tl.cdiv(D, 128)
@@ -441,12 +435,12 @@ def _gate_up_step(acc_g, acc_u, k0, k_hi, x_ptr, w_ptr, ws_ptr, tok, rw, inv, ro
                             BLOCK_K, UPCAST)
     else:
         # weights first: their addresses need only the expert, x's wait for the token ids
-        wg, sg = _w_tile(w_ptr, ws_ptr, gate_rows, col_ok, k0, k_hi, D, QUANT, BLOCK_K)
-        wu, su = _w_tile(w_ptr, ws_ptr, gate_rows + I, col_ok, k0, k_hi, D, QUANT, BLOCK_K)
+        wg = _w_tile(w_ptr, ws_ptr, gate_rows, col_ok, k0, k_hi, D, QUANT, BLOCK_K, UPCAST)
+        wu = _w_tile(w_ptr, ws_ptr, gate_rows + I, col_ok, k0, k_hi, D, QUANT, BLOCK_K, UPCAST)
         kk = k0 + tl.arange(0, BLOCK_K)
         xt = tl.trans(_x_tile(x_ptr, tok, rw, inv, row_ok, kk, D, HAS_RW, QUANT, INTERPRET))
-        acc_g = _dot(acc_g, wg, sg, xt, QUANT, UPCAST, W_TO_X, DOT_PRECISION)
-        acc_u = _dot(acc_u, wu, su, xt, QUANT, UPCAST, W_TO_X, DOT_PRECISION)
+        acc_g = _dot(acc_g, wg, xt, UPCAST, W_TO_X, DOT_PRECISION)
+        acc_u = _dot(acc_u, wu, xt, UPCAST, W_TO_X, DOT_PRECISION)
     return acc_g, acc_u
 
 
@@ -692,7 +686,7 @@ def _down_step(acc, k0, k_hi, a_ptr, as_ptr, w_ptr, ws_ptr, rows, row_ok, w_rows
     block scales, blocks [BN] the rows' scale rows of w_scale viewed as [E * NB, KB], as_ptr
     a's group scales [A, KB])."""
     if QUANT == "fp8_block":  # whole 128-column scale blocks a step (see _plan)
-        w, _ = _w_tile(w_ptr, ws_ptr, w_rows, col_ok, k0, k_hi, I, QUANT, BLOCK_K)
+        w = _w_tile(w_ptr, ws_ptr, w_rows, col_ok, k0, k_hi, I, QUANT, BLOCK_K, UPCAST)
         kk = k0 + tl.arange(0, BLOCK_K)
         at = tl.load(a_ptr + rows.to(tl.int64)[:, None] * I + kk[None, :],
                      mask=row_ok[:, None] & (kk < k_hi)[None, :], other=0.0,
@@ -710,12 +704,12 @@ def _down_step(acc, k0, k_hi, a_ptr, as_ptr, w_ptr, ws_ptr, rows, row_ok, w_rows
         acc = _mxfp4_gemv(acc, w_ptr, ws_ptr, w_rows, col_ok, k0, k_hi, I, even, odd, BLOCK_K,
                           UPCAST)
     else:
-        w, sc = _w_tile(w_ptr, ws_ptr, w_rows, col_ok, k0, k_hi, I, QUANT, BLOCK_K)
+        w = _w_tile(w_ptr, ws_ptr, w_rows, col_ok, k0, k_hi, I, QUANT, BLOCK_K, UPCAST)
         kk = k0 + tl.arange(0, BLOCK_K)
         at = tl.load(a_ptr + rows.to(tl.int64)[:, None] * I + kk[None, :],
                      mask=row_ok[:, None] & (kk < k_hi)[None, :], other=0.0,
                      cache_modifier=".cg")  # (EARLY: rows other programs of gate_up wrote)
-        acc = _dot(acc, w, sc, tl.trans(at), QUANT, UPCAST, W_TO_X, DOT_PRECISION)
+        acc = _dot(acc, w, tl.trans(at), UPCAST, W_TO_X, DOT_PRECISION)
     return acc
 
 

@@ -205,30 +205,6 @@ def mxfp4_values(packed, s, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP32: 
     return val.reshape(BLOCK_N, BLOCK_K)
 
 
-
-@triton.jit
-def mxfp4_dot(acc, packed, s, xt, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr,
-              DOT_PRECISION: tl.constexpr):
-    """acc [BN, BM] (fp32) += the MXFP4 weights (packed [BN, BLOCK_K / 2] uint8, e8m0 s [BN,
-    BLOCK_K / 32] uint8, as mxfp4_values reads them) @ xt [BLOCK_K, BM]. bf16 xt on the GPU:
-    tl.dot_scaled, whose sm_90 lowering decodes e2m1 with prmt tables and scales in bf16 (exact)
-    in registers, the weights the MMA's register operand: 17% fewer instructions a K step than
-    mxfp4_values' (1418 against 1709 for a 128 x 256 tile, offline SASS). Its one departure: an
-    e8m0 scale of 0 (2^-127, a group of magnitudes under 1e-38) reads as 0 there. Otherwise
-    (fp16 or float32 xt, the interpreter's UPCAST) dequantized by mxfp4_values and multiplied
-    in xt's dtype (float32 under the interpreter)."""
-    if xt.dtype == tl.bfloat16 and not UPCAST:
-        acc = tl.dot_scaled(packed, s, "e2m1", xt, None, "bf16", acc, fast_math=True)
-    else:
-        w = mxfp4_values(packed, s, packed.shape[0], BLOCK_K, UPCAST)
-        if UPCAST:
-            xt = xt.to(tl.float32)
-        else:
-            w = w.to(xt.dtype)
-        acc = tl.dot(w, xt, acc, input_precision=DOT_PRECISION)
-    return acc
-
-
 def fp8_target(q: Tensor) -> tuple[Tensor, bool]:
     """(tensor to hand the kernel for an e4m3 output, INTERPRET flag): a uint8 view under the
     interpreter, the tensor itself on CUDA."""
