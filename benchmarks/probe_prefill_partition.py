@@ -31,11 +31,12 @@ from shufflemoe.ops.grouped_gemm import kernel as gg_kernel
 T = 16384
 SPLITS = (66, 80, 92, 104, 116)  # programs of the routed grouped GEMM
 PROGRAMS = {"cap": None}
-_sm_count = gg_kernel._sm_count
+_device_sms = gg_kernel.device_sms
 
 
-def capped(index: int) -> int:
-    return PROGRAMS["cap"] or _sm_count(index)
+def capped(device: torch.device) -> int:
+    """The grid's SMs (the tile rules see the cap too: Maverick's 128-row tiles are the same)."""
+    return PROGRAMS["cap"] or _device_sms(device)
 
 
 def main() -> None:
@@ -43,8 +44,8 @@ def main() -> None:
     p.add_argument("--out", required=True, type=pathlib.Path)
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    gg_kernel._sm_count = capped
-    sms = _sm_count(0)
+    gg_kernel.device_sms = capped
+    sms = _device_sms(torch.device("cuda"))
     cfg = preset("llama4-maverick", tp=8)
     E, D, I = cfg.num_experts, cfg.hidden_size, cfg.intermediate_size
     torch.manual_seed(0)

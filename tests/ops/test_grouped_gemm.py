@@ -375,6 +375,21 @@ def test_heuristic_is_deterministic_and_overridable():
     assert configs.select(100, 64, 32, 3, FP8_DTYPE) != SMALL
 
 
+def test_heuristic_follows_the_gpus_sms():
+    # One token on one of 8 experts, N = 7680: 120 weight tiles of 64 columns, fewer than an
+    # H100's 132 SMs (each program goes deep) but more than a 114-SM GPU's (two programs an SM).
+    deep = configs.select(1, 7680, 4096, 8, torch.bfloat16)
+    assert deep == configs.select(1, 7680, 4096, 8, torch.bfloat16, sms=configs.TUNED_SMS)
+    assert deep.block_k == 256 and deep.num_stages == 4 and deep.ctas_per_sm == 1
+    fewer = configs.select(1, 7680, 4096, 8, torch.bfloat16, sms=114)
+    assert fewer.swap_ab and fewer.block_k == 128 and fewer.ctas_per_sm == 2
+    # Maverick-like prefill (128 groups of 128 rows): 1024 tiles of 256 columns pass 4 x 132
+    # SMs, not 4 x 264.
+    wide = configs.select(16384, 2048, 5120, 128, torch.bfloat16)
+    assert (wide.block_m, wide.block_n) == (128, 256)
+    assert configs.select(16384, 2048, 5120, 128, torch.bfloat16, sms=264).block_n == 128
+
+
 def test_mxfp4_deep_k_takes_longer_k_steps():
     # Mixtral TP2 gate_up at T = 64 (k = 2 over 8 experts: 16 rows a group): swapped 16 x 128 tiles.
     bf16 = configs.select(128, 7168, 4096, 8, torch.bfloat16)

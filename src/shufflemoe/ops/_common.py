@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 
 from typing import Sequence
 
@@ -47,6 +48,16 @@ def cdiv(a: int, b: int) -> int:
 def next_power_of_2(n: int) -> int:
     """The smallest power of 2 >= n (0 for n = 0, as triton.next_power_of_2)."""
     return 1 << (n - 1).bit_length() if n > 0 else 0
+
+
+@functools.cache
+def _sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def device_sms(device: torch.device) -> int:
+    """The SMs of a CUDA device (the current one when ``device`` has no index), read once."""
+    return _sms(device.index if device.index is not None else torch.cuda.current_device())
 
 
 _CURRENT = contextlib.nullcontext()

@@ -50,6 +50,9 @@ class TileConfig:
         return replace(self, **changes)
 
 
+# The SMs of the GPUs the rules below were measured on (H100 SXM; the H200 has as many). Their tile
+# counts scale with the caller's SMs (a 114-SM H100 PCIe gets its own waves).
+TUNED_SMS = 132
 Key = tuple[int, int, int, int, torch.dtype]  # (M bucket, N, K, G, dtype)
 _override: contextvars.ContextVar[TileConfig | Callable[[Key], TileConfig] | None] = (
     contextvars.ContextVar("shufflemoe_grouped_gemm_config", default=None))
@@ -109,16 +112,17 @@ def m_bucket(M: int) -> int:
     return 1 << max(M - 1, 0).bit_length()
 
 
-def select(M: int, N: int, K: int, G: int, dtype: torch.dtype, quant: str = "none") -> TileConfig:
+def select(M: int, N: int, K: int, G: int, dtype: torch.dtype, quant: str = "none",
+           sms: int = TUNED_SMS) -> TileConfig:
     """The tile configuration for x [M, K] in ``dtype`` against G groups of [N, K] weights in
-    the weight format ``quant``."""
+    the weight format ``quant``, on a GPU of ``sms`` SMs."""
     key = (m_bucket(M), N, K, G, dtype)
     chosen = _override.get()
     if chosen is not None:
         return chosen if isinstance(chosen, TileConfig) else chosen(key)
     if _invariant.get() and M > BATCH_INVARIANT_ROWS:
         return batch_invariant_config(N, K, dtype)
-    cfg = _heuristic(*key)
+    cfg = _heuristic(*key, sms)
     if quant == "mxfp4" and cfg.swap_ab and cfg.block_n == 128 and K >= MXFP4_DEEP_K:
         cfg = cfg.with_(block_k=MXFP4_DEEP_BLOCK_K)
     if quant == "fp8_w8a16" and cfg.swap_ab and cfg.block_n == 128:
@@ -147,14 +151,14 @@ MXFP4_DEEP_BLOCK_K = 256
 W8A16_BLOCK_K = 256
 
 
-# Decode: spread the active groups' weights over at least this many tiles (2 programs on each of
-# an H100's 132 SMs); with fewer 64-column tiles than SMs, each program goes deep instead.
+# Decode: spread the active groups' weights over at least this many tiles on TUNED_SMS SMs (about
+# 2 programs on each); with fewer 64-column tiles than SMs, each program goes deep instead.
 _DECODE_TILES = 256
-_SMS = 132
 
 
 @functools.lru_cache(maxsize=None)
-def _heuristic(M: int, N: int, K: int, G: int, dtype: torch.dtype) -> TileConfig:
+def _heuristic(M: int, N: int, K: int, G: int, dtype: torch.dtype,
+               sms: int = TUNED_SMS) -> TileConfig:
     """Measured on an H100 (benchmarks/notes/grouped_gemm.md has the numbers behind each rule)."""
     if dtype == torch.float32:
         # fp32 runs as IEEE fp32 FMAs (tf32 would lose 13 bits); 8 warps keep it out of spills.
@@ -166,9 +170,9 @@ def _heuristic(M: int, N: int, K: int, G: int, dtype: torch.dtype) -> TileConfig
     if rows <= 16:
         # Memory bound: 16-token tiles, weights as the wgmma M side (swap_ab), two programs per
         # SM; all such choices land within 2% of each other on the spec's decode shapes.
-        if active * -(-N // 128) >= _DECODE_TILES:
+        if active * -(-N // 128) >= _DECODE_TILES * sms // TUNED_SMS:
             return TileConfig(16, 128, 2 * bk, num_stages=3, swap_ab=True, ctas_per_sm=2)
-        if active * -(-N // 64) < _SMS:
+        if active * -(-N // 64) < sms:
             # Fewer weight tiles than SMs (one token on one of Scout's 16 experts): a program is
             # bound by the bytes it has in flight, so 4 stages of 256-byte K steps keep 128 KB of
             # its tile coming (fp8's 512-element steps exceed a TMA box: pointer loads). Scout
@@ -193,7 +197,7 @@ def _heuristic(M: int, N: int, K: int, G: int, dtype: torch.dtype) -> TileConfig
             return TileConfig(128, 128, 2 * bk, num_warps=8, num_stages=3)
         return TileConfig(64, 128, bk, num_stages=4, ctas_per_sm=2)
     if rows <= 128:
-        if active * -(-N // 256) >= 4 * _SMS:
+        if active * -(-N // 256) >= 4 * sms:
             # Many weight tiles and uneven groups (Llama 4 Maverick TP8 prefill: 128 experts,
             # 16384 tokens): 128x256 tiles beat the 128x128 ones below, a group's second, nearly
             # empty m-tile costing half as much (H100, results/probe_prefill.json: GEMM2 bf16
@@ -202,7 +206,7 @@ def _heuristic(M: int, N: int, K: int, G: int, dtype: torch.dtype) -> TileConfig
             # 1057 us, 0.99x torch._grouped_mm); routed groups are uneven. With few weight tiles
             # (Scout at T = 2048: 16 experts) they leave SMs idle (GEMM13 bf16 125 -> 141 us).
             return TileConfig(128, 256, bk, num_warps=8, num_stages=3, flatten=True)
-        if (fp8 and K <= 2048) or active * -(-N // 128) >= 4 * _SMS:
+        if (fp8 and K <= 2048) or active * -(-N // 128) >= 4 * sms:
             # Two programs an SM where 128-column tiles are many (uneven groups leave a nearly
             # empty second m-tile in about half of them). H100, tune_grouped_gemm's sweep points
             # (the batch sweep's random top-k routing, 40 reps; 128x128 with 2 x bk, 8 warps / this,

@@ -57,7 +57,6 @@ tf32 would silently round them to 10 mantissa bits.
 
 from __future__ import annotations
 
-import functools
 from typing import Optional
 
 import torch
@@ -66,7 +65,7 @@ import triton.language as tl
 from torch import Tensor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from .._common import cdiv, next_power_of_2, on_device, traced
+from .._common import cdiv, device_sms, next_power_of_2, on_device, traced
 from .._impl import interpreting, kernel_op
 from .._launch import launch
 from ..quantize import FP8_BLOCK, FP8_DTYPE, MX_GROUP
@@ -371,11 +370,6 @@ def _grouped_gemm_kernel(
                   DOT_PRECISION, INTERPRET)
 
 
-@functools.cache
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def _ensure_allocator() -> None:
     """Device-made TMA descriptors need a global scratch buffer from Triton's allocator; install
     one (a torch tensor, so it follows graph capture) unless the caller already set one."""
@@ -405,7 +399,8 @@ def tma_mode(cfg: configs.TileConfig, x: Tensor, w: Tensor) -> str:
 
 
 def _tile_config(M: int, N: int, K: int, G: int, x: Tensor, quantization: str) -> configs.TileConfig:
-    cfg = configs.select(M, N, K, G, x.dtype, quantization)
+    sms = device_sms(x.device) if x.is_cuda else configs.TUNED_SMS
+    cfg = configs.select(M, N, K, G, x.dtype, quantization, sms)
     if x.dtype == FP8_DTYPE and cfg.block_k < 32:  # fp8 tensor-core dots need K >= 32
         cfg = cfg.with_(block_k=32)
     if quantization == "fp8_block" and cfg.block_k > FP8_BLOCK:  # one scale block a K step
@@ -447,7 +442,7 @@ def _grouped_gemm_op(x: Tensor, w: Tensor, m_sizes: Tensor, x_scale: Optional[Te
         _ensure_allocator()
     # Tiles can number at most n_tiles * (M // BLOCK_M + nonempty groups): no idle programs.
     max_tiles = cdiv(N if glu == "none" else N // 2, cfg.block_n) * (M // cfg.block_m + min(G, M))
-    sms = _INTERPRETER_PROGRAMS if interpret else _sm_count(x.device.index or 0) * cfg.ctas_per_sm
+    sms = _INTERPRETER_PROGRAMS if interpret else device_sms(x.device) * cfg.ctas_per_sm
     num_programs = max(1, min(sms, max_tiles))
     upcast = interpret and (x.dtype in (torch.bfloat16, FP8_DTYPE) or quantization == "mxfp4")
     nb = w_scale.shape[1] if quantization == "fp8_block" else 1

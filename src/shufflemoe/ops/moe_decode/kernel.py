@@ -60,7 +60,6 @@ Indexing: products that can pass 2^31 (token * D, expert * rows * K, pair * N) a
 
 from __future__ import annotations
 
-import functools
 from typing import Optional
 
 import torch
@@ -69,7 +68,7 @@ import triton.language as tl
 from torch import Tensor
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from .._common import cdiv, next_power_of_2, on_device, traced
+from .._common import cdiv, device_sms, next_power_of_2, on_device, traced
 from .._impl import interpreting, kernel_op
 from .._launch import launch, persistent_zeros
 from ..quantize.kernel import (cast_to, e2m1_f16, e4m3_bits, e4m3_to, e8m0_values, fp8_target,
@@ -888,16 +887,9 @@ def _combine(out_ptr, y_ptr, pos_ptr, cols, col_ok, num_valid, T, D, K: tl.const
 
 # ---------------------------------------------------------------------------------------- host
 
-@functools.cache
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def sm_count(device: torch.device) -> int:
     """SMs the plan spreads weights over (a small number under the interpreter)."""
-    if device.type != "cuda":
-        return _INTERPRETER_SMS
-    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    return device_sms(device) if device.type == "cuda" else _INTERPRETER_SMS
 
 
 _WORDS: dict[tuple[torch.device, int], list[Tensor]] = {}
