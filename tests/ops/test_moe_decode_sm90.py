@@ -232,9 +232,11 @@ if __name__ == "__main__":
         try:
             compiled = build()
             ttgir = compiled.asm["ttgir"]
-            if "mxfp4" in name:  # PTX dequantization; MMA tiles scale in bf16x2 too
-                assert "0x4140" in compiled.asm["ptx"], "no PTX dequantization"
-                assert ("mul.rn.bf16x2" in compiled.asm["ptx"]) == (name in BUILDS)
+            if "mxfp4" in name:  # PTX dequantization: MMA tiles' bf16 pairs, one-pair tiles' fp16
+                ptx = compiled.asm["ptx"]
+                assert ("0x3F3F3F00" in ptx) == (name in BUILDS), "no PTX dequantization (pairs)"
+                assert ("mul.rn.bf16x2" in ptx) == (name in BUILDS)
+                assert ("0x4140" in ptx) == (name not in BUILDS), "no PTX dequantization (fp16)"
             if name in BUILDS and not name.startswith("grouped"):
                 assert "async_copy_global_to_local" in ttgir, "the K loop is not pipelined"
                 assert "warp_group_dot" in ttgir, "no wgmma"

@@ -1,9 +1,11 @@
 """The dequantization PTX constants, run by a small emulator of the instructions they use (the
 interpreter cannot run inline assembly, so CI checks their bit logic here; the GPU suite runs them
-for real): mxfp4's every byte, both nibbles, against the e2m1 table, through the bf16 path with
-scales over the e8m0 range and the fp16 path (values x 2^-14); e4m3 -> bf16 for every pair of
-bytes against torch's e4m3 values, and on a GPU every code through the kernel helper."""
+for real): mxfp4's every byte in every position of a word, both nibbles, against the e2m1 table,
+through the bf16 pairs with scales over the e8m0 range and the fp16 path (values x 2^-14); e4m3 ->
+bf16 for every pair of bytes against torch's e4m3 values, and on a GPU every code through the
+kernel helper."""
 
+import random
 import struct
 
 import pytest
@@ -74,18 +76,22 @@ def halves(regs: dict[str, int]) -> list[int]:
     return [regs["$0"] & 0xFFFF, regs["$0"] >> 16, regs["$1"] & 0xFFFF, regs["$1"] >> 16]
 
 
-@pytest.mark.parametrize("high", [False, True])
 @pytest.mark.parametrize("s", [0, 1, 100, 127, 130, 200, 252])  # 2^125 x 6: the largest finite
-def test_bf16_ptx_decodes_and_scales_every_byte(high, s):
-    ptx = (kernel.E2M1_HIGH_PTX if high else kernel.E2M1_LOW_PTX).value
+def test_pairs_ptx_decodes_and_scales_every_byte_in_every_position(s):
+    """E2M1_PAIRS_PTX: byte b of the word in $4 -> $b = (its low nibble, its high nibble) x the
+    scale, whatever the other bytes hold."""
+    ptx = kernel.E2M1_PAIRS_PTX.value
     scale = 2.0 ** (s - 127)
     sb = bf16_bits(scale)
-    for base in range(0, 256, 4):
-        word = int.from_bytes(bytes(range(base, base + 4)), "little")
-        out = run_ptx(ptx, {"$2": word, "$3": sb | sb << 16, "$4": sb | sb << 16})
-        for byte, bits in zip(range(base, base + 4), halves(out)):
-            code = byte >> 4 if high else byte & 0xF
-            assert bf16(bits) == e2m1(code) * scale, (byte, s)
+    rng = random.Random(s)
+    for byte in range(256):
+        for pos in range(4):
+            others = [rng.randrange(256) for _ in range(4)]
+            others[pos] = byte
+            out = run_ptx(ptx, {"$4": int.from_bytes(bytes(others), "little"),
+                                "$5": sb | sb << 16})[f"${pos}"]
+            assert bf16(out) == e2m1(byte & 0xF) * scale, (byte, pos, s)
+            assert bf16(out >> 16) == e2m1(byte >> 4) * scale, (byte, pos, s)
 
 
 @pytest.mark.parametrize("high", [False, True])
