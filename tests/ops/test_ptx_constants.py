@@ -77,21 +77,23 @@ def halves(regs: dict[str, int]) -> list[int]:
 
 
 @pytest.mark.parametrize("s", [0, 1, 100, 127, 130, 200, 252])  # 2^125 x 6: the largest finite
-def test_pairs_ptx_decodes_and_scales_every_byte_in_every_position(s):
-    """E2M1_PAIRS_PTX: byte b of the word in $4 -> $b = (its low nibble, its high nibble) x the
-    scale, whatever the other bytes hold."""
-    ptx = kernel.E2M1_PAIRS_PTX.value
-    scale = 2.0 ** (s - 127)
-    sb = bf16_bits(scale)
+def test_bf16_ptx_decodes_and_scales_every_byte_in_every_position(s):
+    """E2M1_BF16_PTX, elementwise in the four bytes of $4: $i = (byte i's low nibble, its high
+    nibble) times byte i's scale ($5 + i), whatever the other bytes and scales hold. The kernel
+    passes a scale as mxfp4_values makes it: bf16 bits max(s << 7, 0x40) in both halves."""
+    ptx = kernel.E2M1_BF16_PTX.value
     rng = random.Random(s)
+    pair = lambda e: max(e << 7, 0x40) * 0x10001  # noqa: E731
     for byte in range(256):
         for pos in range(4):
-            others = [rng.randrange(256) for _ in range(4)]
-            others[pos] = byte
-            out = run_ptx(ptx, {"$4": int.from_bytes(bytes(others), "little"),
-                                "$5": sb | sb << 16})[f"${pos}"]
-            assert bf16(out) == e2m1(byte & 0xF) * scale, (byte, pos, s)
-            assert bf16(out >> 16) == e2m1(byte >> 4) * scale, (byte, pos, s)
+            words = [rng.randrange(256) for _ in range(4)]
+            words[pos] = byte
+            scales = [pair(rng.choice([0, 1, 127, 130, 252])) for _ in range(4)]
+            scales[pos] = pair(s)
+            out = run_ptx(ptx, {"$4": int.from_bytes(bytes(words), "little"),
+                                **{f"${5 + i}": scales[i] for i in range(4)}})[f"${pos}"]
+            assert bf16(out) == e2m1(byte & 0xF) * 2.0 ** (s - 127), (byte, pos, s)
+            assert bf16(out >> 16) == e2m1(byte >> 4) * 2.0 ** (s - 127), (byte, pos, s)
 
 
 @pytest.mark.parametrize("high", [False, True])
@@ -129,3 +131,30 @@ def test_e4m3_to_bf16_on_the_gpu_every_code():
     finite = ~torch.isnan(want)
     assert finite.sum() == 254
     assert torch.equal(out[finite].view(torch.int16), want[finite].view(torch.int16))
+
+
+@triton.jit
+def _mxfp4_values_kernel(packed_ptr, scale_ptr, dst, N: tl.constexpr, K: tl.constexpr):
+    rows = tl.arange(0, N)[:, None]
+    packed = tl.load(packed_ptr + rows * (K // 2) + tl.arange(0, K // 2)[None, :])
+    s = tl.load(scale_ptr + rows * (K // 32) + tl.arange(0, K // 32)[None, :])
+    tl.store(dst + rows * K + tl.arange(0, K)[None, :], kernel.mxfp4_values(packed, s, N, K, False))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (inline PTX)")
+def test_mxfp4_values_on_the_gpu_every_byte():
+    """mxfp4_values' GPU path (the PTX in a real register layout) against the reference's
+    dequantization: every byte value in every position of a 16-byte run, scales over the e8m0
+    range (0 and 252 included)."""
+    from shufflemoe.ops.quantize.reference import dequantize_mxfp4
+
+    N, K = 32, 256
+    gen = torch.Generator().manual_seed(0)
+    packed = torch.stack([torch.randperm(256, generator=gen) for _ in range(N * K // 512)])
+    packed = packed.to(torch.uint8).reshape(N, K // 2)
+    scales = torch.randint(0, 253, (N, K // 32), generator=gen, dtype=torch.uint8)
+    scales[0, 0], scales[0, 1] = 0, 252
+    out = torch.full((N, K), float("nan"), dtype=torch.bfloat16, device="cuda")
+    _mxfp4_values_kernel[(1,)](packed.cuda(), scales.cuda(), out, N=N, K=K)
+    want = dequantize_mxfp4(packed, scales).to(torch.bfloat16)
+    assert torch.equal(out.cpu().view(torch.int16), want.view(torch.int16))

@@ -141,14 +141,15 @@ def e2m1_f16(packed, HIGH: tl.constexpr, FP32: tl.constexpr):
     return v
 
 
-def _e2m1_pairs_ptx() -> tl.constexpr:
-    """PTX decoding the 8 e2m1 codes of four bytes ($4) into four bf16x2 registers, byte b's
-    (low nibble, high nibble) in $b, times the bf16 scale in each half of $5 (exact: an e2m1
+def _e2m1_bf16_ptx() -> tl.constexpr:
+    """PTX decoding the 8 e2m1 codes of four bytes ($4) into four bf16x2 words, byte i's (low
+    nibble, high nibble) in $i, times byte i's bf16 scale (both halves of $(5 + i); exact: an e2m1
     magnitude times a power of two). The three magnitude bits select a byte of two 8-entry
     tables (bf16's high and low bytes of 0, 0.5, 1, 1.5, 2, 3, 4, 6) with one prmt for four codes
-    each, the sign bits select 0x80 or 0 with two more, and two prmt a pair interleave low and
-    high bytes: about 2.5 operations a value, and the pairs come out as the MMA's register
-    operand holds them (k, k + 1). One line, no escapes (see _e2m1_f16_ptx)."""
+    each, the sign bits select 0x80 or 0 with two more, and one prmt a pair interleaves low and
+    high bytes: about 2.5 operations a value, where placing bits took 4. Elementwise in the bytes
+    (byte i's word depends on byte i and its scale alone), so any register layout serves. One
+    line, no escapes (see _e2m1_f16_ptx)."""
     ptx = ("{ .reg .b32 s, m, m1, g0, g1, h0, h1, l0, l1, a; "
            "and.b32 s, $4, 0x88888888; and.b32 m, $4, 0x77777777; shr.b32 m1, m, 16; "
            "shr.b32 g0, s, 3; shr.b32 g1, s, 19; "
@@ -156,27 +157,13 @@ def _e2m1_pairs_ptx() -> tl.constexpr:
            "prmt.b32 h0, 0x3F3F3F00, 0x40404040, m; prmt.b32 h1, 0x3F3F3F00, 0x40404040, m1; "
            "or.b32 h0, h0, g0; or.b32 h1, h1, g1; "
            "prmt.b32 l0, 0xC0800000, 0xC0804000, m; prmt.b32 l1, 0xC0800000, 0xC0804000, m1; ")
-    for out, (lo, hi, select) in enumerate((("l0", "h0", "0x5140"), ("l0", "h0", "0x7362"),
-                                            ("l1", "h1", "0x5140"), ("l1", "h1", "0x7362"))):
-        ptx += f"prmt.b32 a, {lo}, {hi}, {select}; mul.rn.bf16x2 ${out}, a, $5; "
+    for i, (lo, hi, select) in enumerate((("l0", "h0", "0x5140"), ("l0", "h0", "0x7362"),
+                                          ("l1", "h1", "0x5140"), ("l1", "h1", "0x7362"))):
+        ptx += f"prmt.b32 a, {lo}, {hi}, {select}; mul.rn.bf16x2 ${i}, a, ${5 + i}; "
     return tl.constexpr(ptx + "}")
 
 
-E2M1_PAIRS_PTX: tl.constexpr = _e2m1_pairs_ptx()
-
-
-@triton.jit
-def _e2m1_bf16_pairs(p, sc):
-    """p [N, G, 16] packed bytes of MX groups, each run taken as the MMA operand wants it:
-    position 4c + q holds logical byte 4q + c (see mxfp4_values); sc [N, G, 16] bf16 the group's
-    scale -> [N, G, 32] bf16 values in logical order. The PTX turns a thread's four bytes (one
-    32-bit word: logical c, c + 4, c + 8, c + 12) into its four (k, k + 1) pairs; the join and
-    permute only rename registers (k = 16 s + 8 qh + 2 c + ql for output s's element 4 c + 2 qh
-    + ql). On the GPU only (the interpreter has no inline assembly)."""
-    a, b = tl.inline_asm_elementwise(E2M1_PAIRS_PTX, "=r,=r,=r,=r,r,r,r", [p, sc],
-                                     dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
-    v = tl.join(a, b).reshape(p.shape[0], p.shape[1], 4, 2, 2, 2)  # c, qh, ql, s
-    return v.permute(0, 1, 5, 3, 2, 4).reshape(p.shape[0], p.shape[1], 32)  # s, qh, c, ql
+E2M1_BF16_PTX: tl.constexpr = _e2m1_bf16_ptx()
 
 
 def _e4m3_bf16_ptx() -> tl.constexpr:
@@ -214,18 +201,20 @@ def mxfp4_values(packed, s, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP32: 
     """MXFP4 dequantization: packed [BLOCK_N, BLOCK_K / 2] uint8 (element 2j in the low nibble of
     byte j, 2j + 1 in the high one), s [BLOCK_N, BLOCK_K / 32] uint8 e8m0 -> [BLOCK_N, BLOCK_K]
     exact values: float32 when FP32 (the interpreter: e2m1_scaled), else bfloat16 from PTX that
-    decodes four bytes a 32-bit operation (_e2m1_bf16_pairs: ~2.5 operations a value). For that
-    each 16-byte run is taken in the order 4c + q <- 4q + c, a permutation of registers: a
-    thread of the MMA's register operand holds bytes c, c + 4, c + 8, c + 12 of a run."""
+    decodes and scales the eight codes of four bytes with table lookups (E2M1_BF16_PTX)."""
     if FP32:
         n = tl.join(packed & 0xF, packed >> 4).to(tl.int32).reshape(BLOCK_N, BLOCK_K)
         scale = e8m0_values(s) * 16384.0  # 2^14: see e2m1_scaled
         val = e2m1_scaled(n).reshape(BLOCK_N, BLOCK_K // 32, 32) * scale[:, :, None]
     else:
-        p = packed.reshape(BLOCK_N, BLOCK_K // 32, 4, 4).permute(0, 1, 3, 2)
-        p = p.reshape(BLOCK_N, BLOCK_K // 32, 16)
-        sc = tl.broadcast_to(e8m0_values(s).to(tl.bfloat16)[:, :, None], p.shape)
-        val = _e2m1_bf16_pairs(p, sc)
+        p = packed.reshape(BLOCK_N, BLOCK_K // 32, 16)
+        sb = tl.maximum(s.to(tl.int32) << 7, 0x40)  # bf16 bits of 2^(s - 127) (s = 0: 0x40)
+        sc = tl.broadcast_to((sb | (sb << 16))[:, :, None], p.shape)  # in both halves
+        pair = tl.inline_asm_elementwise(E2M1_BF16_PTX, "=r,=r,=r,=r,r,r,r,r,r", [p, sc],
+                                         dtype=tl.int32, is_pure=True, pack=4)
+        lo = pair.to(tl.int16).to(tl.bfloat16, bitcast=True)
+        hi = (pair >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+        val = tl.join(lo, hi)
     return val.reshape(BLOCK_N, BLOCK_K)
 
 
