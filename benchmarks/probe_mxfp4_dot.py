@@ -1,8 +1,9 @@
-"""mxfp4 MMA tiles decoded by tl.dot_scaled against the PTX dequantization they replace: the whole
-layer in CUDA graphs (weights and inputs rotating, as the layer suite does) at the sizes where
-the weights are the MMA's left operand (the fused decode's 16-pair tiles and the grouped GEMM's
-swapped tiles), each row checked against float64 first. One process per source tree (the same
-script, PYTHONPATH pointing at each tree), then --compare joins the two files:
+"""Two source trees' mxfp4 MMA-tile decodes (tl.dot_scaled at 2c7606d, the table PTX at 11200dc,
+each against its parent): the whole layer in CUDA graphs (weights and inputs rotating, as the
+layer suite does) at the sizes where the weights are the MMA's left operand (the fused decode's
+16-pair tiles and the grouped GEMM's swapped tiles), each row checked against float64 first. One
+process per source tree (the same script, PYTHONPATH pointing at each tree), then --compare
+joins the two files:
 
     git archive <commit> src | tar -x -C trees/<commit>   # a tree per commit, here
     export SHUFFLEMOE_COMMIT=<commit> PYTHONPATH=trees/<commit>/src
