@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from ...ops import FP8_DTYPE, grouped_gemm
+from ...ops._common import device_sms
 from ...ops.grouped_gemm import configs
 from ...testing import compare
 from ..analysis import ratios, select, span, tally, target
@@ -125,7 +126,8 @@ def measure(case: Case, ctx: Context, *, reps: int, spec_us: float | None = None
     n_sets = rotations(case.read_bytes() + case.write_bytes())
     sets = [_inputs(case, seed) for seed in range(n_sets)]
     dtype = FP8_DTYPE if case.dtype == "fp8" else torch.bfloat16
-    chosen = configs.select(case.rows, case.N, case.K, len(case.m_sizes), dtype)
+    sms = device_sms(torch.device("cuda")) if torch.cuda.is_available() else configs.TUNED_SMS
+    chosen = configs.select(case.rows, case.N, case.K, len(case.m_sizes), dtype, sms=sms)
     base = dict(dtype=case.dtype, shape=label, **extra, read_bytes=case.read_bytes(),
                 write_bytes=case.write_bytes(), flops=case.flops(), fp8=case.dtype == "fp8", bound="read")
     ours = time_fn(lambda i: _ours(sets[i]), n_sets, reps=reps, keep_outputs=True)
