@@ -6,8 +6,9 @@ logical 4 q + t, so a thread of the register operand finds its four bytes togeth
 load instead of four `LDS.U8`; the kernel un-permutes by a reshape that only renames registers).
 Both are checked against float32, then timed in CUDA graphs over rotated weight copies; the
 ratio is what the permutation gives the K loop alone (no routing, no epilogue beyond a store).
+--warps: each layout also with these (warps, stages) pairs (more warps issue the decode faster?).
 
-    PYTHONPATH=src python benchmarks/probe_mxfp4_layout.py --out $OUT
+    PYTHONPATH=src python benchmarks/probe_mxfp4_layout.py --out $OUT [--warps 8,3 4,2]
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def permute_runs(packed: torch.Tensor) -> torch.Tensor:
     return packed.reshape(N, B // 16, 4, 4).transpose(-1, -2).reshape(N, B).contiguous()
 
 
-def run_case(name: str, N: int, K: int) -> dict:
+def run_case(name: str, N: int, K: int, tiles: tuple = ((4, 3),)) -> dict:
     torch.manual_seed(0)
     dev = "cuda"
     packed = torch.randint(0, 256, (N, K // 2), dtype=torch.uint8, device=dev)
@@ -76,20 +77,24 @@ def run_case(name: str, N: int, K: int) -> dict:
         x_desc = TensorDescriptor(x, list(x.shape), [K, 1], [BLOCK_M, BLOCK_K])
         outs = [torch.full((N, BLOCK_M), float("nan"), device=dev) for _ in range(copies)]
 
-        def call(i: int) -> None:
-            _tile_kernel[(N // BLOCK_N,)](x_desc, descs[i], ss[i], outs[i], K, BLOCK_N=BLOCK_N,
-                                          BLOCK_M=BLOCK_M, BLOCK_K=BLOCK_K, PERMUTED=permuted,
-                                          num_warps=4, num_stages=3)
+        for warps, stages in tiles:
+            def call(i: int) -> None:
+                _tile_kernel[(N // BLOCK_N,)](x_desc, descs[i], ss[i], outs[i], K,
+                                              BLOCK_N=BLOCK_N, BLOCK_M=BLOCK_M, BLOCK_K=BLOCK_K,
+                                              PERMUTED=permuted, num_warps=warps,
+                                              num_stages=stages)
 
-        call(0)
-        torch.cuda.synchronize()
-        if want is None:  # float32 of the same bf16 values, on 2048 rows
-            w = dequantize_mxfp4(packed[:2048], scales[:2048])
-            want = w @ x.float().T
-        err = ((outs[0][:2048] - want).norm() / want.norm()).item()
-        t = time_fn(call, copies, graph=True, reps=30)
-        row[label] = dict(us=t.median_us, p20=t.p20_us, p80=t.p80_us, rel_l2=err,
-                          tbps=row["bytes"] / t.median_us / 1e6)
+            outs[0].fill_(float("nan"))
+            call(0)
+            torch.cuda.synchronize()
+            if want is None:  # float32 of the same bf16 values, on 2048 rows
+                w = dequantize_mxfp4(packed[:2048], scales[:2048])
+                want = w @ x.float().T
+            err = ((outs[0][:2048] - want).norm() / want.norm()).item()
+            t = time_fn(call, copies, graph=True, reps=30)
+            key = label if (warps, stages) == tiles[0] else f"{label} w{warps} s{stages}"
+            row[key] = dict(us=t.median_us, p20=t.p20_us, p80=t.p80_us, rel_l2=err,
+                            tbps=row["bytes"] / t.median_us / 1e6)
     row["ratio"] = row["as stored"]["us"] / row["permuted"]["us"]
     return row
 
@@ -97,14 +102,17 @@ def run_case(name: str, N: int, K: int) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True, type=pathlib.Path)
+    p.add_argument("--warps", nargs="*", default=[], help="more (warps,stages) pairs, e.g. 8,3")
     args = p.parse_args()
+    tiles = ((4, 3),) + tuple(tuple(int(v) for v in w.split(",")) for w in args.warps)
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     for name, N, K in SHAPES:
-        row = run_case(name, N, K)
+        row = run_case(name, N, K, tiles)
         rows.append(row)
         print(json.dumps(row), flush=True)
-    (args.out / "probe_mxfp4_layout.json").write_text(
+    tag = "_warps" if args.warps else ""
+    (args.out / f"probe_mxfp4_layout{tag}.json").write_text(
         json.dumps(dict(meta=metadata(), rows=rows), indent=1))
 
 
