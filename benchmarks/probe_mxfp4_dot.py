@@ -1,5 +1,6 @@
 """Two source trees' mxfp4 MMA-tile decodes (tl.dot_scaled at 2c7606d, the table PTX at 11200dc,
-each against its parent): the whole layer in CUDA graphs (weights and inputs rotating, as the
+each against its parent; two warp groups a swapped tile at 992e0ee and mxfp4_run_order after it
+against 586f581): the whole layer in CUDA graphs (weights and inputs rotating, as the
 layer suite does) at the sizes where the weights are the MMA's left operand (the fused decode's
 16-pair tiles and the grouped GEMM's swapped tiles), each row checked against float64 first. One
 process per source tree (the same script, PYTHONPATH pointing at each tree), then --compare
@@ -31,8 +32,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from probe_combine import _check, _graph_us, _layers  # noqa: E402
 
 CASES = (("llama4-scout", 8, (8, 16, 64, 128)), ("llama4-maverick", 8, (8, 64)),
-         ("qwen3-30b-a3b", 1, (8, 64)), ("mixtral-8x7b", 2, (8, 64)),
-         ("gpt-oss-120b", 1, (8, 64)))
+         ("qwen3-30b-a3b", 1, (8, 64)), ("mixtral-8x7b", 2, (8, 64, 128)),
+         ("gpt-oss-120b", 1, (8, 64, 4096)))  # Mixtral T = 128: 32 rows an expert; 4096: 128
 N_SETS = 8
 
 

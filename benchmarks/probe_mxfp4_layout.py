@@ -48,7 +48,7 @@ def _tile_kernel(x_desc, w_desc, s_ptr, out_ptr, K, BLOCK_N: tl.constexpr, BLOCK
         gs = k0 // 32 + tl.arange(0, BLOCK_K // 32)
         s = tl.load(s_ptr + rows.to(tl.int64)[:, None] * (K // 32) + gs[None, :])
         x = x_desc.load([0, k0])
-        acc = tl.dot(mxfp4_values(packed, s, BLOCK_N, BLOCK_K, False), x.T, acc)
+        acc = tl.dot(mxfp4_values(packed, s, BLOCK_N, BLOCK_K, False, False), x.T, acc)
     cols = tl.arange(0, BLOCK_M)
     tl.store(out_ptr + rows.to(tl.int64)[:, None] * BLOCK_M + cols[None, :], acc)
 

@@ -16,7 +16,7 @@ import sys
 
 
 # Pointers and the widths of real shapes are multiples of 16, as the JIT would specialize them.
-DIV16 = ("D", "I", "k_split", "n_tiles")
+DIV16 = ("D", "I", "k_split", "n_tiles", "K", "N")  # as Triton specializes them at launch
 
 
 def compile_sm90(fn, sig: dict, consts: dict, **options):
@@ -242,6 +242,8 @@ if __name__ == "__main__":
                 assert ("0x3F3F3F00" in ptx) == (name in BUILDS), "no PTX dequantization (bf16)"
                 assert ("mul.rn.bf16x2" in ptx) == (name in BUILDS)
                 assert ("0x4140" in ptx) == (name not in BUILDS), "no PTX dequantization (fp16)"
+                # MMA tiles read the bytes of a run in mxfp4_run_order: matrix loads, not bytes
+                assert ("ldmatrix" in ptx) == (name in BUILDS), "single-byte loads of the bytes"
             if name in BUILDS and not name.startswith("grouped"):
                 assert "async_copy_global_to_local" in ttgir, "the K loop is not pipelined"
                 assert "warp_group_dot" in ttgir, "no wgmma"

@@ -134,18 +134,67 @@ def test_e4m3_to_bf16_on_the_gpu_every_code():
 
 
 @triton.jit
-def _mxfp4_values_kernel(packed_ptr, scale_ptr, dst, N: tl.constexpr, K: tl.constexpr):
+def _mxfp4_values_kernel(packed_ptr, scale_ptr, dst, N: tl.constexpr, K: tl.constexpr,
+                         RUN_ORDER: tl.constexpr):
     rows = tl.arange(0, N)[:, None]
     packed = tl.load(packed_ptr + rows * (K // 2) + tl.arange(0, K // 2)[None, :])
     s = tl.load(scale_ptr + rows * (K // 32) + tl.arange(0, K // 32)[None, :])
-    tl.store(dst + rows * K + tl.arange(0, K)[None, :], kernel.mxfp4_values(packed, s, N, K, False))
+    tl.store(dst + rows * K + tl.arange(0, K)[None, :],
+             kernel.mxfp4_values(packed, s, N, K, False, RUN_ORDER))
+
+
+def run_order(K: int) -> torch.Tensor:
+    """mxfp4_run_order's columns, written out: position 32g + 8i + 2j + h holds 32g + 8j + 2i + h."""
+    g, i, j, h = torch.meshgrid(*(torch.arange(n) for n in (K // 32, 4, 4, 2)), indexing="ij")
+    return (32 * g + 8 * j + 2 * i + h).reshape(K)
+
+
+@triton.jit
+def _run_order_kernel(src, dst, M: tl.constexpr, K: tl.constexpr):
+    at = tl.arange(0, M)[:, None] * K + tl.arange(0, K)[None, :]
+    tl.store(dst + at, kernel.mxfp4_run_order(tl.load(src + at)))
+
+
+def test_mxfp4_run_order_is_the_documented_permutation(device):
+    M, K = 16, 128
+    src = torch.randn(M, K, device=device)
+    dst = torch.full_like(src, float("nan"))
+    _run_order_kernel[(1,)](src, dst, M=M, K=K)
+    assert torch.equal(dst.cpu(), src.cpu()[:, run_order(K)])
+
+
+@triton.jit
+def _mxfp4_f32_kernel(packed_ptr, scale_ptr, dst, N: tl.constexpr, K: tl.constexpr,
+                      RUN_ORDER: tl.constexpr):
+    rows = tl.arange(0, N)[:, None]
+    packed = tl.load(packed_ptr + rows * (K // 2) + tl.arange(0, K // 2)[None, :])
+    s = tl.load(scale_ptr + rows * (K // 32) + tl.arange(0, K // 32)[None, :])
+    tl.store(dst + rows * K + tl.arange(0, K)[None, :],
+             kernel.mxfp4_values(packed, s, N, K, True, RUN_ORDER))
+
+
+@pytest.mark.parametrize("order", [False, True], ids=["k", "run order"])
+def test_mxfp4_values_float32_path(order, device):
+    """The float32 path (the interpreter's) in both orders: the same values as the reference, in
+    the same places as the GPU path puts them."""
+    from shufflemoe.ops.quantize.reference import dequantize_mxfp4
+
+    N, K = 16, 128
+    gen = torch.Generator().manual_seed(1)
+    packed = torch.randint(0, 256, (N, K // 2), generator=gen, dtype=torch.uint8)
+    scales = torch.randint(100, 140, (N, K // 32), generator=gen, dtype=torch.uint8)
+    out = torch.full((N, K), float("nan"), device=device)
+    _mxfp4_f32_kernel[(1,)](packed.to(device), scales.to(device), out, N=N, K=K, RUN_ORDER=order)
+    want = dequantize_mxfp4(packed, scales).float()
+    assert torch.equal(out.cpu(), want[:, run_order(K)] if order else want)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (inline PTX)")
-def test_mxfp4_values_on_the_gpu_every_byte():
+@pytest.mark.parametrize("order", [False, True], ids=["k", "run order"])
+def test_mxfp4_values_on_the_gpu_every_byte(order):
     """mxfp4_values' GPU path (the PTX in a real register layout) against the reference's
     dequantization: every byte value in every position of a 16-byte run, scales over the e8m0
-    range (0 and 252 included)."""
+    range (0 and 252 included); in K's order and in mxfp4_run_order's."""
     from shufflemoe.ops.quantize.reference import dequantize_mxfp4
 
     N, K = 32, 256
@@ -155,6 +204,8 @@ def test_mxfp4_values_on_the_gpu_every_byte():
     scales = torch.randint(0, 253, (N, K // 32), generator=gen, dtype=torch.uint8)
     scales[0, 0], scales[0, 1] = 0, 252
     out = torch.full((N, K), float("nan"), dtype=torch.bfloat16, device="cuda")
-    _mxfp4_values_kernel[(1,)](packed.cuda(), scales.cuda(), out, N=N, K=K)
+    _mxfp4_values_kernel[(1,)](packed.cuda(), scales.cuda(), out, N=N, K=K, RUN_ORDER=order)
     want = dequantize_mxfp4(packed, scales).to(torch.bfloat16)
+    if order:
+        want = want[:, run_order(K)]
     assert torch.equal(out.cpu().view(torch.int16), want.view(torch.int16))

@@ -28,7 +28,10 @@ epilogue); fp8_block (e4m3 x and w; each K step lies in one 128-column block, so
 scaled by x_scale[r, kb] * w_scale[e, nb(n), kb] before it is accumulated, as DeepSeek-V3's
 kernels do); mxfp4 (two e2m1 a byte and one e8m0 scale per 32 along K, dequantized exactly to
 float32 in the K step and converted to x's dtype, exact). The packed weights stream at a quarter
-of bf16's bytes, which is what decode is bound by.
+of bf16's bytes, which is what decode is bound by. mxfp4's decoded tile has its columns in
+mxfp4_run_order (a thread's bytes of each 16-byte run adjacent in shared memory: one load where
+there were four single bytes), and x's tile is permuted alike in registers: the dot sums the
+same products.
 
 Gathered rows (GATHER, 16-bit or fp32 x only): row r of the product is x[x_ids[r]], loaded
 through pointers whatever the weights take, so the unfused MoE path needs no [A, D] copy of its
@@ -69,7 +72,7 @@ from .._common import cdiv, device_sms, next_power_of_2, on_device, traced
 from .._impl import interpreting, kernel_op
 from .._launch import launch
 from ..quantize import FP8_BLOCK, FP8_DTYPE, MX_GROUP
-from ..quantize.kernel import e4m3_to, mxfp4_values
+from ..quantize.kernel import e4m3_to, mxfp4_run_order, mxfp4_values
 from ..silu_mul.kernel import glu_f32
 from . import configs
 
@@ -87,7 +90,7 @@ def _load_w(k0, w_row0, w_rows, col_ok, w_ptr, w_desc, w_scale_ptr, K,
             QUANT: tl.constexpr, UPCAST: tl.constexpr):
     """The weight tile w[w_rows, k0:k0+BLOCK_K] [BLOCK_N, BLOCK_K]: as stored (bf16, fp8), or
     dequantized (mxfp4: packed [BLOCK_N, BLOCK_K / 2] bytes and their scales; to bf16, or to
-    float32 under the interpreter)."""
+    float32 under the interpreter, its columns in mxfp4_run_order, as _load_x's)."""
     if QUANT == "mxfp4":
         if USE_TMA:
             packed = w_desc.load([w_row0, k0 // 2])
@@ -98,7 +101,7 @@ def _load_w(k0, w_row0, w_rows, col_ok, w_ptr, w_desc, w_scale_ptr, K,
         gs = k0 // 32 + tl.arange(0, BLOCK_K // 32)
         s = tl.load(w_scale_ptr + w_rows[:, None] * (K // 32) + gs[None, :],
                     mask=col_ok[:, None] & (gs < K // 32)[None, :], other=0)
-        b = mxfp4_values(packed, s, BLOCK_N, BLOCK_K, UPCAST)
+        b = mxfp4_values(packed, s, BLOCK_N, BLOCK_K, UPCAST, True)
     elif USE_TMA:
         b = w_desc.load([w_row0, k0])
     else:
@@ -110,15 +113,18 @@ def _load_w(k0, w_row0, w_rows, col_ok, w_ptr, w_desc, w_scale_ptr, K,
 
 @triton.jit
 def _load_x(k0, row0, row_ok, a_rows, x_ptr, x_desc, K, BLOCK_K: tl.constexpr,
-            USE_TMA: tl.constexpr, GATHER: tl.constexpr):
+            USE_TMA: tl.constexpr, GATHER: tl.constexpr, RUN_ORDER: tl.constexpr):
     """x[a_rows, k0:k0+BLOCK_K]: the tile's rows (through TMA from row0), or the x rows they
-    gather (GATHER)."""
+    gather (GATHER); RUN_ORDER: its columns in mxfp4_run_order (a permutation of registers),
+    as the mxfp4 weight tile's."""
     if USE_TMA and GATHER == "none":
         a = x_desc.load([row0, k0])
     else:
         ks = k0 + tl.arange(0, BLOCK_K)
         a = tl.load(x_ptr + a_rows[:, None] * K + ks[None, :],
                     mask=row_ok[:, None] & (ks < K)[None, :], other=0.0)
+    if RUN_ORDER:
+        a = mxfp4_run_order(a)
     return a
 
 
@@ -160,7 +166,8 @@ def _k_step(acc, acc_u, k0, row0, w_row0, rows, row_ok, a_rows, w_rows, col_ok, 
             GLU: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """One K step: acc += x[rows] @ w[w_rows]^T over k0:k0+BLOCK_K; with a GLU, also acc_u +=
     the same rows against the up rows, N_OUT rows further on (x's tile loaded once for both)."""
-    a = _load_x(k0, row0, row_ok, a_rows, x_ptr, x_desc, K, BLOCK_K, USE_TMA, GATHER)
+    a = _load_x(k0, row0, row_ok, a_rows, x_ptr, x_desc, K, BLOCK_K, USE_TMA, GATHER,
+                QUANT == "mxfp4")
     b = _load_w(k0, w_row0, w_rows, col_ok, w_ptr, w_desc, w_scale_ptr, K, BLOCK_N, BLOCK_K,
                 USE_TMA, QUANT, UPCAST)
     acc = _mma(acc, a, b, k0, rows, row_ok, ws_rows, col_ok, x_scale_ptr, w_scale_ptr, KB,

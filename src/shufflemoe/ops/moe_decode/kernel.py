@@ -35,7 +35,8 @@ a in groups of 128 (q, scale [A, ceil(I / 128)]), which down reads the same way.
 Weight-only formats (QUANT, ops/quantize/formats.py) keep x and a in x's dtype and dequantize
 the weight tile in registers in the K step, as the grouped GEMM does: fp8_w8a16 (e4m3, exact in
 bf16; w_scale[n] in the epilogue, before the GLU) and mxfp4 (two e2m1 a byte, an e8m0 scale per
-32 along K, exact). Their weights stream at a half and a quarter of bf16's bytes.
+32 along K, exact; MMA tiles' columns in mxfp4_run_order, x's tile permuted alike). Their
+weights stream at a half and a quarter of bf16's bytes.
 
 down's combine is token-major and deterministic. Top-1 (k == 1): a token has one pair, so the
 tile's last program adds into out[token] in fp32 and rounds once. k > 1: the tile's last program
@@ -72,7 +73,7 @@ from .._common import cdiv, device_sms, next_power_of_2, on_device, traced
 from .._impl import interpreting, kernel_op
 from .._launch import launch, persistent_zeros
 from ..quantize.kernel import (cast_to, e2m1_f16, e4m3_bits, e4m3_to, e8m0_values, fp8_target,
-                               mxfp4_values, row_scales, store_fp8)
+                               mxfp4_run_order, mxfp4_values, row_scales, store_fp8)
 from ..quantize.reference import FP8_DTYPE
 from ..silu_mul.kernel import glu_f32
 from . import configs
@@ -140,7 +141,8 @@ def _w_tile(w_ptr, ws_ptr, w_rows, col_ok, k0, k_hi, K, QUANT: tl.constexpr,
             BLOCK_K: tl.constexpr, UPCAST: tl.constexpr):
     """Weight rows w_rows [BN] (of w viewed as [E * N, K]) at columns k0 .. k0 + BLOCK_K below
     k_hi: as stored (bf16, e4m3), or for mxfp4 (bytes [E * N, K / 2], e8m0 scales [E * N,
-    K / 32]; K steps of whole 32-column groups) dequantized exactly (mxfp4_values)."""
+    K / 32]; K steps of whole 32-column groups) dequantized exactly (mxfp4_values), its columns
+    in mxfp4_run_order: the MMA's left operand, x's tile in that order too (_x_cols)."""
     if QUANT == "mxfp4":
         js = k0 // 2 + tl.arange(0, BLOCK_K // 2)
         packed = tl.load(w_ptr + w_rows[:, None] * (K // 2) + js[None, :],
@@ -148,12 +150,21 @@ def _w_tile(w_ptr, ws_ptr, w_rows, col_ok, k0, k_hi, K, QUANT: tl.constexpr,
         gs = k0 // 32 + tl.arange(0, BLOCK_K // 32)
         sc = tl.load(ws_ptr + w_rows[:, None] * (K // 32) + gs[None, :],
                      mask=col_ok[:, None] & (gs < k_hi // 32)[None, :], other=0)
-        w = mxfp4_values(packed, sc, w_rows.shape[0], BLOCK_K, UPCAST)
+        w = mxfp4_values(packed, sc, w_rows.shape[0], BLOCK_K, UPCAST, True)
     else:
         kk = k0 + tl.arange(0, BLOCK_K)
         w = tl.load(w_ptr + w_rows[:, None] * K + kk[None, :],
                     mask=col_ok[:, None] & (kk < k_hi)[None, :], other=0.0)
     return w
+
+
+@triton.jit
+def _x_cols(x, QUANT: tl.constexpr):
+    """x [BM, BK] as the dot's right operand [BK, BM] against _w_tile's tile: for mxfp4, its
+    columns in mxfp4_run_order."""
+    if QUANT == "mxfp4":
+        x = mxfp4_run_order(x)
+    return tl.trans(x)
 
 
 @triton.jit
@@ -437,7 +448,7 @@ def _gate_up_step(acc_g, acc_u, k0, k_hi, x_ptr, w_ptr, ws_ptr, tok, rw, inv, ro
         wg = _w_tile(w_ptr, ws_ptr, gate_rows, col_ok, k0, k_hi, D, QUANT, BLOCK_K, UPCAST)
         wu = _w_tile(w_ptr, ws_ptr, gate_rows + I, col_ok, k0, k_hi, D, QUANT, BLOCK_K, UPCAST)
         kk = k0 + tl.arange(0, BLOCK_K)
-        xt = tl.trans(_x_tile(x_ptr, tok, rw, inv, row_ok, kk, D, HAS_RW, QUANT, INTERPRET))
+        xt = _x_cols(_x_tile(x_ptr, tok, rw, inv, row_ok, kk, D, HAS_RW, QUANT, INTERPRET), QUANT)
         acc_g = _dot(acc_g, wg, xt, UPCAST, W_TO_X, DOT_PRECISION)
         acc_u = _dot(acc_u, wu, xt, UPCAST, W_TO_X, DOT_PRECISION)
     return acc_g, acc_u
@@ -708,7 +719,7 @@ def _down_step(acc, k0, k_hi, a_ptr, as_ptr, w_ptr, ws_ptr, rows, row_ok, w_rows
         at = tl.load(a_ptr + rows.to(tl.int64)[:, None] * I + kk[None, :],
                      mask=row_ok[:, None] & (kk < k_hi)[None, :], other=0.0,
                      cache_modifier=".cg")  # (EARLY: rows other programs of gate_up wrote)
-        acc = _dot(acc, w, tl.trans(at), UPCAST, W_TO_X, DOT_PRECISION)
+        acc = _dot(acc, w, _x_cols(at, QUANT), UPCAST, W_TO_X, DOT_PRECISION)
     return acc
 
 

@@ -197,11 +197,21 @@ def e4m3_to(w, DTYPE: tl.constexpr):
 
 
 @triton.jit
-def mxfp4_values(packed, s, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP32: tl.constexpr):
+def mxfp4_values(packed, s, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP32: tl.constexpr,
+                 RUN_ORDER: tl.constexpr):
     """MXFP4 dequantization: packed [BLOCK_N, BLOCK_K / 2] uint8 (element 2j in the low nibble of
     byte j, 2j + 1 in the high one), s [BLOCK_N, BLOCK_K / 32] uint8 e8m0 -> [BLOCK_N, BLOCK_K]
     exact values: float32 when FP32 (the interpreter: e2m1_scaled), else bfloat16 from PTX that
-    decodes and scales the eight codes of four bytes with table lookups (E2M1_BF16_PTX)."""
+    decodes and scales the eight codes of four bytes with table lookups (E2M1_BF16_PTX).
+
+    RUN_ORDER: the values come out in mxfp4_run_order's column order, not K's, for tiles that are
+    an MMA's left operand in registers (the dot's other operand loaded in that order: the sum is
+    the same). There a thread holds bytes c, c + 4, c + 8, c + 12 of each 16-byte run (values 2c,
+    2c + 1, 2c + 8, 2c + 9 of each 16), four single-byte shared-memory loads; the 4 x 4 transpose
+    of each run below makes them four adjacent bytes, one load. Only registers are renamed."""
+    if RUN_ORDER:
+        packed = packed.reshape(BLOCK_N, BLOCK_K // 32, 4, 4).permute(0, 1, 3, 2)
+        packed = packed.reshape(BLOCK_N, BLOCK_K // 2)
     if FP32:
         n = tl.join(packed & 0xF, packed >> 4).to(tl.int32).reshape(BLOCK_N, BLOCK_K)
         scale = e8m0_values(s) * 16384.0  # 2^14: see e2m1_scaled
@@ -216,6 +226,16 @@ def mxfp4_values(packed, s, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP32: 
         hi = (pair >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
         val = tl.join(lo, hi)
     return val.reshape(BLOCK_N, BLOCK_K)
+
+
+@triton.jit
+def mxfp4_run_order(x):
+    """x [BM, BK] (columns k0 .. k0 + BK, whole 32-column groups) with its columns in
+    mxfp4_values' RUN_ORDER: position 32g + 8i + 2j + h holds column 32g + 8j + 2i + h, the
+    value pair of byte 4j + i of its 16-byte run in the place of byte 4i + j's."""
+    BM: tl.constexpr = x.shape[0]
+    BK: tl.constexpr = x.shape[1]
+    return x.reshape(BM, BK // 32, 4, 4, 2).permute(0, 1, 3, 2, 4).reshape(BM, BK)
 
 
 def fp8_target(q: Tensor) -> tuple[Tensor, bool]:
