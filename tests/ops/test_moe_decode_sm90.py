@@ -185,11 +185,6 @@ BUILDS = {
     "grouped GEMM bf16 gathered rows, gpt-oss GLU, swapped 16 x 64 x 128": lambda: grouped(
         "none", "device", True, 16, 128, 64, "rows", "swiglu_oai"),
     "grouped GEMM mxfp4 GLU, swapped": lambda: grouped("mxfp4", "device", True, glu="silu"),
-    # The heuristic's mxfp4 decode tiles: swapped 16 x 128, two warp groups (configs.MXFP4_WARPS)
-    "grouped GEMM mxfp4 gathered rows, GLU, swapped 16 x 128 x 128, 8 warps": lambda: grouped(
-        "mxfp4", "device", True, 16, 128, 128, "rows", "silu", num_warps=8),
-    "grouped GEMM mxfp4 16 x 128 x 256, swapped, 8 warps": lambda: grouped(
-        "mxfp4", "device", True, 16, 256, num_warps=8),
 }
 GEMV = {  # one pair a tile: no MMA
     "gate_up fp8 one-pair tiles split-K": lambda: gate_up(True, 4, True, False, block_m=1),

@@ -123,11 +123,8 @@ def select(M: int, N: int, K: int, G: int, dtype: torch.dtype, quant: str = "non
     if _invariant.get() and M > BATCH_INVARIANT_ROWS:
         return batch_invariant_config(N, K, dtype)
     cfg = _heuristic(*key, sms)
-    if quant == "mxfp4" and cfg.swap_ab and cfg.block_n == 128:
-        if cfg.block_m == 16:
-            cfg = cfg.with_(num_warps=MXFP4_WARPS)
-        if K >= MXFP4_DEEP_K:
-            cfg = cfg.with_(block_k=MXFP4_DEEP_BLOCK_K)
+    if quant == "mxfp4" and cfg.swap_ab and cfg.block_n == 128 and K >= MXFP4_DEEP_K:
+        cfg = cfg.with_(block_k=MXFP4_DEEP_BLOCK_K)
     if quant == "fp8_w8a16" and cfg.swap_ab and cfg.block_n == 128:
         rows = -(-key[0] // max(G, 1))
         cfg = cfg.with_(block_k=W8A16_BLOCK_K, block_m=32 if rows > 8 else cfg.block_m)
@@ -142,12 +139,6 @@ def select(M: int, N: int, K: int, G: int, dtype: torch.dtype, quant: str = "non
 # 0.94 / 0.96x: so only K >= 4096.
 MXFP4_DEEP_K = 4096
 MXFP4_DEEP_BLOCK_K = 256
-# ... and on the 16 x 128 ones, two warp groups (64 weight rows each) instead of one: the K loop is
-# bound by the decode's instructions, not by HBM, and twice the warps issue it. H200, one such
-# tile kernel over stacked expert weights (results/probe_mxfp4_layout_warps_6e57962.json, 4 / 8
-# warps, us): Scout TP8 gate_up 72.0 / 63.3, down 40.3 / 36.2; Qwen3-30B-A3B gate_up 156.6 /
-# 142.9, down 86.7 / 78.3; Mixtral TP2 gate_up 186.6 / 167.8. The layer: notes/layer.md.
-MXFP4_WARPS = 8
 
 
 # fp8_w8a16 weights (a byte a value, x in bf16) on the memory-bound swapped 16 x 128 tiles: a K
