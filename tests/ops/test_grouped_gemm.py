@@ -395,10 +395,25 @@ def test_mxfp4_deep_k_takes_longer_k_steps():
     bf16 = configs.select(128, 7168, 4096, 8, torch.bfloat16)
     assert bf16.swap_ab and bf16.block_n == 128 and bf16.block_k == 128
     assert configs.select(128, 7168, 4096, 8, torch.bfloat16, "mxfp4") == bf16.with_(
-        block_k=configs.MXFP4_DEEP_BLOCK_K)
-    assert configs.select(128, 7168, 2048, 8, torch.bfloat16, "mxfp4") == bf16  # shallow K
+        block_k=configs.MXFP4_DEEP_BLOCK_K, run_order=True)
+    shallow = configs.select(128, 7168, 2048, 8, torch.bfloat16, "mxfp4")
+    assert shallow == bf16.with_(run_order=True)  # shallow K: bf16's K step
     with configs.override(SMALL):  # an override is taken as it is
         assert configs.select(128, 7168, 4096, 8, torch.bfloat16, "mxfp4") == SMALL
+
+
+def test_mxfp4_run_order_only_on_swapped_16_row_tiles_outside_batch_invariant_mode():
+    def run_order(M, quant="mxfp4"):
+        return configs.select(M, 7168, 4096, 8, torch.bfloat16, quant).run_order
+
+    assert run_order(128) and run_order(1)  # swapped 16-row tiles
+    assert not run_order(128, "none") and not run_order(128, "fp8_w8a16")
+    mid = configs.select(256, 7168, 4096, 8, torch.bfloat16, "mxfp4")  # 32 rows a group
+    assert mid.swap_ab and mid.block_m == 64 and not mid.run_order
+    assert not run_order(16384)  # prefill tiles
+    with configs.batch_invariant():  # the heuristic's tiles to 64 rows, every one in K's order
+        assert configs.select(64, 7168, 4096, 8, torch.bfloat16, "mxfp4").swap_ab
+        assert not run_order(64) and not run_order(1)
 
 
 def test_w8a16_takes_fp8_bytes_a_k_step_and_wider_tiles_for_full_groups():

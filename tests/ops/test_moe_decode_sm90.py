@@ -122,7 +122,8 @@ def down(fp8: bool | str, split: int, k: int, pdl: bool, accumulate: bool = True
 
 
 def grouped(quant: str, tma: str, swap_ab: bool, block_m: int = 64, block_k: int = 128,
-            block_n: int = 128, gather: str = "none", glu: str = "none", num_warps: int = 4):
+            block_n: int = 128, gather: str = "none", glu: str = "none", num_warps: int = 4,
+            run_order: bool = False):
     """The grouped GEMM: its mxfp4 path (the interpreter cannot run its PTX dequantization), its
     gathered rows and its GLU epilogue (two weight tiles a K step) under the GPU compiler."""
     from shufflemoe.ops.grouped_gemm import kernel
@@ -140,7 +141,7 @@ def grouped(quant: str, tma: str, swap_ab: bool, block_m: int = 64, block_k: int
                   HAS_WEIGHT_IDS=False, HAS_ROW_WEIGHTS=False,
                   SCATTER="none" if glu != "none" else "add", GATHER=gather, GLU=glu,
                   HAS_LIMIT=glu == "swiglu_oai", UPCAST=False, DOT_PRECISION="tf32",
-                  INTERPRET=False)
+                  INTERPRET=False, RUN_ORDER=run_order)
     return compile_sm90(kernel._grouped_gemm_kernel, sig, consts, num_warps=num_warps)
 
 
@@ -179,7 +180,10 @@ BUILDS = {
         "fp8_block", 2, 1, True, accumulate=False, shared=True),
     "grouped GEMM mxfp4": lambda: grouped("mxfp4", "none", False),
     "grouped GEMM mxfp4 device TMA, swapped": lambda: grouped("mxfp4", "device", True),
-    "grouped GEMM mxfp4 16 x 128 x 256, swapped": lambda: grouped("mxfp4", "none", True, 16, 256),
+    "grouped GEMM mxfp4 16 x 128 x 256, swapped, run order": lambda: grouped(
+        "mxfp4", "none", True, 16, 256, run_order=True),
+    "grouped GEMM mxfp4 gathered rows, GLU, swapped 16 x 128 x 128, run order": lambda: grouped(
+        "mxfp4", "device", True, 16, 128, 128, "rows", "silu", run_order=True),
     "grouped GEMM bf16 gathered rows, GLU, device TMA, 128 x 128 x 64": lambda: grouped(
         "none", "device", False, 128, 64, 128, "rows", "silu", num_warps=8),
     "grouped GEMM bf16 gathered rows, gpt-oss GLU, swapped 16 x 64 x 128": lambda: grouped(
@@ -237,8 +241,9 @@ if __name__ == "__main__":
                 assert ("0x3F3F3F00" in ptx) == (name in BUILDS), "no PTX dequantization (bf16)"
                 assert ("mul.rn.bf16x2" in ptx) == (name in BUILDS)
                 assert ("0x4140" in ptx) == (name not in BUILDS), "no PTX dequantization (fp16)"
-                # MMA tiles read the bytes of a run in mxfp4_run_order: matrix loads, not bytes
-                assert ("ldmatrix" in ptx) == (name in BUILDS), "single-byte loads of the bytes"
+                # tiles in mxfp4_run_order read a thread's bytes of a run as one matrix load
+                if "run order" in name or not name.startswith("grouped"):
+                    assert ("ldmatrix" in ptx) == (name in BUILDS), "single-byte loads"
             if name in BUILDS and not name.startswith("grouped"):
                 assert "async_copy_global_to_local" in ttgir, "the K loop is not pipelined"
                 assert "warp_group_dot" in ttgir, "no wgmma"

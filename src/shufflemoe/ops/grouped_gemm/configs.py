@@ -11,7 +11,9 @@ Inside ``batch_invariant()`` a row's result must not depend on what else is in t
 kernel has no split-K, and every tile it runs sums an output element the same way: fp32
 accumulation of the K dimension in ascending k16 MMA steps (wgmma), whatever the tile's width,
 K step, operand roles (swap_ab) or the rows beside it. So up to BATCH_INVARIANT_ROWS rows the
-choice is the heuristic's, above them one wide tile per (N, K, dtype) (batch_invariant_config).
+choice is the heuristic's, above them one wide tile per (N, K, dtype) (batch_invariant_config);
+mxfp4's tiles all keep K's order in this mode (no run_order, which groups other products into
+each k16 step).
 Measured on an H100 (benchmarks/results/probe_bi.json): Llama 4 Scout TP8 and Qwen3-30B-A3B
 rows are the same bits alone, among 8 and among 96 tokens under 64x128 tiles and under the
 decode heuristic, 64x64 and 64x32 tiles, K steps x2 and x4; tests/test_batch_invariant.py
@@ -45,6 +47,8 @@ class TileConfig:
     # (made by each program: ~2 us more per launch on an H100, 66.3 vs 63.6 us for a 168 MB
     # decode GEMM) or "none" (masked pointer loads)
     tma: str = "host"
+    # mxfp4: the K loop in ops.quantize.kernel.mxfp4_run_order (select() sets it, see there)
+    run_order: bool = False
 
     def with_(self, **changes) -> "TileConfig":
         return replace(self, **changes)
@@ -125,6 +129,8 @@ def select(M: int, N: int, K: int, G: int, dtype: torch.dtype, quant: str = "non
     cfg = _heuristic(*key, sms)
     if quant == "mxfp4" and cfg.swap_ab and cfg.block_n == 128 and K >= MXFP4_DEEP_K:
         cfg = cfg.with_(block_k=MXFP4_DEEP_BLOCK_K)
+    if quant == "mxfp4" and cfg.swap_ab and cfg.block_m == 16 and not _invariant.get():
+        cfg = cfg.with_(run_order=True)
     if quant == "fp8_w8a16" and cfg.swap_ab and cfg.block_n == 128:
         rows = -(-key[0] // max(G, 1))
         cfg = cfg.with_(block_k=W8A16_BLOCK_K, block_m=32 if rows > 8 else cfg.block_m)
@@ -139,6 +145,17 @@ def select(M: int, N: int, K: int, G: int, dtype: torch.dtype, quant: str = "non
 # 0.94 / 0.96x: so only K >= 4096.
 MXFP4_DEEP_K = 4096
 MXFP4_DEEP_BLOCK_K = 256
+
+
+# ... and the swapped 16-row tiles read each 16-byte run of bytes in mxfp4_run_order (one matrix
+# load a thread where four single bytes were; x's tile permuted alike in registers). H200, the
+# layer in CUDA graphs (results/probe_mxfp4_dot_586f581.json against _b03ef05.json, us): Qwen3-
+# 30B-A3B T = 8 / 64 117.0 -> 110.4 / 245.6 -> 238.7, gpt-oss-120b 310.8 -> 284.9 / 1040.1 ->
+# 958.4, Mixtral TP2 T = 64 396.1 -> 373.9, Scout TP8 T = 64 118.4 -> 115.2. Not on wider tiles:
+# there x's tile is 64 rows or more, and its permutation through registers cost more than the
+# bytes' loads saved (Mixtral TP2 T = 128, swapped 64-row tiles, 403.0 -> 550.4 us; gpt-oss-120b
+# T = 4096, 128 x 128 tiles, 3757 -> 3913; _f46091c.json). Never in batch-invariant mode: the
+# k16 steps would group other products than the wide tile's (whose sums must match).
 
 
 # fp8_w8a16 weights (a byte a value, x in bf16) on the memory-bound swapped 16 x 128 tiles: a K

@@ -28,10 +28,10 @@ epilogue); fp8_block (e4m3 x and w; each K step lies in one 128-column block, so
 scaled by x_scale[r, kb] * w_scale[e, nb(n), kb] before it is accumulated, as DeepSeek-V3's
 kernels do); mxfp4 (two e2m1 a byte and one e8m0 scale per 32 along K, dequantized exactly to
 float32 in the K step and converted to x's dtype, exact). The packed weights stream at a quarter
-of bf16's bytes, which is what decode is bound by. mxfp4's decoded tile has its columns in
-mxfp4_run_order (a thread's bytes of each 16-byte run adjacent in shared memory: one load where
-there were four single bytes), and x's tile is permuted alike in registers: the dot sums the
-same products.
+of bf16's bytes, which is what decode is bound by. On the swapped 16-row tiles (TileConfig
+.run_order) the decoded tile has its columns in mxfp4_run_order (a thread's bytes of each 16-byte
+run adjacent in shared memory: one load where there were four single bytes) and x's tile is
+permuted alike in registers: the dot sums the same products, grouped into other k16 steps.
 
 Gathered rows (GATHER, 16-bit or fp32 x only): row r of the product is x[x_ids[r]], loaded
 through pointers whatever the weights take, so the unfused MoE path needs no [A, D] copy of its
@@ -87,10 +87,10 @@ def _locate_combine(a0, a1, a2, a3, b0, b1, b2, b3):
 @triton.jit
 def _load_w(k0, w_row0, w_rows, col_ok, w_ptr, w_desc, w_scale_ptr, K,
             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_TMA: tl.constexpr,
-            QUANT: tl.constexpr, UPCAST: tl.constexpr):
+            QUANT: tl.constexpr, UPCAST: tl.constexpr, RUN_ORDER: tl.constexpr):
     """The weight tile w[w_rows, k0:k0+BLOCK_K] [BLOCK_N, BLOCK_K]: as stored (bf16, fp8), or
     dequantized (mxfp4: packed [BLOCK_N, BLOCK_K / 2] bytes and their scales; to bf16, or to
-    float32 under the interpreter, its columns in mxfp4_run_order, as _load_x's)."""
+    float32 under the interpreter; RUN_ORDER: its columns in mxfp4_run_order, as _load_x's)."""
     if QUANT == "mxfp4":
         if USE_TMA:
             packed = w_desc.load([w_row0, k0 // 2])
@@ -101,7 +101,7 @@ def _load_w(k0, w_row0, w_rows, col_ok, w_ptr, w_desc, w_scale_ptr, K,
         gs = k0 // 32 + tl.arange(0, BLOCK_K // 32)
         s = tl.load(w_scale_ptr + w_rows[:, None] * (K // 32) + gs[None, :],
                     mask=col_ok[:, None] & (gs < K // 32)[None, :], other=0)
-        b = mxfp4_values(packed, s, BLOCK_N, BLOCK_K, UPCAST, True)
+        b = mxfp4_values(packed, s, BLOCK_N, BLOCK_K, UPCAST, RUN_ORDER)
     elif USE_TMA:
         b = w_desc.load([w_row0, k0])
     else:
@@ -163,18 +163,19 @@ def _k_step(acc, acc_u, k0, row0, w_row0, rows, row_ok, a_rows, w_rows, col_ok, 
             x_ptr, w_ptr, x_desc, w_desc, x_scale_ptr, w_scale_ptr, K, KB, N_OUT,
             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_TMA: tl.constexpr,
             SWAP_AB: tl.constexpr, QUANT: tl.constexpr, GATHER: tl.constexpr,
-            GLU: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr):
+            GLU: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+            RUN_ORDER: tl.constexpr):
     """One K step: acc += x[rows] @ w[w_rows]^T over k0:k0+BLOCK_K; with a GLU, also acc_u +=
-    the same rows against the up rows, N_OUT rows further on (x's tile loaded once for both)."""
-    a = _load_x(k0, row0, row_ok, a_rows, x_ptr, x_desc, K, BLOCK_K, USE_TMA, GATHER,
-                QUANT == "mxfp4")
+    the same rows against the up rows, N_OUT rows further on (x's tile loaded once for both).
+    RUN_ORDER (mxfp4): both tiles' columns in mxfp4_run_order, the same products summed."""
+    a = _load_x(k0, row0, row_ok, a_rows, x_ptr, x_desc, K, BLOCK_K, USE_TMA, GATHER, RUN_ORDER)
     b = _load_w(k0, w_row0, w_rows, col_ok, w_ptr, w_desc, w_scale_ptr, K, BLOCK_N, BLOCK_K,
-                USE_TMA, QUANT, UPCAST)
+                USE_TMA, QUANT, UPCAST, RUN_ORDER)
     acc = _mma(acc, a, b, k0, rows, row_ok, ws_rows, col_ok, x_scale_ptr, w_scale_ptr, KB,
                SWAP_AB, QUANT, UPCAST, DOT_PRECISION)
     if GLU != "none":
         b = _load_w(k0, w_row0 + N_OUT, w_rows + N_OUT, col_ok, w_ptr, w_desc, w_scale_ptr, K,
-                    BLOCK_N, BLOCK_K, USE_TMA, QUANT, UPCAST)
+                    BLOCK_N, BLOCK_K, USE_TMA, QUANT, UPCAST, RUN_ORDER)
         acc_u = _mma(acc_u, a, b, k0, rows, row_ok, ws_rows, col_ok, x_scale_ptr, w_scale_ptr,
                      KB, SWAP_AB, QUANT, UPCAST, DOT_PRECISION)
     return acc, acc_u
@@ -210,7 +211,7 @@ def _tile(
     USE_TMA: tl.constexpr, SWAP_AB: tl.constexpr, QUANT: tl.constexpr, HAS_BIAS: tl.constexpr,
     HAS_WEIGHT_IDS: tl.constexpr, HAS_ROW_WEIGHTS: tl.constexpr, SCATTER: tl.constexpr,
     GATHER: tl.constexpr, GLU: tl.constexpr, HAS_LIMIT: tl.constexpr, UPCAST: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr, RUN_ORDER: tl.constexpr,
 ):
     # Group g of tile t: the groups before it are those whose tiles end at or before t (empty
     # groups included); one 4-way reduction gives g, its first row, its first tile, its row end.
@@ -256,14 +257,16 @@ def _tile(
             acc, acc_u = _k_step(acc, acc_u, k0, row0, wid * N + n0, rows, row_ok, a_rows,
                                  w_rows, col_ok, ws_rows, x_ptr, w_ptr, x_desc, w_desc,
                                  x_scale_ptr, w_scale_ptr, K, KB, N_OUT, BLOCK_N, BLOCK_K,
-                                 USE_TMA, SWAP_AB, QUANT, GATHER, GLU, UPCAST, DOT_PRECISION)
+                                 USE_TMA, SWAP_AB, QUANT, GATHER, GLU, UPCAST, DOT_PRECISION,
+                                 RUN_ORDER)
             k0 += BLOCK_K
     else:
         for k0 in range(0, K, BLOCK_K):
             acc, acc_u = _k_step(acc, acc_u, k0, row0, wid * N + n0, rows, row_ok, a_rows,
                                  w_rows, col_ok, ws_rows, x_ptr, w_ptr, x_desc, w_desc,
                                  x_scale_ptr, w_scale_ptr, K, KB, N_OUT, BLOCK_N, BLOCK_K,
-                                 USE_TMA, SWAP_AB, QUANT, GATHER, GLU, UPCAST, DOT_PRECISION)
+                                 USE_TMA, SWAP_AB, QUANT, GATHER, GLU, UPCAST, DOT_PRECISION,
+                                 RUN_ORDER)
     if SWAP_AB:
         acc = acc.T
     acc = _epilogue_scale_bias(acc, rows, row_ok, w_rows, col_ok, x_scale_ptr, w_scale_ptr,
@@ -327,6 +330,7 @@ def _grouped_gemm_kernel(
     UPCAST: tl.constexpr,  # cast tiles to fp32 before tl.dot (interpreter)
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs (tf32 would drop 13 mantissa bits)
     INTERPRET: tl.constexpr,  # the interpreter needs a while loop (range() of a tensor fails)
+    RUN_ORDER: tl.constexpr,  # mxfp4: the K loop in mxfp4_run_order (TileConfig.run_order)
 ):
     pid = tl.program_id(0)
     offs_g = tl.arange(0, BLOCK_G)
@@ -365,7 +369,7 @@ def _grouped_gemm_kernel(
                   x_ids_ptr, out_ptr, M, N, N_OUT, K, NB, KB, SPLIT, alpha, limit,
                   BLOCK_M, BLOCK_N, BLOCK_K, TMA != "none", SWAP_AB, QUANT, HAS_BIAS,
                   HAS_WEIGHT_IDS, HAS_ROW_WEIGHTS, SCATTER, GATHER, GLU, HAS_LIMIT, UPCAST,
-                  DOT_PRECISION, INTERPRET)
+                  DOT_PRECISION, INTERPRET, RUN_ORDER)
             t += num_programs
     else:
         for t in tl.range(pid, total, num_programs, flatten=FLATTEN):
@@ -374,7 +378,7 @@ def _grouped_gemm_kernel(
                   x_ids_ptr, out_ptr, M, N, N_OUT, K, NB, KB, SPLIT, alpha, limit,
                   BLOCK_M, BLOCK_N, BLOCK_K, TMA != "none", SWAP_AB, QUANT, HAS_BIAS,
                   HAS_WEIGHT_IDS, HAS_ROW_WEIGHTS, SCATTER, GATHER, GLU, HAS_LIMIT, UPCAST,
-                  DOT_PRECISION, INTERPRET)
+                  DOT_PRECISION, INTERPRET, RUN_ORDER)
 
 
 def _ensure_allocator() -> None:
@@ -467,7 +471,8 @@ def _grouped_gemm_op(x: Tensor, w: Tensor, m_sizes: Tensor, x_scale: Optional[Te
             HAS_ROW_WEIGHTS=row_weights is not None,
             SCATTER="none" if scatter_ids is None else scatter, GATHER=gather, GLU=glu,
             HAS_LIMIT=limit is not None, UPCAST=upcast, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-            INTERPRET=interpret, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            INTERPRET=interpret, RUN_ORDER=cfg.run_order and quantization == "mxfp4",
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
     if dst is not out:
         out.copy_(dst)
