@@ -87,7 +87,7 @@ def _locate_combine(a0, a1, a2, a3, b0, b1, b2, b3):
 @triton.jit
 def _load_w(k0, w_row0, w_rows, col_ok, w_ptr, w_desc, w_scale_ptr, K,
             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_TMA: tl.constexpr,
-            QUANT: tl.constexpr, UPCAST: tl.constexpr):
+            QUANT: tl.constexpr, UPCAST: tl.constexpr, RUN_ORDER: tl.constexpr):
     """The weight tile w[w_rows, k0:k0+BLOCK_K] [BLOCK_N, BLOCK_K]: as stored (bf16, fp8), or
     dequantized (mxfp4: packed [BLOCK_N, BLOCK_K / 2] bytes and their scales; to bf16, or to
     float32 under the interpreter, its columns in mxfp4_run_order, as _load_x's)."""
@@ -101,7 +101,7 @@ def _load_w(k0, w_row0, w_rows, col_ok, w_ptr, w_desc, w_scale_ptr, K,
         gs = k0 // 32 + tl.arange(0, BLOCK_K // 32)
         s = tl.load(w_scale_ptr + w_rows[:, None] * (K // 32) + gs[None, :],
                     mask=col_ok[:, None] & (gs < K // 32)[None, :], other=0)
-        b = mxfp4_values(packed, s, BLOCK_N, BLOCK_K, UPCAST, True)
+        b = mxfp4_values(packed, s, BLOCK_N, BLOCK_K, UPCAST, RUN_ORDER)
     elif USE_TMA:
         b = w_desc.load([w_row0, k0])
     else:
@@ -166,15 +166,15 @@ def _k_step(acc, acc_u, k0, row0, w_row0, rows, row_ok, a_rows, w_rows, col_ok, 
             GLU: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """One K step: acc += x[rows] @ w[w_rows]^T over k0:k0+BLOCK_K; with a GLU, also acc_u +=
     the same rows against the up rows, N_OUT rows further on (x's tile loaded once for both)."""
-    a = _load_x(k0, row0, row_ok, a_rows, x_ptr, x_desc, K, BLOCK_K, USE_TMA, GATHER,
-                QUANT == "mxfp4")
+    RUN: tl.constexpr = QUANT == "mxfp4" and SWAP_AB and rows.shape[0] <= 16
+    a = _load_x(k0, row0, row_ok, a_rows, x_ptr, x_desc, K, BLOCK_K, USE_TMA, GATHER, RUN)
     b = _load_w(k0, w_row0, w_rows, col_ok, w_ptr, w_desc, w_scale_ptr, K, BLOCK_N, BLOCK_K,
-                USE_TMA, QUANT, UPCAST)
+                USE_TMA, QUANT, UPCAST, RUN)
     acc = _mma(acc, a, b, k0, rows, row_ok, ws_rows, col_ok, x_scale_ptr, w_scale_ptr, KB,
                SWAP_AB, QUANT, UPCAST, DOT_PRECISION)
     if GLU != "none":
         b = _load_w(k0, w_row0 + N_OUT, w_rows + N_OUT, col_ok, w_ptr, w_desc, w_scale_ptr, K,
-                    BLOCK_N, BLOCK_K, USE_TMA, QUANT, UPCAST)
+                    BLOCK_N, BLOCK_K, USE_TMA, QUANT, UPCAST, RUN)
         acc_u = _mma(acc_u, a, b, k0, rows, row_ok, ws_rows, col_ok, x_scale_ptr, w_scale_ptr,
                      KB, SWAP_AB, QUANT, UPCAST, DOT_PRECISION)
     return acc, acc_u
