@@ -123,6 +123,8 @@ def select(M: int, N: int, K: int, G: int, dtype: torch.dtype, quant: str = "non
     if _invariant.get() and M > BATCH_INVARIANT_ROWS:
         return batch_invariant_config(N, K, dtype)
     cfg = _heuristic(*key, sms)
+    if quant == "mxfp4" and cfg.swap_ab and cfg.block_n == 128 and cfg.block_m == 16:
+        cfg = cfg.with_(num_warps=8, ctas_per_sm=1)
     if quant == "mxfp4" and cfg.swap_ab and cfg.block_n == 128 and K >= MXFP4_DEEP_K:
         cfg = cfg.with_(block_k=MXFP4_DEEP_BLOCK_K)
     if quant == "fp8_w8a16" and cfg.swap_ab and cfg.block_n == 128:
