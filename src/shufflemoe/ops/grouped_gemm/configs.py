@@ -143,7 +143,7 @@ def select(M: int, N: int, K: int, G: int, dtype: torch.dtype, quant: str = "non
 # 256 values): Mixtral TP2 (K = 4096 / 7168) T = 16 / 64 1.05 / 1.07x, Llama 4 Scout TP8 (5120 /
 # 1024) 1.03 / 1.04x, Maverick 0.99 / 1.00x, Qwen3-30B-A3B (2048 / 768, 3 to 8 steps of 256)
 # 0.94 / 0.96x: so only K >= 4096.
-MXFP4_DEEP_K = 4096
+MXFP4_DEEP_K = 0
 MXFP4_DEEP_BLOCK_K = 256
 
 
