@@ -130,7 +130,7 @@ def select(M: int, N: int, K: int, G: int, dtype: torch.dtype, quant: str = "non
     if quant == "mxfp4" and cfg.swap_ab and cfg.block_n == 128 and K >= MXFP4_DEEP_K:
         cfg = cfg.with_(block_k=MXFP4_DEEP_BLOCK_K)
     if quant == "mxfp4" and cfg.swap_ab and cfg.block_m == 16 and not _invariant.get():
-        cfg = cfg.with_(run_order=True)
+        cfg = cfg.with_(run_order=True, num_stages=4)
     if quant == "fp8_w8a16" and cfg.swap_ab and cfg.block_n == 128:
         rows = -(-key[0] // max(G, 1))
         cfg = cfg.with_(block_k=W8A16_BLOCK_K, block_m=32 if rows > 8 else cfg.block_m)
