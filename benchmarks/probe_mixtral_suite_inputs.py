@@ -1,3 +1,9 @@
+"""Mixtral TP2 mxfp4 at T = 64 on the layer suite's own inputs (the same seed, layer copies and
+draws as the suite's _preset_rows), replayed alone in CUDA graphs, and on three fresh draws: is a
+change of the suite's row the kernel's, or the context the suite ran it in? One process per
+source tree (PYTHONPATH=<tree>/src python benchmarks/probe_mixtral_suite_inputs.py <label>);
+results/probe_mixtral_suite_inputs.txt (run as at 2946e63, before this docstring)."""
+
 import json, sys
 import torch
 from shufflemoe.bench.suites import layer as L
