@@ -11,7 +11,8 @@ joins the two files:
     python benchmarks/probe_mxfp4_dot.py --label <commit> --out $OUT
     python benchmarks/probe_mxfp4_dot.py --compare $OUT/probe_mxfp4_dot_<a>.json $OUT/..._<b>.json
 
-mxfp4 is bound by instructions a byte, not by HBM (benchmarks/two_devices.py: the H200 runs
+--quantization fp8_w8a16 (or any format) times that format's layers the same way, into
+probe_<format>_dot_<label>.json. mxfp4 is bound by instructions a byte, not by HBM (benchmarks/two_devices.py: the H200 runs
 these rows at 0.99-1.02x the H100's time), so an H200 measures the change as an H100 would.
 """
 
@@ -37,11 +38,11 @@ CASES = (("llama4-scout", 8, (8, 16, 64, 128)), ("llama4-maverick", 8, (8, 64)),
 N_SETS = 8
 
 
-def measure(label: str, out: pathlib.Path, budget: float) -> None:
+def measure(label: str, out: pathlib.Path, budget: float, quantization: str = "mxfp4") -> None:
     deadline = time.time() + budget
     rows = []
     for name, tp, Ts in CASES:
-        cfg = preset(name, tp=tp).replace(quantization="mxfp4")
+        cfg = preset(name, tp=tp).replace(quantization=quantization)
         layers = _layers(cfg, "cuda", False)
         for T in Ts:
             if time.time() > deadline:
@@ -56,8 +57,9 @@ def measure(label: str, out: pathlib.Path, budget: float) -> None:
             print(json.dumps(row), flush=True)
         del layers
         torch.cuda.empty_cache()
-    path = out / f"probe_mxfp4_dot_{label}.json"
-    path.write_text(json.dumps(dict(meta=metadata(), label=label, rows=rows), indent=1))
+    path = out / f"probe_{quantization}_dot_{label}.json"
+    path.write_text(json.dumps(dict(meta=metadata(), label=label, quantization=quantization,
+                                    rows=rows), indent=1))
 
 
 def compare(a: pathlib.Path, b: pathlib.Path) -> str:
@@ -83,12 +85,13 @@ def main() -> None:
     p.add_argument("--label")
     p.add_argument("--budget", type=float, default=150.0)
     p.add_argument("--compare", nargs=2, type=pathlib.Path)
+    p.add_argument("--quantization", default="mxfp4", help="the layers' weight format")
     args = p.parse_args()
     if args.compare:
         print(compare(*args.compare))
         return
     args.out.mkdir(parents=True, exist_ok=True)
-    measure(args.label, args.out, args.budget)
+    measure(args.label, args.out, args.budget, args.quantization)
 
 
 if __name__ == "__main__":
