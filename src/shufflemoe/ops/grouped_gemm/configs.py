@@ -128,7 +128,10 @@ def select(M: int, N: int, K: int, G: int, dtype: torch.dtype, quant: str = "non
         return batch_invariant_config(N, K, dtype)
     cfg = _heuristic(*key, sms)
     if quant == "mxfp4" and cfg.swap_ab and cfg.block_n == 128 and K >= MXFP4_DEEP_K:
-        cfg = cfg.with_(block_k=MXFP4_DEEP_BLOCK_K)
+        if cfg.block_m == 16:
+            cfg = cfg.with_(block_k=MXFP4_DEEP_BLOCK_K)
+        else:
+            cfg = cfg.with_(num_stages=5)
     if quant == "mxfp4" and cfg.swap_ab and cfg.block_m == 16 and not _invariant.get():
         cfg = cfg.with_(run_order=True)
     if quant == "fp8_w8a16" and cfg.swap_ab and cfg.block_n == 128:
