@@ -398,6 +398,12 @@ def test_mxfp4_deep_k_takes_longer_k_steps():
         block_k=configs.MXFP4_DEEP_BLOCK_K, run_order=True)
     shallow = configs.select(128, 7168, 2048, 8, torch.bfloat16, "mxfp4")
     assert shallow == bf16.with_(run_order=True)  # shallow K: bf16's K step
+    # T = 128 (32 rows a group): swapped 64-row tiles keep bf16's K step, 5 stages deep.
+    wide = configs.select(256, 7168, 4096, 8, torch.bfloat16)
+    assert wide.swap_ab and wide.block_m == 64 and wide.block_n == 128
+    assert configs.select(256, 7168, 4096, 8, torch.bfloat16, "mxfp4") == wide.with_(
+        num_stages=5)
+    assert configs.select(256, 7168, 2048, 8, torch.bfloat16, "mxfp4") == wide
     with configs.override(SMALL):  # an override is taken as it is
         assert configs.select(128, 7168, 4096, 8, torch.bfloat16, "mxfp4") == SMALL
 

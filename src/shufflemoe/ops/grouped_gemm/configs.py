@@ -146,7 +146,10 @@ def select(M: int, N: int, K: int, G: int, dtype: torch.dtype, quant: str = "non
 # CUDA graphs, routed GEMMs only (results/probe_mxfp4_df01fac.json, "gemm" rows, both GEMMs on
 # 256 values): Mixtral TP2 (K = 4096 / 7168) T = 16 / 64 1.05 / 1.07x, Llama 4 Scout TP8 (5120 /
 # 1024) 1.03 / 1.04x, Maverick 0.99 / 1.00x, Qwen3-30B-A3B (2048 / 768, 3 to 8 steps of 256)
-# 0.94 / 0.96x: so only K >= 4096.
+# 0.94 / 0.96x: so only K >= 4096. Swapped 64-row tiles (17 to 64 rows a group) keep the 128-value
+# step, 5 stages deep: their x tile is four times larger, and 256-value steps left fewer stages in
+# flight (H200, Mixtral TP2 T = 128, 401.2 -> 332.2 us; results/probe_mxfp4_dot_db73eed.json
+# against _aea5878.json, the other rows within 1%).
 MXFP4_DEEP_K = 4096
 MXFP4_DEEP_BLOCK_K = 256
 
