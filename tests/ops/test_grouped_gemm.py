@@ -408,13 +408,12 @@ def test_mxfp4_deep_k_takes_longer_k_steps():
         assert configs.select(128, 7168, 4096, 8, torch.bfloat16, "mxfp4") == SMALL
 
 
-def test_run_order_only_on_swapped_16_row_tiles_outside_batch_invariant_mode():
+def test_mxfp4_run_order_only_on_swapped_16_row_tiles_outside_batch_invariant_mode():
     def run_order(M, quant="mxfp4"):
         return configs.select(M, 7168, 4096, 8, torch.bfloat16, quant).run_order
 
     assert run_order(128) and run_order(1)  # swapped 16-row tiles
-    assert run_order(1, "fp8_w8a16") and not run_order(128, "fp8_w8a16")  # 16 / 32-row tiles
-    assert not run_order(128, "none") and not run_order(1, "fp8_rowwise")
+    assert not run_order(128, "none") and not run_order(128, "fp8_w8a16")
     mid = configs.select(256, 7168, 4096, 8, torch.bfloat16, "mxfp4")  # 32 rows a group
     assert mid.swap_ab and mid.block_m == 64 and not mid.run_order
     assert not run_order(16384)  # prefill tiles
@@ -429,10 +428,9 @@ def test_w8a16_takes_fp8_bytes_a_k_step_and_wider_tiles_for_full_groups():
         bf16 = configs.select(M, N, K, G, torch.bfloat16)
         assert bf16.swap_ab and bf16.block_n == 128 and bf16.block_m == 16
         assert configs.select(M, N, K, G, torch.bfloat16, "fp8_w8a16") == bf16.with_(
-            block_k=configs.W8A16_BLOCK_K, block_m=block_m, run_order=block_m == 16)
+            block_k=configs.W8A16_BLOCK_K, block_m=block_m)
     few = configs.select(1, 2048, 5120, 16, torch.bfloat16)  # one group: 64-wide deep tiles
-    assert configs.select(1, 2048, 5120, 16, torch.bfloat16, "fp8_w8a16") == few.with_(
-        run_order=True)
+    assert configs.select(1, 2048, 5120, 16, torch.bfloat16, "fp8_w8a16") == few
 
 
 @pytest.mark.parametrize("M,bucket", [(0, 1), (1, 1), (2, 2), (128, 128), (129, 256),

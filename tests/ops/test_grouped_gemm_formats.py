@@ -116,9 +116,9 @@ VARIANTS = {
     "tma host": SMALL,
     "tma device": SMALL.with_(tma="device"),
     "swap_ab": SMALL.with_(swap_ab=True),
-    # run order: mxfp4 and fp8_w8a16 (the others keep K's order)
-    "swap_ab, run order": SMALL.with_(swap_ab=True, run_order=True),
-    "run order, 64-column steps": configs.TileConfig(16, 32, 64, num_stages=2, run_order=True),
+    "swap_ab, mxfp4 run order": SMALL.with_(swap_ab=True, run_order=True),  # others: K's order
+    "mxfp4 run order, 64-column steps": configs.TileConfig(16, 32, 64, num_stages=2,
+                                                           run_order=True),
     "block_k 64, 32-row tiles": configs.TileConfig(32, 16, 64, num_stages=2),
     "block_k 256 (capped)": configs.TileConfig(16, 32, 256, num_stages=2),
 }

@@ -118,34 +118,17 @@ def test_e4m3_bf16_ptx_converts_every_pair_of_bytes():
             assert (bf16(out), bf16(out >> 16)) == (values[lo], values[hi]), (lo, hi)
 
 
-def test_e4m3_bf16_words_ptx_converts_every_byte_in_every_position():
-    """E4M3_BF16_WORDS_PTX: bytes 0, 1 of $2 -> $0's halves, bytes 2, 3 -> $1's."""
-    values = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float().tolist()
-    codes = [b for b in range(256) if b & 0x7F != 0x7F]
-    ptx = kernel.E4M3_BF16_WORDS_PTX.value
-    rng = random.Random(0)
-    for byte in codes:
-        for pos in range(4):
-            word = [rng.choice(codes) for _ in range(4)]
-            word[pos] = byte
-            out = run_ptx(ptx, {"$2": int.from_bytes(bytes(word), "little")})
-            got = [bf16(out["$0"]), bf16(out["$0"] >> 16), bf16(out["$1"]), bf16(out["$1"] >> 16)]
-            assert got == [values[b] for b in word], (byte, pos)
-
-
 @triton.jit
-def _e4m3_to_bf16_kernel(src, dst, n, BLOCK: tl.constexpr, WORDS: tl.constexpr):
+def _e4m3_to_bf16_kernel(src, dst, n, BLOCK: tl.constexpr):
     i = tl.arange(0, BLOCK)
-    tl.store(dst + i, kernel.e4m3_to(tl.load(src + i, mask=i < n), tl.bfloat16, WORDS),
-             mask=i < n)
+    tl.store(dst + i, kernel.e4m3_to(tl.load(src + i, mask=i < n), tl.bfloat16), mask=i < n)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (inline PTX)")
-@pytest.mark.parametrize("words", [False, True], ids=["pairs", "words"])
-def test_e4m3_to_bf16_on_the_gpu_every_code(words):
+def test_e4m3_to_bf16_on_the_gpu_every_code():
     codes = torch.arange(256, dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn)
     out = torch.full((256,), float("nan"), dtype=torch.bfloat16, device="cuda")
-    _e4m3_to_bf16_kernel[(1,)](codes, out, 256, BLOCK=256, WORDS=words)
+    _e4m3_to_bf16_kernel[(1,)](codes, out, 256, BLOCK=256)
     want = codes.to(torch.bfloat16)
     finite = ~torch.isnan(want)
     assert finite.sum() == 254
@@ -172,21 +155,6 @@ def run_order(K: int) -> torch.Tensor:
 def _run_order_kernel(src, dst, M: tl.constexpr, K: tl.constexpr):
     at = tl.arange(0, M)[:, None] * K + tl.arange(0, K)[None, :]
     tl.store(dst + at, kernel.mxfp4_run_order(tl.load(src + at)))
-
-
-@triton.jit
-def _e4m3_run_order_kernel(src, dst, M: tl.constexpr, K: tl.constexpr):
-    at = tl.arange(0, M)[:, None] * K + tl.arange(0, K)[None, :]
-    tl.store(dst + at, kernel.e4m3_run_order(tl.load(src + at)))
-
-
-def test_e4m3_run_order_is_the_documented_permutation(device):
-    M, K = 16, 64
-    src = torch.randn(M, K, device=device)
-    dst = torch.full_like(src, float("nan"))
-    _e4m3_run_order_kernel[(1,)](src, dst, M=M, K=K)
-    g, h, c, j = torch.meshgrid(*(torch.arange(n) for n in (K // 16, 2, 4, 2)), indexing="ij")
-    assert torch.equal(dst.cpu(), src.cpu()[:, (16 * g + 4 * c + 2 * h + j).reshape(K)])
 
 
 def test_mxfp4_run_order_is_the_documented_permutation(device):

@@ -47,7 +47,7 @@ class TileConfig:
     # (made by each program: ~2 us more per launch on an H100, 66.3 vs 63.6 us for a 168 MB
     # decode GEMM) or "none" (masked pointer loads)
     tma: str = "host"
-    # mxfp4 / fp8_w8a16: the K loop in mxfp4_run_order / e4m3_run_order (select() sets it)
+    # mxfp4: the K loop in ops.quantize.kernel.mxfp4_run_order (select() sets it, see there)
     run_order: bool = False
 
     def with_(self, **changes) -> "TileConfig":
@@ -132,12 +132,11 @@ def select(M: int, N: int, K: int, G: int, dtype: torch.dtype, quant: str = "non
             cfg = cfg.with_(block_k=MXFP4_DEEP_BLOCK_K)
         else:
             cfg = cfg.with_(num_stages=5)
+    if quant == "mxfp4" and cfg.swap_ab and cfg.block_m == 16 and not _invariant.get():
+        cfg = cfg.with_(run_order=True)
     if quant == "fp8_w8a16" and cfg.swap_ab and cfg.block_n == 128:
         rows = -(-key[0] // max(G, 1))
         cfg = cfg.with_(block_k=W8A16_BLOCK_K, block_m=32 if rows > 8 else cfg.block_m)
-    if (quant in ("mxfp4", "fp8_w8a16") and cfg.swap_ab and cfg.block_m == 16
-            and not _invariant.get()):
-        cfg = cfg.with_(run_order=True)
     return cfg
 
 
@@ -162,10 +161,7 @@ MXFP4_DEEP_BLOCK_K = 256
 # there x's tile is 64 rows or more, and its permutation through registers cost more than the
 # bytes' loads saved (Mixtral TP2 T = 128, swapped 64-row tiles, 403.0 -> 550.4 us; gpt-oss-120b
 # T = 4096, 128 x 128 tiles, 3757 -> 3913; _f46091c.json). Never in batch-invariant mode: the
-# k16 steps would group other products than the wide tile's (whose sums must match). fp8_w8a16's
-# swapped 16-row tiles the same way (e4m3_run_order: a thread's four bytes of each 16 as one word,
-# converted four at a time): offline SASS a K step 962 -> 884 (16 x 128 x 256), gathered GLU
-# 16 x 64 x 256 767 -> 715; not yet timed on a GPU.
+# k16 steps would group other products than the wide tile's (whose sums must match).
 
 
 # fp8_w8a16 weights (a byte a value, x in bf16) on the memory-bound swapped 16 x 128 tiles: a K

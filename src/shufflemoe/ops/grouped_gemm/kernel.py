@@ -72,7 +72,7 @@ from .._common import cdiv, device_sms, next_power_of_2, on_device, traced
 from .._impl import interpreting, kernel_op
 from .._launch import launch
 from ..quantize import FP8_BLOCK, FP8_DTYPE, MX_GROUP
-from ..quantize.kernel import e4m3_run_order, e4m3_to, mxfp4_run_order, mxfp4_values
+from ..quantize.kernel import e4m3_to, mxfp4_run_order, mxfp4_values
 from ..silu_mul.kernel import glu_f32
 from . import configs
 
@@ -90,8 +90,7 @@ def _load_w(k0, w_row0, w_rows, col_ok, w_ptr, w_desc, w_scale_ptr, K,
             QUANT: tl.constexpr, UPCAST: tl.constexpr, RUN_ORDER: tl.constexpr):
     """The weight tile w[w_rows, k0:k0+BLOCK_K] [BLOCK_N, BLOCK_K]: as stored (bf16, fp8), or
     dequantized (mxfp4: packed [BLOCK_N, BLOCK_K / 2] bytes and their scales; to bf16, or to
-    float32 under the interpreter); RUN_ORDER: its columns in mxfp4_run_order (mxfp4) or
-    e4m3_run_order (fp8_w8a16), as _load_x's."""
+    float32 under the interpreter; RUN_ORDER: its columns in mxfp4_run_order, as _load_x's)."""
     if QUANT == "mxfp4":
         if USE_TMA:
             packed = w_desc.load([w_row0, k0 // 2])
@@ -103,49 +102,43 @@ def _load_w(k0, w_row0, w_rows, col_ok, w_ptr, w_desc, w_scale_ptr, K,
         s = tl.load(w_scale_ptr + w_rows[:, None] * (K // 32) + gs[None, :],
                     mask=col_ok[:, None] & (gs < K // 32)[None, :], other=0)
         b = mxfp4_values(packed, s, BLOCK_N, BLOCK_K, UPCAST, RUN_ORDER)
+    elif USE_TMA:
+        b = w_desc.load([w_row0, k0])
     else:
-        if USE_TMA:
-            b = w_desc.load([w_row0, k0])
-        else:
-            ks = k0 + tl.arange(0, BLOCK_K)
-            b = tl.load(w_ptr + w_rows[:, None] * K + ks[None, :],
-                        mask=col_ok[:, None] & (ks < K)[None, :], other=0.0)
-        if RUN_ORDER:
-            b = e4m3_run_order(b)
+        ks = k0 + tl.arange(0, BLOCK_K)
+        b = tl.load(w_ptr + w_rows[:, None] * K + ks[None, :],
+                    mask=col_ok[:, None] & (ks < K)[None, :], other=0.0)
     return b
 
 
 @triton.jit
 def _load_x(k0, row0, row_ok, a_rows, x_ptr, x_desc, K, BLOCK_K: tl.constexpr,
-            USE_TMA: tl.constexpr, GATHER: tl.constexpr, QUANT: tl.constexpr,
-            RUN_ORDER: tl.constexpr):
+            USE_TMA: tl.constexpr, GATHER: tl.constexpr, RUN_ORDER: tl.constexpr):
     """x[a_rows, k0:k0+BLOCK_K]: the tile's rows (through TMA from row0), or the x rows they
-    gather (GATHER); RUN_ORDER: its columns in the weight format's run order (a permutation of
-    registers), as the weight tile's."""
+    gather (GATHER); RUN_ORDER: its columns in mxfp4_run_order (a permutation of registers),
+    as the mxfp4 weight tile's."""
     if USE_TMA and GATHER == "none":
         a = x_desc.load([row0, k0])
     else:
         ks = k0 + tl.arange(0, BLOCK_K)
         a = tl.load(x_ptr + a_rows[:, None] * K + ks[None, :],
                     mask=row_ok[:, None] & (ks < K)[None, :], other=0.0)
-    if RUN_ORDER and QUANT == "mxfp4":
+    if RUN_ORDER:
         a = mxfp4_run_order(a)
-    elif RUN_ORDER:
-        a = e4m3_run_order(a)
     return a
 
 
 @triton.jit
 def _mma(acc, a, b, k0, rows, row_ok, ws_rows, col_ok, x_scale_ptr, w_scale_ptr, KB,
          SWAP_AB: tl.constexpr, QUANT: tl.constexpr, UPCAST: tl.constexpr,
-         DOT_PRECISION: tl.constexpr, RUN_ORDER: tl.constexpr):
+         DOT_PRECISION: tl.constexpr):
     """acc += a @ b^T (transposed when SWAP_AB); fp8_block scales this step's product by its
     128-column block's scales first."""
     if UPCAST:  # interpreter: its bf16 dot is wrong (Triton 3.6); fp32 of bf16/fp8 is exact
         a = a.to(tl.float32)
         b = b.to(tl.float32)
     elif QUANT == "fp8_w8a16":  # weight-only: exact in x's dtype
-        b = e4m3_to(b, a.dtype, RUN_ORDER)
+        b = e4m3_to(b, a.dtype)
     elif QUANT == "mxfp4":
         b = b.to(a.dtype)
     if QUANT == "fp8_block":  # the K step lies inside one 128-column block (BLOCK_K <= 128)
@@ -174,18 +167,17 @@ def _k_step(acc, acc_u, k0, row0, w_row0, rows, row_ok, a_rows, w_rows, col_ok, 
             RUN_ORDER: tl.constexpr):
     """One K step: acc += x[rows] @ w[w_rows]^T over k0:k0+BLOCK_K; with a GLU, also acc_u +=
     the same rows against the up rows, N_OUT rows further on (x's tile loaded once for both).
-    RUN_ORDER (mxfp4, fp8_w8a16): both tiles' columns in its run order, the same products summed."""
-    a = _load_x(k0, row0, row_ok, a_rows, x_ptr, x_desc, K, BLOCK_K, USE_TMA, GATHER, QUANT,
-                RUN_ORDER)
+    RUN_ORDER (mxfp4): both tiles' columns in mxfp4_run_order, the same products summed."""
+    a = _load_x(k0, row0, row_ok, a_rows, x_ptr, x_desc, K, BLOCK_K, USE_TMA, GATHER, RUN_ORDER)
     b = _load_w(k0, w_row0, w_rows, col_ok, w_ptr, w_desc, w_scale_ptr, K, BLOCK_N, BLOCK_K,
                 USE_TMA, QUANT, UPCAST, RUN_ORDER)
     acc = _mma(acc, a, b, k0, rows, row_ok, ws_rows, col_ok, x_scale_ptr, w_scale_ptr, KB,
-               SWAP_AB, QUANT, UPCAST, DOT_PRECISION, RUN_ORDER)
+               SWAP_AB, QUANT, UPCAST, DOT_PRECISION)
     if GLU != "none":
         b = _load_w(k0, w_row0 + N_OUT, w_rows + N_OUT, col_ok, w_ptr, w_desc, w_scale_ptr, K,
                     BLOCK_N, BLOCK_K, USE_TMA, QUANT, UPCAST, RUN_ORDER)
         acc_u = _mma(acc_u, a, b, k0, rows, row_ok, ws_rows, col_ok, x_scale_ptr, w_scale_ptr,
-                     KB, SWAP_AB, QUANT, UPCAST, DOT_PRECISION, RUN_ORDER)
+                     KB, SWAP_AB, QUANT, UPCAST, DOT_PRECISION)
     return acc, acc_u
 
 
@@ -338,7 +330,7 @@ def _grouped_gemm_kernel(
     UPCAST: tl.constexpr,  # cast tiles to fp32 before tl.dot (interpreter)
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs (tf32 would drop 13 mantissa bits)
     INTERPRET: tl.constexpr,  # the interpreter needs a while loop (range() of a tensor fails)
-    RUN_ORDER: tl.constexpr,  # mxfp4 / fp8_w8a16: the K loop in their run order (TileConfig)
+    RUN_ORDER: tl.constexpr,  # mxfp4: the K loop in mxfp4_run_order (TileConfig.run_order)
 ):
     pid = tl.program_id(0)
     offs_g = tl.arange(0, BLOCK_G)
@@ -479,7 +471,7 @@ def _grouped_gemm_op(x: Tensor, w: Tensor, m_sizes: Tensor, x_scale: Optional[Te
             HAS_ROW_WEIGHTS=row_weights is not None,
             SCATTER="none" if scatter_ids is None else scatter, GATHER=gather, GLU=glu,
             HAS_LIMIT=limit is not None, UPCAST=upcast, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-            INTERPRET=interpret, RUN_ORDER=cfg.run_order and quantization in ("mxfp4", "fp8_w8a16"),
+            INTERPRET=interpret, RUN_ORDER=cfg.run_order and quantization == "mxfp4",
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
     if dst is not out:

@@ -200,34 +200,14 @@ def _e4m3_bf16_ptx() -> tl.constexpr:
 E4M3_BF16_PTX: tl.constexpr = _e4m3_bf16_ptx()
 
 
-def _e4m3_bf16_words_ptx() -> tl.constexpr:
-    """E4M3_BF16_PTX for four bytes at once ($2, 32 bits: bytes 0, 1 -> $0, bytes 2, 3 -> $1):
-    the pairs spread by two prmt selectors, no 16-bit unpacking. For tiles in e4m3_run_order,
-    where a thread's four values of each 16 are one 32-bit word."""
-    ptx = "{ .reg .b32 p, t, bias; mov.b32 bias, 0x7B807B80; "
-    for out, select in (("$0", "0x1404"), ("$1", "0x3424")):
-        ptx += (f"prmt.b32 p, $2, 0, {select}; and.b32 t, p, 0x7F007F00; shr.b32 t, t, 4; "
-                f"and.b32 p, p, 0x80008000; or.b32 p, p, t; mul.rn.bf16x2 {out}, p, bias; ")
-    return tl.constexpr(ptx + "}")
-
-
-E4M3_BF16_WORDS_PTX: tl.constexpr = _e4m3_bf16_words_ptx()
-
-
 @triton.jit
-def e4m3_to(w, DTYPE: tl.constexpr, WORDS: tl.constexpr = False):
+def e4m3_to(w, DTYPE: tl.constexpr):
     """e4m3 w as DTYPE, exactly. To bf16 on the GPU without the conversion unit: Triton's cast
     goes through fp16 and converts each value with F2F.BF16.F16, which an H100 SM issues at 16 a
     clock, below the bytes HBM brings it; E4M3_BF16_PTX is five integer operations and one
-    bf16x2 multiply a pair. WORDS: four bytes an operation (E4M3_BF16_WORDS_PTX), for tiles in
-    e4m3_run_order (elsewhere four consecutive bytes span registers). Other targets (fp16,
-    float32) cast. The interpreter has no inline assembly: its callers convert to float32 there
-    (their UPCAST), never to bf16."""
-    if DTYPE == tl.bfloat16 and WORDS:
-        out = tl.inline_asm_elementwise(E4M3_BF16_WORDS_PTX, "=r,=r,r",
-                                        [w.to(tl.uint8, bitcast=True)], dtype=tl.bfloat16,
-                                        is_pure=True, pack=4)
-    elif DTYPE == tl.bfloat16:
+    bf16x2 multiply a pair. Other targets (fp16, float32) cast. The interpreter has no inline
+    assembly: its callers convert to float32 there (their UPCAST), never to bf16."""
+    if DTYPE == tl.bfloat16:
         out = tl.inline_asm_elementwise(E4M3_BF16_PTX, "=r,h", [w.to(tl.uint8, bitcast=True)],
                                         dtype=tl.bfloat16, is_pure=True, pack=2)
     else:
@@ -269,18 +249,6 @@ def mxfp4_values(packed, s, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP32: 
         hi = (pair >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
         val = tl.join(lo, hi)
     return val.reshape(BLOCK_N, BLOCK_K)
-
-
-@triton.jit
-def e4m3_run_order(x):
-    """x [R, BK] (BK a multiple of 16) with its columns reordered so that the values a thread
-    holds of each 16 in an MMA's left operand (positions 2c, 2c + 1, 2c + 8, 2c + 9) are four
-    adjacent stored bytes: position 16g + 8h + 2c + j holds column 16g + 4c + 2h + j. For e4m3
-    weight tiles (one matrix load a thread where there were two-byte ones; e4m3_to WORDS), and
-    for the dot's other operand alike (the same products summed)."""
-    R: tl.constexpr = x.shape[0]
-    BK: tl.constexpr = x.shape[1]
-    return x.reshape(R, BK // 16, 4, 2, 2).permute(0, 1, 3, 2, 4).reshape(R, BK)
 
 
 @triton.jit
