@@ -148,16 +148,15 @@ def _e2m1_bf16_ptx() -> tl.constexpr:
     tables (bf16's high and low bytes of 0, 0.5, 1, 1.5, 2, 3, 4, 6) with one prmt for four codes
     each, the sign bits select 0x80 or 0 with two more, and one prmt a pair interleaves low and
     high bytes: about 2.5 operations a value, where placing bits took 4. Elementwise in the bytes
-    (byte i's word depends on byte i and its scale alone), so any register layout serves. The
-    tables' first words come in as registers ($9, $13, $17: E2M1_BF16_HELD). One line, no
-    escapes (see _e2m1_f16_ptx)."""
+    (byte i's word depends on byte i and its scale alone), so any register layout serves. One
+    line, no escapes (see _e2m1_f16_ptx)."""
     ptx = ("{ .reg .b32 s, m, m1, g0, g1, h0, h1, l0, l1, a; "
            "and.b32 s, $4, 0x88888888; and.b32 m, $4, 0x77777777; shr.b32 m1, m, 16; "
            "shr.b32 g0, s, 3; shr.b32 g1, s, 19; "
-           "prmt.b32 g0, $17, 0, g0; prmt.b32 g1, $17, 0, g1; "
-           "prmt.b32 h0, $9, 0x40404040, m; prmt.b32 h1, $9, 0x40404040, m1; "
+           "prmt.b32 g0, 0x8000, 0, g0; prmt.b32 g1, 0x8000, 0, g1; "
+           "prmt.b32 h0, 0x3F3F3F00, 0x40404040, m; prmt.b32 h1, 0x3F3F3F00, 0x40404040, m1; "
            "or.b32 h0, h0, g0; or.b32 h1, h1, g1; "
-           "prmt.b32 l0, $13, 0xC0804000, m; prmt.b32 l1, $13, 0xC0804000, m1; ")
+           "prmt.b32 l0, 0xC0800000, 0xC0804000, m; prmt.b32 l1, 0xC0800000, 0xC0804000, m1; ")
     for i, (lo, hi, select) in enumerate((("l0", "h0", "0x5140"), ("l0", "h0", "0x7362"),
                                           ("l1", "h1", "0x5140"), ("l1", "h1", "0x7362"))):
         ptx += f"prmt.b32 a, {lo}, {hi}, {select}; mul.rn.bf16x2 ${i}, a, ${5 + i}; "
@@ -165,24 +164,6 @@ def _e2m1_bf16_ptx() -> tl.constexpr:
 
 
 E2M1_BF16_PTX: tl.constexpr = _e2m1_bf16_ptx()
-# The first words of its tables (bf16's high bytes of 0, 0.5, 1, 1.5; low bytes of the same; sign
-# bytes 0 and 0x80), as int32. prmt takes its first table word only from a register: given an
-# immediate there, ptxas puts it in a register before every use (~0.5 instructions a value, 10-15%
-# of the MMA tiles' K loop), and given a constant register it folds it back to that. held() makes
-# words it cannot fold, which stay in three registers through the loop.
-E2M1_BF16_HELD = tl.constexpr((0x3F3F3F00, 0xC0800000 - (1 << 32), 0x8000))
-# $1 + (%laneid >> 5): %laneid < 32, so $1, but not a constant to ptxas.
-HELD_PTX: tl.constexpr = tl.constexpr(
-    "{ .reg .u32 t; mov.u32 t, %laneid; shr.u32 t, t, 5; add.u32 $0, t, $1; }")
-
-
-@triton.jit
-def held(word: tl.constexpr, like):
-    """The int32 ``word`` broadcast to like's shape, in a register ptxas keeps (not an immediate
-    it rematerialises at every use: see E2M1_BF16_HELD)."""
-    v = tl.inline_asm_elementwise(HELD_PTX, "=r,r", [tl.full([1], word, tl.int32)],
-                                  dtype=tl.int32, is_pure=True, pack=1)
-    return tl.broadcast_to(v.reshape([1] * len(like.shape)), like.shape)
 
 
 def _e4m3_bf16_ptx() -> tl.constexpr:
@@ -239,12 +220,8 @@ def mxfp4_values(packed, s, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP32: 
         p = packed.reshape(BLOCK_N, BLOCK_K // 32, 16)
         sb = tl.maximum(s.to(tl.int32) << 7, 0x40)  # bf16 bits of 2^(s - 127) (s = 0: 0x40)
         sc = tl.broadcast_to((sb | (sb << 16))[:, :, None], p.shape)  # in both halves
-        high = held(E2M1_BF16_HELD[0], p)
-        low = held(E2M1_BF16_HELD[1], p)
-        sign = held(E2M1_BF16_HELD[2], p)
-        pair = tl.inline_asm_elementwise(E2M1_BF16_PTX, "=r,=r,=r,=r" + ",r" * 17,
-                                         [p, sc, high, low, sign], dtype=tl.int32, is_pure=True,
-                                         pack=4)
+        pair = tl.inline_asm_elementwise(E2M1_BF16_PTX, "=r,=r,=r,=r,r,r,r,r,r", [p, sc],
+                                         dtype=tl.int32, is_pure=True, pack=4)
         lo = pair.to(tl.int16).to(tl.bfloat16, bitcast=True)
         hi = (pair >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
         val = tl.join(lo, hi)
