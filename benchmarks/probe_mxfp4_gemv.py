@@ -4,10 +4,12 @@ Maverick TP8, Qwen3-30B-A3B, Mixtral TP2, gpt-oss-120b) at T = 1 in CUDA graphs 
 suite does), the heuristic's tiles, then gate_up's tile varied with down's fixed, then down's with
 the best gate_up (probe_merged_tiles.descend; K split to fill the SMs, or twice that); the best checked
 against float64 and timed again beside the heuristic's. --tokens adds T > 1 rows for the top-1
-presets (the others fuse mxfp4 at T = 1 only); --name names the output file.
+presets (the others fuse mxfp4 at T = 1 only); --name names the output file. --mma descends over
+16-pair MMA tiles instead (block_m = 16: the weights as wgmma's M side, their bytes in
+mxfp4_run_order), against the one-pair tiles the heuristic picks.
 
     PYTHONPATH=src python benchmarks/probe_mxfp4_gemv.py --out $OUT [--budget 240]
-        [--presets scout-tp8 ...] [--tokens 1 4 8] [--name probe_mxfp4_gemv]
+        [--presets scout-tp8 ...] [--tokens 1 4 8] [--name probe_mxfp4_gemv] [--mma]
 """
 
 from __future__ import annotations
@@ -37,13 +39,17 @@ PRESETS = {"scout-tp8": preset("llama4-scout", tp=8),
 TILES = ((32, 512, 4, 2, 1), (16, 512, 4, 2, 1), (8, 512, 4, 2, 1), (16, 512, 8, 2, 1),
          (32, 512, 8, 2, 1), (16, 512, 4, 2, 2), (8, 512, 4, 2, 2), (16, 1024, 4, 2, 1),
          (8, 1024, 4, 2, 1), (16, 256, 4, 2, 1))
+# 16-pair tiles: (block_n, block_k in values, warps, stages, split factor, block_m)
+MMA_TILES = ((64, 256, 4, 3, 1, 16), (64, 512, 4, 3, 1, 16), (64, 512, 4, 2, 1, 16),
+             (64, 256, 4, 3, 2, 16))
 N_SETS = 8
 
 
 def gemm(tile, tiles_of, K: int, sms: int) -> configs.GemmConfig:
-    bn, bk, warps, stages, more = tile
+    bn, bk, warps, stages, more, block_m = (*tile, 1)[:6]
     split = configs.split_for(tiles_of(bn), -(-K // bk), sms) * more
-    return configs.GemmConfig(bn, bk, max(1, min(split, -(-K // bk))), warps, stages, block_m=1)
+    return configs.GemmConfig(bn, bk, max(1, min(split, -(-K // bk))), warps, stages,
+                              block_m=block_m)
 
 
 def mxfp4_only(plan: configs.DecodeConfig):
@@ -52,7 +58,7 @@ def mxfp4_only(plan: configs.DecodeConfig):
     return lambda key: plan if key[4] == torch.uint8 else configs._choose(*key)
 
 
-def _descend_row(name, T, layers, cfg, sms, deadline) -> dict:
+def _descend_row(name, T, layers, cfg, sms, deadline, tiles=TILES) -> dict:
     xs = [torch.randn(T, cfg.hidden_size, device="cuda", dtype=cfg.dtype) for _ in range(N_SETS)]
     D, I, E, k = cfg.hidden_size, cfg.intermediate_size, cfg.num_experts, cfg.top_k
     active = min(E, T * k)
@@ -67,7 +73,7 @@ def _descend_row(name, T, layers, cfg, sms, deadline) -> dict:
     row = dict(preset=name, T=T, heuristic=[heur.gate_up.__dict__, heur.down.__dict__],
                heuristic_us=time_with(heur), tried=[])
     best = descend(heur, row["heuristic_us"],
-                   [(part, TILES, lambda t, f=tiles_of, K=K: gemm(t, f, K, sms))
+                   [(part, tiles, lambda t, f=tiles_of, K=K: gemm(t, f, K, sms))
                     for part, (tiles_of, K) in parts.items()],
                    time_with, deadline, row["tried"])
     with configs.override(mxfp4_only(best)), torch.no_grad():
@@ -86,6 +92,7 @@ def main() -> None:
     p.add_argument("--presets", nargs="+", default=list(PRESETS))
     p.add_argument("--tokens", nargs="+", type=int, default=[1])
     p.add_argument("--name", default="probe_mxfp4_gemv")
+    p.add_argument("--mma", action="store_true", help="descend over 16-pair MMA tiles")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     deadline = time.time() + args.budget
@@ -99,7 +106,8 @@ def main() -> None:
             if time.time() > deadline:
                 rows.append(dict(preset=name, T=T, skipped="time budget"))
                 continue
-            rows.append(_descend_row(name, T, layers, cfg, sms, deadline))
+            rows.append(_descend_row(name, T, layers, cfg, sms, deadline,
+                                     MMA_TILES if args.mma else TILES))
             print(json.dumps({key: v for key, v in rows[-1].items() if key != "tried"}), flush=True)
         del layers
         torch.cuda.empty_cache()
