@@ -135,12 +135,13 @@ def test_e4m3_to_bf16_on_the_gpu_every_code():
 
 @triton.jit
 def _mxfp4_values_kernel(packed_ptr, scale_ptr, dst, N: tl.constexpr, K: tl.constexpr,
-                         RUN_ORDER: tl.constexpr):
+                         FP32: tl.constexpr, RUN_ORDER: tl.constexpr):
+    """mxfp4_values of an N x K tile: FP32 the float32 path (the interpreter's), else the PTX."""
     rows = tl.arange(0, N)[:, None]
     packed = tl.load(packed_ptr + rows * (K // 2) + tl.arange(0, K // 2)[None, :])
     s = tl.load(scale_ptr + rows * (K // 32) + tl.arange(0, K // 32)[None, :])
     tl.store(dst + rows * K + tl.arange(0, K)[None, :],
-             kernel.mxfp4_values(packed, s, N, K, False, RUN_ORDER))
+             kernel.mxfp4_values(packed, s, N, K, FP32, RUN_ORDER))
 
 
 def run_order(K: int) -> torch.Tensor:
@@ -163,16 +164,6 @@ def test_mxfp4_run_order_is_the_documented_permutation(device):
     assert torch.equal(dst.cpu(), src.cpu()[:, run_order(K)])
 
 
-@triton.jit
-def _mxfp4_f32_kernel(packed_ptr, scale_ptr, dst, N: tl.constexpr, K: tl.constexpr,
-                      RUN_ORDER: tl.constexpr):
-    rows = tl.arange(0, N)[:, None]
-    packed = tl.load(packed_ptr + rows * (K // 2) + tl.arange(0, K // 2)[None, :])
-    s = tl.load(scale_ptr + rows * (K // 32) + tl.arange(0, K // 32)[None, :])
-    tl.store(dst + rows * K + tl.arange(0, K)[None, :],
-             kernel.mxfp4_values(packed, s, N, K, True, RUN_ORDER))
-
-
 @pytest.mark.parametrize("order", [False, True], ids=["k", "run order"])
 def test_mxfp4_values_float32_path(order, device):
     """The float32 path (the interpreter's) in both orders: the same values as the reference, in
@@ -184,7 +175,8 @@ def test_mxfp4_values_float32_path(order, device):
     packed = torch.randint(0, 256, (N, K // 2), generator=gen, dtype=torch.uint8)
     scales = torch.randint(100, 140, (N, K // 32), generator=gen, dtype=torch.uint8)
     out = torch.full((N, K), float("nan"), device=device)
-    _mxfp4_f32_kernel[(1,)](packed.to(device), scales.to(device), out, N=N, K=K, RUN_ORDER=order)
+    _mxfp4_values_kernel[(1,)](packed.to(device), scales.to(device), out, N=N, K=K, FP32=True,
+                               RUN_ORDER=order)
     want = dequantize_mxfp4(packed, scales).float()
     assert torch.equal(out.cpu(), want[:, run_order(K)] if order else want)
 
@@ -204,7 +196,8 @@ def test_mxfp4_values_on_the_gpu_every_byte(order):
     scales = torch.randint(0, 253, (N, K // 32), generator=gen, dtype=torch.uint8)
     scales[0, 0], scales[0, 1] = 0, 252
     out = torch.full((N, K), float("nan"), dtype=torch.bfloat16, device="cuda")
-    _mxfp4_values_kernel[(1,)](packed.cuda(), scales.cuda(), out, N=N, K=K, RUN_ORDER=order)
+    _mxfp4_values_kernel[(1,)](packed.cuda(), scales.cuda(), out, N=N, K=K, FP32=False,
+                               RUN_ORDER=order)
     want = dequantize_mxfp4(packed, scales).to(torch.bfloat16)
     if order:
         want = want[:, run_order(K)]
