@@ -123,14 +123,14 @@ def down(fp8: bool | str, split: int, k: int, pdl: bool, accumulate: bool = True
 
 def grouped(quant: str, tma: str, swap_ab: bool, block_m: int = 64, block_k: int = 128,
             block_n: int = 128, gather: str = "none", glu: str = "none", num_warps: int = 4,
-            run_order: bool = False):
+            run_order: bool = False, k_parts: int = 1):
     """The grouped GEMM: its mxfp4 path (the interpreter cannot run its PTX dequantization), its
     gathered rows and its GLU epilogue (two weight tiles a K step) under the GPU compiler."""
     from shufflemoe.ops.grouped_gemm import kernel
 
-    wdt = {"mxfp4": "*u8", "none": "*bf16"}[quant]
+    wdt = {"mxfp4": "*u8", "none": "*bf16", "fp8_w8a16": "*fp8e4nv"}[quant]
     sig = dict(x_ptr="*bf16", w_ptr=wdt, m_sizes_ptr="*i32", weight_ids_ptr=None,
-               x_scale_ptr=None, w_scale_ptr="*u8" if quant == "mxfp4" else None, bias_ptr=None,
+               x_scale_ptr=None, w_scale_ptr={"mxfp4": "*u8", "fp8_w8a16": "*fp32"}.get(quant), bias_ptr=None,
                row_weights_ptr=None, scatter_ids_ptr=None if glu != "none" else "*i32",
                x_ids_ptr=None if gather == "none" else "*i32", out_ptr="*bf16",
                x_host_desc=None, w_host_desc=None, M="i32", N="i32", K="i32", G="i32",
@@ -141,7 +141,7 @@ def grouped(quant: str, tma: str, swap_ab: bool, block_m: int = 64, block_k: int
                   HAS_WEIGHT_IDS=False, HAS_ROW_WEIGHTS=False,
                   SCATTER="none" if glu != "none" else "add", GATHER=gather, GLU=glu,
                   HAS_LIMIT=glu == "swiglu_oai", UPCAST=False, DOT_PRECISION="tf32",
-                  INTERPRET=False, RUN_ORDER=run_order)
+                  INTERPRET=False, RUN_ORDER=run_order, STEP_K=block_k * k_parts)
     return compile_sm90(kernel._grouped_gemm_kernel, sig, consts, num_warps=num_warps)
 
 

@@ -49,6 +49,9 @@ class TileConfig:
     tma: str = "host"
     # mxfp4: the K loop in ops.quantize.kernel.mxfp4_run_order (select() sets it, see there)
     run_order: bool = False
+    # The K step's loads and dots in this many parts (block_k / k_parts values each) inside one
+    # pipelined loop step: fewer registers for a dequantized weight tile, the same bytes a stage
+    k_parts: int = 1
 
     def with_(self, **changes) -> "TileConfig":
         return replace(self, **changes)
@@ -129,7 +132,7 @@ def select(M: int, N: int, K: int, G: int, dtype: torch.dtype, quant: str = "non
     cfg = _heuristic(*key, sms)
     if quant == "mxfp4" and cfg.swap_ab and cfg.block_n == 128 and K >= MXFP4_DEEP_K:
         if cfg.block_m == 16:
-            cfg = cfg.with_(block_k=MXFP4_DEEP_BLOCK_K)
+            cfg = cfg.with_(block_k=MXFP4_DEEP_BLOCK_K, k_parts=2)
         else:
             cfg = cfg.with_(num_stages=5)
     if quant == "mxfp4" and cfg.swap_ab and cfg.block_m == 16 and not _invariant.get():

@@ -212,6 +212,7 @@ def _tile(
     HAS_WEIGHT_IDS: tl.constexpr, HAS_ROW_WEIGHTS: tl.constexpr, SCATTER: tl.constexpr,
     GATHER: tl.constexpr, GLU: tl.constexpr, HAS_LIMIT: tl.constexpr, UPCAST: tl.constexpr,
     DOT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr, RUN_ORDER: tl.constexpr,
+    STEP_K: tl.constexpr,
 ):
     # Group g of tile t: the groups before it are those whose tiles end at or before t (empty
     # groups included); one 4-way reduction gives g, its first row, its first tile, its row end.
@@ -261,12 +262,13 @@ def _tile(
                                  RUN_ORDER)
             k0 += BLOCK_K
     else:
-        for k0 in range(0, K, BLOCK_K):
-            acc, acc_u = _k_step(acc, acc_u, k0, row0, wid * N + n0, rows, row_ok, a_rows,
-                                 w_rows, col_ok, ws_rows, x_ptr, w_ptr, x_desc, w_desc,
-                                 x_scale_ptr, w_scale_ptr, K, KB, N_OUT, BLOCK_N, BLOCK_K,
-                                 USE_TMA, SWAP_AB, QUANT, GATHER, GLU, UPCAST, DOT_PRECISION,
-                                 RUN_ORDER)
+        for k0 in range(0, K, STEP_K):
+            for h in tl.static_range(STEP_K // BLOCK_K):
+                acc, acc_u = _k_step(acc, acc_u, k0 + h * BLOCK_K, row0, wid * N + n0, rows,
+                                     row_ok, a_rows, w_rows, col_ok, ws_rows, x_ptr, w_ptr,
+                                     x_desc, w_desc, x_scale_ptr, w_scale_ptr, K, KB, N_OUT,
+                                     BLOCK_N, BLOCK_K, USE_TMA, SWAP_AB, QUANT, GATHER, GLU,
+                                     UPCAST, DOT_PRECISION, RUN_ORDER)
     if SWAP_AB:
         acc = acc.T
     acc = _epilogue_scale_bias(acc, rows, row_ok, w_rows, col_ok, x_scale_ptr, w_scale_ptr,
@@ -331,6 +333,7 @@ def _grouped_gemm_kernel(
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs (tf32 would drop 13 mantissa bits)
     INTERPRET: tl.constexpr,  # the interpreter needs a while loop (range() of a tensor fails)
     RUN_ORDER: tl.constexpr,  # mxfp4: the K loop in mxfp4_run_order (TileConfig.run_order)
+    STEP_K: tl.constexpr,  # K a pipelined loop step: BLOCK_K, or k_parts of them (TileConfig)
 ):
     pid = tl.program_id(0)
     offs_g = tl.arange(0, BLOCK_G)
@@ -369,7 +372,7 @@ def _grouped_gemm_kernel(
                   x_ids_ptr, out_ptr, M, N, N_OUT, K, NB, KB, SPLIT, alpha, limit,
                   BLOCK_M, BLOCK_N, BLOCK_K, TMA != "none", SWAP_AB, QUANT, HAS_BIAS,
                   HAS_WEIGHT_IDS, HAS_ROW_WEIGHTS, SCATTER, GATHER, GLU, HAS_LIMIT, UPCAST,
-                  DOT_PRECISION, INTERPRET, RUN_ORDER)
+                  DOT_PRECISION, INTERPRET, RUN_ORDER, STEP_K)
             t += num_programs
     else:
         for t in tl.range(pid, total, num_programs, flatten=FLATTEN):
@@ -378,7 +381,7 @@ def _grouped_gemm_kernel(
                   x_ids_ptr, out_ptr, M, N, N_OUT, K, NB, KB, SPLIT, alpha, limit,
                   BLOCK_M, BLOCK_N, BLOCK_K, TMA != "none", SWAP_AB, QUANT, HAS_BIAS,
                   HAS_WEIGHT_IDS, HAS_ROW_WEIGHTS, SCATTER, GATHER, GLU, HAS_LIMIT, UPCAST,
-                  DOT_PRECISION, INTERPRET, RUN_ORDER)
+                  DOT_PRECISION, INTERPRET, RUN_ORDER, STEP_K)
 
 
 def _ensure_allocator() -> None:
@@ -441,14 +444,15 @@ def _grouped_gemm_op(x: Tensor, w: Tensor, m_sizes: Tensor, x_scale: Optional[Te
         cfg = cfg.with_(block_n=max(16, cfg.block_n // 2))
     interpret = interpreting()
     tma = tma_mode(cfg, x, w)
+    block_k = cfg.block_k // cfg.k_parts  # a dot's K (its loads, its descriptors' boxes)
     x_desc = w_desc = None
     gather = "none" if x_ids is None else "rows"
     if tma == "host":
         if x_ids is None:  # gathered rows load through pointers
-            x_desc = TensorDescriptor(x, [M, K], [K, 1], [cfg.block_m, cfg.block_k])
+            x_desc = TensorDescriptor(x, [M, K], [K, 1], [cfg.block_m, block_k])
         Kw = w.shape[-1]  # K, or K / 2 packed mxfp4 bytes
         w_desc = TensorDescriptor(w.view(W * N, Kw), [W * N, Kw], [Kw, 1],
-                                  [cfg.block_n, cfg.block_k * Kw // K])
+                                  [cfg.block_n, block_k * Kw // K])
     elif tma == "device" and not interpret:
         _ensure_allocator()
     # Tiles can number at most n_tiles * (M // BLOCK_M + nonempty groups): no idle programs.
@@ -466,12 +470,13 @@ def _grouped_gemm_op(x: Tensor, w: Tensor, m_sizes: Tensor, x_scale: Optional[Te
             N if scale_split is None else scale_split, alpha,
             0.0 if limit is None else limit, num_programs,
             BLOCK_G=next_power_of_2(G), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-            BLOCK_K=cfg.block_k, TMA=tma, SWAP_AB=cfg.swap_ab, FLATTEN=cfg.flatten,
+            BLOCK_K=block_k, TMA=tma, SWAP_AB=cfg.swap_ab, FLATTEN=cfg.flatten,
             QUANT=quantization, HAS_BIAS=bias is not None, HAS_WEIGHT_IDS=weight_ids is not None,
             HAS_ROW_WEIGHTS=row_weights is not None,
             SCATTER="none" if scatter_ids is None else scatter, GATHER=gather, GLU=glu,
             HAS_LIMIT=limit is not None, UPCAST=upcast, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
             INTERPRET=interpret, RUN_ORDER=cfg.run_order and quantization == "mxfp4",
+            STEP_K=cfg.block_k,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
     if dst is not out:
