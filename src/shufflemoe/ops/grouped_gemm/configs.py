@@ -139,7 +139,8 @@ def select(M: int, N: int, K: int, G: int, dtype: torch.dtype, quant: str = "non
         cfg = cfg.with_(run_order=True)
     if quant == "fp8_w8a16" and cfg.swap_ab and cfg.block_n == 128:
         rows = -(-key[0] // max(G, 1))
-        cfg = cfg.with_(block_k=W8A16_BLOCK_K, block_m=32 if rows > 8 else cfg.block_m)
+        cfg = cfg.with_(block_k=W8A16_BLOCK_K, block_m=32 if rows > 8 else cfg.block_m,
+                        k_parts=2)
     return cfg
 
 
