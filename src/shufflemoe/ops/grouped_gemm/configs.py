@@ -132,7 +132,7 @@ def select(M: int, N: int, K: int, G: int, dtype: torch.dtype, quant: str = "non
     cfg = _heuristic(*key, sms)
     if quant == "mxfp4" and cfg.swap_ab and cfg.block_n == 128 and K >= MXFP4_DEEP_K:
         if cfg.block_m == 16:
-            cfg = cfg.with_(block_k=MXFP4_DEEP_BLOCK_K, k_parts=2)
+            cfg = cfg.with_(block_k=MXFP4_DEEP_BLOCK_K, k_parts=2, ctas_per_sm=3)
         else:
             cfg = cfg.with_(num_stages=5)
     if quant == "mxfp4" and cfg.swap_ab and cfg.block_m == 16 and not _invariant.get():
@@ -140,7 +140,7 @@ def select(M: int, N: int, K: int, G: int, dtype: torch.dtype, quant: str = "non
     if quant == "fp8_w8a16" and cfg.swap_ab and cfg.block_n == 128:
         rows = -(-key[0] // max(G, 1))
         cfg = cfg.with_(block_k=W8A16_BLOCK_K, block_m=32 if rows > 8 else cfg.block_m,
-                        k_parts=2)
+                        k_parts=2, ctas_per_sm=3)
     return cfg
 
 
