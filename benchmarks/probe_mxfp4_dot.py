@@ -12,7 +12,7 @@ joins the two files:
     python benchmarks/probe_mxfp4_dot.py --compare $OUT/probe_mxfp4_dot_<a>.json $OUT/..._<b>.json
 
 --quantization fp8_w8a16 (or any format) times that format's layers the same way, into
-probe_<format>_dot_<label>.json. mxfp4 is bound by instructions a byte, not by HBM (benchmarks/two_devices.py: the H200 runs
+probe_<format>_dot_<label>.json; --presets keeps only those presets' rows. mxfp4 is bound by instructions a byte, not by HBM (benchmarks/two_devices.py: the H200 runs
 these rows at 0.99-1.02x the H100's time), so an H200 measures the change as an H100 would.
 """
 
@@ -38,10 +38,13 @@ CASES = (("llama4-scout", 8, (8, 16, 64, 128)), ("llama4-maverick", 8, (8, 64)),
 N_SETS = 8
 
 
-def measure(label: str, out: pathlib.Path, budget: float, quantization: str = "mxfp4") -> None:
+def measure(label: str, out: pathlib.Path, budget: float, quantization: str = "mxfp4",
+            presets: list[str] | None = None) -> None:
     deadline = time.time() + budget
     rows = []
     for name, tp, Ts in CASES:
+        if presets and name not in presets:
+            continue
         cfg = preset(name, tp=tp).replace(quantization=quantization)
         layers = _layers(cfg, "cuda", False)
         for T in Ts:
@@ -86,12 +89,13 @@ def main() -> None:
     p.add_argument("--budget", type=float, default=150.0)
     p.add_argument("--compare", nargs=2, type=pathlib.Path)
     p.add_argument("--quantization", default="mxfp4", help="the layers' weight format")
+    p.add_argument("--presets", nargs="+", help="only these of CASES' presets")
     args = p.parse_args()
     if args.compare:
         print(compare(*args.compare))
         return
     args.out.mkdir(parents=True, exist_ok=True)
-    measure(args.label, args.out, args.budget, args.quantization)
+    measure(args.label, args.out, args.budget, args.quantization, args.presets)
 
 
 if __name__ == "__main__":

@@ -395,7 +395,13 @@ def test_mxfp4_deep_k_takes_longer_k_steps():
     bf16 = configs.select(128, 7168, 4096, 8, torch.bfloat16)
     assert bf16.swap_ab and bf16.block_n == 128 and bf16.block_k == 128
     assert configs.select(128, 7168, 4096, 8, torch.bfloat16, "mxfp4") == bf16.with_(
+        block_k=configs.MXFP4_DEEP_BLOCK_K, run_order=True, k_parts=2, ctas_per_sm=3)
+    # Three tiles an SM or more (8 experts x 56 here) -> two parts a step, three programs an SM;
+    # fewer (Llama 4 Scout TP8's gate_up: 16 x 16 tiles; on a 264-SM GPU, 448) -> one part.
+    scout = configs.select(64, 2048, 5120, 16, torch.bfloat16)
+    assert configs.select(64, 2048, 5120, 16, torch.bfloat16, "mxfp4") == scout.with_(
         block_k=configs.MXFP4_DEEP_BLOCK_K, run_order=True)
+    assert configs.select(128, 7168, 4096, 8, torch.bfloat16, "mxfp4", sms=264).k_parts == 1
     shallow = configs.select(128, 7168, 2048, 8, torch.bfloat16, "mxfp4")
     assert shallow == bf16.with_(run_order=True)  # shallow K: bf16's K step
     # T = 128 (32 rows a group): swapped 64-row tiles keep bf16's K step, 5 stages deep.
@@ -505,6 +511,8 @@ def test_cuda_graph_replay_with_new_sizes(dtype):
     configs.TileConfig(32, 128, 64, 4, 4, swap_ab=True, ctas_per_sm=2),
     configs.TileConfig(64, 128, 64, 4, 4, ctas_per_sm=2),
     configs.TileConfig(64, 128, 128, 4, 3, swap_ab=True, ctas_per_sm=2),
+    configs.TileConfig(16, 128, 256, 4, 3, swap_ab=True, ctas_per_sm=3, k_parts=2),
+    configs.TileConfig(16, 128, 256, 4, 3, tma="none", swap_ab=True, k_parts=2),
 ], ids=str)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, FP8_DTYPE], ids=["bf16", "fp8"])
 def test_gpu_variants(variant, dtype):
@@ -545,3 +553,16 @@ def test_gpu_scatter_many_pairs(dtype):
     grouped_gemm(x, w, ms, row_weights=rw.to(DEV), scatter_ids=tokens.to(DEV), out=out, **args)
     ref = base.double().index_add_(0, tokens, loop64(x64, w64, m_sizes, rw=rw))
     assert_close(out, ref, "bfloat16")
+
+
+@pytest.mark.parametrize("parts", [0, 3, 4])
+def test_k_parts_must_cut_the_step_into_whole_groups(parts):
+    """A step of 64 values in 0, 3 or 4 parts (4: 16 values, less than an mxfp4 scale group)."""
+    from shufflemoe.ops.quantize import quantize_mxfp4
+
+    x = torch.randn(4, 128).to(torch.bfloat16).to(DEV)
+    w, ws = quantize_mxfp4(torch.randn(2, 32, 128).to(DEV))
+    bad = configs.TileConfig(16, 32, 64, num_stages=2, swap_ab=True, k_parts=parts)
+    with configs.override(bad), pytest.raises(ValueError, match=f"k_parts={parts}"):
+        grouped_gemm(x, w, torch.tensor([1, 3], dtype=torch.int32, device=DEV), w_scale=ws,
+                     quantization="mxfp4", impl="triton")

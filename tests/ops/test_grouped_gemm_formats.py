@@ -119,6 +119,8 @@ VARIANTS = {
     "swap_ab, mxfp4 run order": SMALL.with_(swap_ab=True, run_order=True),  # others: K's order
     "mxfp4 run order, 64-column steps": configs.TileConfig(16, 32, 64, num_stages=2,
                                                            run_order=True),
+    "swap_ab, run order, a step in two parts": configs.TileConfig(
+        16, 32, 64, num_stages=2, swap_ab=True, run_order=True, k_parts=2),
     "block_k 64, 32-row tiles": configs.TileConfig(32, 16, 64, num_stages=2),
     "block_k 256 (capped)": configs.TileConfig(16, 32, 256, num_stages=2),
 }
@@ -336,6 +338,8 @@ def test_glu_bad_inputs_raise(change, match):
     configs.TileConfig(128, 256, 64, 8, 3, tma="device"),
     configs.TileConfig(16, 128, 128, 4, 4, swap_ab=True, ctas_per_sm=2),
     configs.TileConfig(16, 128, 128, 4, 4, swap_ab=True, ctas_per_sm=2, run_order=True),
+    configs.TileConfig(16, 128, 256, 4, 3, swap_ab=True, ctas_per_sm=3, run_order=True,
+                       k_parts=2),
     configs.TileConfig(64, 128, 64, 4, 4, ctas_per_sm=2),
 ], ids=str)
 def test_gpu_glu(fmt, variant):

@@ -182,6 +182,8 @@ BUILDS = {
     "grouped GEMM mxfp4 device TMA, swapped": lambda: grouped("mxfp4", "device", True),
     "grouped GEMM mxfp4 16 x 128 x 256, swapped, run order": lambda: grouped(
         "mxfp4", "none", True, 16, 256, run_order=True),
+    "grouped GEMM mxfp4 16 x 128 x (2 x 128), swapped, run order, device TMA": lambda: grouped(
+        "mxfp4", "device", True, 16, 128, run_order=True, k_parts=2),
     "grouped GEMM mxfp4 gathered rows, GLU, swapped 16 x 128 x 128, run order": lambda: grouped(
         "mxfp4", "device", True, 16, 128, 128, "rows", "silu", run_order=True),
     "grouped GEMM bf16 gathered rows, GLU, device TMA, 128 x 128 x 64": lambda: grouped(

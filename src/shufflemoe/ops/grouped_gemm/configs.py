@@ -132,15 +132,16 @@ def select(M: int, N: int, K: int, G: int, dtype: torch.dtype, quant: str = "non
     cfg = _heuristic(*key, sms)
     if quant == "mxfp4" and cfg.swap_ab and cfg.block_n == 128 and K >= MXFP4_DEEP_K:
         if cfg.block_m == 16:
-            cfg = cfg.with_(block_k=MXFP4_DEEP_BLOCK_K, k_parts=2, ctas_per_sm=3)
+            cfg = cfg.with_(block_k=MXFP4_DEEP_BLOCK_K)
+            if min(G, key[0]) * -(-N // cfg.block_n) >= 3 * sms:  # three tiles an SM at least
+                cfg = cfg.with_(k_parts=2, ctas_per_sm=3)
         else:
             cfg = cfg.with_(num_stages=5)
     if quant == "mxfp4" and cfg.swap_ab and cfg.block_m == 16 and not _invariant.get():
         cfg = cfg.with_(run_order=True)
     if quant == "fp8_w8a16" and cfg.swap_ab and cfg.block_n == 128:
         rows = -(-key[0] // max(G, 1))
-        cfg = cfg.with_(block_k=W8A16_BLOCK_K, block_m=32 if rows > 8 else cfg.block_m,
-                        k_parts=2, ctas_per_sm=3)
+        cfg = cfg.with_(block_k=W8A16_BLOCK_K, block_m=32 if rows > 8 else cfg.block_m)
     return cfg
 
 
@@ -149,7 +150,14 @@ def select(M: int, N: int, K: int, G: int, dtype: torch.dtype, quant: str = "non
 # CUDA graphs, routed GEMMs only (results/probe_mxfp4_df01fac.json, "gemm" rows, both GEMMs on
 # 256 values): Mixtral TP2 (K = 4096 / 7168) T = 16 / 64 1.05 / 1.07x, Llama 4 Scout TP8 (5120 /
 # 1024) 1.03 / 1.04x, Maverick 0.99 / 1.00x, Qwen3-30B-A3B (2048 / 768, 3 to 8 steps of 256)
-# 0.94 / 0.96x: so only K >= 4096. Swapped 64-row tiles (17 to 64 rows a group) keep the 128-value
+# 0.94 / 0.96x: so only K >= 4096. Where those tiles number three an SM or more (Mixtral TP2's
+# gate_up, Maverick TP8's at T = 64), each step loads and multiplies in two parts of 128 values
+# (k_parts = 2: the dequantized tile in half the registers, 168 instead of 255 and a spill,
+# offline) and three programs share an SM: H200, the layer in CUDA graphs
+# (results/probe_mxfp4_dot_ecb271d_run2.json against _a5b55a3.json, both GEMMs there), Mixtral TP2
+# T = 8 / 64 229.6 -> 215.8 / 392.7 -> 321.0 us, Maverick T = 64 310.0 -> 289.8; where fewer tiles
+# (Llama 4 Scout TP8's 256) 0.87-0.95x, and the parts alone at two programs an SM 0.87-1.01x
+# (_985f7de.json). Swapped 64-row tiles (17 to 64 rows a group) keep the 128-value
 # step, 5 stages deep: their x tile is four times larger, and 256-value steps left fewer stages in
 # flight (H200, Mixtral TP2 T = 128, 401.2 -> 332.2 us; results/probe_mxfp4_dot_db73eed.json
 # against _aea5878.json, the other rows within 1%).

@@ -255,12 +255,13 @@ def _tile(
     if INTERPRET:
         k0 = 0
         while k0 < K:
-            acc, acc_u = _k_step(acc, acc_u, k0, row0, wid * N + n0, rows, row_ok, a_rows,
-                                 w_rows, col_ok, ws_rows, x_ptr, w_ptr, x_desc, w_desc,
-                                 x_scale_ptr, w_scale_ptr, K, KB, N_OUT, BLOCK_N, BLOCK_K,
-                                 USE_TMA, SWAP_AB, QUANT, GATHER, GLU, UPCAST, DOT_PRECISION,
-                                 RUN_ORDER)
-            k0 += BLOCK_K
+            for h in tl.static_range(STEP_K // BLOCK_K):
+                acc, acc_u = _k_step(acc, acc_u, k0 + h * BLOCK_K, row0, wid * N + n0, rows,
+                                     row_ok, a_rows, w_rows, col_ok, ws_rows, x_ptr, w_ptr,
+                                     x_desc, w_desc, x_scale_ptr, w_scale_ptr, K, KB, N_OUT,
+                                     BLOCK_N, BLOCK_K, USE_TMA, SWAP_AB, QUANT, GATHER, GLU,
+                                     UPCAST, DOT_PRECISION, RUN_ORDER)
+            k0 += STEP_K
     else:
         for k0 in range(0, K, STEP_K):
             for h in tl.static_range(STEP_K // BLOCK_K):
@@ -421,6 +422,12 @@ def _tile_config(M: int, N: int, K: int, G: int, x: Tensor, quantization: str) -
         cfg = cfg.with_(block_k=FP8_BLOCK)
     if quantization == "mxfp4" and cfg.block_k < MX_GROUP:  # whole e8m0 groups a K step
         cfg = cfg.with_(block_k=MX_GROUP)
+    part = cfg.block_k // max(cfg.k_parts, 1)
+    if (cfg.k_parts < 1 or part * cfg.k_parts != cfg.block_k or part & (part - 1)
+            or (quantization == "mxfp4" and part < MX_GROUP)
+            or (x.dtype == FP8_DTYPE and part < 32)):
+        raise ValueError(f"TileConfig.k_parts={cfg.k_parts} must cut block_k={cfg.block_k} "
+                         "into power-of-two parts of whole scale groups (mxfp4: 32 values)")
     return cfg
 
 
