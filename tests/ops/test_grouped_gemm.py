@@ -403,7 +403,7 @@ def test_mxfp4_deep_k_takes_longer_k_steps():
         block_k=configs.MXFP4_DEEP_BLOCK_K, run_order=True)
     assert configs.select(128, 7168, 4096, 8, torch.bfloat16, "mxfp4", sms=264).k_parts == 1
     shallow = configs.select(128, 7168, 2048, 8, torch.bfloat16, "mxfp4")
-    assert shallow == bf16.with_(run_order=True)  # shallow K: bf16's K step
+    assert shallow == bf16.with_(run_order=True, ctas_per_sm=3)  # shallow K: bf16's K step
     # T = 128 (32 rows a group): swapped 64-row tiles keep bf16's K step, 5 stages deep.
     wide = configs.select(256, 7168, 4096, 8, torch.bfloat16)
     assert wide.swap_ab and wide.block_m == 64 and wide.block_n == 128
@@ -566,3 +566,13 @@ def test_k_parts_must_cut_the_step_into_whole_groups(parts):
     with configs.override(bad), pytest.raises(ValueError, match=f"k_parts={parts}"):
         grouped_gemm(x, w, torch.tensor([1, 3], dtype=torch.int32, device=DEV), w_scale=ws,
                      quantization="mxfp4", impl="triton")
+
+
+def test_mxfp4_shallow_k_tiles_take_three_programs_an_sm_when_tiles_allow():
+    # Qwen3-30B-A3B gate_up at T = 8 (64 pairs over 128 experts): 64 x 12 tiles of 16 x 128.
+    bf16 = configs.select(64, 1536, 2048, 128, torch.bfloat16)
+    mx = configs.select(64, 1536, 2048, 128, torch.bfloat16, "mxfp4")
+    assert bf16.swap_ab and (bf16.block_m, bf16.block_n, bf16.block_k) == (16, 128, 128)
+    assert mx == bf16.with_(run_order=True, ctas_per_sm=3)
+    assert configs.select(8, 1536, 2048, 128, torch.bfloat16, "mxfp4").ctas_per_sm == 2  # 96
+    assert configs.select(64, 1536, 2048, 128, torch.bfloat16, "fp8_w8a16").ctas_per_sm == 2

@@ -139,6 +139,9 @@ def select(M: int, N: int, K: int, G: int, dtype: torch.dtype, quant: str = "non
             cfg = cfg.with_(num_stages=5)
     if quant == "mxfp4" and cfg.swap_ab and cfg.block_m == 16 and not _invariant.get():
         cfg = cfg.with_(run_order=True)
+        if (cfg.block_k // cfg.k_parts <= 128 and cfg.block_n == 128
+                and min(G, key[0]) * -(-N // cfg.block_n) >= 3 * sms):
+            cfg = cfg.with_(ctas_per_sm=3)  # 139 registers (sm_90, offline): three fit an SM
     if quant == "fp8_w8a16" and cfg.swap_ab and cfg.block_n == 128:
         rows = -(-key[0] // max(G, 1))
         cfg = cfg.with_(block_k=W8A16_BLOCK_K, block_m=32 if rows > 8 else cfg.block_m)
