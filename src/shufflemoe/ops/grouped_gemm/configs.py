@@ -133,7 +133,7 @@ def select(M: int, N: int, K: int, G: int, dtype: torch.dtype, quant: str = "non
     if quant == "mxfp4" and cfg.swap_ab and cfg.block_n == 128 and K >= MXFP4_DEEP_K:
         if cfg.block_m == 16:
             cfg = cfg.with_(block_k=MXFP4_DEEP_BLOCK_K)
-            if min(G, key[0]) * -(-N // cfg.block_n) >= 3 * sms:  # three tiles an SM at least
+            if min(G, key[0]) * -(-N // cfg.block_n) >= 3 * sms or K >= 7168:  # probe
                 cfg = cfg.with_(k_parts=2, ctas_per_sm=3)
         else:
             cfg = cfg.with_(num_stages=5)
