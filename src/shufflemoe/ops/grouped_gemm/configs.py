@@ -142,6 +142,8 @@ def select(M: int, N: int, K: int, G: int, dtype: torch.dtype, quant: str = "non
     if quant == "fp8_w8a16" and cfg.swap_ab and cfg.block_n == 128:
         rows = -(-key[0] // max(G, 1))
         cfg = cfg.with_(block_k=W8A16_BLOCK_K, block_m=32 if rows > 8 else cfg.block_m)
+        if cfg.block_m == 16 and min(G, key[0]) * -(-N // cfg.block_n) >= 3 * sms:  # probe
+            cfg = cfg.with_(block_k=128, ctas_per_sm=3)  # 142 registers: three fit an SM
     return cfg
 
 
