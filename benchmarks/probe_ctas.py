@@ -1,0 +1,132 @@
+"""Three programs an SM, one GEMM at a time: the layer in CUDA graphs (weights and inputs
+rotating, probe_combine's helpers), each row checked against float64, with select()'s choice for
+one GEMM (gate_up: K = D; down: N = D) changed and the other left as shipped. Where a whole-layer
+probe (probe_mxfp4_dot.py) shows a rule winning on some presets and losing on others, this says
+which GEMM shape wins or loses. The variants:
+
+    mxfp4, 16-row swapped tiles at 128-value steps (139 registers): ctas_per_sm=3;
+           at 256-value steps: k_parts=2 and ctas_per_sm=3 (168 registers);
+    fp8_w8a16, 16-row swapped tiles: block_k=128 and ctas_per_sm=3 (142 registers).
+
+The shipped layer is timed first and last (drift shows). Writes $OUT/probe_ctas.json:
+
+    PYTHONPATH=src:benchmarks python benchmarks/probe_ctas.py --out $OUT [--budget s]
+    python benchmarks/probe_ctas.py --table $OUT/probe_ctas.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import time
+
+import torch
+
+from probe_combine import N_SETS, _check, _graph_us, _layers
+from shufflemoe import preset
+from shufflemoe.bench.report import metadata
+from shufflemoe.ops.grouped_gemm import configs as gg
+
+CASES = (("mxfp4", "qwen3-30b-a3b", 1, (8, 64)), ("mxfp4", "gpt-oss-120b", 1, (8, 64)),
+         ("mxfp4", "llama4-scout", 8, (16, 128)), ("mxfp4", "llama4-maverick", 8, (64,)),
+         ("mxfp4", "mixtral-8x7b", 2, (8, 64)),
+         ("fp8_w8a16", "qwen3-30b-a3b", 1, (8, 64)), ("fp8_w8a16", "llama4-scout", 8, (16, 128)),
+         ("fp8_w8a16", "llama4-maverick", 8, (8, 64)), ("fp8_w8a16", "mixtral-8x7b", 2, (8, 64)))
+
+
+def three_an_sm(cfg: gg.TileConfig, quant: str) -> gg.TileConfig:
+    """The variant of a shipped tile (itself where none applies)."""
+    if not (cfg.swap_ab and cfg.block_m == 16 and cfg.block_n == 128) or cfg.ctas_per_sm == 3:
+        return cfg
+    if quant == "mxfp4":
+        if cfg.block_k // cfg.k_parts <= 128:
+            return cfg.with_(ctas_per_sm=3)
+        return cfg.with_(k_parts=2, ctas_per_sm=3)
+    if quant == "fp8_w8a16":
+        return cfg.with_(block_k=128, ctas_per_sm=3)
+    return cfg
+
+
+def _patched(which: str, D: int, changed: set):
+    shipped = gg.select
+
+    def select(M, N, K, G, dtype, quant="none", sms=gg.TUNED_SMS):
+        cfg = shipped(M, N, K, G, dtype, quant, sms)
+        mine = (which == "gate_up" and K == D and N != D) or (which == "down" and N == D)
+        new = three_an_sm(cfg, quant) if mine else cfg
+        if new != cfg:
+            changed.add(f"{N}x{K}: {cfg} -> {new}")
+        return new
+    return shipped, select
+
+
+def measure(out: pathlib.Path, budget: float) -> None:
+    deadline = time.time() + budget
+    rows = []
+    for quant, name, tp, Ts in CASES:
+        cfg = preset(name, tp=tp).replace(quantization=quant)
+        layers = _layers(cfg, "cuda", False)
+        for T in Ts:
+            row = dict(quant=quant, preset=name, tp=tp, T=T)
+            if time.time() > deadline:
+                rows.append(dict(row, skipped="time budget"))
+                continue
+            xs = [torch.randn(T, cfg.hidden_size, device="cuda", dtype=cfg.dtype)
+                  for _ in range(N_SETS)]
+            with torch.no_grad():
+                row["shipped"] = _graph_us(layers, xs, False)
+                for which in ("gate_up", "down"):
+                    changed: set = set()
+                    shipped, patched = _patched(which, cfg.hidden_size, changed)
+                    gg.select = patched
+                    try:
+                        check = _check(layers[0], xs[0])
+                        row[which] = dict(check=check, **_graph_us(layers, xs, False))
+                    finally:
+                        gg.select = shipped
+                    row[which]["changed"] = sorted(changed)
+                row["shipped_again"] = _graph_us(layers, xs, False)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+        del layers
+        torch.cuda.empty_cache()
+    (out / "probe_ctas.json").write_text(json.dumps(dict(meta=metadata(), rows=rows), indent=1))
+
+
+def table(path: pathlib.Path) -> str:
+    """Markdown: the shipped layer (first, last) and each GEMM's variant, us and shipped / variant
+    (the mean of the two shipped times over the variant's)."""
+    result = json.loads(path.read_text())
+    lines = ["| format | preset | T | shipped us (first, last) | gate_up variant | down variant |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for r in result["rows"]:
+        if "shipped" not in r:
+            continue
+        base = (r["shipped"]["us"] + r["shipped_again"]["us"]) / 2
+        cells = []
+        for which in ("gate_up", "down"):
+            v = r[which]
+            cells.append("unchanged" if not v["changed"] else
+                         f"{v['us']:.1f} ({base / v['us']:.3f}x){'' if v['check'] == 'ok' else ' ' + v['check']}")
+        lines.append(f"| {r['quant']} | {r['preset']} TP{r['tp']} | {r['T']} | "
+                     f"{r['shipped']['us']:.1f}, {r['shipped_again']['us']:.1f} | "
+                     f"{cells[0]} | {cells[1]} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=pathlib.Path)
+    ap.add_argument("--budget", type=float, default=240.0, help="seconds before rows are skipped")
+    ap.add_argument("--table", type=pathlib.Path, help="print a result file's table")
+    args = ap.parse_args()
+    if args.table:
+        print(table(args.table), end="")
+        return
+    args.out.mkdir(parents=True, exist_ok=True)
+    measure(args.out, args.budget)
+
+
+if __name__ == "__main__":
+    main()
