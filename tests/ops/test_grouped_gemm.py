@@ -5,6 +5,8 @@ rows as NaN, so an unwritten row, a written tail row, or a read tail row fails."
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -396,14 +398,15 @@ def test_mxfp4_deep_k_takes_longer_k_steps():
     assert bf16.swap_ab and bf16.block_n == 128 and bf16.block_k == 128
     assert configs.select(128, 7168, 4096, 8, torch.bfloat16, "mxfp4") == bf16.with_(
         block_k=configs.MXFP4_DEEP_BLOCK_K, run_order=True, k_parts=2, ctas_per_sm=3)
-    # Three tiles an SM or more (8 experts x 56 here) -> two parts a step, three programs an SM;
-    # fewer (Llama 4 Scout TP8's gate_up: 16 x 16 tiles; on a 264-SM GPU, 448) -> one part.
+    # More tiles than two programs an SM (8 experts x 1.4 tiles expected x 56 columns here) -> two
+    # parts a step, three programs an SM (test_three_programs_an_sm); fewer (Llama 4 Scout TP8's
+    # gate_up: 16 x 16 tiles; on a 400-SM GPU, 642) -> one part.
     scout = configs.select(64, 2048, 5120, 16, torch.bfloat16)
     assert configs.select(64, 2048, 5120, 16, torch.bfloat16, "mxfp4") == scout.with_(
         block_k=configs.MXFP4_DEEP_BLOCK_K, run_order=True)
-    assert configs.select(128, 7168, 4096, 8, torch.bfloat16, "mxfp4", sms=264).k_parts == 1
+    assert configs.select(128, 7168, 4096, 8, torch.bfloat16, "mxfp4", sms=400).k_parts == 1
     shallow = configs.select(128, 7168, 2048, 8, torch.bfloat16, "mxfp4")
-    assert shallow == bf16.with_(run_order=True)  # shallow K: bf16's K step
+    assert shallow == bf16.with_(run_order=True, ctas_per_sm=3)  # shallow K: bf16's K step
     # T = 128 (32 rows a group): swapped 64-row tiles keep bf16's K step, 5 stages deep.
     wide = configs.select(256, 7168, 4096, 8, torch.bfloat16)
     assert wide.swap_ab and wide.block_m == 64 and wide.block_n == 128
@@ -426,6 +429,46 @@ def test_mxfp4_run_order_only_on_swapped_16_row_tiles_outside_batch_invariant_mo
     with configs.batch_invariant():  # the heuristic's tiles to 64 rows, every one in K's order
         assert configs.select(64, 7168, 4096, 8, torch.bfloat16, "mxfp4").swap_ab
         assert not run_order(64) and not run_order(1)
+
+
+def test_expected_tiles_counts_groups_that_get_rows_and_their_extra_tiles():
+    assert configs.expected_tiles(1, 128, 16) == pytest.approx(1.0, rel=0.01)  # one row: a tile
+    assert configs.expected_tiles(64, 128, 16) == pytest.approx(128 * (1 - math.exp(-0.5)))
+    # Mixtral T = 64 (128 rows over 8 experts, 16 on average): 43% of groups need a second tile.
+    assert 11.0 < configs.expected_tiles(128, 8, 16) < 12.0
+    # Prefill-sized groups: full tiles and a last one about half full each.
+    assert configs.expected_tiles(4096, 8, 16) == pytest.approx(4096 / 16 + 8 / 2, rel=0.005)
+
+
+@pytest.mark.parametrize("quant, M, N, K, G, parts", [
+    ("mxfp4", 64, 1536, 2048, 128, 1),  # Qwen3-30B-A3B gate_up at T = 8: 50 x 12 tiles
+    ("mxfp4", 64, 2880, 2880, 128, 1),  # gpt-oss-120b down at T = 16
+    ("mxfp4", 16, 5120, 1024, 16, 1),  # Llama 4 Scout TP8 down at T = 16: 10 x 40
+    ("mxfp4", 128, 4096, 7168, 8, 2),  # Mixtral TP2 down at T = 64: 11.5 x 32, in two parts
+    ("fp8_w8a16", 64, 2048, 768, 128, 1),  # Qwen3-30B-A3B down at T = 8
+    ("fp8_w8a16", 64, 5120, 1024, 128, 1),  # Maverick TP8 down at T = 64
+])
+def test_three_programs_an_sm(quant, M, N, K, G, parts):
+    """Weight-only 16 x 128 swapped tiles, more than two an SM: a third program an SM (mxfp4 in
+    parts of 128 values, fp8_w8a16 at 128-value steps), in a K range a format."""
+    cfg = configs.select(M, N, K, G, torch.bfloat16, quant)
+    assert (cfg.swap_ab, cfg.block_m, cfg.block_n) == (True, 16, 128)
+    assert cfg.ctas_per_sm == 3 and cfg.block_k // cfg.k_parts == 128 and cfg.k_parts == parts
+    tiles = configs.expected_tiles(M, G, 16) * -(-N // 128)
+    more_sms = configs.select(M, N, K, G, torch.bfloat16, quant, sms=int(tiles // 2) + 1)
+    assert more_sms.ctas_per_sm == 2 and more_sms.k_parts == 1  # two an SM hold every tile
+    assert configs.select(M, N, K, G, torch.bfloat16).ctas_per_sm == 2  # bf16: smem-bound
+
+
+@pytest.mark.parametrize("quant, M, N, K, G", [
+    ("mxfp4", 64, 2048, 768, 128),  # Qwen3-30B-A3B down (six 128-value steps)
+    ("fp8_w8a16", 64, 1536, 512, 128),  # under 768
+    ("fp8_w8a16", 64, 2048, 5120, 128),  # Maverick TP8 gate_up: its 256-value step wins
+    ("mxfp4", 64, 2048, 5120, 16),  # Scout TP8 gate_up at T = 64: 16 x 16 tiles
+    ("fp8_rowwise", 64, 1536, 2048, 128),
+])
+def test_two_programs_an_sm_outside_the_rule(quant, M, N, K, G):
+    assert configs.select(M, N, K, G, torch.bfloat16, quant).ctas_per_sm == 2
 
 
 def test_w8a16_takes_fp8_bytes_a_k_step_and_wider_tiles_for_full_groups():

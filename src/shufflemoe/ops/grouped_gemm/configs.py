@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import math
 from dataclasses import dataclass, replace
 from typing import Callable, Iterator
 
@@ -133,8 +134,6 @@ def select(M: int, N: int, K: int, G: int, dtype: torch.dtype, quant: str = "non
     if quant == "mxfp4" and cfg.swap_ab and cfg.block_n == 128 and K >= MXFP4_DEEP_K:
         if cfg.block_m == 16:
             cfg = cfg.with_(block_k=MXFP4_DEEP_BLOCK_K)
-            if min(G, key[0]) * -(-N // cfg.block_n) >= 3 * sms:  # three tiles an SM at least
-                cfg = cfg.with_(k_parts=2, ctas_per_sm=3)
         else:
             cfg = cfg.with_(num_stages=5)
     if quant == "mxfp4" and cfg.swap_ab and cfg.block_m == 16 and not _invariant.get():
@@ -142,7 +141,7 @@ def select(M: int, N: int, K: int, G: int, dtype: torch.dtype, quant: str = "non
     if quant == "fp8_w8a16" and cfg.swap_ab and cfg.block_n == 128:
         rows = -(-key[0] // max(G, 1))
         cfg = cfg.with_(block_k=W8A16_BLOCK_K, block_m=32 if rows > 8 else cfg.block_m)
-    return cfg
+    return _three_an_sm(cfg, key[0], N, K, G, quant, sms)
 
 
 # mxfp4 weights (half a byte a value) on the memory-bound swapped 16 x 128 tiles: where K is deep,
@@ -150,14 +149,7 @@ def select(M: int, N: int, K: int, G: int, dtype: torch.dtype, quant: str = "non
 # CUDA graphs, routed GEMMs only (results/probe_mxfp4_df01fac.json, "gemm" rows, both GEMMs on
 # 256 values): Mixtral TP2 (K = 4096 / 7168) T = 16 / 64 1.05 / 1.07x, Llama 4 Scout TP8 (5120 /
 # 1024) 1.03 / 1.04x, Maverick 0.99 / 1.00x, Qwen3-30B-A3B (2048 / 768, 3 to 8 steps of 256)
-# 0.94 / 0.96x: so only K >= 4096. Where those tiles number three an SM or more (Mixtral TP2's
-# gate_up, Maverick TP8's at T = 64), each step loads and multiplies in two parts of 128 values
-# (k_parts = 2: the dequantized tile in half the registers, 168 instead of 255 and a spill,
-# offline) and three programs share an SM: H200, the layer in CUDA graphs
-# (results/probe_mxfp4_dot_ecb271d_run2.json against _a5b55a3.json, both GEMMs there), Mixtral TP2
-# T = 8 / 64 229.6 -> 215.8 / 392.7 -> 321.0 us, Maverick T = 64 310.0 -> 289.8; where fewer tiles
-# (Llama 4 Scout TP8's 256) 0.87-0.95x, and the parts alone at two programs an SM 0.87-1.01x
-# (_985f7de.json). Swapped 64-row tiles (17 to 64 rows a group) keep the 128-value
+# 0.94 / 0.96x: so only K >= 4096. Swapped 64-row tiles (17 to 64 rows a group) keep the 128-value
 # step, 5 stages deep: their x tile is four times larger, and 256-value steps left fewer stages in
 # flight (H200, Mixtral TP2 T = 128, 401.2 -> 332.2 us; results/probe_mxfp4_dot_db73eed.json
 # against _aea5878.json, the other rows within 1%).
@@ -185,6 +177,52 @@ MXFP4_DEEP_BLOCK_K = 256
 # 271.5 / 273.6; Mixtral TP2 (16 rows a group) T = 64 336.3 / 306.7 / 283.8.
 W8A16_BLOCK_K = 256
 
+
+
+# Three programs an SM for the weight-only formats' swapped 16 x 128 tiles where they outnumber
+# two programs an SM (expected_tiles: the third program of an SM gets a tile only then), a K range
+# a format. The third program hides the dequantizing loads' latency, where registers allow it
+# (offline, sm_90: up to 170 a thread fit three programs of 128 threads): mxfp4's 16 x 128 x 128
+# tiles 139 (162 without run order), its deep-K 256-value step in two parts of 128 (k_parts = 2)
+# 168 instead of 255 and a spill; fp8_w8a16's 16 x 128 x 128 142 (its 256-value step 198). H200,
+# the layer in CUDA graphs with one GEMM changed (results/probe_ctas.json), the layer's time
+# before / after: mxfp4 gpt-oss-120b gate_up (K = 2880) 1.06 / 1.08x at T = 8 / 64, its down
+# 1.02 / 1.04x, Scout's and Maverick's down (K = 1024) 1.03-1.04x, Qwen3-30B-A3B gate_up (2048)
+# 0.99 / 1.06x, Mixtral TP2 down in two parts (7168; 366 tiles at T = 64) 1.07-1.11x; but Qwen3's
+# down (K = 768: six steps) 0.95 / 0.92x, hence K >= 1024. fp8_w8a16 at 128-value steps: Qwen3
+# T = 64 (K = 2048 / 768) 1.02 / 1.03x, Maverick's down 1.03x, Scout's 1.01x; at deep K its
+# 256-value step wins (Maverick's and Mixtral's deep GEMMs 0.98x), hence K < 4096. Where the tiles
+# fill two programs an SM or fewer: mxfp4 Scout TP8's gate_up (256 tiles) 0.90-0.94x.
+THREE_AN_SM_K = {"mxfp4": (1024, 1 << 31), "fp8_w8a16": (768, MXFP4_DEEP_K)}  # [from, below)
+
+
+@functools.lru_cache(maxsize=None)
+def expected_tiles(M: int, G: int, block_m: int) -> float:
+    """Row tiles expected over G groups when M rows route uniformly (a group's rows Poisson with
+    mean M / G): G x E[ceil(rows / block_m)]."""
+    lam = M / max(G, 1)
+    return G * sum(math.exp(i * math.log(lam) - lam - math.lgamma(i + 1)) * -(-i // block_m)
+                   for i in range(1, M + 1))
+
+
+def _three_an_sm(cfg: TileConfig, M: int, N: int, K: int, G: int, quant: str,
+                 sms: int) -> TileConfig:
+    """cfg with three programs an SM where the rule above takes them (cfg itself elsewhere)."""
+    low, high = THREE_AN_SM_K.get(quant, (0, 0))
+    if not (cfg.swap_ab and cfg.block_m == 16 and cfg.block_n == 128 and low <= K < high):
+        return cfg
+    if expected_tiles(M, G, cfg.block_m) * -(-N // cfg.block_n) <= 2 * sms:
+        return cfg
+    if quant == "mxfp4":
+        return cfg.with_(k_parts=cfg.block_k // 128, ctas_per_sm=3)
+    return cfg.with_(block_k=128, ctas_per_sm=3)
+    if (min(G, M) + M // cfg.block_m) * -(-N // cfg.block_n) < 3 * sms:
+        return cfg
+    if quant == "mxfp4" and K >= THREE_AN_SM_K[0]:
+        return cfg.with_(k_parts=cfg.block_k // 128, ctas_per_sm=3)
+    if quant == "fp8_w8a16" and K < THREE_AN_SM_K[1]:
+        return cfg.with_(block_k=128, ctas_per_sm=3)
+    return cfg
 
 # Decode: spread the active groups' weights over at least this many tiles on TUNED_SMS SMs (about
 # 2 programs on each); with fewer 64-column tiles than SMs, each program goes deep instead.
