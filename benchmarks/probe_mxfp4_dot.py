@@ -32,7 +32,7 @@ from shufflemoe.bench.report import metadata
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from probe_combine import _check, _graph_us, _layers  # noqa: E402
 
-CASES = (("llama4-scout", 8, (8, 16, 64, 128)), ("llama4-maverick", 8, (8, 64)),
+CASES = (("llama4-scout", 8, (8, 16, 64, 128, 256)), ("llama4-maverick", 8, (8, 64, 128)),
          ("qwen3-30b-a3b", 1, (8, 64)), ("mixtral-8x7b", 2, (8, 64, 128)),
          ("gpt-oss-120b", 1, (8, 64, 4096)))  # Mixtral T = 128: 32 rows an expert; 4096: 128
 N_SETS = 8
