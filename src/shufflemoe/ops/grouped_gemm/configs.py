@@ -180,19 +180,25 @@ W8A16_BLOCK_K = 256
 
 
 # Three programs an SM for the weight-only formats' swapped 16 x 128 tiles where they outnumber
-# two programs an SM (expected_tiles: the third program of an SM gets a tile only then), a K range
-# a format. The third program hides the dequantizing loads' latency, where registers allow it
-# (offline, sm_90: up to 170 a thread fit three programs of 128 threads): mxfp4's 16 x 128 x 128
-# tiles 139 (162 without run order), its deep-K 256-value step in two parts of 128 (k_parts = 2)
-# 168 instead of 255 and a spill; fp8_w8a16's 16 x 128 x 128 142 (its 256-value step 198). H200,
-# the layer in CUDA graphs with one GEMM changed (results/probe_ctas.json), the layer's time
-# before / after: mxfp4 gpt-oss-120b gate_up (K = 2880) 1.06 / 1.08x at T = 8 / 64, its down
-# 1.02 / 1.04x, Scout's and Maverick's down (K = 1024) 1.03-1.04x, Qwen3-30B-A3B gate_up (2048)
-# 0.99 / 1.06x, Mixtral TP2 down in two parts (7168; 366 tiles at T = 64) 1.07-1.11x; but Qwen3's
-# down (K = 768: six steps) 0.95 / 0.92x, hence K >= 1024. fp8_w8a16 at 128-value steps: Qwen3
-# T = 64 (K = 2048 / 768) 1.02 / 1.03x, Maverick's down 1.03x, Scout's 1.01x; at deep K its
-# 256-value step wins (Maverick's and Mixtral's deep GEMMs 0.98x), hence K < 4096. Where the tiles
-# fill two programs an SM or fewer: mxfp4 Scout TP8's gate_up (256 tiles) 0.90-0.94x.
+# two programs an SM (expected_tiles: the third program of an SM gets a tile only then), in a K
+# range a format. The third program hides the dequantizing loads' latency where registers allow
+# it (offline, sm_90: up to 170 a thread fit three programs of 128 threads): mxfp4's 16 x 128 x
+# 128 tiles 139 (162 without run order), its deep-K 256-value step in two parts of 128 (k_parts =
+# 2) 168 instead of 255 and a spill; fp8_w8a16's 16 x 128 x 128 142 (its 256-value step 198).
+# H200, the layer in CUDA graphs with one GEMM changed (results/probe_ctas.json), the layer's
+# speed-up: mxfp4 gpt-oss-120b gate_up (K = 2880) 1.05 / 1.07x at T = 8 / 64, its down 1.02 /
+# 1.04x, Scout's and Maverick's down (K = 1024) 1.03x, Qwen3-30B-A3B gate_up (2048) 1.00 / 1.06x,
+# Mixtral TP2 down in two parts (7168; 366 tiles expected at T = 64) 1.01 / 1.06-1.11x; but
+# Qwen3's down (K = 768: six steps) 0.95 / 0.93x, hence K >= 1024. fp8_w8a16 at 128-value steps:
+# Qwen3 T = 64 (K = 2048 / 768) 1.02 / 1.03x, Maverick's down 1.03x, Scout's 1.01x; at deep K
+# its 256-value step wins (Maverick's and Mixtral's deep GEMMs 0.97-0.99x), hence K < 4096.
+# Where the tiles fill two programs an SM or fewer: mxfp4 Scout TP8's gate_up (256 tiles) 0.88 /
+# 0.95x, fp8_w8a16's 0.79 / 0.88x. The rule, the whole layer (results/probe_mxfp4_dot_d156875.json
+# against _912b6b0.json; probe_fp8_w8a16_dot_ likewise; a rerun of the parent 0.997-1.011x): mxfp4
+# gpt-oss-120b T = 8 / 64 1.12 / 1.12x, Scout TP8 T = 16-128 1.03-1.04x and T = 256 1.22x,
+# Maverick TP8 T = 64 / 128 1.04 / 1.05x, Qwen3 T = 64 1.06x, Mixtral TP2 T = 64 1.07x, T = 8
+# rows 0.99-1.01x; fp8_w8a16 Scout T = 16-256 1.02-1.05x, Maverick 1.02-1.03x, Qwen3 T = 64 1.06x,
+# the rest 0.99-1.01x.
 THREE_AN_SM_K = {"mxfp4": (1024, 1 << 31), "fp8_w8a16": (768, MXFP4_DEEP_K)}  # [from, below)
 
 
@@ -216,13 +222,7 @@ def _three_an_sm(cfg: TileConfig, M: int, N: int, K: int, G: int, quant: str,
     if quant == "mxfp4":
         return cfg.with_(k_parts=cfg.block_k // 128, ctas_per_sm=3)
     return cfg.with_(block_k=128, ctas_per_sm=3)
-    if (min(G, M) + M // cfg.block_m) * -(-N // cfg.block_n) < 3 * sms:
-        return cfg
-    if quant == "mxfp4" and K >= THREE_AN_SM_K[0]:
-        return cfg.with_(k_parts=cfg.block_k // 128, ctas_per_sm=3)
-    if quant == "fp8_w8a16" and K < THREE_AN_SM_K[1]:
-        return cfg.with_(block_k=128, ctas_per_sm=3)
-    return cfg
+
 
 # Decode: spread the active groups' weights over at least this many tiles on TUNED_SMS SMs (about
 # 2 programs on each); with fewer 64-column tiles than SMs, each program goes deep instead.
