@@ -6,17 +6,21 @@ which GEMM shape wins or loses. The variants:
 
     mxfp4, 16-row swapped tiles at 128-value steps (139 registers): ctas_per_sm=3;
            at 256-value steps: k_parts=2 and ctas_per_sm=3 (168 registers);
-    fp8_w8a16, 16-row swapped tiles: block_k=128 and ctas_per_sm=3 (142 registers).
+    fp8_w8a16, 16-row swapped tiles: block_k=128 and ctas_per_sm=3 (142 registers);
+    --set dense: bf16 and fp8_rowwise 16-row swapped tiles, whose stages (36 KB each) hold them
+    to two programs an SM: half the K step four stages deep (half_k), or two stages (two_stages),
+    with ctas_per_sm=3.
 
-The shipped layer is timed first and last (drift shows). Writes $OUT/probe_ctas.json:
+The shipped layer is timed first and last (drift shows). Writes $OUT/probe_ctas[_dense].json:
 
-    PYTHONPATH=src:benchmarks python benchmarks/probe_ctas.py --out $OUT [--budget s]
+    PYTHONPATH=src:benchmarks python benchmarks/probe_ctas.py --out $OUT [--set dense] [--budget s]
     python benchmarks/probe_ctas.py --table $OUT/probe_ctas.json
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import pathlib
 import time
@@ -48,23 +52,42 @@ def three_an_sm(cfg: gg.TileConfig, quant: str) -> gg.TileConfig:
     return cfg
 
 
-def _patched(which: str, D: int, changed: set):
+def _dense(change):
+    def variant(cfg: gg.TileConfig, quant: str) -> gg.TileConfig:
+        if not (cfg.swap_ab and cfg.block_m == 16 and cfg.ctas_per_sm == 2):
+            return cfg
+        return change(cfg)
+    return variant
+
+
+DENSE_CASES = (("none", "llama4-scout", 8, (64, 128)), ("fp8_rowwise", "llama4-scout", 8, (64, 128)),
+               ("none", "qwen3-30b-a3b", 1, (64,)), ("fp8_rowwise", "qwen3-30b-a3b", 1, (64,)),
+               ("fp8_rowwise", "llama4-maverick", 8, (64, 128)),
+               ("fp8_rowwise", "mixtral-8x7b", 2, (64,)))
+SETS = {"weight_only": (CASES, {"three": three_an_sm}),
+        "dense": (DENSE_CASES, {
+            "half_k": _dense(lambda c: c.with_(block_k=c.block_k // 2, num_stages=4, ctas_per_sm=3)),
+            "two_stages": _dense(lambda c: c.with_(num_stages=2, ctas_per_sm=3))})}
+
+
+def _patched(which: str, D: int, variant, changed: set):
     shipped = gg.select
 
     def select(M, N, K, G, dtype, quant="none", sms=gg.TUNED_SMS):
         cfg = shipped(M, N, K, G, dtype, quant, sms)
         mine = (which == "gate_up" and K == D and N != D) or (which == "down" and N == D)
-        new = three_an_sm(cfg, quant) if mine else cfg
+        new = variant(cfg, quant) if mine else cfg
         if new != cfg:
             changed.add(f"{N}x{K}: {cfg} -> {new}")
         return new
     return shipped, select
 
 
-def measure(out: pathlib.Path, budget: float) -> None:
+def measure(out: pathlib.Path, budget: float, which_set: str) -> None:
     deadline = time.time() + budget
+    cases, variants = SETS[which_set]
     rows = []
-    for quant, name, tp, Ts in CASES:
+    for quant, name, tp, Ts in cases:
         cfg = preset(name, tp=tp).replace(quantization=quant)
         layers = _layers(cfg, "cuda", False)
         for T in Ts:
@@ -76,42 +99,46 @@ def measure(out: pathlib.Path, budget: float) -> None:
                   for _ in range(N_SETS)]
             with torch.no_grad():
                 row["shipped"] = _graph_us(layers, xs, False)
-                for which in ("gate_up", "down"):
+                for (vname, variant), which in itertools.product(variants.items(),
+                                                                 ("gate_up", "down")):
                     changed: set = set()
-                    shipped, patched = _patched(which, cfg.hidden_size, changed)
+                    shipped, patched = _patched(which, cfg.hidden_size, variant, changed)
                     gg.select = patched
                     try:
                         check = _check(layers[0], xs[0])
-                        row[which] = dict(check=check, **_graph_us(layers, xs, False))
+                        got = dict(check=check, **_graph_us(layers, xs, False))
                     finally:
                         gg.select = shipped
-                    row[which]["changed"] = sorted(changed)
+                    row[which if vname == "three" else f"{which} {vname}"] = dict(
+                        got, changed=sorted(changed))
                 row["shipped_again"] = _graph_us(layers, xs, False)
             rows.append(row)
             print(json.dumps(row), flush=True)
         del layers
         torch.cuda.empty_cache()
-    (out / "probe_ctas.json").write_text(json.dumps(dict(meta=metadata(), rows=rows), indent=1))
+    name = "probe_ctas.json" if which_set == "weight_only" else f"probe_ctas_{which_set}.json"
+    (out / name).write_text(json.dumps(dict(meta=metadata(), rows=rows), indent=1))
 
 
 def table(path: pathlib.Path) -> str:
     """Markdown: the shipped layer (first, last) and each GEMM's variant, us and shipped / variant
     (the mean of the two shipped times over the variant's)."""
     result = json.loads(path.read_text())
-    lines = ["| format | preset | T | shipped us (first, last) | gate_up variant | down variant |",
-             "| --- | --- | --- | --- | --- | --- |"]
+    names = [k for k in result["rows"][0] if k.startswith(("gate_up", "down"))]
+    lines = ["| format | preset | T | shipped us (first, last) | " + " | ".join(names) + " |",
+             "| --- " * (4 + len(names)) + "|"]
     for r in result["rows"]:
         if "shipped" not in r:
             continue
         base = (r["shipped"]["us"] + r["shipped_again"]["us"]) / 2
         cells = []
-        for which in ("gate_up", "down"):
+        for which in names:
             v = r[which]
             cells.append("unchanged" if not v["changed"] else
                          f"{v['us']:.1f} ({base / v['us']:.3f}x){'' if v['check'] == 'ok' else ' ' + v['check']}")
         lines.append(f"| {r['quant']} | {r['preset']} TP{r['tp']} | {r['T']} | "
                      f"{r['shipped']['us']:.1f}, {r['shipped_again']['us']:.1f} | "
-                     f"{cells[0]} | {cells[1]} |")
+                     + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -119,13 +146,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=pathlib.Path)
     ap.add_argument("--budget", type=float, default=240.0, help="seconds before rows are skipped")
+    ap.add_argument("--set", default="weight_only", choices=sorted(SETS))
     ap.add_argument("--table", type=pathlib.Path, help="print a result file's table")
     args = ap.parse_args()
     if args.table:
         print(table(args.table), end="")
         return
     args.out.mkdir(parents=True, exist_ok=True)
-    measure(args.out, args.budget)
+    measure(args.out, args.budget, args.set)
 
 
 if __name__ == "__main__":
