@@ -5,12 +5,16 @@ TP2, Scout TP8) against 92-94% at T = 64, where the heuristic takes other tiles.
 against float64, then timed as CUDA-graph replays over rotated weight copies and 8 inputs
 (probe_combine's helpers). Writes $OUT/probe_mid_tiles.json.
 
-    PYTHONPATH=src:benchmarks python benchmarks/probe_mid_tiles.py --out $OUT [--more | --flat]
+    PYTHONPATH=src:benchmarks python benchmarks/probe_mid_tiles.py --out $OUT [--more | --flat |
+        --resident]
 
 --flat: the heuristic's own tiles with the flattened (tile, k) loop (the next tile's loads issued
 during this one's last steps and epilogue), with 2, 3 and 4 stages, on the T = 64 and 128 rows short
 of the 92% target: at 4-8 rows an expert the swapped tiles' K loops are 3-8 steps long
 (Qwen3-30B-A3B's down: K = 768), so each tile refills its pipeline.
+
+--resident: Mixtral TP2 T = 128's swapped 64-row tiles (two programs an SM asked, one resident by
+shared memory) against tiles with two or three resident, and one program an SM (see RESIDENT).
 """
 
 from __future__ import annotations
@@ -43,6 +47,18 @@ CASES = [("mixtral-tp2", "none", (128, 256)), ("mixtral-tp2", "fp8_rowwise", (64
 MORE = [("qwen3-30b-a3b", "none", (256, 512)), ("qwen3-30b-a3b", "fp8_rowwise", (512,)),
         ("scout-tp8", "none", (512, 1024)), ("scout-tp8", "fp8_rowwise", (512, 1024)),
         ("mixtral-tp2", "fp8_rowwise", (256,))]  # --more: the middle rule's other shapes
+# --resident: the swapped 64-row tile that the heuristic takes at 17-64 rows a group (Mixtral TP2
+# T = 128) asks for two programs an SM, but its three stages take 144 KB of shared memory (sm_90,
+# offline): one is resident, the other waits for it. Tiles with two resident, and one program.
+RESIDENT = [("mixtral-tp2", "none", (128,)), ("mixtral-tp2", "fp8_rowwise", (128,))]
+RESIDENT_CANDIDATES = {  # block_k for bf16; fp8 doubles it (the same bytes a row)
+    "64x128x128 w4 s3 swap cta2 (one resident)": C(64, 128, 128, 4, 3, swap_ab=True,
+                                                   ctas_per_sm=2),
+    "64x128x128 w4 s3 swap cta1": C(64, 128, 128, 4, 3, swap_ab=True),
+    "64x128x128 w4 s2 swap cta2": C(64, 128, 128, 4, 2, swap_ab=True, ctas_per_sm=2),
+    "64x128x64 w4 s4 swap cta2": C(64, 128, 64, 4, 4, swap_ab=True, ctas_per_sm=2),
+    "64x128x64 w4 s3 swap cta3": C(64, 128, 64, 4, 3, swap_ab=True, ctas_per_sm=3),
+}
 FLAT = [("qwen3-30b-a3b", "fp8_rowwise", (64, 128)), ("qwen3-30b-a3b", "none", (128,)),
         ("mixtral-tp2", "fp8_rowwise", (64, 128)), ("scout-tp8", "fp8_rowwise", (64, 128)),
         ("scout-tp8", "none", (64, 128))]
@@ -68,6 +84,8 @@ def main() -> None:
     p.add_argument("--budget", type=float, default=300.0)
     p.add_argument("--more", action="store_true", help="the MORE cases instead of CASES")
     p.add_argument("--flat", action="store_true", help="FLAT_CANDIDATES on the FLAT cases")
+    p.add_argument("--resident", action="store_true",
+                   help="RESIDENT_CANDIDATES on the RESIDENT cases")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     deadline = time.time() + args.budget
@@ -75,6 +93,8 @@ def main() -> None:
     cases, candidates = (MORE if args.more else CASES), CANDIDATES
     if args.flat:
         cases, candidates = FLAT, FLAT_CANDIDATES
+    if args.resident:
+        cases, candidates = RESIDENT, RESIDENT_CANDIDATES
     for name, fmt, Ts in cases:
         cfg = PRESETS[name].replace(quantization=fmt)
         layers = _layers(cfg, "cuda", False)
@@ -103,7 +123,7 @@ def main() -> None:
                               if isinstance(v, dict) and v.get("us")), flush=True)
         del layers
         torch.cuda.empty_cache()
-    tag = "_more" if args.more else "_flat" if args.flat else ""
+    tag = "_more" if args.more else "_flat" if args.flat else "_resident" if args.resident else ""
     (args.out / f"probe_mid_tiles{tag}.json").write_text(json.dumps(dict(meta=metadata(), rows=rows), indent=1))
 
 
