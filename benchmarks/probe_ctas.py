@@ -7,13 +7,15 @@ which GEMM shape wins or loses. The variants:
     mxfp4, 16-row swapped tiles at 128-value steps (139 registers): ctas_per_sm=3;
            at 256-value steps: k_parts=2 and ctas_per_sm=3 (168 registers);
     fp8_w8a16, 16-row swapped tiles: block_k=128 and ctas_per_sm=3 (142 registers);
+    --set steps_256: mxfp4 16-row tiles at 128-value steps in 256-value steps of two parts,
+    three programs an SM (steps_256);
     --set dense: bf16 and fp8_rowwise 16-row swapped tiles, whose stages (36 KB each) hold them
     to two programs an SM: half the K step four stages deep (half_k), or two stages (two_stages),
     with ctas_per_sm=3.
 
-The shipped layer is timed first and last (drift shows). Writes $OUT/probe_ctas[_dense].json:
+The shipped layer is timed first and last (drift shows). Writes $OUT/probe_ctas[_<set>].json:
 
-    PYTHONPATH=src:benchmarks python benchmarks/probe_ctas.py --out $OUT [--set dense] [--budget s]
+    PYTHONPATH=src:benchmarks python benchmarks/probe_ctas.py --out $OUT [--set <set>] [--budget s]
     python benchmarks/probe_ctas.py --table $OUT/probe_ctas.json
 """
 
@@ -64,7 +66,17 @@ DENSE_CASES = (("none", "llama4-scout", 8, (64, 128)), ("fp8_rowwise", "llama4-s
                ("none", "qwen3-30b-a3b", 1, (64,)), ("fp8_rowwise", "qwen3-30b-a3b", 1, (64,)),
                ("fp8_rowwise", "llama4-maverick", 8, (64, 128)),
                ("fp8_rowwise", "mixtral-8x7b", 2, (64,)))
+def steps_256(cfg: gg.TileConfig, quant: str) -> gg.TileConfig:
+    """mxfp4 16-row tiles at 128-value steps: 256-value steps in two parts, three an SM (half
+    the K loop's steps, as many registers: Qwen3-30B-A3B's down at K = 768 lost with three
+    programs an SM at six steps)."""
+    if quant != "mxfp4" or not (cfg.swap_ab and cfg.block_m == 16 and cfg.block_k == 128):
+        return cfg
+    return cfg.with_(block_k=256, k_parts=2, ctas_per_sm=3)
+
+
 SETS = {"weight_only": (CASES, {"three": three_an_sm}),
+        "steps_256": (CASES[:5], {"steps_256": steps_256}),
         "dense": (DENSE_CASES, {
             "half_k": _dense(lambda c: c.with_(block_k=c.block_k // 2, num_stages=4, ctas_per_sm=3)),
             "two_stages": _dense(lambda c: c.with_(num_stages=2, ctas_per_sm=3))})}
