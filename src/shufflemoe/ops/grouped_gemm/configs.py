@@ -178,7 +178,6 @@ MXFP4_DEEP_BLOCK_K = 256
 W8A16_BLOCK_K = 256
 
 
-
 # Three programs an SM for the weight-only formats' swapped 16 x 128 tiles where they outnumber
 # two programs an SM (expected_tiles: the third program of an SM gets a tile only then), in a K
 # range a format. The third program hides the dequantizing loads' latency where registers allow

@@ -164,20 +164,24 @@ def _k_step(acc, acc_u, k0, row0, w_row0, rows, row_ok, a_rows, w_rows, col_ok, 
             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_TMA: tl.constexpr,
             SWAP_AB: tl.constexpr, QUANT: tl.constexpr, GATHER: tl.constexpr,
             GLU: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
-            RUN_ORDER: tl.constexpr):
-    """One K step: acc += x[rows] @ w[w_rows]^T over k0:k0+BLOCK_K; with a GLU, also acc_u +=
-    the same rows against the up rows, N_OUT rows further on (x's tile loaded once for both).
-    RUN_ORDER (mxfp4): both tiles' columns in mxfp4_run_order, the same products summed."""
-    a = _load_x(k0, row0, row_ok, a_rows, x_ptr, x_desc, K, BLOCK_K, USE_TMA, GATHER, RUN_ORDER)
-    b = _load_w(k0, w_row0, w_rows, col_ok, w_ptr, w_desc, w_scale_ptr, K, BLOCK_N, BLOCK_K,
-                USE_TMA, QUANT, UPCAST, RUN_ORDER)
-    acc = _mma(acc, a, b, k0, rows, row_ok, ws_rows, col_ok, x_scale_ptr, w_scale_ptr, KB,
-               SWAP_AB, QUANT, UPCAST, DOT_PRECISION)
-    if GLU != "none":
-        b = _load_w(k0, w_row0 + N_OUT, w_rows + N_OUT, col_ok, w_ptr, w_desc, w_scale_ptr, K,
-                    BLOCK_N, BLOCK_K, USE_TMA, QUANT, UPCAST, RUN_ORDER)
-        acc_u = _mma(acc_u, a, b, k0, rows, row_ok, ws_rows, col_ok, x_scale_ptr, w_scale_ptr,
-                     KB, SWAP_AB, QUANT, UPCAST, DOT_PRECISION)
+            RUN_ORDER: tl.constexpr, STEP_K: tl.constexpr):
+    """One K step: acc += x[rows] @ w[w_rows]^T over k0:k0+STEP_K, loaded and multiplied in parts
+    of BLOCK_K; with a GLU, also acc_u += the same rows against the up rows, N_OUT rows further on
+    (x's tile loaded once for both). RUN_ORDER (mxfp4): both tiles' columns in mxfp4_run_order,
+    the same products summed."""
+    for h in tl.static_range(STEP_K // BLOCK_K):
+        kp = k0 + h * BLOCK_K
+        a = _load_x(kp, row0, row_ok, a_rows, x_ptr, x_desc, K, BLOCK_K, USE_TMA, GATHER,
+                    RUN_ORDER)
+        b = _load_w(kp, w_row0, w_rows, col_ok, w_ptr, w_desc, w_scale_ptr, K, BLOCK_N, BLOCK_K,
+                    USE_TMA, QUANT, UPCAST, RUN_ORDER)
+        acc = _mma(acc, a, b, kp, rows, row_ok, ws_rows, col_ok, x_scale_ptr, w_scale_ptr, KB,
+                   SWAP_AB, QUANT, UPCAST, DOT_PRECISION)
+        if GLU != "none":
+            b = _load_w(kp, w_row0 + N_OUT, w_rows + N_OUT, col_ok, w_ptr, w_desc, w_scale_ptr,
+                        K, BLOCK_N, BLOCK_K, USE_TMA, QUANT, UPCAST, RUN_ORDER)
+            acc_u = _mma(acc_u, a, b, kp, rows, row_ok, ws_rows, col_ok, x_scale_ptr,
+                         w_scale_ptr, KB, SWAP_AB, QUANT, UPCAST, DOT_PRECISION)
     return acc, acc_u
 
 
@@ -255,21 +259,17 @@ def _tile(
     if INTERPRET:
         k0 = 0
         while k0 < K:
-            for h in tl.static_range(STEP_K // BLOCK_K):
-                acc, acc_u = _k_step(acc, acc_u, k0 + h * BLOCK_K, row0, wid * N + n0, rows,
-                                     row_ok, a_rows, w_rows, col_ok, ws_rows, x_ptr, w_ptr,
-                                     x_desc, w_desc, x_scale_ptr, w_scale_ptr, K, KB, N_OUT,
-                                     BLOCK_N, BLOCK_K, USE_TMA, SWAP_AB, QUANT, GATHER, GLU,
-                                     UPCAST, DOT_PRECISION, RUN_ORDER)
+            acc, acc_u = _k_step(acc, acc_u, k0, row0, wid * N + n0, rows, row_ok, a_rows, w_rows,
+                                 col_ok, ws_rows, x_ptr, w_ptr, x_desc, w_desc, x_scale_ptr,
+                                 w_scale_ptr, K, KB, N_OUT, BLOCK_N, BLOCK_K, USE_TMA, SWAP_AB,
+                                 QUANT, GATHER, GLU, UPCAST, DOT_PRECISION, RUN_ORDER, STEP_K)
             k0 += STEP_K
     else:
         for k0 in range(0, K, STEP_K):
-            for h in tl.static_range(STEP_K // BLOCK_K):
-                acc, acc_u = _k_step(acc, acc_u, k0 + h * BLOCK_K, row0, wid * N + n0, rows,
-                                     row_ok, a_rows, w_rows, col_ok, ws_rows, x_ptr, w_ptr,
-                                     x_desc, w_desc, x_scale_ptr, w_scale_ptr, K, KB, N_OUT,
-                                     BLOCK_N, BLOCK_K, USE_TMA, SWAP_AB, QUANT, GATHER, GLU,
-                                     UPCAST, DOT_PRECISION, RUN_ORDER)
+            acc, acc_u = _k_step(acc, acc_u, k0, row0, wid * N + n0, rows, row_ok, a_rows, w_rows,
+                                 col_ok, ws_rows, x_ptr, w_ptr, x_desc, w_desc, x_scale_ptr,
+                                 w_scale_ptr, K, KB, N_OUT, BLOCK_N, BLOCK_K, USE_TMA, SWAP_AB,
+                                 QUANT, GATHER, GLU, UPCAST, DOT_PRECISION, RUN_ORDER, STEP_K)
     if SWAP_AB:
         acc = acc.T
     acc = _epilogue_scale_bias(acc, rows, row_ok, w_rows, col_ok, x_scale_ptr, w_scale_ptr,
