@@ -105,6 +105,7 @@ def batch_invariant() -> Iterator[None]:
 BATCH_INVARIANT_ROWS = 64
 
 
+@functools.lru_cache(maxsize=None)
 def batch_invariant_config(N: int, K: int, dtype: torch.dtype) -> TileConfig:
     """The wide tile of batch-invariant mode above BATCH_INVARIANT_ROWS rows, one per (N, K,
     dtype): 64 x 128 (the heuristic's fp8 choice for 17 to 64 rows per group, a middle between
@@ -128,20 +129,29 @@ def select(M: int, N: int, K: int, G: int, dtype: torch.dtype, quant: str = "non
     chosen = _override.get()
     if chosen is not None:
         return chosen if isinstance(chosen, TileConfig) else chosen(key)
-    if _invariant.get() and M > BATCH_INVARIANT_ROWS:
+    invariant = _invariant.get()
+    if invariant and M > BATCH_INVARIANT_ROWS:
         return batch_invariant_config(N, K, dtype)
-    cfg = _heuristic(*key, sms)
+    return _for_format(*key, quant, sms, invariant)
+
+
+@functools.lru_cache(maxsize=None)
+def _for_format(M: int, N: int, K: int, G: int, dtype: torch.dtype, quant: str, sms: int,
+                invariant: bool) -> TileConfig:
+    """The heuristic's tile for the key, changed for the weight format by the rules below; once
+    a key (each change copies the frozen config: ~4 us of host time a call uncached)."""
+    cfg = _heuristic(M, N, K, G, dtype, sms)
     if quant == "mxfp4" and cfg.swap_ab and cfg.block_n == 128 and K >= MXFP4_DEEP_K:
         if cfg.block_m == 16:
             cfg = cfg.with_(block_k=MXFP4_DEEP_BLOCK_K)
         else:
             cfg = cfg.with_(num_stages=5)
-    if quant == "mxfp4" and cfg.swap_ab and cfg.block_m == 16 and not _invariant.get():
+    if quant == "mxfp4" and cfg.swap_ab and cfg.block_m == 16 and not invariant:
         cfg = cfg.with_(run_order=True)
     if quant == "fp8_w8a16" and cfg.swap_ab and cfg.block_n == 128:
-        rows = -(-key[0] // max(G, 1))
+        rows = -(-M // max(G, 1))
         cfg = cfg.with_(block_k=W8A16_BLOCK_K, block_m=32 if rows > 8 else cfg.block_m)
-    return _three_an_sm(cfg, key[0], N, K, G, quant, sms)
+    return _three_an_sm(cfg, M, N, K, G, quant, sms)
 
 
 # mxfp4 weights (half a byte a value) on the memory-bound swapped 16 x 128 tiles: where K is deep,
