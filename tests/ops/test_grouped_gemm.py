@@ -445,6 +445,7 @@ def test_expected_tiles_counts_groups_that_get_rows_and_their_extra_tiles():
     ("mxfp4", 64, 2880, 2880, 128, 1),  # gpt-oss-120b down at T = 16
     ("mxfp4", 16, 5120, 1024, 16, 1),  # Llama 4 Scout TP8 down at T = 16: 10 x 40
     ("mxfp4", 128, 4096, 7168, 8, 2),  # Mixtral TP2 down at T = 64: 11.5 x 32, in two parts
+    ("mxfp4", 64, 2048, 768, 128, 2),  # Qwen3-30B-A3B down at T = 8: 256-value steps, in parts
     ("fp8_w8a16", 64, 2048, 768, 128, 1),  # Qwen3-30B-A3B down at T = 8
     ("fp8_w8a16", 64, 5120, 1024, 128, 1),  # Maverick TP8 down at T = 64
 ])
@@ -461,7 +462,7 @@ def test_three_programs_an_sm(quant, M, N, K, G, parts):
 
 
 @pytest.mark.parametrize("quant, M, N, K, G", [
-    ("mxfp4", 64, 2048, 768, 128),  # Qwen3-30B-A3B down (six 128-value steps)
+    ("mxfp4", 64, 1536, 512, 128),  # under 768
     ("fp8_w8a16", 64, 1536, 512, 128),  # under 768
     ("fp8_w8a16", 64, 2048, 5120, 128),  # Maverick TP8 gate_up: its 256-value step wins
     ("mxfp4", 64, 2048, 5120, 16),  # Scout TP8 gate_up at T = 64: 16 x 16 tiles

@@ -198,9 +198,13 @@ W8A16_BLOCK_K = 256
 # speed-up: mxfp4 gpt-oss-120b gate_up (K = 2880) 1.05 / 1.07x at T = 8 / 64, its down 1.02 /
 # 1.04x, Scout's and Maverick's down (K = 1024) 1.03x, Qwen3-30B-A3B gate_up (2048) 1.00 / 1.06x,
 # Mixtral TP2 down in two parts (7168; 366 tiles expected at T = 64) 1.01 / 1.06-1.11x; but
-# Qwen3's down (K = 768: six steps) 0.95 / 0.93x, hence K >= 1024. fp8_w8a16 at 128-value steps:
-# Qwen3 T = 64 (K = 2048 / 768) 1.02 / 1.03x, Maverick's down 1.03x, Scout's 1.01x; at deep K
-# its 256-value step wins (Maverick's and Mixtral's deep GEMMs 0.97-0.99x), hence K < 4096.
+# Qwen3's down (K = 768: six steps) 0.95 / 0.93x; in 256-value steps of two parts (three steps)
+# 1.02-1.03 / 1.03-1.04x against two programs before and after (results/probe_ctas_steps_256.json
+# at f9c3abf: 112.2 / 111.7 -> 109.3 us at T = 8, 225.9 / 224.8 -> 217.9 at T = 64), hence mxfp4
+# below MXFP4_SHORT_K takes those; at K = 1024 and deeper they lost (Scout's and Maverick's down
+# 0.97-0.98x, gpt-oss-120b's two GEMMs 0.92-0.97x). fp8_w8a16 at 128-value steps: Qwen3 T = 64
+# (K = 2048 / 768) 1.02 / 1.03x, Maverick's down 1.03x, Scout's 1.01x; at deep K its 256-value
+# step wins (Maverick's and Mixtral's deep GEMMs 0.97-0.99x), hence K < 4096.
 # Where the tiles fill two programs an SM or fewer: mxfp4 Scout TP8's gate_up (256 tiles) 0.88 /
 # 0.95x, fp8_w8a16's 0.79 / 0.88x. The rule, the whole layer (results/probe_mxfp4_dot_d156875.json
 # against _912b6b0.json; probe_fp8_w8a16_dot_ likewise; a rerun of the parent 0.997-1.011x): mxfp4
@@ -208,7 +212,8 @@ W8A16_BLOCK_K = 256
 # Maverick TP8 T = 64 / 128 1.04 / 1.05x, Qwen3 T = 64 1.06x, Mixtral TP2 T = 64 1.07x, T = 8
 # rows 0.99-1.01x; fp8_w8a16 Scout T = 16-256 1.02-1.05x, Maverick 1.02-1.03x, Qwen3 T = 64 1.06x,
 # the rest 0.99-1.01x.
-THREE_AN_SM_K = {"mxfp4": (1024, 1 << 31), "fp8_w8a16": (768, MXFP4_DEEP_K)}  # [from, below)
+THREE_AN_SM_K = {"mxfp4": (768, 1 << 31), "fp8_w8a16": (768, MXFP4_DEEP_K)}  # [from, below)
+MXFP4_SHORT_K = 1024
 
 
 @functools.lru_cache(maxsize=None)
@@ -229,7 +234,8 @@ def _three_an_sm(cfg: TileConfig, M: int, N: int, K: int, G: int, quant: str,
     if expected_tiles(M, G, cfg.block_m) * -(-N // cfg.block_n) <= 2 * sms:
         return cfg
     if quant == "mxfp4":
-        return cfg.with_(k_parts=cfg.block_k // 128, ctas_per_sm=3)
+        block_k = MXFP4_DEEP_BLOCK_K if K < MXFP4_SHORT_K else cfg.block_k
+        return cfg.with_(block_k=block_k, k_parts=block_k // 128, ctas_per_sm=3)
     return cfg.with_(block_k=128, ctas_per_sm=3)
 
 
