@@ -11,6 +11,8 @@ which GEMM shape wins or loses. The variants:
     three programs an SM (steps_256);
     --set steps_256_back: that rule, landed for mxfp4 below K = 1024, taken back at the T it
     changed that no other run timed (two_at_128);
+    --set fp8_block: its swapped 16 x 128 tiles (128-value steps, a scale block each, 18 KB a
+    stage) with three programs an SM (three), or four stages at two (four_stages);
     --set dense: bf16 and fp8_rowwise 16-row swapped tiles, whose stages (36 KB each) hold them
     to two programs an SM: half the K step four stages deep (half_k), or two stages (two_stages),
     with ctas_per_sm=3.
@@ -85,12 +87,27 @@ def two_at_128(cfg: gg.TileConfig, quant: str) -> gg.TileConfig:
     return cfg.with_(block_k=128, k_parts=1, ctas_per_sm=2)
 
 
+def _block(change):
+    """fp8_block's swapped 16 x 128 tiles (K steps of 128 values, one scale block each: 18 KB a
+    stage, so three programs of three stages fit in shared memory) changed by ``change``."""
+    def variant(cfg: gg.TileConfig, quant: str) -> gg.TileConfig:
+        if quant != "fp8_block" or not (cfg.swap_ab and cfg.block_m == 16 and cfg.block_n == 128):
+            return cfg
+        return change(cfg)
+    return variant
+
+
+BLOCK_CASES = tuple(("fp8_block", name, tp, (8, 64)) for name, tp in (
+    ("qwen3-30b-a3b", 1), ("llama4-scout", 8), ("llama4-maverick", 8), ("mixtral-8x7b", 2)))
 SETS = {"weight_only": (CASES, {"three": three_an_sm}),
         "steps_256": (CASES[:5], {"steps_256": steps_256}),
         # the rows at which the landed steps_256 rule changed Qwen3's down but the layer suite
         # does not time (T = 8 and 64 are steps_256's own rows)
         "steps_256_back": ((("mxfp4", "qwen3-30b-a3b", 1, (4, 16, 32, 128, 256)),),
                            {"two_at_128": two_at_128}),
+        "fp8_block": (BLOCK_CASES, {
+            "three": _block(lambda c: c.with_(ctas_per_sm=3)),
+            "four_stages": _block(lambda c: c.with_(num_stages=4))}),
         "dense": (DENSE_CASES, {
             "half_k": _dense(lambda c: c.with_(block_k=c.block_k // 2, num_stages=4, ctas_per_sm=3)),
             "two_stages": _dense(lambda c: c.with_(num_stages=2, ctas_per_sm=3))})}
