@@ -58,9 +58,12 @@ def three_an_sm(cfg: gg.TileConfig, quant: str) -> gg.TileConfig:
     return cfg
 
 
-def _dense(change):
+def _swapped_16(change, block_n: int | None = None):
+    """A variant: ``change`` on the swapped 16-row tiles at two programs an SM (of ``block_n``
+    columns where given), the other tiles as shipped."""
     def variant(cfg: gg.TileConfig, quant: str) -> gg.TileConfig:
-        if not (cfg.swap_ab and cfg.block_m == 16 and cfg.ctas_per_sm == 2):
+        if not (cfg.swap_ab and cfg.block_m == 16 and cfg.ctas_per_sm == 2
+                and block_n in (None, cfg.block_n)):
             return cfg
         return change(cfg)
     return variant
@@ -70,6 +73,8 @@ DENSE_CASES = (("none", "llama4-scout", 8, (64, 128)), ("fp8_rowwise", "llama4-s
                ("none", "qwen3-30b-a3b", 1, (64,)), ("fp8_rowwise", "qwen3-30b-a3b", 1, (64,)),
                ("fp8_rowwise", "llama4-maverick", 8, (64, 128)),
                ("fp8_rowwise", "mixtral-8x7b", 2, (64,)))
+
+
 def steps_256(cfg: gg.TileConfig, quant: str) -> gg.TileConfig:
     """mxfp4 16-row tiles at 128-value steps: 256-value steps in two parts, three an SM (half
     the K loop's steps, as many registers: Qwen3-30B-A3B's down at K = 768 lost with three
@@ -87,16 +92,6 @@ def two_at_128(cfg: gg.TileConfig, quant: str) -> gg.TileConfig:
     return cfg.with_(block_k=128, k_parts=1, ctas_per_sm=2)
 
 
-def _block(change):
-    """fp8_block's swapped 16 x 128 tiles (K steps of 128 values, one scale block each: 18 KB a
-    stage, so three programs of three stages fit in shared memory) changed by ``change``."""
-    def variant(cfg: gg.TileConfig, quant: str) -> gg.TileConfig:
-        if quant != "fp8_block" or not (cfg.swap_ab and cfg.block_m == 16 and cfg.block_n == 128):
-            return cfg
-        return change(cfg)
-    return variant
-
-
 BLOCK_CASES = tuple(("fp8_block", name, tp, (8, 64)) for name, tp in (
     ("qwen3-30b-a3b", 1), ("llama4-scout", 8), ("llama4-maverick", 8), ("mixtral-8x7b", 2)))
 SETS = {"weight_only": (CASES, {"three": three_an_sm}),
@@ -106,15 +101,16 @@ SETS = {"weight_only": (CASES, {"three": three_an_sm}),
         "steps_256_back": ((("mxfp4", "qwen3-30b-a3b", 1, (4, 16, 32, 128, 256)),),
                            {"two_at_128": two_at_128}),
         "fp8_block": (BLOCK_CASES, {
-            "three": _block(lambda c: c.with_(ctas_per_sm=3)),
-            "four_stages": _block(lambda c: c.with_(num_stages=4))}),
-        # Maverick T = 64 lost with three (its fp8 weight-only rows are bimodal in the layer
-        # suite): again, beside T = 16 and 128, T = 64 twice
+            "three": _swapped_16(lambda c: c.with_(ctas_per_sm=3), 128),
+            "four_stages": _swapped_16(lambda c: c.with_(num_stages=4), 128)}),
+        # Maverick T = 64 lost with three (its fp8_block and fp8_w8a16 rows are bimodal in the
+        # layer suite): again, beside T = 16 and 128, T = 64 twice
         "fp8_block_maverick": ((("fp8_block", "llama4-maverick", 8, (16, 64, 128, 64)),), {
-            "three": _block(lambda c: c.with_(ctas_per_sm=3))}),
+            "three": _swapped_16(lambda c: c.with_(ctas_per_sm=3), 128)}),
         "dense": (DENSE_CASES, {
-            "half_k": _dense(lambda c: c.with_(block_k=c.block_k // 2, num_stages=4, ctas_per_sm=3)),
-            "two_stages": _dense(lambda c: c.with_(num_stages=2, ctas_per_sm=3))})}
+            "half_k": _swapped_16(lambda c: c.with_(block_k=c.block_k // 2, num_stages=4,
+                                                    ctas_per_sm=3)),
+            "two_stages": _swapped_16(lambda c: c.with_(num_stages=2, ctas_per_sm=3))})}
 
 
 def _patched(which: str, D: int, variant, changed: set):
