@@ -130,7 +130,8 @@ def grouped(quant: str, tma: str, swap_ab: bool, block_m: int = 64, block_k: int
 
     wdt = {"mxfp4": "*u8", "none": "*bf16", "fp8_w8a16": "*fp8e4nv"}[quant]
     sig = dict(x_ptr="*bf16", w_ptr=wdt, m_sizes_ptr="*i32", weight_ids_ptr=None,
-               x_scale_ptr=None, w_scale_ptr={"mxfp4": "*u8", "fp8_w8a16": "*fp32"}.get(quant), bias_ptr=None,
+               x_scale_ptr=None, w_scale_ptr={"mxfp4": "*u8", "fp8_w8a16": "*fp32"}.get(quant),
+               bias_ptr=None,
                row_weights_ptr=None, scatter_ids_ptr=None if glu != "none" else "*i32",
                x_ids_ptr=None if gather == "none" else "*i32", out_ptr="*bf16",
                x_host_desc=None, w_host_desc=None, M="i32", N="i32", K="i32", G="i32",
