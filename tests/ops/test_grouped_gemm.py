@@ -448,15 +448,19 @@ def test_expected_tiles_counts_groups_that_get_rows_and_their_extra_tiles():
     ("mxfp4", 64, 2048, 768, 128, 2),  # Qwen3-30B-A3B down at T = 8: 256-value steps, in parts
     ("fp8_w8a16", 64, 2048, 768, 128, 1),  # Qwen3-30B-A3B down at T = 8
     ("fp8_w8a16", 64, 5120, 1024, 128, 1),  # Maverick TP8 down at T = 64
+    ("fp8_block", 64, 1536, 2048, 128, 1),  # Qwen3-30B-A3B gate_up at T = 8
+    ("fp8_block", 128, 4096, 7168, 8, 1),  # Mixtral TP2 down at T = 64
 ])
 def test_three_programs_an_sm(quant, M, N, K, G, parts):
-    """Weight-only 16 x 128 swapped tiles, more than two an SM: a third program an SM (mxfp4 in
-    parts of 128 values, fp8_w8a16 at 128-value steps), in a K range a format."""
-    cfg = configs.select(M, N, K, G, torch.bfloat16, quant)
+    """16 x 128 swapped tiles of weight-only formats and fp8_block, more than two an SM: a third
+    program an SM (mxfp4 in parts of 128 values, the others at 128-value steps), in a K range a
+    format."""
+    dtype = FP8_DTYPE if quant == "fp8_block" else torch.bfloat16
+    cfg = configs.select(M, N, K, G, dtype, quant)
     assert (cfg.swap_ab, cfg.block_m, cfg.block_n) == (True, 16, 128)
     assert cfg.ctas_per_sm == 3 and cfg.block_k // cfg.k_parts == 128 and cfg.k_parts == parts
     tiles = configs.expected_tiles(M, G, 16) * -(-N // 128)
-    more_sms = configs.select(M, N, K, G, torch.bfloat16, quant, sms=int(tiles // 2) + 1)
+    more_sms = configs.select(M, N, K, G, dtype, quant, sms=int(tiles // 2) + 1)
     assert more_sms.ctas_per_sm == 2 and more_sms.k_parts == 1  # two an SM hold every tile
     assert configs.select(M, N, K, G, torch.bfloat16).ctas_per_sm == 2  # bf16: smem-bound
 
@@ -467,9 +471,11 @@ def test_three_programs_an_sm(quant, M, N, K, G, parts):
     ("fp8_w8a16", 64, 2048, 5120, 128),  # Maverick TP8 gate_up: its 256-value step wins
     ("mxfp4", 64, 2048, 5120, 16),  # Scout TP8 gate_up at T = 64: 16 x 16 tiles
     ("fp8_rowwise", 64, 1536, 2048, 128),
+    ("fp8_block", 16, 2048, 5120, 16),  # Scout TP8 gate_up at T = 8: 64-column tiles
 ])
 def test_two_programs_an_sm_outside_the_rule(quant, M, N, K, G):
-    assert configs.select(M, N, K, G, torch.bfloat16, quant).ctas_per_sm == 2
+    dtype = FP8_DTYPE if quant in ("fp8_rowwise", "fp8_block") else torch.bfloat16
+    assert configs.select(M, N, K, G, dtype, quant).ctas_per_sm == 2
 
 
 def test_w8a16_takes_fp8_bytes_a_k_step_and_wider_tiles_for_full_groups():
