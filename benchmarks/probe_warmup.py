@@ -26,8 +26,8 @@ from shufflemoe.bench.ceilings import read_clocks
 from shufflemoe.bench.report import metadata
 from shufflemoe.bench.timing import _elapsed_us
 
-CASES = (("bf16", "qwen3-30b-a3b", 1, 1), ("bf16", "llama4-scout", 8, 1),
-         ("fp8_rowwise", "llama4-maverick", 8, 64), ("bf16", "mixtral-8x7b", 2, 8))
+CASES = (("none", "qwen3-30b-a3b", 1, 1), ("none", "llama4-scout", 8, 1),
+         ("fp8_rowwise", "llama4-maverick", 8, 64), ("none", "mixtral-8x7b", 2, 8))
 IDLE_S = (0.0, 0.5, 2.0)
 
 
