@@ -7,7 +7,7 @@ import torch
 from shufflemoe.bench.analysis import apply_ceilings, ratios, select, span, tally, target
 from shufflemoe.bench.ceilings import (Ceilings, parse_clocks, raised, shown, stricter,
                                        write_ns_per_byte)
-from shufflemoe.bench.timing import L2_BYTES, rotations, summarize
+from shufflemoe.bench.timing import L2_BYTES, _settle, rotations, summarize
 
 C = Ceilings(read_gbps=3200.0, copy_gbps=2900.0, bf16_tflops=750.0, fp8_tflops=1300.0)
 
@@ -166,6 +166,18 @@ def test_summarize_spread():
     assert t.fields() == dict(us=5.5, us_lo=t.p20_us, us_hi=t.p80_us)
     one = summarize([4.0], "eager")
     assert (one.p20_us, one.p80_us, one.graph) == (4.0, 4.0, False)
+
+
+def test_a_new_graph_replays_for_its_settling_time_before_samples():
+    """_settle replays at least `least` times and until `seconds` have passed, syncing each."""
+    import time
+    calls = []
+    _settle(lambda: calls.append("replay"), lambda: calls.append("sync"), seconds=0.0, least=3)
+    assert calls == ["replay", "sync"] * 3
+    n = []
+    t0 = time.perf_counter()
+    _settle(lambda: (n.append(1), time.sleep(0.002)), lambda: None, seconds=0.03, least=1)
+    assert time.perf_counter() - t0 >= 0.03 and 3 <= len(n) <= 16
 
 
 def test_rotations_leave_l2():

@@ -14,6 +14,7 @@ import torch
 from torch.utils._pytree import tree_map
 
 L2_BYTES = 50 << 20  # an H100's; rotations() reads the GPU's own where there is one
+SETTLE_S = 0.1  # a new graph replays this long before its samples (_settle)
 
 
 @dataclass(frozen=True)
@@ -90,8 +91,7 @@ def time_fn(run: Callable[[int], object], n_sets: int, *, graph: bool = True, re
             with torch.cuda.graph(g):
                 captured = [run(i) for i in range(n_sets)]
         torch.cuda.current_stream().wait_stream(side)
-        g.replay()
-        sync()
+        _settle(g.replay, sync)
         for _ in range(reps):
             samples.append(_elapsed_us(g.replay) / n_sets)
         if keep_outputs:
@@ -144,6 +144,19 @@ def time_turns(runs: dict[str, Callable[[int], object]], n_sets: int, *, reps: i
         out[label] = t
     sync()
     return {label: out[label] for label in runs}
+
+
+def _settle(replay: Callable[[], None], sync: Callable[[], None], seconds: float = SETTLE_S,
+            least: int = 3) -> None:
+    """Replays a freshly captured graph for ``seconds`` (at least ``least`` times) before it is
+    timed: its first replays can run slow (H200, results/probe_bimodal.json and
+    probe_warmup.json: the first 6-25 replays of Maverick TP8 T = 64, 12-50 ms, 8-12% slower; not
+    after the GPU idles, so not clocks), and a timing of 40 replays took either side."""
+    t0, n = time.perf_counter(), 0
+    while n < least or time.perf_counter() - t0 < seconds:
+        replay()
+        sync()
+        n += 1
 
 
 def _call_us(run: Callable[[int], object], i: int, cuda: bool) -> float:
