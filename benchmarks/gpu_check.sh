@@ -23,11 +23,17 @@
 #
 # $OUT receives up to 5 files: gpu.txt, tests.log, gpu_tests.json, bench.log, results.tgz. results.tgz holds
 # <suite>.json/.md/.png and history/<suite>.jsonl (the committed history plus this run's line).
-# The device's copy of the tree has no .git: pass SHUFFLEMOE_COMMIT=<commit> so results name it.
+# Pass SHUFFLEMOE_COMMIT=<commit> (here: `git rev-parse HEAD`), so results name it: the script stops
+# without it, since the device's copy of the tree can hold a stale .git (its `git rev-parse` named
+# acabf6e for a run of 2076e6c's source on 2026-11-28).
 # To publish: tar xzf results.tgz -C benchmarks/results (both parts), then
 # `python benchmarks/readme_results.py` rebuilds README.md's measured section.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+if [ -z "${SHUFFLEMOE_COMMIT:-}" ]; then
+  echo "gpu_check.sh: set SHUFFLEMOE_COMMIT to the commit being measured" >&2
+  exit 2
+fi
 export PYTHONPATH=src PYTHONUNBUFFERED=1 HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-gpu}
 export SHUFFLEMOE_RUN_ID=${SHUFFLEMOE_RUN_ID:-$(date -u +%Y%m%dT%H%M%SZ)-$RANDOM}  # one per GPU call
 OUT=${OUT:-/tmp/shufflemoe_out}
