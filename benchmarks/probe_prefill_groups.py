@@ -10,7 +10,8 @@ tiles, and each group's weight strip asked for twice (the second ask likely serv
 group's row tiles are adjacent in the tile order, so they run side by side). This probe times
 the routed GEMMs alone (gate_up N = 2I, K = D; down N = D, K = I) on the same 16384 rows:
 routed (bincount of a uniform draw, as the layer suite's random routing) against balanced (128
-rows in every group, one tile each), with the shipped tile and with 64-row tiles, next to
+rows in every group, one tile each), with the shipped tile, 64-row tiles (8 warps; 4 warps, 4 stages) and 128 x 128 tiles two an
+SM, next to
 torch._grouped_mm (bf16) and dense cuBLAS over the same rows and one expert's weights (the
 FLOPs alike). If balanced is much faster than routed, the part-filled tiles are worth a
 remainder tile; if not, the time goes elsewhere. CUDA graphs (timing.time_fn), us, TFLOP/s and
@@ -74,7 +75,10 @@ def main() -> None:
             flops, w_bytes = 2.0 * T * N * K, float(w.numel() * w.element_size())
             out = torch.empty(T, N, device=dev, dtype=torch.bfloat16)
             shipped = configs.select(T, N, K, E, x.dtype, "fp8_rowwise" if fmt != "bf16" else "none")
-            tiles = {"shipped": shipped, "64-row tiles": shipped.with_(block_m=64)}
+            tiles = {"shipped": shipped, "64-row tiles": shipped.with_(block_m=64),
+                     "64-row tiles, 4 warps, 4 stages": shipped.with_(block_m=64, num_warps=4,
+                                                                      num_stages=4),
+                     "128 x 128, two an SM": shipped.with_(block_n=128, ctas_per_sm=2)}
             for routing in ("routed", "balanced"):
                 m = _sizes(E, routing, dev)
                 want = None
