@@ -53,6 +53,9 @@ class TileConfig:
     # The K step's loads and dots in this many parts (block_k / k_parts values each) inside one
     # pipelined loop step: fewer registers for a dequantized weight tile, the same bytes a stage
     k_parts: int = 1
+    # A group's last m-tile with at most tail_m rows (a few past its full tiles) runs as a
+    # swapped tail_m-row tile in the same loop, its MMAs the rows it has; 0: off. Not flattened.
+    tail_m: int = 0
 
     def with_(self, **changes) -> "TileConfig":
         return replace(self, **changes)

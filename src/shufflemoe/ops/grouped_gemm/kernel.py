@@ -208,10 +208,10 @@ def _tile(
     tiles,  # [BLOCK_G] tiles per group
     tile_end,  # [BLOCK_G] inclusive prefix sum of tiles
     row_end,  # [BLOCK_G] inclusive prefix sum of m
-    x_ptr, w_ptr, x_desc, w_desc, weight_ids_ptr, x_scale_ptr, w_scale_ptr, bias_ptr,
-    row_weights_ptr, scatter_ids_ptr, x_ids_ptr, out_ptr, M, N, N_OUT, K, NB, KB,
+    x_ptr, w_ptr, x_desc, x_tail_desc, w_desc, weight_ids_ptr, x_scale_ptr, w_scale_ptr,
+    bias_ptr, row_weights_ptr, scatter_ids_ptr, x_ids_ptr, out_ptr, M, N, N_OUT, K, NB, KB,
     SPLIT, alpha, limit,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TAIL_M: tl.constexpr,
     USE_TMA: tl.constexpr, SWAP_AB: tl.constexpr, QUANT: tl.constexpr, HAS_BIAS: tl.constexpr,
     HAS_WEIGHT_IDS: tl.constexpr, HAS_ROW_WEIGHTS: tl.constexpr, SCATTER: tl.constexpr,
     GATHER: tl.constexpr, GLU: tl.constexpr, HAS_LIMIT: tl.constexpr, UPCAST: tl.constexpr,
@@ -233,6 +233,44 @@ def _tile(
         wid = tl.load(weight_ids_ptr + g).to(tl.int32)
     else:
         wid = g
+    # A group's last m-tile holding at most TAIL_M rows runs as a swapped TAIL_M-row tile: the
+    # weight tile is the MMA's M side, the rows its N side, so its MMAs cover the rows it has
+    # (a few past a full tile's end) instead of BLOCK_M; its weights are the tile beside's.
+    if TAIL_M > 0:
+        if row_stop - row0 <= TAIL_M:
+            _product(row0, row_stop, n0, wid, x_ptr, w_ptr, x_tail_desc, w_desc, x_scale_ptr,
+                     w_scale_ptr, bias_ptr, row_weights_ptr, scatter_ids_ptr, x_ids_ptr,
+                     out_ptr, M, N, N_OUT, K, NB, KB, SPLIT, alpha, limit, TAIL_M, BLOCK_N,
+                     BLOCK_K, USE_TMA, True, QUANT, HAS_BIAS, HAS_ROW_WEIGHTS, SCATTER, GATHER,
+                     GLU, HAS_LIMIT, UPCAST, DOT_PRECISION, INTERPRET, RUN_ORDER, STEP_K)
+        else:
+            _product(row0, row_stop, n0, wid, x_ptr, w_ptr, x_desc, w_desc, x_scale_ptr,
+                     w_scale_ptr, bias_ptr, row_weights_ptr, scatter_ids_ptr, x_ids_ptr,
+                     out_ptr, M, N, N_OUT, K, NB, KB, SPLIT, alpha, limit, BLOCK_M, BLOCK_N,
+                     BLOCK_K, USE_TMA, SWAP_AB, QUANT, HAS_BIAS, HAS_ROW_WEIGHTS, SCATTER,
+                     GATHER, GLU, HAS_LIMIT, UPCAST, DOT_PRECISION, INTERPRET, RUN_ORDER, STEP_K)
+    else:
+        _product(row0, row_stop, n0, wid, x_ptr, w_ptr, x_desc, w_desc, x_scale_ptr,
+                 w_scale_ptr, bias_ptr, row_weights_ptr, scatter_ids_ptr, x_ids_ptr, out_ptr, M,
+                 N, N_OUT, K, NB, KB, SPLIT, alpha, limit, BLOCK_M, BLOCK_N, BLOCK_K, USE_TMA,
+                 SWAP_AB, QUANT, HAS_BIAS, HAS_ROW_WEIGHTS, SCATTER, GATHER, GLU, HAS_LIMIT,
+                 UPCAST, DOT_PRECISION, INTERPRET, RUN_ORDER, STEP_K)
+
+
+@triton.jit
+def _product(
+    row0, row_stop, n0, wid,  # the tile's first row, its group's row end, first column, weights
+    x_ptr, w_ptr, x_desc, w_desc, x_scale_ptr, w_scale_ptr, bias_ptr, row_weights_ptr,
+    scatter_ids_ptr, x_ids_ptr, out_ptr, M, N, N_OUT, K, NB, KB, SPLIT, alpha, limit,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    USE_TMA: tl.constexpr, SWAP_AB: tl.constexpr, QUANT: tl.constexpr, HAS_BIAS: tl.constexpr,
+    HAS_ROW_WEIGHTS: tl.constexpr, SCATTER: tl.constexpr,
+    GATHER: tl.constexpr, GLU: tl.constexpr, HAS_LIMIT: tl.constexpr, UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr, RUN_ORDER: tl.constexpr,
+    STEP_K: tl.constexpr,
+):
+    """One output tile: rows row0..row0+BLOCK_M (those below row_stop), columns n0..n0+BLOCK_N
+    of weight matrix wid: its K loop and its epilogue."""
     rows = row0 + tl.arange(0, BLOCK_M)
     cols = n0 + tl.arange(0, BLOCK_N)  # output columns: with a GLU, gate rows (up: + N_OUT)
     row_ok = (rows < row_stop) & (rows < M)
@@ -313,6 +351,7 @@ def _grouped_gemm_kernel(
     x_ids_ptr,  # [M] the row of x each row gathers (GATHER == "rows"; x is then [T, K])
     out_ptr,  # [M, N], or [T, N] accumulated into (SCATTER != "none")
     x_host_desc,  # TensorDescriptor over x [M, K] (TMA == "host"), else None
+    x_tail_host_desc,  # the same with TAIL_M-row boxes (TMA == "host" and TAIL_M), else None
     w_host_desc,  # TensorDescriptor over w [W*N, K] (or [W*N, K/2]) (TMA == "host"), else None
     M, N, K, G, W,
     NB, KB,  # fp8_block: scale blocks per weight matrix along N, along K
@@ -321,6 +360,7 @@ def _grouped_gemm_kernel(
     num_programs,  # persistent programs in the grid
     BLOCK_G: tl.constexpr,  # next power of two >= G
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    TAIL_M: tl.constexpr,  # a group's last m-tile of at most this many rows runs swapped (0: off)
     TMA: tl.constexpr,  # "device" | "host" | "none"
     SWAP_AB: tl.constexpr, FLATTEN: tl.constexpr,
     QUANT: tl.constexpr,  # "none" | "fp8_rowwise" | "fp8_w8a16" | "fp8_block" | "mxfp4"
@@ -353,8 +393,14 @@ def _grouped_gemm_kernel(
         if GATHER == "none":
             x_desc = tl.make_tensor_descriptor(x_ptr, shape=[M, K], strides=[K, 1],
                                                block_shape=[BLOCK_M, BLOCK_K])
+            if TAIL_M > 0:
+                x_tail_desc = tl.make_tensor_descriptor(x_ptr, shape=[M, K], strides=[K, 1],
+                                                        block_shape=[TAIL_M, BLOCK_K])
+            else:
+                x_tail_desc = x_tail_host_desc
         else:  # gathered rows load through pointers
             x_desc = x_host_desc
+            x_tail_desc = x_tail_host_desc
         if QUANT == "mxfp4":
             w_desc = tl.make_tensor_descriptor(w_ptr, shape=[W * N, K // 2], strides=[K // 2, 1],
                                                block_shape=[BLOCK_N, BLOCK_K // 2])
@@ -363,26 +409,27 @@ def _grouped_gemm_kernel(
                                                block_shape=[BLOCK_N, BLOCK_K])
     else:
         x_desc = x_host_desc
+        x_tail_desc = x_tail_host_desc
         w_desc = w_host_desc
 
     if INTERPRET:
         t = pid
         while t < total:
-            _tile(t, m, tiles, tile_end, row_end, x_ptr, w_ptr, x_desc, w_desc, weight_ids_ptr,
-                  x_scale_ptr, w_scale_ptr, bias_ptr, row_weights_ptr, scatter_ids_ptr,
-                  x_ids_ptr, out_ptr, M, N, N_OUT, K, NB, KB, SPLIT, alpha, limit,
-                  BLOCK_M, BLOCK_N, BLOCK_K, TMA != "none", SWAP_AB, QUANT, HAS_BIAS,
-                  HAS_WEIGHT_IDS, HAS_ROW_WEIGHTS, SCATTER, GATHER, GLU, HAS_LIMIT, UPCAST,
-                  DOT_PRECISION, INTERPRET, RUN_ORDER, STEP_K)
+            _tile(t, m, tiles, tile_end, row_end, x_ptr, w_ptr, x_desc, x_tail_desc, w_desc,
+                  weight_ids_ptr, x_scale_ptr, w_scale_ptr, bias_ptr, row_weights_ptr,
+                  scatter_ids_ptr, x_ids_ptr, out_ptr, M, N, N_OUT, K, NB, KB, SPLIT, alpha,
+                  limit, BLOCK_M, BLOCK_N, BLOCK_K, TAIL_M, TMA != "none", SWAP_AB, QUANT,
+                  HAS_BIAS, HAS_WEIGHT_IDS, HAS_ROW_WEIGHTS, SCATTER, GATHER, GLU, HAS_LIMIT,
+                  UPCAST, DOT_PRECISION, INTERPRET, RUN_ORDER, STEP_K)
             t += num_programs
     else:
         for t in tl.range(pid, total, num_programs, flatten=FLATTEN):
-            _tile(t, m, tiles, tile_end, row_end, x_ptr, w_ptr, x_desc, w_desc, weight_ids_ptr,
-                  x_scale_ptr, w_scale_ptr, bias_ptr, row_weights_ptr, scatter_ids_ptr,
-                  x_ids_ptr, out_ptr, M, N, N_OUT, K, NB, KB, SPLIT, alpha, limit,
-                  BLOCK_M, BLOCK_N, BLOCK_K, TMA != "none", SWAP_AB, QUANT, HAS_BIAS,
-                  HAS_WEIGHT_IDS, HAS_ROW_WEIGHTS, SCATTER, GATHER, GLU, HAS_LIMIT, UPCAST,
-                  DOT_PRECISION, INTERPRET, RUN_ORDER, STEP_K)
+            _tile(t, m, tiles, tile_end, row_end, x_ptr, w_ptr, x_desc, x_tail_desc, w_desc,
+                  weight_ids_ptr, x_scale_ptr, w_scale_ptr, bias_ptr, row_weights_ptr,
+                  scatter_ids_ptr, x_ids_ptr, out_ptr, M, N, N_OUT, K, NB, KB, SPLIT, alpha,
+                  limit, BLOCK_M, BLOCK_N, BLOCK_K, TAIL_M, TMA != "none", SWAP_AB, QUANT,
+                  HAS_BIAS, HAS_WEIGHT_IDS, HAS_ROW_WEIGHTS, SCATTER, GATHER, GLU, HAS_LIMIT,
+                  UPCAST, DOT_PRECISION, INTERPRET, RUN_ORDER, STEP_K)
 
 
 def _ensure_allocator() -> None:
@@ -422,6 +469,10 @@ def _tile_config(M: int, N: int, K: int, G: int, x: Tensor, quantization: str) -
         cfg = cfg.with_(block_k=FP8_BLOCK)
     if quantization == "mxfp4" and cfg.block_k < MX_GROUP:  # whole e8m0 groups a K step
         cfg = cfg.with_(block_k=MX_GROUP)
+    if cfg.tail_m and (cfg.swap_ab or cfg.tail_m & (cfg.tail_m - 1) or not
+                       16 <= cfg.tail_m < cfg.block_m):
+        raise ValueError(f"TileConfig.tail_m={cfg.tail_m} must be a power of two from 16 to "
+                         f"below block_m={cfg.block_m}, on tiles that are not swapped")
     part = cfg.block_k // max(cfg.k_parts, 1)
     if (cfg.k_parts < 1 or part * cfg.k_parts != cfg.block_k or part & (part - 1)
             or (quantization == "mxfp4" and part < MX_GROUP)
@@ -452,11 +503,13 @@ def _grouped_gemm_op(x: Tensor, w: Tensor, m_sizes: Tensor, x_scale: Optional[Te
     interpret = interpreting()
     tma = tma_mode(cfg, x, w)
     block_k = cfg.block_k // cfg.k_parts  # a dot's K (its loads, its descriptors' boxes)
-    x_desc = w_desc = None
+    x_desc = x_tail_desc = w_desc = None
     gather = "none" if x_ids is None else "rows"
     if tma == "host":
         if x_ids is None:  # gathered rows load through pointers
             x_desc = TensorDescriptor(x, [M, K], [K, 1], [cfg.block_m, block_k])
+            if cfg.tail_m:
+                x_tail_desc = TensorDescriptor(x, [M, K], [K, 1], [cfg.tail_m, block_k])
         Kw = w.shape[-1]  # K, or K / 2 packed mxfp4 bytes
         w_desc = TensorDescriptor(w.view(W * N, Kw), [W * N, Kw], [Kw, 1],
                                   [cfg.block_n, block_k * Kw // K])
@@ -473,11 +526,12 @@ def _grouped_gemm_op(x: Tensor, w: Tensor, m_sizes: Tensor, x_scale: Optional[Te
     with on_device(x):
         launch(_grouped_gemm_kernel, (num_programs,),
             x, w, m_sizes, weight_ids, x_scale, w_scale, bias, row_weights, scatter_ids, x_ids,
-            dst, x_desc, w_desc, M, N, K, G, W, nb, cdiv(K, FP8_BLOCK),
+            dst, x_desc, x_tail_desc, w_desc, M, N, K, G, W, nb, cdiv(K, FP8_BLOCK),
             N if scale_split is None else scale_split, alpha,
             0.0 if limit is None else limit, num_programs,
             BLOCK_G=next_power_of_2(G), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-            BLOCK_K=block_k, TMA=tma, SWAP_AB=cfg.swap_ab, FLATTEN=cfg.flatten,
+            BLOCK_K=block_k, TAIL_M=cfg.tail_m, TMA=tma, SWAP_AB=cfg.swap_ab,
+            FLATTEN=cfg.flatten and not cfg.tail_m,  # a loop nest with a branch: not flattened
             QUANT=quantization, HAS_BIAS=bias is not None, HAS_WEIGHT_IDS=weight_ids is not None,
             HAS_ROW_WEIGHTS=row_weights is not None,
             SCATTER="none" if scatter_ids is None else scatter, GATHER=gather, GLU=glu,
