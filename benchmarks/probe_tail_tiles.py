@@ -5,13 +5,15 @@
 
 probe_prefill_groups.py (results/probe_prefill_groups.json, H200) found Llama 4 Maverick TP8's
 routed GEMMs at T = 16384 (128 +- 11 rows a group, 189 row tiles of 128 for 128 groups) 1.20-1.29x
-slower than on the same rows in equal groups (128 tiles). With tail_m, a group's last m-tile of at
-most tail_m rows runs as a swapped tail_m-row tile in the same persistent loop (its MMAs the rows
-it has, its weight tile read beside the group's full tile); the loop is then not flattened. This
+slower than on the same rows in equal groups (128 tiles). With tail_m, a group's last m-tile takes
+up to tail_m rows past its block_m, multiplied by the same weight tile in a second, swapped dot
+(its MMAs the rows it has): a group of up to block_m + tail_m rows reads its weights once. (At
+ca35592 tail_m was a separate swapped tile run beside the full one, results/
+probe_tail_tiles_ca35592.json: 0.94-1.09x, mostly lost.) This
 times the routed GEMMs alone (CUDA graphs, timing.time_fn) at about 128 rows a group: Maverick
 TP8 T = 16384, Qwen3-30B-A3B T = 2048 (top-8 of 128), Scout TP8 T = 2048 (16 experts), Mixtral
 TP2 T = 512 (top-2 of 8); bf16 and fp8 rowwise; the shipped tile, it without its flattened loop,
-and with tail_m 16 / 32 / 64, on routed rows (a bincount of a uniform draw) and on equal groups.
+and with tail_m 16 / 32 (flattened or not), on routed rows (a bincount of a uniform draw) and on equal groups.
 Every variant's output is compared with the shipped tile's (max relative difference: the same
 sums in another MMA shape round alike, so ~0). Writes $OUT/probe_tail_tiles.json.
 """
@@ -68,9 +70,11 @@ def main() -> None:
                 shipped = configs.select(A, N, K, E, x.dtype, kw.get("quantization", "none"))
                 tiles = {"shipped": shipped, "no flattened loop": shipped.with_(flatten=False)}
                 if not shipped.swap_ab:
-                    for tail in (16, 32, 64):
-                        if tail < shipped.block_m:
-                            tiles[f"tail_m {tail}"] = shipped.with_(tail_m=tail)
+                    for tail in (16, 32):
+                        tiles[f"tail_m {tail}"] = shipped.with_(tail_m=tail)
+                        if shipped.flatten:
+                            tiles[f"tail_m {tail}, no flattened loop"] = shipped.with_(
+                                tail_m=tail, flatten=False)
                 for routing in ("routed", "equal"):
                     m = _sizes(A, E, routing, dev)
                     want = None
