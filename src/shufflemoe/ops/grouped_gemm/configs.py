@@ -53,8 +53,9 @@ class TileConfig:
     # The K step's loads and dots in this many parts (block_k / k_parts values each) inside one
     # pipelined loop step: fewer registers for a dequantized weight tile, the same bytes a stage
     k_parts: int = 1
-    # A group's last m-tile with at most tail_m rows (a few past its full tiles) runs as a
-    # swapped tail_m-row tile in the same loop, its MMAs the rows it has; 0: off. Not flattened.
+    # A group's last m-tile takes up to tail_m rows past its block_m, multiplied by the same
+    # weight tile in a second, swapped dot (its MMAs the rows it has): a group of up to block_m +
+    # tail_m rows reads its weights once. 0: none. Not with swap_ab or a GLU.
     tail_m: int = 0
 
     def with_(self, **changes) -> "TileConfig":
@@ -251,6 +252,9 @@ def _three_an_sm(cfg: TileConfig, M: int, N: int, K: int, G: int, quant: str,
     return cfg.with_(block_k=128, ctas_per_sm=3)
 
 
+# The rows a group's last 128 x 256 prefill tile takes past its 128 (TileConfig.tail_m).
+TAIL_ROWS = 32
+
 # Decode: spread the active groups' weights over at least this many tiles on TUNED_SMS SMs (about
 # 2 programs on each); with fewer 64-column tiles than SMs, each program goes deep instead.
 _DECODE_TILES = 256
@@ -305,7 +309,15 @@ def _heuristic(M: int, N: int, K: int, G: int, dtype: torch.dtype,
             # grouped_gemm suite's equal groups of exactly 128 rows they lose 4% (bf16 1014 ->
             # 1057 us, 0.99x torch._grouped_mm); routed groups are uneven. With few weight tiles
             # (Scout at T = 2048: 16 experts) they leave SMs idle (GEMM13 bf16 125 -> 141 us).
-            return TileConfig(128, 256, bk, num_warps=8, num_stages=3, flatten=True)
+            # A group's last tile takes up to TAIL_ROWS rows more in a second, swapped dot
+            # against the same weight tile (no flattened loop: its two accumulators serialize
+            # the flattened loop's wgmma), so most groups of 128 +- 11 rows read their weights
+            # once. H200, the routed GEMMs alone on uniform routing (probe_tail_tiles at 7cd442f,
+            # flattened / without / with the tail rows, us): Maverick TP8 T = 16384 GEMM13 bf16
+            # 930 / 949 / 888, fp8 498 / 519 / 478, GEMM2 bf16 570 / 545 / 509, fp8 372 / 335 /
+            # 311; Qwen3-30B-A3B T = 2048 GEMM13 bf16 294 / 310 / 285, GEMM2 243 / 188 / 169,
+            # fp8 125 / 121 / 111. On equal groups of exactly 128 rows they lose 10-30%.
+            return TileConfig(128, 256, bk, num_warps=8, num_stages=3, tail_m=TAIL_ROWS)
         if (fp8 and K <= 2048) or active * -(-N // 128) >= 4 * sms:
             # Two programs an SM where 128-column tiles are many (uneven groups leave a nearly
             # empty second m-tile in about half of them). H100, tune_grouped_gemm's sweep points
