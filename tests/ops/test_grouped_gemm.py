@@ -434,6 +434,8 @@ def test_heuristic_follows_the_gpus_sms():
     wide = configs.select(16384, 2048, 5120, 128, torch.bfloat16)
     assert (wide.block_m, wide.block_n) == (128, 256)
     assert wide.tail_m == configs.TAIL_ROWS and not wide.flatten  # 128 + 32 rows read once
+    block = configs.select(16384, 2048, 5120, 128, FP8_DTYPE, "fp8_block")
+    assert block.tail_m == 0 and block.flatten  # its scaled tail dot was slower
     assert configs.select(16384, 2048, 5120, 128, torch.bfloat16, sms=264).block_n == 128
 
 
