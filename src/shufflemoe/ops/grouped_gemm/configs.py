@@ -222,7 +222,8 @@ W8A16_BLOCK_K = 256
 # program of three stages offline, three in 167 KB) at every K: its per-step scale loads are
 # latency a third program hides. H200, one GEMM changed (results/probe_ctas_fp8_block.json):
 # Qwen3-30B-A3B T = 8 / 64 gate_up 1.05 / 1.03x, down 1.03 / 1.02x; Scout TP8 down 1.05 /
-# 1.03x (its gate_up 1.00x at T = 64); Maverick TP8 down T = 8 1.05-1.09x; Mixtral TP2 T = 64 1.07 / 1.05x (T = 8 1.00x).
+# 1.03x (its gate_up 1.00x at T = 64); Maverick TP8 down T = 8 1.05-1.09x; Mixtral TP2 T = 64
+# 1.07 / 1.05x (T = 8 1.00x).
 # Maverick TP8 at T >= 16 is even (results/probe_ctas_fp8_block_maverick.json: T = 16 1.02 /
 # 0.98x, T = 64 1.03 / 1.04x then 0.95 / 0.96x, T = 128 1.02 / 1.00x), timed before a new
 # graph settled (bench.timing._settle): its first replays ran 8-12% slow, more than the rule moves.
