@@ -44,6 +44,12 @@ on (two weight tiles a K step against one x tile, two accumulators), and its epi
 act(gate, up) [M, N / 2] from the fp32 sums (after bias and scales), as the fused decode kernels
 do: no [M, N] product stored and read again by silu_mul.
 
+Tail rows (TAIL_M, TileConfig.tail_m; not with SWAP_AB or a GLU): a group's last m-tile takes
+up to TAIL_M rows past its BLOCK_M, multiplied in each K step by the weight tile already in shared
+memory in a second, swapped dot (the rows as the MMA's N side, their own accumulator and epilogue):
+a group of up to BLOCK_M + TAIL_M rows reads its weights once instead of in a second, nearly empty
+tile. Tiles a group: cdiv(max(m - TAIL_M, 1), BLOCK_M) for m > 0.
+
 Epilogue, in fp32: rowwise scales, bias[e, n] (HAS_BIAS), row_weights[r], then either a
 masked store into out [M, N] or a scatter into out[scatter_ids[r]] ([T, N]). ``scatter``
 "add" is atomic in out's dtype (Triton 3.6 emits 8-wide bf16 atomics on sm_90,
