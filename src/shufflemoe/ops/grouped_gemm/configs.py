@@ -53,10 +53,6 @@ class TileConfig:
     # The K step's loads and dots in this many parts (block_k / k_parts values each) inside one
     # pipelined loop step: fewer registers for a dequantized weight tile, the same bytes a stage
     k_parts: int = 1
-    # A group's last m-tile takes up to tail_m rows past its block_m, multiplied by the same
-    # weight tile in a second, swapped dot (its MMAs the rows it has): a group of up to block_m +
-    # tail_m rows reads its weights once. 0: none. Not with swap_ab or a GLU.
-    tail_m: int = 0
 
     def with_(self, **changes) -> "TileConfig":
         return replace(self, **changes)
@@ -152,8 +148,6 @@ def _for_format(M: int, N: int, K: int, G: int, dtype: torch.dtype, quant: str, 
             cfg = cfg.with_(num_stages=5)
     if quant == "mxfp4" and cfg.swap_ab and cfg.block_m == 16 and not invariant:
         cfg = cfg.with_(run_order=True)
-    if quant == "fp8_block" and cfg.tail_m:  # its tail dot scales each K step's product too
-        cfg = cfg.with_(tail_m=0, flatten=True)
     if quant == "fp8_w8a16" and cfg.swap_ab and cfg.block_n == 128:
         rows = -(-M // max(G, 1))
         cfg = cfg.with_(block_k=W8A16_BLOCK_K, block_m=32 if rows > 8 else cfg.block_m)
@@ -254,9 +248,6 @@ def _three_an_sm(cfg: TileConfig, M: int, N: int, K: int, G: int, quant: str,
     return cfg.with_(block_k=128, ctas_per_sm=3)
 
 
-# The rows a group's last 128 x 256 prefill tile takes past its 128 (TileConfig.tail_m).
-TAIL_ROWS = 32
-
 # Decode: spread the active groups' weights over at least this many tiles on TUNED_SMS SMs (about
 # 2 programs on each); with fewer 64-column tiles than SMs, each program goes deep instead.
 _DECODE_TILES = 256
@@ -311,18 +302,7 @@ def _heuristic(M: int, N: int, K: int, G: int, dtype: torch.dtype,
             # grouped_gemm suite's equal groups of exactly 128 rows they lose 4% (bf16 1014 ->
             # 1057 us, 0.99x torch._grouped_mm); routed groups are uneven. With few weight tiles
             # (Scout at T = 2048: 16 experts) they leave SMs idle (GEMM13 bf16 125 -> 141 us).
-            # A group's last tile takes up to TAIL_ROWS rows more in a second, swapped dot
-            # against the same weight tile (no flattened loop: its two accumulators serialize
-            # the flattened loop's wgmma), so most groups of 128 +- 11 rows read their weights
-            # once. H200, the routed GEMMs alone on uniform routing (probe_tail_tiles at 7cd442f,
-            # flattened / without / with the tail rows, us): Maverick TP8 T = 16384 GEMM13 bf16
-            # 930 / 949 / 888, fp8 498 / 519 / 478, GEMM2 bf16 570 / 545 / 509, fp8 372 / 335 /
-            # 311; Qwen3-30B-A3B T = 2048 GEMM13 bf16 294 / 310 / 285, GEMM2 243 / 188 / 169,
-            # fp8 125 / 121 / 111. On equal groups of exactly 128 rows they lose 10-30%. In the
-            # layer suite at db405ba: Qwen3 T = 2048 fp8_w8a16 834 -> 686 us, mxfp4 761 -> 720,
-            # Maverick prefill bf16 1.02x, fp8 1.01x; but fp8_block 918 -> 1604 (each K step's
-            # product scaled before it is added, twice), which keeps the flattened tile.
-            return TileConfig(128, 256, bk, num_warps=8, num_stages=3, tail_m=TAIL_ROWS)
+            return TileConfig(128, 256, bk, num_warps=8, num_stages=3, flatten=True)
         if (fp8 and K <= 2048) or active * -(-N // 128) >= 4 * sms:
             # Two programs an SM where 128-column tiles are many (uneven groups leave a nearly
             # empty second m-tile in about half of them). H100, tune_grouped_gemm's sweep points
