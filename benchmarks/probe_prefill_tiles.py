@@ -28,12 +28,11 @@ import pathlib
 
 import torch
 
-from probe_prefill_groups import T, _operands, _row, _sizes
+from probe_prefill_groups import T, _operands, _row, _sizes, _time_tiles
 from shufflemoe import preset
 from shufflemoe.bench.report import metadata
 from shufflemoe.bench.timing import time_fn
 from shufflemoe.ops import grouped_gemm
-from shufflemoe.ops.grouped_gemm import configs
 
 FP8 = torch.float8_e4m3fn
 
@@ -74,11 +73,8 @@ def _tile_rows(name: str, E: int, D: int, I: int, dev: str) -> list[dict]:
     rows = []
     for fmt in ("bf16", "fp8_rowwise"):
         for gemm, (N, K) in {"gate_up": (2 * I, D), "down": (D, I)}.items():
-            ops = _operands(fmt, N, K, E, dev)
-            x, w, kw = ops["x"], ops["w"], ops["kw"]
+            x, w, kw, out, shipped = _operands(fmt, N, K, E, dev)
             flops, w_bytes = 2.0 * T * N * K, float(w.numel() * w.element_size())
-            out = torch.empty(T, N, device=dev, dtype=torch.bfloat16)
-            shipped = configs.select(T, N, K, E, x.dtype, "fp8_rowwise" if fmt != "bf16" else "none")
             tiles = {"shipped": shipped,
                      "256 x 128": shipped.with_(block_m=256, block_n=128),
                      "four stages": shipped.with_(num_stages=4),
@@ -89,22 +85,9 @@ def _tile_rows(name: str, E: int, D: int, I: int, dev: str) -> list[dict]:
                 tiles["64 x 128, 4 warps, 4 stages, two an SM"] = shipped.with_(
                     block_m=64, block_n=128, num_warps=4, num_stages=4, ctas_per_sm=2)
             m = _sizes(E, "routed", dev)
-            want = None
-            for label, tile in tiles.items():
-                try:
-                    with configs.override(tile):
-                        t = time_fn(lambda i: grouped_gemm(x, w, m, out=out, **kw), 1, reps=20)
-                        grouped_gemm(x, w, m, out=out, **kw)
-                    torch.cuda.synchronize()
-                except Exception as e:  # a tile that does not compile (shared memory)
-                    print(json.dumps(dict(format=fmt, gemm=gemm, variant=label, error=str(e)[:200])))
-                    continue
-                row = dict(_row(fmt, gemm, label, t, flops, w_bytes), preset=name)
-                if want is None:
-                    want = out.clone()
-                row["same_as_shipped"] = bool(torch.equal(out, want))
-                rows.append(row)
-            del ops, x, w, out
+            rows += [dict(r, preset=name) for r in
+                     _time_tiles(tiles, x, w, m, out, kw, fmt, gemm, "", flops, w_bytes)]
+            del x, w, out
             torch.cuda.empty_cache()
     return rows
 
