@@ -78,3 +78,22 @@ def test_large_expert_count(name):
 def test_graph_safety_flags():
     syncing = {n for n in STRATEGIES if not EXPERTS.get(n).graph_safe}
     assert syncing == {"padded", "sliced", "concat"}
+
+
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+def test_rows_scaled_at_the_input_scale_gemm13(impl):
+    """Llama 4 style (router weights on the input) with many experts of 17-128 rows: GEMM13
+    gathers the rows unscaled and scales its sums (no gather_scale copy), against float64."""
+    from shufflemoe.experts import shuffled
+    from shufflemoe.ops import use_impl
+
+    cfg = _cfg(router="llama4", scoring="sigmoid", apply_router_weight_on_input=True, top_k=1,
+               num_experts=64, renormalize=False, dtype=torch.bfloat16)
+    layer = make_layer(cfg)
+    x = make_input(cfg, 64 * 24)
+    r = layer.route(x)
+    w_in, _ = shuffled.pair_weights(r, cfg)
+    assert shuffled._scales_in_gemm(x, layer.expert_weights, w_in, r.num_pairs, r.num_experts)
+    assert not shuffled._scales_in_gemm(x, layer.expert_weights, w_in, 64 * 200, 64)
+    with use_impl(impl):
+        check_strategy("shuffled", layer, x, r)

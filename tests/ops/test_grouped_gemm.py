@@ -251,7 +251,8 @@ def test_gather(impl, dtype):
         run_gather(impl, [5, 0, 21, 9], 40, 48, T=17, dtype=dtype, seed=3)
 
 
-@pytest.mark.parametrize("variant", ["pointers", "tma device", "tma host", "swap_ab tma"])
+@pytest.mark.parametrize("variant", ["pointers", "tma device", "tma host", "swap_ab tma",
+                                     "tail rows tma host"])
 def test_gather_kernel_variants(variant):
     """Gathered rows load through pointers whatever the weights take (TMA or not, swapped)."""
     with configs.override(VARIANTS[variant]):
@@ -275,6 +276,10 @@ VARIANTS = {
     "swap_ab pointers": SMALL.with_(swap_ab=True, tma="none"),
     "swap_ab tma": SMALL.with_(swap_ab=True),
     "block 32x16x16": configs.TileConfig(32, 16, 16, num_stages=2),
+    "tail rows tma host": SMALL.with_(tail_m=16),
+    "tail rows tma device": SMALL.with_(tail_m=16, tma="device"),
+    "tail rows pointers": SMALL.with_(tail_m=16, tma="none"),
+    "block 32x16x16, 16 tail rows": configs.TileConfig(32, 16, 16, num_stages=2, tail_m=16),
 }
 
 
@@ -286,6 +291,45 @@ def test_kernel_variants(variant, dtype):
     with configs.override(VARIANTS[variant]):
         run_case("triton", [19, 0, 3, 40], 48, 64, dtype=dtype, W=3, weight_ids=[1, 2, 0, 1],
                  row_weights=True, tail=6, seed=11)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, FP8_DTYPE], ids=["bf16", "fp8"])
+@pytest.mark.parametrize("scatter", [None, "add", "add_unique", "store"])
+def test_tail_rows_at_the_edges(dtype, scatter):
+    """Groups of block_m + tail_m rows (one tile), one more (a second tile of one row), twice
+    and empty: each row computed once (atomic adds would count a row twice), in every epilogue."""
+    sizes, N, K = [32, 33, 16, 17, 0, 1, 48, 49], 24, 64
+    x, w, ms, args, x64, w64, _ = make_case(sizes, N, K, dtype=dtype, tail=5, seed=21)
+    n = sum(sizes)
+    rows = loop64(x64, w64, sizes)
+    with configs.override(SMALL.with_(tail_m=16)):
+        if scatter is None:
+            out = poisoned(x.shape[0], N, dtype=torch.bfloat16, device=DEV)
+            grouped_gemm(x, w, ms, out=out, out_dtype=torch.bfloat16, impl="triton", **args)
+            assert_close(out[:n], rows, "bfloat16")
+            assert torch.isnan(out[n:].float()).all(), "rows past sum(m_sizes) were written"
+            return
+        T = n + 7
+        ids = torch.cat([torch.randperm(T, generator=gen(22))[:n], torch.full((5,), 10**6)])
+        base = torch.randn(T, N, generator=gen(23)).to(torch.bfloat16)
+        if scatter == "store":
+            base[ids[:n]] = float("nan")
+            ref = base.double().index_copy_(0, ids[:n], rows)
+        else:
+            ref = base.double().index_add_(0, ids[:n], rows)
+        out = base.clone().to(DEV)
+        grouped_gemm(x, w, ms, scatter_ids=ids.to(DEV), out=out, scatter=scatter,
+                     impl="triton", **args)
+    assert_close(out, ref, "bfloat16")
+
+
+@pytest.mark.parametrize("bad", [dict(tail_m=24), dict(tail_m=8), dict(tail_m=32),
+                                 dict(tail_m=16, swap_ab=True)], ids=str)
+def test_tail_rows_must_fit_the_tile(bad):
+    """tail_m: a power of two from 16 to block_m, on tiles that are not swapped."""
+    x, w, ms, *_ = make_case([5, 9], 16, 32, tail=0)
+    with configs.override(SMALL.with_(**bad)), pytest.raises(ValueError, match="tail_m="):
+        grouped_gemm(x, w, ms, impl="triton")
 
 
 def test_odd_k_falls_back_to_pointers():
@@ -389,6 +433,9 @@ def test_heuristic_follows_the_gpus_sms():
     # SMs, not 4 x 264.
     wide = configs.select(16384, 2048, 5120, 128, torch.bfloat16)
     assert (wide.block_m, wide.block_n) == (128, 256)
+    assert wide.tail_m == configs.TAIL_ROWS and not wide.flatten  # 128 + 32 rows read once
+    block = configs.select(16384, 2048, 5120, 128, FP8_DTYPE, "fp8_block")
+    assert block.tail_m == 0 and block.flatten  # its scaled tail dot was slower
     assert configs.select(16384, 2048, 5120, 128, torch.bfloat16, sms=264).block_n == 128
 
 
@@ -563,6 +610,10 @@ def test_cuda_graph_replay_with_new_sizes(dtype):
     configs.TileConfig(64, 128, 128, 4, 3, swap_ab=True, ctas_per_sm=2),
     configs.TileConfig(16, 128, 256, 4, 3, swap_ab=True, ctas_per_sm=3, k_parts=2),
     configs.TileConfig(16, 128, 256, 4, 3, tma="none", swap_ab=True, k_parts=2),
+    configs.TileConfig(128, 256, 64, 8, 3, tail_m=32),
+    configs.TileConfig(128, 256, 64, 8, 3, tail_m=16, tma="device"),
+    configs.TileConfig(128, 128, 64, 8, 3, tail_m=64, tma="none"),
+    configs.TileConfig(128, 256, 64, 8, 3, flatten=True, tail_m=32),
 ], ids=str)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, FP8_DTYPE], ids=["bf16", "fp8"])
 def test_gpu_variants(variant, dtype):
@@ -580,6 +631,7 @@ def test_gpu_variants(variant, dtype):
     configs.TileConfig(128, 128, 64, 8, 3, tma="none"),
     configs.TileConfig(16, 128, 128, 4, 4, swap_ab=True, ctas_per_sm=2),
     configs.TileConfig(64, 128, 64, 4, 4, ctas_per_sm=2),
+    configs.TileConfig(128, 256, 64, 8, 3, tail_m=32),
 ], ids=str)
 def test_gpu_gather(variant):
     """Gathered rows under the tiles prefill and the middle sizes take."""

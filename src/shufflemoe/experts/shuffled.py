@@ -47,13 +47,16 @@ class Shuffled(Experts):
                             w.quantization, w.w2_bias)
             return
         nv = None if r.all_routed else r.num_valid  # known: every row is valid
-        gathered = _gathers_in_gemm(x, w, w_in)  # no [A, D] copy: GEMM13 loads x's rows by id
+        # rows scaled at the input: GEMM13 gathers them unscaled and scales its sums instead
+        scales = _scales_in_gemm(x, w, w_in, r.num_pairs, r.num_experts)
+        gathered = scales or _gathers_in_gemm(x, w, w_in)  # no [A, D] copy: x's rows by id
         xs = x if gathered else gather_input(ops, x, r.token_ids, w_in, w, nv)  # [A, D]
         ids = r.token_ids if gathered else None
-        if _glu_in_gemm(w, r.num_pairs, r.num_experts, cfg):  # SwiGLU in GEMM13's epilogue
+        if not scales and _glu_in_gemm(w, r.num_pairs, r.num_experts, cfg):  # GLU in GEMM13
             a = expert_gemm(ops, xs, w, "w13", r.counts, cfg.dtype, x_ids=ids, glu=cfg.act)
         else:
-            h = expert_gemm(ops, xs, w, "w13", r.counts, cfg.dtype, x_ids=ids)
+            h = expert_gemm(ops, xs, w, "w13", r.counts, cfg.dtype, x_ids=ids,
+                            row_weights=w_in if scales else None)
             a = glu(ops, h, w, cfg, nv)  # [A, I], quantized as GEMM2 takes it
         # top-1: one pair a token, the epilogue adds it without atomics (or stores it: nothing
         # to read); the opt-in atomic combine adds k > 1 rows in any order
@@ -90,6 +93,24 @@ def _gathers_in_gemm(x, w, w_in) -> bool:
     same bits either way."""
     return (not isinstance(x, QuantizedRows) and w_in is None
             and w.quantization in ("none", "fp8_w8a16") and w.w13.shape[1] <= GATHER_MAX_N)
+
+
+SCALED_GATHER_MIN_EXPERTS = 64  # GEMM13 gathers rows scaled at the input from this many experts
+
+
+def _scales_in_gemm(x, w, w_in, num_pairs: int, num_experts: int) -> bool:
+    """Whether GEMM13 gathers rows that the router weights scale at the input (Llama 4) unscaled
+    and multiplies its fp32 sums by the weights instead (W (s x) = s (W x): bf16 weights, no
+    bias), where it is bound by the weights' bytes: many experts of at most 128 rows (more
+    than GLU_MAX_ROWS, where the GLU takes the epilogue). H200, GEMM13 alone at T = 16384
+    (benchmarks/results/probe_prefill_tiles.json: contiguous rows through TMA / gathered by id
+    and scaled in the epilogue, us): Llama 4 Maverick TP8 (128 experts of ~128 rows) 955 / 961
+    against the ~88 us copy it saves; Scout TP8 (16 of ~1024: compute bound) 594 / 683, and
+    fp8_w8a16 weights lost at both (+68 / +132 us)."""
+    rows = num_pairs / max(num_experts, 1)
+    return (w_in is not None and not isinstance(x, QuantizedRows) and w.quantization == "none"
+            and w.w13_bias is None and num_experts >= SCALED_GATHER_MIN_EXPERTS
+            and GLU_MAX_ROWS < rows <= 128)
 
 
 GLU_MAX_ROWS = 16  # GEMM13 takes the GLU up to this many pairs an expert (A / E)

@@ -53,6 +53,10 @@ class TileConfig:
     # The K step's loads and dots in this many parts (block_k / k_parts values each) inside one
     # pipelined loop step: fewer registers for a dequantized weight tile, the same bytes a stage
     k_parts: int = 1
+    # A group's last m-tile takes up to tail_m rows past its block_m, multiplied by the same
+    # weight tile in a second, swapped dot (its MMAs the rows it has): a group of up to block_m +
+    # tail_m rows reads its weights once. 0: none. Not with swap_ab or a GLU.
+    tail_m: int = 0
 
     def with_(self, **changes) -> "TileConfig":
         return replace(self, **changes)
@@ -148,6 +152,8 @@ def _for_format(M: int, N: int, K: int, G: int, dtype: torch.dtype, quant: str, 
             cfg = cfg.with_(num_stages=5)
     if quant == "mxfp4" and cfg.swap_ab and cfg.block_m == 16 and not invariant:
         cfg = cfg.with_(run_order=True)
+    if quant == "fp8_block" and cfg.tail_m:  # its tail dot scales each K step's product too
+        cfg = cfg.with_(tail_m=0, flatten=True)
     if quant == "fp8_w8a16" and cfg.swap_ab and cfg.block_n == 128:
         rows = -(-M // max(G, 1))
         cfg = cfg.with_(block_k=W8A16_BLOCK_K, block_m=32 if rows > 8 else cfg.block_m)
@@ -212,14 +218,15 @@ W8A16_BLOCK_K = 256
 # Maverick TP8 T = 64 / 128 1.04 / 1.05x, Qwen3 T = 64 1.06x, Mixtral TP2 T = 64 1.07x, T = 8
 # rows 0.99-1.01x; fp8_w8a16 Scout T = 16-256 1.02-1.05x, Maverick 1.02-1.03x, Qwen3 T = 64 1.06x,
 # the rest 0.99-1.01x.
-# fp8_block's 16 x 128 tiles (128-value steps, a scale block each: 18 KB a stage, three programs
-# of three stages in 162 KB) at every K: its per-step scale loads are latency a third program
-# hides. H200, one GEMM changed (results/probe_ctas_fp8_block.json): Qwen3-30B-A3B T = 8 / 64
-# gate_up 1.05 / 1.03x, down 1.03 / 1.02x; Scout TP8 down 1.05 / 1.03x (its gate_up 1.00x at
-# T = 64); Maverick TP8 down T = 8 1.05-1.09x; Mixtral TP2 T = 64 1.07 / 1.05x (T = 8 1.00x).
+# fp8_block's 16 x 128 tiles (128-value steps, a scale block each: 18 KB a stage, 55.8 KB a
+# program of three stages offline, three in 167 KB) at every K: its per-step scale loads are
+# latency a third program hides. H200, one GEMM changed (results/probe_ctas_fp8_block.json):
+# Qwen3-30B-A3B T = 8 / 64 gate_up 1.05 / 1.03x, down 1.03 / 1.02x; Scout TP8 down 1.05 /
+# 1.03x (its gate_up 1.00x at T = 64); Maverick TP8 down T = 8 1.05-1.09x; Mixtral TP2 T = 64
+# 1.07 / 1.05x (T = 8 1.00x).
 # Maverick TP8 at T >= 16 is even (results/probe_ctas_fp8_block_maverick.json: T = 16 1.02 /
-# 0.98x, T = 64 1.03 / 1.04x then 0.95 / 0.96x, T = 128 1.02 / 1.00x): its replays vary by 10%
-# with the routing drawn (results/probe_bimodal.json), more than the rule moves them.
+# 0.98x, T = 64 1.03 / 1.04x then 0.95 / 0.96x, T = 128 1.02 / 1.00x), timed before a new
+# graph settled (bench.timing._settle): its first replays ran 8-12% slow, more than the rule moves.
 THREE_AN_SM_K = {"mxfp4": (768, 1 << 31), "fp8_w8a16": (768, MXFP4_DEEP_K),
                  "fp8_block": (0, 1 << 31)}  # [from, below)
 MXFP4_SHORT_K = 1024
@@ -247,6 +254,9 @@ def _three_an_sm(cfg: TileConfig, M: int, N: int, K: int, G: int, quant: str,
         return cfg.with_(block_k=block_k, k_parts=block_k // 128, ctas_per_sm=3)
     return cfg.with_(block_k=128, ctas_per_sm=3)
 
+
+# The rows a group's last 128 x 256 prefill tile takes past its 128 (TileConfig.tail_m).
+TAIL_ROWS = 32
 
 # Decode: spread the active groups' weights over at least this many tiles on TUNED_SMS SMs (about
 # 2 programs on each); with fewer 64-column tiles than SMs, each program goes deep instead.
@@ -302,7 +312,18 @@ def _heuristic(M: int, N: int, K: int, G: int, dtype: torch.dtype,
             # grouped_gemm suite's equal groups of exactly 128 rows they lose 4% (bf16 1014 ->
             # 1057 us, 0.99x torch._grouped_mm); routed groups are uneven. With few weight tiles
             # (Scout at T = 2048: 16 experts) they leave SMs idle (GEMM13 bf16 125 -> 141 us).
-            return TileConfig(128, 256, bk, num_warps=8, num_stages=3, flatten=True)
+            # A group's last tile takes up to TAIL_ROWS rows more in a second, swapped dot
+            # against the same weight tile (no flattened loop: its two accumulators serialize
+            # the flattened loop's wgmma), so most groups of 128 +- 11 rows read their weights
+            # once. H200, the routed GEMMs alone on uniform routing (probe_tail_tiles at 7cd442f,
+            # flattened / without / with the tail rows, us): Maverick TP8 T = 16384 GEMM13 bf16
+            # 930 / 949 / 888, fp8 498 / 519 / 478, GEMM2 bf16 570 / 545 / 509, fp8 372 / 335 /
+            # 311; Qwen3-30B-A3B T = 2048 GEMM13 bf16 294 / 310 / 285, GEMM2 243 / 188 / 169,
+            # fp8 125 / 121 / 111. On equal groups of exactly 128 rows they lose 10-30%. In the
+            # layer suite at db405ba: Qwen3 T = 2048 fp8_w8a16 834 -> 686 us, mxfp4 761 -> 720,
+            # Maverick prefill bf16 1.02x, fp8 1.01x; but fp8_block 918 -> 1604 (each K step's
+            # product scaled before it is added, twice), which keeps the flattened tile.
+            return TileConfig(128, 256, bk, num_warps=8, num_stages=3, tail_m=TAIL_ROWS)
         if (fp8 and K <= 2048) or active * -(-N // 128) >= 4 * sms:
             # Two programs an SM where 128-column tiles are many (uneven groups leave a nearly
             # empty second m-tile in about half of them). H100, tune_grouped_gemm's sweep points

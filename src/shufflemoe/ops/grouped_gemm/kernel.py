@@ -44,6 +44,12 @@ on (two weight tiles a K step against one x tile, two accumulators), and its epi
 act(gate, up) [M, N / 2] from the fp32 sums (after bias and scales), as the fused decode kernels
 do: no [M, N] product stored and read again by silu_mul.
 
+Tail rows (TAIL_M, TileConfig.tail_m; not with SWAP_AB or a GLU): a group's last m-tile takes
+up to TAIL_M rows past its BLOCK_M, multiplied in each K step by the weight tile already in shared
+memory in a second, swapped dot (the rows as the MMA's N side, their own accumulator and epilogue):
+a group of up to BLOCK_M + TAIL_M rows reads its weights once instead of in a second, nearly empty
+tile. Tiles a group: cdiv(max(m - TAIL_M, 1), BLOCK_M) for m > 0.
+
 Epilogue, in fp32: rowwise scales, bias[e, n] (HAS_BIAS), row_weights[r], then either a
 masked store into out [M, N] or a scatter into out[scatter_ids[r]] ([T, N]). ``scatter``
 "add" is atomic in out's dtype (Triton 3.6 emits 8-wide bf16 atomics on sm_90,
@@ -159,16 +165,18 @@ def _mma(acc, a, b, k0, rows, row_ok, ws_rows, col_ok, x_scale_ptr, w_scale_ptr,
 
 
 @triton.jit
-def _k_step(acc, acc_u, k0, row0, w_row0, rows, row_ok, a_rows, w_rows, col_ok, ws_rows,
-            x_ptr, w_ptr, x_desc, w_desc, x_scale_ptr, w_scale_ptr, K, KB, N_OUT,
-            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_TMA: tl.constexpr,
-            SWAP_AB: tl.constexpr, QUANT: tl.constexpr, GATHER: tl.constexpr,
-            GLU: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
-            RUN_ORDER: tl.constexpr, STEP_K: tl.constexpr):
+def _k_step(acc, acc_u, acc_t, k0, row0, w_row0, rows, row_ok, a_rows, w_rows, col_ok, ws_rows,
+            row_t0, rows_t, row_ok_t, a_rows_t, x_ptr, w_ptr, x_desc, x_tail_desc, w_desc,
+            x_scale_ptr, w_scale_ptr, K, KB, N_OUT,
+            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TAIL_M: tl.constexpr,
+            USE_TMA: tl.constexpr, SWAP_AB: tl.constexpr, QUANT: tl.constexpr,
+            GATHER: tl.constexpr, GLU: tl.constexpr, UPCAST: tl.constexpr,
+            DOT_PRECISION: tl.constexpr, RUN_ORDER: tl.constexpr, STEP_K: tl.constexpr):
     """One K step: acc += x[rows] @ w[w_rows]^T over k0:k0+STEP_K, loaded and multiplied in parts
     of BLOCK_K; with a GLU, also acc_u += the same rows against the up rows, N_OUT rows further on
-    (x's tile loaded once for both). RUN_ORDER (mxfp4): both tiles' columns in mxfp4_run_order,
-    the same products summed."""
+    (x's tile loaded once for both); with TAIL_M, also acc_t += the same weight tile against the
+    tail rows (rows_t), swapped. RUN_ORDER (mxfp4): both tiles' columns in mxfp4_run_order, the
+    same products summed."""
     for h in tl.static_range(STEP_K // BLOCK_K):
         kp = k0 + h * BLOCK_K
         a = _load_x(kp, row0, row_ok, a_rows, x_ptr, x_desc, K, BLOCK_K, USE_TMA, GATHER,
@@ -177,12 +185,17 @@ def _k_step(acc, acc_u, k0, row0, w_row0, rows, row_ok, a_rows, w_rows, col_ok, 
                     USE_TMA, QUANT, UPCAST, RUN_ORDER)
         acc = _mma(acc, a, b, kp, rows, row_ok, ws_rows, col_ok, x_scale_ptr, w_scale_ptr, KB,
                    SWAP_AB, QUANT, UPCAST, DOT_PRECISION)
+        if TAIL_M > 0:
+            a_t = _load_x(kp, row_t0, row_ok_t, a_rows_t, x_ptr, x_tail_desc, K, BLOCK_K,
+                          USE_TMA, GATHER, RUN_ORDER)
+            acc_t = _mma(acc_t, a_t, b, kp, rows_t, row_ok_t, ws_rows, col_ok, x_scale_ptr,
+                         w_scale_ptr, KB, True, QUANT, UPCAST, DOT_PRECISION)
         if GLU != "none":
             b = _load_w(kp, w_row0 + N_OUT, w_rows + N_OUT, col_ok, w_ptr, w_desc, w_scale_ptr,
                         K, BLOCK_N, BLOCK_K, USE_TMA, QUANT, UPCAST, RUN_ORDER)
             acc_u = _mma(acc_u, a, b, kp, rows, row_ok, ws_rows, col_ok, x_scale_ptr,
                          w_scale_ptr, KB, SWAP_AB, QUANT, UPCAST, DOT_PRECISION)
-    return acc, acc_u
+    return acc, acc_u, acc_t
 
 
 @triton.jit
@@ -202,16 +215,26 @@ def _epilogue_scale_bias(acc, rows, row_ok, w_rows, col_ok, x_scale_ptr, w_scale
 
 
 @triton.jit
+def _m_tiles(m, BLOCK_M: tl.constexpr, TAIL_M: tl.constexpr):
+    """The m-tiles of groups of m rows: BLOCK_M rows each, the last one up to TAIL_M more."""
+    if TAIL_M > 0:
+        n = tl.where(m > 0, tl.cdiv(tl.maximum(m - TAIL_M, 1), BLOCK_M), 0)
+    else:
+        n = tl.cdiv(m, BLOCK_M)
+    return n
+
+
+@triton.jit
 def _tile(
     t,  # tile index in the global order
     m,  # [BLOCK_G] rows per group
     tiles,  # [BLOCK_G] tiles per group
     tile_end,  # [BLOCK_G] inclusive prefix sum of tiles
     row_end,  # [BLOCK_G] inclusive prefix sum of m
-    x_ptr, w_ptr, x_desc, w_desc, weight_ids_ptr, x_scale_ptr, w_scale_ptr, bias_ptr,
-    row_weights_ptr, scatter_ids_ptr, x_ids_ptr, out_ptr, M, N, N_OUT, K, NB, KB,
+    x_ptr, w_ptr, x_desc, x_tail_desc, w_desc, weight_ids_ptr, x_scale_ptr, w_scale_ptr,
+    bias_ptr, row_weights_ptr, scatter_ids_ptr, x_ids_ptr, out_ptr, M, N, N_OUT, K, NB, KB,
     SPLIT, alpha, limit,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TAIL_M: tl.constexpr,
     USE_TMA: tl.constexpr, SWAP_AB: tl.constexpr, QUANT: tl.constexpr, HAS_BIAS: tl.constexpr,
     HAS_WEIGHT_IDS: tl.constexpr, HAS_ROW_WEIGHTS: tl.constexpr, SCATTER: tl.constexpr,
     GATHER: tl.constexpr, GLU: tl.constexpr, HAS_LIMIT: tl.constexpr, UPCAST: tl.constexpr,
@@ -224,10 +247,11 @@ def _tile(
     g, row_start, tile_start, row_stop = tl.reduce(
         (before.to(tl.int32), tl.where(before, m, 0), tl.where(before, tiles, 0),
          tl.where(before, 0x7FFFFFFF, row_end)), 0, _locate_combine)
-    m_tiles = tl.cdiv(row_stop - row_start, BLOCK_M)
+    m_tiles = _m_tiles(row_stop - row_start, BLOCK_M, TAIL_M)
     local = t - tile_start
     n_tile = local // m_tiles
-    row0 = row_start + (local - n_tile * m_tiles) * BLOCK_M
+    m_tile = local - n_tile * m_tiles
+    row0 = row_start + m_tile * BLOCK_M
     n0 = n_tile * BLOCK_N
     if HAS_WEIGHT_IDS:
         wid = tl.load(weight_ids_ptr + g).to(tl.int32)
@@ -247,7 +271,6 @@ def _tile(
         ws_rows = wid.to(tl.int64) * NB + blk
     else:
         ws_rows = w_rows
-
     if SWAP_AB:
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     else:
@@ -256,27 +279,90 @@ def _tile(
         acc_u = tl.zeros_like(acc)
     else:
         acc_u = tl.zeros((1,), dtype=tl.float32)  # unused
+    w_row0 = wid * N + n0
+    no_tail = tl.zeros((1,), dtype=tl.float32)  # the K loop's acc_t without tail rows (unused)
+    if TAIL_M > 0:
+        # A group's last tile holds up to BLOCK_M + TAIL_M rows: those past BLOCK_M take a
+        # second, swapped dot against the same weight tile (rows as the MMA's N side). Only
+        # tiles that have such rows run it: the rest run the plain K loop.
+        if (m_tile == m_tiles - 1) & (row0 + BLOCK_M < row_stop):
+            row_t0 = row0 + BLOCK_M
+            rows_t = row_t0 + tl.arange(0, TAIL_M)
+            row_ok_t = (rows_t < row_stop) & (rows_t < M)
+            if GATHER == "none":
+                a_rows_t = rows_t.to(tl.int64)
+            else:
+                a_rows_t = tl.load(x_ids_ptr + rows_t, mask=row_ok_t, other=0).to(tl.int64)
+            acc_t = tl.zeros((BLOCK_N, TAIL_M), dtype=tl.float32)
+            acc, acc_u, acc_t = _k_loop(
+                acc, acc_u, acc_t, row0, w_row0, rows, row_ok, a_rows, w_rows, col_ok, ws_rows,
+                row_t0, rows_t, row_ok_t, a_rows_t, x_ptr, w_ptr, x_desc, x_tail_desc, w_desc,
+                x_scale_ptr, w_scale_ptr, K, KB, N_OUT, BLOCK_N, BLOCK_K, TAIL_M, USE_TMA,
+                SWAP_AB, QUANT, GATHER, GLU, UPCAST, DOT_PRECISION, INTERPRET, RUN_ORDER, STEP_K)
+            _epilogue(acc_t.T, acc_u, rows_t, row_ok_t, cols, col_ok, w_rows, x_scale_ptr,
+                      w_scale_ptr, bias_ptr, row_weights_ptr, scatter_ids_ptr, out_ptr, N, N_OUT,
+                      alpha, limit, QUANT, HAS_BIAS, HAS_ROW_WEIGHTS, SCATTER, GLU, HAS_LIMIT)
+        else:
+            acc, acc_u, no_tail = _k_loop(
+                acc, acc_u, no_tail, row0, w_row0, rows, row_ok, a_rows, w_rows, col_ok, ws_rows,
+                row0, rows, row_ok, a_rows, x_ptr, w_ptr, x_desc, x_tail_desc, w_desc,
+                x_scale_ptr, w_scale_ptr, K, KB, N_OUT, BLOCK_N, BLOCK_K, 0, USE_TMA, SWAP_AB,
+                QUANT, GATHER, GLU, UPCAST, DOT_PRECISION, INTERPRET, RUN_ORDER, STEP_K)
+    else:
+        acc, acc_u, no_tail = _k_loop(
+            acc, acc_u, no_tail, row0, w_row0, rows, row_ok, a_rows, w_rows, col_ok, ws_rows,
+            row0, rows, row_ok, a_rows, x_ptr, w_ptr, x_desc, x_tail_desc, w_desc, x_scale_ptr,
+            w_scale_ptr, K, KB, N_OUT, BLOCK_N, BLOCK_K, 0, USE_TMA, SWAP_AB, QUANT, GATHER, GLU,
+            UPCAST, DOT_PRECISION, INTERPRET, RUN_ORDER, STEP_K)
+    if SWAP_AB:
+        acc = acc.T
+    if GLU != "none":
+        if SWAP_AB:
+            acc_u = acc_u.T
+    _epilogue(acc, acc_u, rows, row_ok, cols, col_ok, w_rows, x_scale_ptr, w_scale_ptr, bias_ptr,
+              row_weights_ptr, scatter_ids_ptr, out_ptr, N, N_OUT, alpha, limit, QUANT, HAS_BIAS,
+              HAS_ROW_WEIGHTS, SCATTER, GLU, HAS_LIMIT)
+
+
+@triton.jit
+def _k_loop(acc, acc_u, acc_t, row0, w_row0, rows, row_ok, a_rows, w_rows, col_ok, ws_rows,
+            row_t0, rows_t, row_ok_t, a_rows_t, x_ptr, w_ptr, x_desc, x_tail_desc, w_desc,
+            x_scale_ptr, w_scale_ptr, K, KB, N_OUT,
+            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TAIL_M: tl.constexpr,
+            USE_TMA: tl.constexpr, SWAP_AB: tl.constexpr, QUANT: tl.constexpr,
+            GATHER: tl.constexpr, GLU: tl.constexpr, UPCAST: tl.constexpr,
+            DOT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr, RUN_ORDER: tl.constexpr,
+            STEP_K: tl.constexpr):
+    """A tile's K loop (_k_step over K; the interpreter needs a while loop)."""
     if INTERPRET:
         k0 = 0
         while k0 < K:
-            acc, acc_u = _k_step(acc, acc_u, k0, row0, wid * N + n0, rows, row_ok, a_rows, w_rows,
-                                 col_ok, ws_rows, x_ptr, w_ptr, x_desc, w_desc, x_scale_ptr,
-                                 w_scale_ptr, K, KB, N_OUT, BLOCK_N, BLOCK_K, USE_TMA, SWAP_AB,
-                                 QUANT, GATHER, GLU, UPCAST, DOT_PRECISION, RUN_ORDER, STEP_K)
+            acc, acc_u, acc_t = _k_step(
+                acc, acc_u, acc_t, k0, row0, w_row0, rows, row_ok, a_rows, w_rows, col_ok,
+                ws_rows, row_t0, rows_t, row_ok_t, a_rows_t, x_ptr, w_ptr, x_desc, x_tail_desc,
+                w_desc, x_scale_ptr, w_scale_ptr, K, KB, N_OUT, BLOCK_N, BLOCK_K, TAIL_M, USE_TMA,
+                SWAP_AB, QUANT, GATHER, GLU, UPCAST, DOT_PRECISION, RUN_ORDER, STEP_K)
             k0 += STEP_K
     else:
         for k0 in range(0, K, STEP_K):
-            acc, acc_u = _k_step(acc, acc_u, k0, row0, wid * N + n0, rows, row_ok, a_rows, w_rows,
-                                 col_ok, ws_rows, x_ptr, w_ptr, x_desc, w_desc, x_scale_ptr,
-                                 w_scale_ptr, K, KB, N_OUT, BLOCK_N, BLOCK_K, USE_TMA, SWAP_AB,
-                                 QUANT, GATHER, GLU, UPCAST, DOT_PRECISION, RUN_ORDER, STEP_K)
-    if SWAP_AB:
-        acc = acc.T
+            acc, acc_u, acc_t = _k_step(
+                acc, acc_u, acc_t, k0, row0, w_row0, rows, row_ok, a_rows, w_rows, col_ok,
+                ws_rows, row_t0, rows_t, row_ok_t, a_rows_t, x_ptr, w_ptr, x_desc, x_tail_desc,
+                w_desc, x_scale_ptr, w_scale_ptr, K, KB, N_OUT, BLOCK_N, BLOCK_K, TAIL_M, USE_TMA,
+                SWAP_AB, QUANT, GATHER, GLU, UPCAST, DOT_PRECISION, RUN_ORDER, STEP_K)
+    return acc, acc_u, acc_t
+
+
+@triton.jit
+def _epilogue(acc, acc_u, rows, row_ok, cols, col_ok, w_rows, x_scale_ptr, w_scale_ptr,
+              bias_ptr, row_weights_ptr, scatter_ids_ptr, out_ptr, N, N_OUT, alpha, limit,
+              QUANT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_ROW_WEIGHTS: tl.constexpr,
+              SCATTER: tl.constexpr, GLU: tl.constexpr, HAS_LIMIT: tl.constexpr):
+    """A tile's fp32 sums acc [rows, cols] (and the up half's, acc_u, with a GLU) into out:
+    scales and bias, the GLU, row weights, then a store or a scatter."""
     acc = _epilogue_scale_bias(acc, rows, row_ok, w_rows, col_ok, x_scale_ptr, w_scale_ptr,
                                bias_ptr, QUANT, HAS_BIAS)
     if GLU != "none":  # act(gate, up) from the fp32 sums, as the fused decode kernels take it
-        if SWAP_AB:
-            acc_u = acc_u.T
         acc_u = _epilogue_scale_bias(acc_u, rows, row_ok, w_rows + N_OUT, col_ok, x_scale_ptr,
                                      w_scale_ptr, bias_ptr, QUANT, HAS_BIAS)
         acc = glu_f32(acc, acc_u, GLU, HAS_LIMIT, alpha, limit)
@@ -313,6 +399,7 @@ def _grouped_gemm_kernel(
     x_ids_ptr,  # [M] the row of x each row gathers (GATHER == "rows"; x is then [T, K])
     out_ptr,  # [M, N], or [T, N] accumulated into (SCATTER != "none")
     x_host_desc,  # TensorDescriptor over x [M, K] (TMA == "host"), else None
+    x_tail_host_desc,  # the same with TAIL_M-row boxes (TMA == "host" and TAIL_M), else None
     w_host_desc,  # TensorDescriptor over w [W*N, K] (or [W*N, K/2]) (TMA == "host"), else None
     M, N, K, G, W,
     NB, KB,  # fp8_block: scale blocks per weight matrix along N, along K
@@ -321,6 +408,7 @@ def _grouped_gemm_kernel(
     num_programs,  # persistent programs in the grid
     BLOCK_G: tl.constexpr,  # next power of two >= G
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    TAIL_M: tl.constexpr,  # a group's last tile takes up to this many rows more (0: none)
     TMA: tl.constexpr,  # "device" | "host" | "none"
     SWAP_AB: tl.constexpr, FLATTEN: tl.constexpr,
     QUANT: tl.constexpr,  # "none" | "fp8_rowwise" | "fp8_w8a16" | "fp8_block" | "mxfp4"
@@ -344,7 +432,7 @@ def _grouped_gemm_kernel(
         N_OUT = N // 2
     else:
         N_OUT = N
-    tiles = tl.cdiv(m, BLOCK_M) * tl.cdiv(N_OUT, BLOCK_N)
+    tiles = _m_tiles(m, BLOCK_M, TAIL_M) * tl.cdiv(N_OUT, BLOCK_N)
     tile_end = tl.cumsum(tiles, 0)
     row_end = tl.cumsum(m, 0)
     total = tl.sum(tiles, 0)
@@ -353,8 +441,14 @@ def _grouped_gemm_kernel(
         if GATHER == "none":
             x_desc = tl.make_tensor_descriptor(x_ptr, shape=[M, K], strides=[K, 1],
                                                block_shape=[BLOCK_M, BLOCK_K])
+            if TAIL_M > 0:
+                x_tail_desc = tl.make_tensor_descriptor(x_ptr, shape=[M, K], strides=[K, 1],
+                                                        block_shape=[TAIL_M, BLOCK_K])
+            else:
+                x_tail_desc = x_tail_host_desc
         else:  # gathered rows load through pointers
             x_desc = x_host_desc
+            x_tail_desc = x_tail_host_desc
         if QUANT == "mxfp4":
             w_desc = tl.make_tensor_descriptor(w_ptr, shape=[W * N, K // 2], strides=[K // 2, 1],
                                                block_shape=[BLOCK_N, BLOCK_K // 2])
@@ -363,26 +457,27 @@ def _grouped_gemm_kernel(
                                                block_shape=[BLOCK_N, BLOCK_K])
     else:
         x_desc = x_host_desc
+        x_tail_desc = x_tail_host_desc
         w_desc = w_host_desc
 
     if INTERPRET:
         t = pid
         while t < total:
-            _tile(t, m, tiles, tile_end, row_end, x_ptr, w_ptr, x_desc, w_desc, weight_ids_ptr,
-                  x_scale_ptr, w_scale_ptr, bias_ptr, row_weights_ptr, scatter_ids_ptr,
-                  x_ids_ptr, out_ptr, M, N, N_OUT, K, NB, KB, SPLIT, alpha, limit,
-                  BLOCK_M, BLOCK_N, BLOCK_K, TMA != "none", SWAP_AB, QUANT, HAS_BIAS,
-                  HAS_WEIGHT_IDS, HAS_ROW_WEIGHTS, SCATTER, GATHER, GLU, HAS_LIMIT, UPCAST,
-                  DOT_PRECISION, INTERPRET, RUN_ORDER, STEP_K)
+            _tile(t, m, tiles, tile_end, row_end, x_ptr, w_ptr, x_desc, x_tail_desc, w_desc,
+                  weight_ids_ptr, x_scale_ptr, w_scale_ptr, bias_ptr, row_weights_ptr,
+                  scatter_ids_ptr, x_ids_ptr, out_ptr, M, N, N_OUT, K, NB, KB, SPLIT, alpha,
+                  limit, BLOCK_M, BLOCK_N, BLOCK_K, TAIL_M, TMA != "none", SWAP_AB, QUANT,
+                  HAS_BIAS, HAS_WEIGHT_IDS, HAS_ROW_WEIGHTS, SCATTER, GATHER, GLU, HAS_LIMIT,
+                  UPCAST, DOT_PRECISION, INTERPRET, RUN_ORDER, STEP_K)
             t += num_programs
     else:
         for t in tl.range(pid, total, num_programs, flatten=FLATTEN):
-            _tile(t, m, tiles, tile_end, row_end, x_ptr, w_ptr, x_desc, w_desc, weight_ids_ptr,
-                  x_scale_ptr, w_scale_ptr, bias_ptr, row_weights_ptr, scatter_ids_ptr,
-                  x_ids_ptr, out_ptr, M, N, N_OUT, K, NB, KB, SPLIT, alpha, limit,
-                  BLOCK_M, BLOCK_N, BLOCK_K, TMA != "none", SWAP_AB, QUANT, HAS_BIAS,
-                  HAS_WEIGHT_IDS, HAS_ROW_WEIGHTS, SCATTER, GATHER, GLU, HAS_LIMIT, UPCAST,
-                  DOT_PRECISION, INTERPRET, RUN_ORDER, STEP_K)
+            _tile(t, m, tiles, tile_end, row_end, x_ptr, w_ptr, x_desc, x_tail_desc, w_desc,
+                  weight_ids_ptr, x_scale_ptr, w_scale_ptr, bias_ptr, row_weights_ptr,
+                  scatter_ids_ptr, x_ids_ptr, out_ptr, M, N, N_OUT, K, NB, KB, SPLIT, alpha,
+                  limit, BLOCK_M, BLOCK_N, BLOCK_K, TAIL_M, TMA != "none", SWAP_AB, QUANT,
+                  HAS_BIAS, HAS_WEIGHT_IDS, HAS_ROW_WEIGHTS, SCATTER, GATHER, GLU, HAS_LIMIT,
+                  UPCAST, DOT_PRECISION, INTERPRET, RUN_ORDER, STEP_K)
 
 
 def _ensure_allocator() -> None:
@@ -422,6 +517,10 @@ def _tile_config(M: int, N: int, K: int, G: int, x: Tensor, quantization: str) -
         cfg = cfg.with_(block_k=FP8_BLOCK)
     if quantization == "mxfp4" and cfg.block_k < MX_GROUP:  # whole e8m0 groups a K step
         cfg = cfg.with_(block_k=MX_GROUP)
+    if cfg.tail_m and (cfg.swap_ab or cfg.tail_m & (cfg.tail_m - 1) or not
+                       16 <= cfg.tail_m <= cfg.block_m):
+        raise ValueError(f"TileConfig.tail_m={cfg.tail_m} must be a power of two from 16 to "
+                         f"block_m={cfg.block_m}, on tiles that are not swapped")
     part = cfg.block_k // max(cfg.k_parts, 1)
     if (cfg.k_parts < 1 or part * cfg.k_parts != cfg.block_k or part & (part - 1)
             or (quantization == "mxfp4" and part < MX_GROUP)
@@ -447,16 +546,18 @@ def _grouped_gemm_op(x: Tensor, w: Tensor, m_sizes: Tensor, x_scale: Optional[Te
     if W * N >= 2**31:
         raise ValueError(f"w has {W} x {N} rows; the kernel indexes them with int32 (< 2**31)")
     cfg = _tile_config(M, N, K, G, x, quantization)
-    if glu != "none":  # a tile: block_n / 2 gate rows and as many up rows
-        cfg = cfg.with_(block_n=max(16, cfg.block_n // 2))
+    if glu != "none":  # a tile: block_n / 2 gate rows and as many up rows (and no tail rows)
+        cfg = cfg.with_(block_n=max(16, cfg.block_n // 2), tail_m=0)
     interpret = interpreting()
     tma = tma_mode(cfg, x, w)
     block_k = cfg.block_k // cfg.k_parts  # a dot's K (its loads, its descriptors' boxes)
-    x_desc = w_desc = None
+    x_desc = x_tail_desc = w_desc = None
     gather = "none" if x_ids is None else "rows"
     if tma == "host":
         if x_ids is None:  # gathered rows load through pointers
             x_desc = TensorDescriptor(x, [M, K], [K, 1], [cfg.block_m, block_k])
+            if cfg.tail_m:
+                x_tail_desc = TensorDescriptor(x, [M, K], [K, 1], [cfg.tail_m, block_k])
         Kw = w.shape[-1]  # K, or K / 2 packed mxfp4 bytes
         w_desc = TensorDescriptor(w.view(W * N, Kw), [W * N, Kw], [Kw, 1],
                                   [cfg.block_n, block_k * Kw // K])
@@ -473,11 +574,11 @@ def _grouped_gemm_op(x: Tensor, w: Tensor, m_sizes: Tensor, x_scale: Optional[Te
     with on_device(x):
         launch(_grouped_gemm_kernel, (num_programs,),
             x, w, m_sizes, weight_ids, x_scale, w_scale, bias, row_weights, scatter_ids, x_ids,
-            dst, x_desc, w_desc, M, N, K, G, W, nb, cdiv(K, FP8_BLOCK),
+            dst, x_desc, x_tail_desc, w_desc, M, N, K, G, W, nb, cdiv(K, FP8_BLOCK),
             N if scale_split is None else scale_split, alpha,
             0.0 if limit is None else limit, num_programs,
             BLOCK_G=next_power_of_2(G), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-            BLOCK_K=block_k, TMA=tma, SWAP_AB=cfg.swap_ab, FLATTEN=cfg.flatten,
+            BLOCK_K=block_k, TAIL_M=cfg.tail_m, TMA=tma, SWAP_AB=cfg.swap_ab, FLATTEN=cfg.flatten,
             QUANT=quantization, HAS_BIAS=bias is not None, HAS_WEIGHT_IDS=weight_ids is not None,
             HAS_ROW_WEIGHTS=row_weights is not None,
             SCATTER="none" if scatter_ids is None else scatter, GATHER=gather, GLU=glu,
