@@ -89,8 +89,9 @@ def test_rows_scaled_at_the_input_scale_gemm13(impl):
 
     cfg = _cfg(router="llama4", scoring="sigmoid", apply_router_weight_on_input=True, top_k=1,
                num_experts=64, renormalize=False, dtype=torch.bfloat16)
-    layer = make_layer(cfg)
-    x = make_input(cfg, 64 * 24)
+    dev = "cuda" if impl == "triton" and torch.cuda.is_available() else "cpu"
+    layer = make_layer(cfg, device=dev)
+    x = make_input(cfg, 64 * 24, device=dev)
     r = layer.route(x)
     w_in, _ = shuffled.pair_weights(r, cfg)
     assert shuffled._scales_in_gemm(x, layer.expert_weights, w_in, r.num_pairs, r.num_experts)

@@ -313,16 +313,19 @@ def _heuristic(M: int, N: int, K: int, G: int, dtype: torch.dtype,
             # 1057 us, 0.99x torch._grouped_mm); routed groups are uneven. With few weight tiles
             # (Scout at T = 2048: 16 experts) they leave SMs idle (GEMM13 bf16 125 -> 141 us).
             # A group's last tile takes up to TAIL_ROWS rows more in a second, swapped dot
-            # against the same weight tile (no flattened loop: its two accumulators serialize
-            # the flattened loop's wgmma), so most groups of 128 +- 11 rows read their weights
-            # once. H200, the routed GEMMs alone on uniform routing (probe_tail_tiles at 7cd442f,
-            # flattened / without / with the tail rows, us): Maverick TP8 T = 16384 GEMM13 bf16
-            # 930 / 949 / 888, fp8 498 / 519 / 478, GEMM2 bf16 570 / 545 / 509, fp8 372 / 335 /
-            # 311; Qwen3-30B-A3B T = 2048 GEMM13 bf16 294 / 310 / 285, GEMM2 243 / 188 / 169,
-            # fp8 125 / 121 / 111. On equal groups of exactly 128 rows they lose 10-30%. In the
-            # layer suite at db405ba: Qwen3 T = 2048 fp8_w8a16 834 -> 686 us, mxfp4 761 -> 720,
-            # Maverick prefill bf16 1.02x, fp8 1.01x; but fp8_block 918 -> 1604 (each K step's
-            # product scaled before it is added, twice), which keeps the flattened tile.
+            # against the same weight tile, on the tiles whose group has them (no flattened
+            # loop: its two accumulators serialize the flattened loop's wgmma), so most groups
+            # of 128 +- 11 rows read their weights once. H200, the routed GEMMs alone
+            # (probe_tail_tiles at d365642; flattened without tail rows / with them, us): on
+            # uniform routing Maverick TP8 T = 16384 GEMM13 bf16 953 / 917, fp8 511 / 488;
+            # GEMM2 bf16 514 / 481, fp8 310 / 293; Qwen3-30B-A3B T = 2048 GEMM13 bf16 304 /
+            # 292, fp8 176 / 167, GEMM2 bf16 168 / 161, fp8 105 / 103. On equal groups of
+            # exactly 128 rows (no tile has tail rows) they lose 1-21% (Maverick GEMM2 fp8 257
+            # / 310), but stay 1.06-1.10x torch._grouped_mm (grouped_gemm suite at d365642).
+            # In the layer suite at db405ba (tail dots on every last tile): Qwen3 T = 2048
+            # fp8_w8a16 834 -> 686 us, mxfp4 761 -> 720, Maverick prefill bf16 1.02x, fp8 1.01x;
+            # but fp8_block 918 -> 1604 (each K step's product scaled before it is added,
+            # twice), which keeps the flattened tile.
             return TileConfig(128, 256, bk, num_warps=8, num_stages=3, tail_m=TAIL_ROWS)
         if (fp8 and K <= 2048) or active * -(-N // 128) >= 4 * sms:
             # Two programs an SM where 128-column tiles are many (uneven groups leave a nearly

@@ -48,7 +48,8 @@ Tail rows (TAIL_M, TileConfig.tail_m; not with SWAP_AB or a GLU): a group's last
 up to TAIL_M rows past its BLOCK_M, multiplied in each K step by the weight tile already in shared
 memory in a second, swapped dot (the rows as the MMA's N side, their own accumulator and epilogue):
 a group of up to BLOCK_M + TAIL_M rows reads its weights once instead of in a second, nearly empty
-tile. Tiles a group: cdiv(max(m - TAIL_M, 1), BLOCK_M) for m > 0.
+tile. Tiles a group: cdiv(max(m - TAIL_M, 1), BLOCK_M) for m > 0. Only a tile that has rows past
+its BLOCK_M runs the loop with the second dot; the others run the plain one.
 
 Epilogue, in fp32: rowwise scales, bias[e, n] (HAS_BIAS), row_weights[r], then either a
 masked store into out [M, N] or a scatter into out[scatter_ids[r]] ([T, N]). ``scatter``
