@@ -43,18 +43,18 @@ def _sizes(E: int, routing: str, dev: str) -> torch.Tensor:
     return torch.bincount(torch.randint(0, E, (T,), device=dev), minlength=E).to(torch.int32)
 
 
-def _operands(fmt: str, N: int, K: int, E: int, dev: str):
-    """x [T, K], w [E, N, K] (bf16, or fp8 rowwise with their scales), the grouped_gemm keywords
-    they need, out [T, N] bf16, and the tile the heuristic ships for them."""
-    x = torch.randn(T, K, device=dev, dtype=torch.bfloat16)
+def _operands(fmt: str, N: int, K: int, E: int, dev: str, rows: int = T):
+    """x [rows, K], w [E, N, K] (bf16, or fp8 rowwise with their scales), the grouped_gemm
+    keywords they need, out [rows, N] bf16, and the tile the heuristic ships for them."""
+    x = torch.randn(rows, K, device=dev, dtype=torch.bfloat16)
     w = torch.randn(E, N, K, device=dev, dtype=torch.bfloat16) * 0.02
     kw = {}
     if fmt != "bf16":
         xs, ws = x.abs().amax(1).float() / 448, w.abs().amax(2).float() / 448
         x, w = (x / xs[:, None]).to(FP8), (w / ws[:, :, None]).to(FP8)
         kw = dict(x_scale=xs, w_scale=ws, quantization="fp8_rowwise")
-    out = torch.empty(T, N, device=dev, dtype=torch.bfloat16)
-    shipped = configs.select(T, N, K, E, x.dtype, kw.get("quantization", "none"))
+    out = torch.empty(rows, N, device=dev, dtype=torch.bfloat16)
+    shipped = configs.select(rows, N, K, E, x.dtype, kw.get("quantization", "none"))
     return x, w, kw, out, shipped
 
 

@@ -33,7 +33,8 @@ from shufflemoe.bench.timing import time_fn
 from shufflemoe.ops import grouped_gemm
 from shufflemoe.ops.grouped_gemm import configs
 
-FP8 = torch.float8_e4m3fn
+from probe_prefill_groups import _operands
+
 CASES = {  # name: (preset, tp, T)
     "maverick-tp8 T=16384": ("llama4-maverick", 8, 16384),
     "qwen3-30b-a3b T=2048": ("qwen3-30b-a3b", 1, 2048),
@@ -60,15 +61,7 @@ def main() -> None:
         E, D, I, A = cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, T * cfg.top_k
         for fmt in ("bf16", "fp8_rowwise"):
             for gemm, (N, K) in {"gate_up": (2 * I, D), "down": (D, I)}.items():
-                x = torch.randn(A, K, device=dev, dtype=torch.bfloat16)
-                w = torch.randn(E, N, K, device=dev, dtype=torch.bfloat16) * 0.02
-                kw = {}
-                if fmt != "bf16":
-                    xs, ws = x.abs().amax(1).float() / 448, w.abs().amax(2).float() / 448
-                    x, w = (x / xs[:, None]).to(FP8), (w / ws[:, :, None]).to(FP8)
-                    kw = dict(x_scale=xs, w_scale=ws, quantization="fp8_rowwise")
-                out = torch.empty(A, N, device=dev, dtype=torch.bfloat16)
-                shipped = configs.select(A, N, K, E, x.dtype, kw.get("quantization", "none"))
+                x, w, kw, out, shipped = _operands(fmt, N, K, E, dev, rows=A)
                 tiles = {"shipped": shipped}
                 if shipped.tail_m:
                     tiles["no tail rows, flattened"] = shipped.with_(tail_m=0, flatten=True)
