@@ -494,8 +494,9 @@ def test_heuristic_follows_the_gpus_sms():
     wide = configs.select(16384, 2048, 5120, 128, torch.bfloat16)
     assert (wide.block_m, wide.block_n) == (128, 256)
     assert wide.tail_m == configs.TAIL_ROWS and not wide.flatten  # 128 + 32 rows read once
+    assert wide.num_stages == 4
     block = configs.select(16384, 2048, 5120, 128, FP8_DTYPE, "fp8_block")
-    assert block.tail_m == 0 and block.flatten  # its scaled tail dot was slower
+    assert block.tail_m == 0 and block.flatten and block.num_stages == 3  # its tail dot was slower
     assert configs.select(16384, 2048, 5120, 128, torch.bfloat16, sms=264).block_n == 128
 
 
@@ -670,7 +671,7 @@ def test_cuda_graph_replay_with_new_sizes(dtype):
     configs.TileConfig(64, 128, 128, 4, 3, swap_ab=True, ctas_per_sm=2),
     configs.TileConfig(16, 128, 256, 4, 3, swap_ab=True, ctas_per_sm=3, k_parts=2),
     configs.TileConfig(16, 128, 256, 4, 3, tma="none", swap_ab=True, k_parts=2),
-    configs.TileConfig(128, 256, 64, 8, 3, tail_m=32),
+    configs.TileConfig(128, 256, 64, 8, 4, tail_m=32),
     configs.TileConfig(128, 256, 64, 8, 3, tail_m=16, tma="device"),
     configs.TileConfig(128, 128, 64, 8, 3, tail_m=64, tma="none"),
     configs.TileConfig(128, 256, 64, 8, 3, flatten=True, tail_m=32),
@@ -691,7 +692,7 @@ def test_gpu_variants(variant, dtype):
     configs.TileConfig(128, 128, 64, 8, 3, tma="none"),
     configs.TileConfig(16, 128, 128, 4, 4, swap_ab=True, ctas_per_sm=2),
     configs.TileConfig(64, 128, 64, 4, 4, ctas_per_sm=2),
-    configs.TileConfig(128, 256, 64, 8, 3, tail_m=32),
+    configs.TileConfig(128, 256, 64, 8, 4, tail_m=32),
 ], ids=str)
 def test_gpu_gather(variant):
     """Gathered rows under the tiles prefill and the middle sizes take."""
