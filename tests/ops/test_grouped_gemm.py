@@ -409,7 +409,8 @@ def kernel_module():
 @settings(max_examples=8 if not CUDA else 30, deadline=None)
 @given(data=st.data())
 def test_random_shapes(data):
-    """Hypothesis-drawn groups, widths and epilogues (bf16 and fp8) against float64."""
+    """Hypothesis-drawn groups, widths and epilogues (bf16 and fp8), the last wave split or not,
+    against float64."""
     G = data.draw(st.integers(1, 12 if not CUDA else 40), label="G")
     m_sizes = data.draw(st.lists(st.integers(0, 40 if not CUDA else 200), min_size=G, max_size=G))
     fp8 = data.draw(st.booleans(), label="fp8")
@@ -421,11 +422,11 @@ def test_random_shapes(data):
     kw = dict(dtype=FP8_DTYPE if fp8 else torch.bfloat16, tail=data.draw(st.integers(0, 7)),
               W=W, weight_ids=wids, row_weights=data.draw(st.booleans()),
               seed=data.draw(st.integers(0, 2**16)))
-    if CUDA:  # the heuristic's own choice
+    split = data.draw(st.booleans(), label="split_last_wave")
+    # the heuristic's own choice on a GPU
+    tile = (configs.select(sum(m_sizes), N, K, G, kw["dtype"]) if CUDA else SMALL)
+    with configs.override(tile.with_(split_last_wave=split)):
         run_case("triton", m_sizes, N, K, **kw)
-    else:
-        with configs.override(SMALL):
-            run_case("triton", m_sizes, N, K, **kw)
 
 
 # ---------------------------------------------------------------- bad inputs
