@@ -383,6 +383,14 @@ def test_split_last_wave(dtype, tail_m, scatter):
             assert_close(first, ref, "bfloat16")
 
 
+def test_split_words_have_their_own_workspace():
+    """The last wave's arrival words never share a buffer with the fused decode kernels'."""
+    from shufflemoe.layer import SHARED_WORKSPACE
+    from shufflemoe.ops.moe_decode import kernel as decode
+
+    assert kernel_module().SPLIT_WORKSPACE not in (0, SHARED_WORKSPACE, decode.FLAG_WORKSPACE)
+
+
 @pytest.mark.parametrize("bad", [dict(tail_m=24), dict(tail_m=8), dict(tail_m=32),
                                  dict(tail_m=16, swap_ab=True)], ids=str)
 def test_tail_rows_must_fit_the_tile(bad):

@@ -85,8 +85,9 @@ from ..silu_mul.kernel import glu_f32
 from . import configs
 
 # The arrival words of the last wave's split tiles (TileConfig.split_last_wave): a workspace
-# of moe_decode's arrival_words apart from the fused decode kernels' (0 and 1).
-SPLIT_WORKSPACE = 2
+# of moe_decode's arrival_words apart from the fused decode kernels' (0: routed, 1: shared
+# expert, 2: moe_decode.kernel.FLAG_WORKSPACE).
+SPLIT_WORKSPACE = 3
 _INTERPRETER_PROGRAMS = 3  # several programs, so the round-robin is exercised on the CPU too
 
 
