@@ -75,18 +75,17 @@ import triton.language as tl
 from torch import Tensor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from .._arrival import arrival_words, arrive, partials_sum
 from .._common import cdiv, device_sms, next_power_of_2, on_device, traced
 from .._impl import interpreting, kernel_op
 from .._launch import launch
 from ..quantize import FP8_BLOCK, FP8_DTYPE, MX_GROUP
 from ..quantize.kernel import e4m3_to, mxfp4_run_order, mxfp4_values
-from ..moe_decode.kernel import _arrive, _partials_sum, arrival_words
 from ..silu_mul.kernel import glu_f32
 from . import configs
 
 # The arrival words of the last wave's split tiles (TileConfig.split_last_wave): a workspace
-# of moe_decode's arrival_words apart from the fused decode kernels' (0: routed, 1: shared
-# expert, 2: moe_decode.kernel.FLAG_WORKSPACE).
+# apart from the fused decode kernels' (ops/_arrival.py).
 SPLIT_WORKSPACE = 3
 _INTERPRETER_PROGRAMS = 3  # several programs, so the round-robin is exercised on the CPU too
 
@@ -374,11 +373,11 @@ def _parts(acc, acc_t, slot, parts, ws_ptr, words_ptr, SLOT: tl.constexpr, TAIL:
         at_t = R * C + _at(acc_t.shape[0], TAIL)
         tl.store(here + at_t, acc_t)
     tile = slot // parts
-    done = _arrive(words_ptr + tile, parts)
+    done = arrive(words_ptr + tile, parts)
     first = ws_ptr + (tile * parts).to(tl.int64) * SLOT
-    acc = _partials_sum(first, at, (at >= 0) & done, parts, SLOT)
+    acc = partials_sum(first, at, (at >= 0) & done, parts, SLOT)
     if TAIL > 0:
-        acc_t = _partials_sum(first, at_t, (at_t >= 0) & done, parts, SLOT)
+        acc_t = partials_sum(first, at_t, (at_t >= 0) & done, parts, SLOT)
     return acc, acc_t, done
 
 
