@@ -57,6 +57,10 @@ class TileConfig:
     # weight tile in a second, swapped dot (its MMAs the rows it has): a group of up to block_m +
     # tail_m rows reads its weights once. 0: none. Not with swap_ab or a GLU.
     tail_m: int = 0
+    # The tiles of the last, partial wave (total % programs of them, when at most half the
+    # programs) each split along K over programs // that many programs, whose fp32 parts the
+    # last to finish adds in a fixed order (not with a GLU, not in batch-invariant mode).
+    split_last_wave: bool = False
 
     def with_(self, **changes) -> "TileConfig":
         return replace(self, **changes)
@@ -153,7 +157,7 @@ def _for_format(M: int, N: int, K: int, G: int, dtype: torch.dtype, quant: str, 
     if quant == "mxfp4" and cfg.swap_ab and cfg.block_m == 16 and not invariant:
         cfg = cfg.with_(run_order=True)
     if quant == "fp8_block" and cfg.tail_m:  # its tail dot scales each K step's product too
-        cfg = cfg.with_(tail_m=0, flatten=True)
+        cfg = cfg.with_(tail_m=0, flatten=True, num_stages=3)
     if quant == "fp8_w8a16" and cfg.swap_ab and cfg.block_n == 128:
         rows = -(-M // max(G, 1))
         cfg = cfg.with_(block_k=W8A16_BLOCK_K, block_m=32 if rows > 8 else cfg.block_m)
@@ -326,7 +330,10 @@ def _heuristic(M: int, N: int, K: int, G: int, dtype: torch.dtype,
             # fp8_w8a16 834 -> 686 us, mxfp4 761 -> 720, Maverick prefill bf16 1.02x, fp8 1.01x;
             # but fp8_block 918 -> 1604 (each K step's product scaled before it is added,
             # twice), which keeps the flattened tile.
-            return TileConfig(128, 256, bk, num_warps=8, num_stages=3, tail_m=TAIL_ROWS)
+            # Four stages, not three: more weight bytes in flight (H200, probe_tail_tiles at
+            # fb637d6, three / four stages, us: routed Maverick GEMM13 bf16 900 / 872, GEMM2 512
+            # / 459, fp8 287 / 281; Qwen3 GEMM2 bf16 158 / 153; equal groups 0-5% faster).
+            return TileConfig(128, 256, bk, num_warps=8, num_stages=4, tail_m=TAIL_ROWS)
         if (fp8 and K <= 2048) or active * -(-N // 128) >= 4 * sms:
             # Two programs an SM where 128-column tiles are many (uneven groups leave a nearly
             # empty second m-tile in about half of them). H100, tune_grouped_gemm's sweep points
