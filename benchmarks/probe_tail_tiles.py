@@ -14,9 +14,11 @@ timing.time_fn) at about 128 rows a group: Maverick TP8 T = 16384, Qwen3-30B-A3B
 of 128), Scout TP8 T = 2048 (16 experts), Mixtral TP2 T = 512 (top-2 of 8); bf16 and fp8 rowwise;
 the shipped tile, and where it has tail rows the same tile without them, flattened (the tile
 shipped before) or not, with 3 stages (shipped before 4, results/probe_tail_tiles_fb637d6.json),
-and every shipped tile with its last, partial wave split along K (TileConfig.split_last_wave), on routed rows (a bincount of a uniform draw) and on equal groups. Every
-variant's output is compared with the shipped tile's (max relative difference: the same sums in
-another MMA shape round alike, so ~0). Writes $OUT/probe_tail_tiles.json.
+on routed rows (a bincount of a uniform draw) and on equal groups. At 76d4515 it also timed
+every shipped tile with its last, partial wave split along K over the idle programs
+(results/probe_tail_tiles_76d4515.json: 0.99-1.25x the shipped tile's time, so the split
+was taken out). Every variant's output is compared with the shipped tile's (max relative
+difference: the same sums in another MMA shape round alike, so ~0). Writes $OUT/probe_tail_tiles.json.
 """
 
 from __future__ import annotations
@@ -62,8 +64,7 @@ def main() -> None:
         for fmt in ("bf16", "fp8_rowwise"):
             for gemm, (N, K) in {"gate_up": (2 * I, D), "down": (D, I)}.items():
                 x, w, kw, out, shipped = _operands(fmt, N, K, E, dev, rows=A)
-                tiles = {"shipped": shipped,
-                         "last wave split": shipped.with_(split_last_wave=True)}
+                tiles = {"shipped": shipped}
                 if shipped.tail_m:
                     tiles["no tail rows, flattened"] = shipped.with_(tail_m=0, flatten=True)
                     tiles["no tail rows"] = shipped.with_(tail_m=0)
