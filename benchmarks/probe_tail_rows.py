@@ -50,12 +50,13 @@ def main() -> None:
             for R in ROWS:
                 m = torch.full((E,), R, dtype=torch.int32, device=dev)
                 xr, o = x[: E * R], out[: E * R]
+                kwr = {**kw, "x_scale": kw["x_scale"][: E * R]} if kw else kw
                 want = None
                 for label, tile in tiles.items():
                     with configs.override(tile):
-                        t = time_fn(lambda i: grouped_gemm(xr, w, m, out=o, **kw), 1, reps=20)
+                        t = time_fn(lambda i: grouped_gemm(xr, w, m, out=o, **kwr), 1, reps=20)
                         o.fill_(float("nan"))
-                        grouped_gemm(xr, w, m, out=o, **kw)
+                        grouped_gemm(xr, w, m, out=o, **kwr)
                     torch.cuda.synchronize()
                     if want is None:
                         want = o.float().clone()
