@@ -11,7 +11,10 @@ the tile the layer ships for T = 16384, and the same tile without tail rows (a s
 where R > 128). If the shipped tile's time stays flat over R, the routed rows' extra time is
 elsewhere (the branch, or the imbalance between tiles); if it grows with R, the tail loop is
 slower than its bytes. CUDA graphs (timing.time_fn), us and the weights' GB/s; each variant's
-output compared with the first's (max relative difference). Writes $OUT/probe_tail_rows.json.
+output compared with the first's (max relative difference). At 128 and 144 rows also: a
+128 x 128 and a 64 x 256 tile without tail rows and the shipped tile with 16 tail rows, to tell
+whether the tile is bound by HBM or by the bytes its loads move into the SMs (L2 hits included).
+Writes $OUT/probe_tail_rows.json.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from shufflemoe.ops.grouped_gemm import configs
 
 from probe_prefill_groups import _operands
 
-ROWS = (96, 112, 128, 129, 144, 160)
+ROWS = (96, 112, 128, 129, 144, 160, 129)  # 129 again: its spread between two passes
 
 
 def main() -> None:
@@ -46,18 +49,30 @@ def main() -> None:
             x, w, kw, out, _ = _operands(fmt, N, K, E, dev, rows=E * max(ROWS))
             shipped = configs.select(16384, N, K, E, x.dtype, kw.get("quantization", "none"))
             tiles = {"shipped": shipped, "no tail rows": shipped.with_(tail_m=0)}
+            # Where R <= 144: bytes into the SMs against HBM's. A 128 x 128 tile loads each
+            # group's x rows twice as often, a 64 x 256 tile its weights (the second time from
+            # L2 if the group's m-tiles run together); 16 tail rows load half the tail's x.
+            more = {"128 x 128, no tail rows": shipped.with_(block_n=128, tail_m=0),
+                    "64 x 256, no tail rows": shipped.with_(block_m=64, num_warps=4, tail_m=0),
+                    "16 tail rows": shipped.with_(tail_m=16)}
             w_bytes = w.numel() * w.element_size()
             for R in ROWS:
                 m = torch.full((E,), R, dtype=torch.int32, device=dev)
                 xr, o = x[: E * R], out[: E * R]
                 kwr = {**kw, "x_scale": kw["x_scale"][: E * R]} if kw else kw
                 want = None
-                for label, tile in tiles.items():
-                    with configs.override(tile):
-                        t = time_fn(lambda i: grouped_gemm(xr, w, m, out=o, **kwr), 1, reps=20)
-                        o.fill_(float("nan"))
-                        grouped_gemm(xr, w, m, out=o, **kwr)
-                    torch.cuda.synchronize()
+                for label, tile in {**tiles, **(more if R in (128, 144) else {})}.items():
+                    try:
+                        with configs.override(tile):
+                            t = time_fn(lambda i: grouped_gemm(xr, w, m, out=o, **kwr), 1,
+                                        reps=20)
+                            o.fill_(float("nan"))
+                            grouped_gemm(xr, w, m, out=o, **kwr)
+                        torch.cuda.synchronize()
+                    except Exception as e:  # a tile past the shared memory: say so, go on
+                        print(json.dumps(dict(format=fmt, gemm=gemm, variant=label,
+                                              error=str(e)[:200])))
+                        continue
                     if want is None:
                         want = o.float().clone()
                     diff = ((o.float() - want).abs().max() / want.abs().max()).item()
