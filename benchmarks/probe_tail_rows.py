@@ -29,7 +29,7 @@ from shufflemoe import preset
 from shufflemoe.bench.report import metadata
 from shufflemoe.bench.timing import time_fn
 from shufflemoe.ops import grouped_gemm
-from shufflemoe.ops.grouped_gemm import configs
+from shufflemoe.ops.grouped_gemm import configs, kernel
 
 from probe_prefill_groups import _operands
 
@@ -39,6 +39,9 @@ ROWS = (96, 112, 128, 129, 144, 160, 129)  # 129 again: its spread between two p
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True, type=pathlib.Path)
+    p.add_argument("--forms", action="store_true",
+                   help="branch tailforms: the shipped tile only, at 128, 129 and 144 rows, "
+                        "under SHUFFLEMOE_TAIL_FORM (kernel.TAIL_FORM)")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     cfg = preset("llama4-maverick", tp=8)
@@ -56,7 +59,9 @@ def main() -> None:
                     "64 x 256, no tail rows": shipped.with_(block_m=64, num_warps=4, tail_m=0),
                     "16 tail rows": shipped.with_(tail_m=16)}
             w_bytes = w.numel() * w.element_size()
-            for R in ROWS:
+            if args.forms:
+                tiles, more = {f"shipped, tail form {kernel.TAIL_FORM}": shipped}, {}
+            for R in ((128, 129, 144) if args.forms else ROWS):
                 m = torch.full((E,), R, dtype=torch.int32, device=dev)
                 xr, o = x[: E * R], out[: E * R]
                 kwr = {**kw, "x_scale": kw["x_scale"][: E * R]} if kw else kw
@@ -78,7 +83,8 @@ def main() -> None:
                     diff = ((o.float() - want).abs().max() / want.abs().max()).item()
                     row = dict(format=fmt, gemm=gemm, rows_a_group=R, variant=label,
                                tile=str(tile), us=t.median_us, us_lo=t.p20_us, us_hi=t.p80_us,
-                               weight_gbps=w_bytes / t.median_us / 1e3, max_rel_diff=diff)
+                               weight_gbps=w_bytes / t.median_us / 1e3, max_rel_diff=diff,
+                               checksum=o.double().sum().item())
                     print(json.dumps({k: v for k, v in row.items() if k != "tile"}), flush=True)
                     rows.append(row)
             del x, w, out

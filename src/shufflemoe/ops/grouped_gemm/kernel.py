@@ -67,6 +67,7 @@ tf32 would silently round them to 10 mantissa bits.
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import torch
@@ -83,6 +84,9 @@ from ..quantize.kernel import e4m3_to, mxfp4_run_order, mxfp4_values
 from ..silu_mul.kernel import glu_f32
 from . import configs
 
+# Probe only (branch tailforms): 0 the swapped tail dot after the main one (shipped), 1 before
+# it, 2 unswapped ([TAIL_M, BLOCK_N] accumulator: the tail rows as the MMA's M side).
+TAIL_FORM = tl.constexpr(int(os.environ.get("SHUFFLEMOE_TAIL_FORM", "0")))
 _INTERPRETER_PROGRAMS = 3  # several programs, so the round-robin is exercised on the CPU too
 
 
@@ -184,13 +188,18 @@ def _k_step(acc, acc_u, acc_t, k0, row0, w_row0, rows, row_ok, a_rows, w_rows, c
                     RUN_ORDER)
         b = _load_w(kp, w_row0, w_rows, col_ok, w_ptr, w_desc, w_scale_ptr, K, BLOCK_N, BLOCK_K,
                     USE_TMA, QUANT, UPCAST, RUN_ORDER)
-        acc = _mma(acc, a, b, kp, rows, row_ok, ws_rows, col_ok, x_scale_ptr, w_scale_ptr, KB,
-                   SWAP_AB, QUANT, UPCAST, DOT_PRECISION)
-        if TAIL_M > 0:
+        if TAIL_M > 0 and TAIL_FORM == 1:
             a_t = _load_x(kp, row_t0, row_ok_t, a_rows_t, x_ptr, x_tail_desc, K, BLOCK_K,
                           USE_TMA, GATHER, RUN_ORDER)
             acc_t = _mma(acc_t, a_t, b, kp, rows_t, row_ok_t, ws_rows, col_ok, x_scale_ptr,
                          w_scale_ptr, KB, True, QUANT, UPCAST, DOT_PRECISION)
+        acc = _mma(acc, a, b, kp, rows, row_ok, ws_rows, col_ok, x_scale_ptr, w_scale_ptr, KB,
+                   SWAP_AB, QUANT, UPCAST, DOT_PRECISION)
+        if TAIL_M > 0 and TAIL_FORM != 1:
+            a_t = _load_x(kp, row_t0, row_ok_t, a_rows_t, x_ptr, x_tail_desc, K, BLOCK_K,
+                          USE_TMA, GATHER, RUN_ORDER)
+            acc_t = _mma(acc_t, a_t, b, kp, rows_t, row_ok_t, ws_rows, col_ok, x_scale_ptr,
+                         w_scale_ptr, KB, TAIL_FORM == 0, QUANT, UPCAST, DOT_PRECISION)
         if GLU != "none":
             b = _load_w(kp, w_row0 + N_OUT, w_rows + N_OUT, col_ok, w_ptr, w_desc, w_scale_ptr,
                         K, BLOCK_N, BLOCK_K, USE_TMA, QUANT, UPCAST, RUN_ORDER)
@@ -294,13 +303,18 @@ def _tile(
                 a_rows_t = rows_t.to(tl.int64)
             else:
                 a_rows_t = tl.load(x_ids_ptr + rows_t, mask=row_ok_t, other=0).to(tl.int64)
-            acc_t = tl.zeros((BLOCK_N, TAIL_M), dtype=tl.float32)
+            if TAIL_FORM == 2:
+                acc_t = tl.zeros((TAIL_M, BLOCK_N), dtype=tl.float32)
+            else:
+                acc_t = tl.zeros((BLOCK_N, TAIL_M), dtype=tl.float32)
             acc, acc_u, acc_t = _k_loop(
                 acc, acc_u, acc_t, row0, w_row0, rows, row_ok, a_rows, w_rows, col_ok, ws_rows,
                 row_t0, rows_t, row_ok_t, a_rows_t, x_ptr, w_ptr, x_desc, x_tail_desc, w_desc,
                 x_scale_ptr, w_scale_ptr, K, KB, N_OUT, BLOCK_N, BLOCK_K, TAIL_M, USE_TMA,
                 SWAP_AB, QUANT, GATHER, GLU, UPCAST, DOT_PRECISION, INTERPRET, RUN_ORDER, STEP_K)
-            _epilogue(acc_t.T, acc_u, rows_t, row_ok_t, cols, col_ok, w_rows, x_scale_ptr,
+            if TAIL_FORM != 2:
+                acc_t = acc_t.T
+            _epilogue(acc_t, acc_u, rows_t, row_ok_t, cols, col_ok, w_rows, x_scale_ptr,
                       w_scale_ptr, bias_ptr, row_weights_ptr, scatter_ids_ptr, out_ptr, N, N_OUT,
                       alpha, limit, QUANT, HAS_BIAS, HAS_ROW_WEIGHTS, SCATTER, GLU, HAS_LIMIT)
         else:
