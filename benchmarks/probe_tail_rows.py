@@ -1,4 +1,4 @@
-"""What does a tail row cost? Maverick's routed GEMMs on equal groups of R rows (one GPU call, ~1 min)
+"""What does a tail row cost? Maverick's routed GEMMs, equal groups of R rows (one GPU call, ~1 min)
 
     PYTHONPATH=src python benchmarks/probe_tail_rows.py --out $OUT
 

@@ -18,7 +18,8 @@ on routed rows (a bincount of a uniform draw) and on equal groups. At 76d4515 it
 every shipped tile with its last, partial wave split along K over the idle programs
 (results/probe_tail_tiles_76d4515.json: 0.99-1.25x the shipped tile's time, so the split
 was taken out). Every variant's output is compared with the shipped tile's (max relative
-difference: the same sums in another MMA shape round alike, so ~0). Writes $OUT/probe_tail_tiles.json.
+difference: the same sums in another MMA shape round alike, so ~0). Writes
+$OUT/probe_tail_tiles.json.
 """
 
 from __future__ import annotations
