@@ -176,7 +176,7 @@ def _k_step(acc, acc_u, acc_t, k0, row0, w_row0, rows, row_ok, a_rows, w_rows, c
     """One K step: acc += x[rows] @ w[w_rows]^T over k0:k0+STEP_K, loaded and multiplied in parts
     of BLOCK_K; with a GLU, also acc_u += the same rows against the up rows, N_OUT rows further on
     (x's tile loaded once for both); with TAIL_M, also acc_t += the same weight tile against the
-    tail rows (rows_t), swapped. RUN_ORDER (mxfp4): both tiles' columns in mxfp4_run_order, the
+    tail rows (rows_t), swapped, issued first. RUN_ORDER (mxfp4): both tiles' columns in mxfp4_run_order, the
     same products summed."""
     for h in tl.static_range(STEP_K // BLOCK_K):
         kp = k0 + h * BLOCK_K
@@ -184,13 +184,13 @@ def _k_step(acc, acc_u, acc_t, k0, row0, w_row0, rows, row_ok, a_rows, w_rows, c
                     RUN_ORDER)
         b = _load_w(kp, w_row0, w_rows, col_ok, w_ptr, w_desc, w_scale_ptr, K, BLOCK_N, BLOCK_K,
                     USE_TMA, QUANT, UPCAST, RUN_ORDER)
-        acc = _mma(acc, a, b, kp, rows, row_ok, ws_rows, col_ok, x_scale_ptr, w_scale_ptr, KB,
-                   SWAP_AB, QUANT, UPCAST, DOT_PRECISION)
-        if TAIL_M > 0:
+        if TAIL_M > 0:  # issued before the main dot: 3-10% faster tiles (probe_tail_forms)
             a_t = _load_x(kp, row_t0, row_ok_t, a_rows_t, x_ptr, x_tail_desc, K, BLOCK_K,
                           USE_TMA, GATHER, RUN_ORDER)
             acc_t = _mma(acc_t, a_t, b, kp, rows_t, row_ok_t, ws_rows, col_ok, x_scale_ptr,
                          w_scale_ptr, KB, True, QUANT, UPCAST, DOT_PRECISION)
+        acc = _mma(acc, a, b, kp, rows, row_ok, ws_rows, col_ok, x_scale_ptr, w_scale_ptr, KB,
+                   SWAP_AB, QUANT, UPCAST, DOT_PRECISION)
         if GLU != "none":
             b = _load_w(kp, w_row0 + N_OUT, w_rows + N_OUT, col_ok, w_ptr, w_desc, w_scale_ptr,
                         K, BLOCK_N, BLOCK_K, USE_TMA, QUANT, UPCAST, RUN_ORDER)
