@@ -13,7 +13,8 @@ elsewhere (the branch, or the imbalance between tiles); if it grows with R, the 
 slower than its bytes. CUDA graphs (timing.time_fn), us and the weights' GB/s; each variant's
 output compared with the first's (max relative difference). At 128 and 144 rows also: a
 128 x 128 and a 64 x 256 tile without tail rows and the shipped tile with 16 tail rows, to tell
-whether the tile is bound by HBM or by the bytes its loads move into the SMs (L2 hits included).
+whether the tile is bound by HBM or by the bytes its loads move into the SMs (L2 hits included),
+and the shipped tile in three stages (four since d115239; the tail dot first since 7113bf8).
 Writes $OUT/probe_tail_rows.json.
 """
 
@@ -54,7 +55,8 @@ def main() -> None:
             # L2 if the group's m-tiles run together); 16 tail rows load half the tail's x.
             more = {"128 x 128, no tail rows": shipped.with_(block_n=128, tail_m=0),
                     "64 x 256, no tail rows": shipped.with_(block_m=64, num_warps=4, tail_m=0),
-                    "16 tail rows": shipped.with_(tail_m=16)}
+                    "16 tail rows": shipped.with_(tail_m=16),
+                    "3 stages": shipped.with_(num_stages=3)}
             w_bytes = w.numel() * w.element_size()
             for R in ROWS:
                 m = torch.full((E,), R, dtype=torch.int32, device=dev)
