@@ -6,7 +6,8 @@
 probe_tail_rows: equal groups of 129 rows take 4-17% longer than groups of 128 in the shipped
 128 x 256 tile, with the same weight bytes (half the row tiles run the loop with the tail dot).
 This launches Llama 4 Maverick TP8's routed GEMMs (bf16, gate_up then down) once each on equal
-groups of 128 and then 129 rows, after one untimed launch of each (compiles; NVTX range names
+groups of 128 and then 129 rows in the tile the layer ships at T = 16384 (the heuristic alone
+picks another tile past 128 rows a group), after one untimed launch of each (compiles; NVTX range names
 say which is which), so a profiler can compare the two kernels' stall reasons, issue slots and
 memory throughput. Prints the launch order.
 """
@@ -17,6 +18,7 @@ import torch
 
 from shufflemoe import preset
 from shufflemoe.ops import grouped_gemm
+from shufflemoe.ops.grouped_gemm import configs
 
 from probe_prefill_groups import _operands
 
@@ -26,14 +28,16 @@ def main() -> None:
     E, D, I = cfg.num_experts, cfg.hidden_size, cfg.intermediate_size
     for gemm, (N, K) in {"gate_up": (2 * I, D), "down": (D, I)}.items():
         x, w, kw, out, _ = _operands("bf16", N, K, E, "cuda", rows=E * 129)
+        shipped = configs.select(16384, N, K, E, x.dtype, "none")  # with tail rows
         for R in (128, 129):
             m = torch.full((E,), R, dtype=torch.int32, device="cuda")
-            grouped_gemm(x[: E * R], w, m, out=out[: E * R], **kw)  # compile, untimed
-            torch.cuda.synchronize()
-            torch.cuda.nvtx.range_push(f"{gemm} R={R}")
-            grouped_gemm(x[: E * R], w, m, out=out[: E * R], **kw)
-            torch.cuda.synchronize()
-            torch.cuda.nvtx.range_pop()
+            with configs.override(shipped):  # as the layer picks at T = 16384, any R
+                grouped_gemm(x[: E * R], w, m, out=out[: E * R], **kw)  # compile, untimed
+                torch.cuda.synchronize()
+                torch.cuda.nvtx.range_push(f"{gemm} R={R}")
+                grouped_gemm(x[: E * R], w, m, out=out[: E * R], **kw)
+                torch.cuda.synchronize()
+                torch.cuda.nvtx.range_pop()
             print(f"launches: warm-up, then profiled: bf16 {gemm}, {R} rows a group", flush=True)
 
 
