@@ -7,9 +7,9 @@ probe_tail_rows: equal groups of 129 rows take 4-17% longer than groups of 128 i
 128 x 256 tile, with the same weight bytes (half the row tiles run the loop with the tail dot).
 This launches Llama 4 Maverick TP8's routed GEMMs (bf16, gate_up then down) once each on equal
 groups of 128 and then 129 rows in the tile the layer ships at T = 16384 (the heuristic alone
-picks another tile past 128 rows a group), after one untimed launch of each (compiles; NVTX range names
-say which is which), so a profiler can compare the two kernels' stall reasons, issue slots and
-memory throughput. Prints the launch order.
+picks another tile past 128 rows a group), after one untimed launch of each (compiles; NVTX
+range names say which is which), so a profiler can compare the two kernels' stall reasons,
+issue slots and memory throughput. Prints the launch order.
 """
 
 from __future__ import annotations
