@@ -1,7 +1,9 @@
 """Where does a tail-row tile's time go? Nsight Compute on Maverick's routed GEMMs (one GPU call)
 
-    PYTHONPATH=src ncu --clock-control none --set detailed -k regex:grouped_gemm \
+    PYTHONPATH=src ncu --clock-control none --set detailed --section WarpStateStats \
+        --section SchedulerStats --section InstructionStats -k regex:grouped_gemm \
         --csv --page details python benchmarks/probe_tail_ncu.py > $OUT/ncu.csv
+    PYTHONPATH=src python benchmarks/probe_tail_ncu.py --loop 4   # beside nvidia-smi -lms
 
 probe_tail_rows: equal groups of 129 rows take 4-17% longer than groups of 128 in the shipped
 128 x 256 tile, with the same weight bytes (half the row tiles run the loop with the tail dot).
@@ -9,10 +11,15 @@ This launches Llama 4 Maverick TP8's routed GEMMs (bf16, gate_up then down) once
 groups of 128 and then 129 rows in the tile the layer ships at T = 16384 (the heuristic alone
 picks another tile past 128 rows a group), after one untimed launch of each (compiles; NVTX
 range names say which is which), so a profiler can compare the two kernels' stall reasons,
-issue slots and memory throughput. Prints the launch order.
+issue slots and memory throughput. Prints the launch order. With --loop S, each case runs
+back to back for S seconds instead (its start and end printed with time.time()), for a clock
+and power log taken beside it.
 """
 
 from __future__ import annotations
+
+import argparse
+import time
 
 import torch
 
@@ -24,6 +31,9 @@ from probe_prefill_groups import _operands
 
 
 def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--loop", type=float, default=0.0, help="seconds of back-to-back launches")
+    args = p.parse_args()
     cfg = preset("llama4-maverick", tp=8)
     E, D, I = cfg.num_experts, cfg.hidden_size, cfg.intermediate_size
     for gemm, (N, K) in {"gate_up": (2 * I, D), "down": (D, I)}.items():
@@ -35,10 +45,21 @@ def main() -> None:
                 grouped_gemm(x[: E * R], w, m, out=out[: E * R], **kw)  # compile, untimed
                 torch.cuda.synchronize()
                 torch.cuda.nvtx.range_push(f"{gemm} R={R}")
-                grouped_gemm(x[: E * R], w, m, out=out[: E * R], **kw)
-                torch.cuda.synchronize()
+                start, n = time.time(), 0
+                while True:
+                    grouped_gemm(x[: E * R], w, m, out=out[: E * R], **kw)
+                    n += 1
+                    if n % 50 == 0 or not args.loop:
+                        torch.cuda.synchronize()
+                        if time.time() - start >= args.loop:
+                            break
                 torch.cuda.nvtx.range_pop()
-            print(f"launches: warm-up, then profiled: bf16 {gemm}, {R} rows a group", flush=True)
+            if args.loop:
+                print(f"bf16 {gemm} R={R}: {n} launches from {start:.2f} to {time.time():.2f}, "
+                      f"{(time.time() - start) / n * 1e6:.0f} us a launch", flush=True)
+            else:
+                print(f"launches: warm-up, then profiled: bf16 {gemm}, {R} rows a group",
+                      flush=True)
 
 
 if __name__ == "__main__":
