@@ -65,6 +65,22 @@ def _row(fmt, gemm, variant, t, flops, w_bytes) -> dict:
     return row
 
 
+def _time_tile(tile, x, w, m, out, kw: dict):
+    """grouped_gemm(x, w, m, out=out, **kw) under tile, timed (CUDA graphs, timing.time_fn);
+    then out poisoned (NaN) and written by one more call. Raises where the tile does not
+    compile (shared memory)."""
+    with configs.override(tile):
+        t = time_fn(lambda i: grouped_gemm(x, w, m, out=out, **kw), 1, reps=20)
+        out.fill_(float("nan"))
+        grouped_gemm(x, w, m, out=out, **kw)
+    torch.cuda.synchronize()
+    return t
+
+
+def _max_rel_diff(out, want) -> float:
+    return ((out.float() - want).abs().max() / want.abs().max()).item()
+
+
 def _time_tiles(tiles: dict, x, w, m, out, kw: dict, fmt: str, gemm: str, prefix: str,
                 flops: float, w_bytes: float) -> list[dict]:
     """grouped_gemm(x, w, m) under each tile (a row each, as _row; variant = prefix + its name),
@@ -73,10 +89,7 @@ def _time_tiles(tiles: dict, x, w, m, out, kw: dict, fmt: str, gemm: str, prefix
     rows, want = [], None
     for label, tile in tiles.items():
         try:
-            with configs.override(tile):
-                t = time_fn(lambda i: grouped_gemm(x, w, m, out=out, **kw), 1, reps=20)
-                grouped_gemm(x, w, m, out=out, **kw)
-            torch.cuda.synchronize()
+            t = _time_tile(tile, x, w, m, out, kw)
         except Exception as e:
             print(json.dumps(dict(format=fmt, gemm=gemm, variant=label, error=str(e)[:200])))
             continue

@@ -28,11 +28,9 @@ import torch
 
 from shufflemoe import preset
 from shufflemoe.bench.report import metadata
-from shufflemoe.bench.timing import time_fn
-from shufflemoe.ops import grouped_gemm
 from shufflemoe.ops.grouped_gemm import configs
 
-from probe_prefill_groups import _operands
+from probe_prefill_groups import _max_rel_diff, _operands, _time_tile
 
 ROWS = (96, 112, 128, 129, 144, 160, 129)  # 129 again: its spread between two passes
 
@@ -65,22 +63,17 @@ def main() -> None:
                 want = None
                 for label, tile in {**tiles, **(more if R in (128, 144) else {})}.items():
                     try:
-                        with configs.override(tile):
-                            t = time_fn(lambda i: grouped_gemm(xr, w, m, out=o, **kwr), 1,
-                                        reps=20)
-                            o.fill_(float("nan"))
-                            grouped_gemm(xr, w, m, out=o, **kwr)
-                        torch.cuda.synchronize()
+                        t = _time_tile(tile, xr, w, m, o, kwr)
                     except Exception as e:  # a tile past the shared memory: say so, go on
                         print(json.dumps(dict(format=fmt, gemm=gemm, variant=label,
                                               error=str(e)[:200])))
                         continue
                     if want is None:
                         want = o.float().clone()
-                    diff = ((o.float() - want).abs().max() / want.abs().max()).item()
                     row = dict(format=fmt, gemm=gemm, rows_a_group=R, variant=label,
                                tile=str(tile), us=t.median_us, us_lo=t.p20_us, us_hi=t.p80_us,
-                               weight_gbps=w_bytes / t.median_us / 1e3, max_rel_diff=diff)
+                               weight_gbps=w_bytes / t.median_us / 1e3,
+                               max_rel_diff=_max_rel_diff(o, want))
                     print(json.dumps({k: v for k, v in row.items() if k != "tile"}), flush=True)
                     rows.append(row)
             del x, w, out

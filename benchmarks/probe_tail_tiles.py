@@ -32,11 +32,8 @@ import torch
 
 from shufflemoe import preset
 from shufflemoe.bench.report import metadata
-from shufflemoe.bench.timing import time_fn
-from shufflemoe.ops import grouped_gemm
-from shufflemoe.ops.grouped_gemm import configs
 
-from probe_prefill_groups import _operands
+from probe_prefill_groups import _max_rel_diff, _operands, _time_tile
 
 CASES = {  # name: (preset, tp, T)
     "maverick-tp8 T=16384": ("llama4-maverick", 8, 16384),
@@ -75,22 +72,16 @@ def main() -> None:
                     want = None
                     for label, tile in tiles.items():
                         try:
-                            with configs.override(tile):
-                                t = time_fn(lambda i: grouped_gemm(x, w, m, out=out, **kw), 1,
-                                            reps=20)
-                                out.fill_(float("nan"))
-                                grouped_gemm(x, w, m, out=out, **kw)
-                            torch.cuda.synchronize()
+                            t = _time_tile(tile, x, w, m, out, kw)
                         except Exception as e:  # a tile past the shared memory: say so, go on
                             print(json.dumps(dict(case=case, format=fmt, gemm=gemm,
                                                   variant=label, error=str(e)[:200])))
                             continue
                         if want is None:
                             want = out.float().clone()
-                        diff = ((out.float() - want).abs().max() / want.abs().max()).item()
                         row = dict(case=case, format=fmt, gemm=gemm, routing=routing,
                                    variant=label, tile=str(tile), us=t.median_us, us_lo=t.p20_us,
-                                   us_hi=t.p80_us, max_rel_diff=diff,
+                                   us_hi=t.p80_us, max_rel_diff=_max_rel_diff(out, want),
                                    tflops=2.0 * A * N * K / t.median_us / 1e6)
                         print(json.dumps({k: v for k, v in row.items() if k != "tile"}),
                               flush=True)
