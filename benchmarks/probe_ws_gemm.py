@@ -13,7 +13,8 @@ consumer layout) separates the specialization from the structure; the shipped gr
 torch._grouped_mm are timed beside them. bf16, Llama 4 Maverick TP8 and Scout TP8 at T = 16384
 (gate_up N = 2I, K = D; down N = D, K = I), routed (a uniform top-1 draw) and balanced groups.
 CUDA graphs (timing.time_fn), us and the weights' GB/s; each output's max relative difference
-from the shipped one. Under TRITON_INTERPRET=1 (--check) it runs small shapes against a float64
+from the shipped one and its rows holding NaN (at f33562a every specialized output held NaN;
+the 4-warp kernel without the flag is the control for that). Under TRITON_INTERPRET=1 (--check) it runs small shapes against a float64
 reference instead. Writes $OUT/probe_ws_gemm.json.
 """
 
@@ -144,6 +145,8 @@ def main() -> None:
                         lambda: ws_gemm(x, w, m, out, num_stages=4, tiles=tiles),
                     "plain tiles, not specialized (8 warps, 4 stages)":
                         lambda: ws_gemm(x, w, m, out, ws=False, num_stages=4, tiles=tiles),
+                    "plain tiles, not specialized (4 warps, 3 stages: the flag's control)":
+                        lambda: ws_gemm(x, w, m, out, ws=False, num_warps=4, tiles=tiles),
                     "torch._grouped_mm": lambda: torch._grouped_mm(x, w.transpose(1, 2),
                                                                    offs=offs)}
                 want = None
@@ -162,7 +165,8 @@ def main() -> None:
                     row = dict(preset=name, gemm=gemm, routing=routing, variant=label,
                                us=t.median_us, us_lo=t.p20_us, us_hi=t.p80_us,
                                weight_gbps=w_bytes / t.median_us / 1e3,
-                               max_rel_diff=_max_rel_diff(got, want))
+                               max_rel_diff=_max_rel_diff(got, want),
+                               nan_rows=int(got.isnan().any(1).sum()))
                     print(json.dumps(row), flush=True)
                     rows.append(row)
             del x, w, out
