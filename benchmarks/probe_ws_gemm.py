@@ -4,18 +4,18 @@
 
 Triton 3.6 splits a K loop marked `tl.range(..., warp_specialize=True)` into a TMA producer and
 two consumer warp groups on Hopper (num_warps = 4 gives 12 warps), but its pass fails on the
-shipped grouped GEMM (a persistent loop with the group lookup and the tail-row branch around
-the K loop: "Other parent ops are not supported"). This probe's kernel is the plainest grouped
-GEMM that the pass accepts: one program a (row tile, column tile), the row tiles listed on the
-host (each group's rows cut into BLOCK_M tiles, a group's tiles next to each other), x and w
-through device TMA descriptors, a masked store. The same kernel without the flag (8 warps, one
-consumer layout) separates the specialization from the structure; the shipped grouped_gemm and
+shipped grouped GEMM (a persistent loop with the group lookup and the tail-row branch around the
+K loop: "Other parent ops are not supported"). This probe's kernel is the plainest grouped GEMM
+that the pass accepts: one program a (row tile, column tile), the row tiles listed on the host
+(each group's rows cut into BLOCK_M tiles, a group's tiles next to each other), x and w through
+device TMA descriptors, a masked store. The same kernel without the flag (8 warps, one consumer
+layout) separates the specialization from the structure; the shipped grouped_gemm and
 torch._grouped_mm are timed beside them. bf16, Llama 4 Maverick TP8 and Scout TP8 at T = 16384
 (gate_up N = 2I, K = D; down N = D, K = I), routed (a uniform top-1 draw) and balanced groups.
 CUDA graphs (timing.time_fn), us and the weights' GB/s; each output's max relative difference
-from the shipped one and its rows holding NaN (at f33562a every specialized output held NaN;
-the 4-warp kernel without the flag is the control for that). Under TRITON_INTERPRET=1 (--check) it runs small shapes against a float64
-reference instead. Writes $OUT/probe_ws_gemm.json.
+from the shipped one and its rows holding NaN (at f33562a every specialized output held NaN; the
+4-warp kernel without the flag is the control for that). Under TRITON_INTERPRET=1 (--check) it
+runs small shapes against a float64 reference instead. Writes $OUT/probe_ws_gemm.json.
 """
 
 from __future__ import annotations
@@ -91,7 +91,8 @@ def ws_gemm(x, w, m, out, block_m=128, block_n=256, block_k=64, ws=True, num_war
     n_tiles = triton.cdiv(N, block_n)
     _ws_kernel[(tg.numel() * n_tiles,)](
         x, w, out, tg, tr, te, x.shape[0], N, K, E, n_tiles, BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_K=block_k, WS=ws, INTERPRET=x.device.type == "cpu", num_warps=num_warps or (4 if ws else 8), num_stages=num_stages)
+        BLOCK_K=block_k, WS=ws, INTERPRET=x.device.type == "cpu",
+        num_warps=num_warps or (4 if ws else 8), num_stages=num_stages)
     return out
 
 
