@@ -26,3 +26,14 @@ def dry_run(name: str, out: pathlib.Path, *args: str, result: str | None = None)
                           env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     return json.loads((out / f"{result or name}.json").read_text())
+
+
+def check(name: str) -> str:
+    """stdout of benchmarks/<name>.py --check under the interpreter (a probe's kernel against its
+    reference on small shapes); fails on a non-zero exit."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), OMP_NUM_THREADS="1",
+               TRITON_INTERPRET="1")
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{name}.py"), "--check"],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return done.stdout
