@@ -1,23 +1,26 @@
-"""Tail rows on the compute-bound prefill tiles (one GPU call, ~4 min)
+"""The compute-bound prefill tiles' partial last wave (one GPU call, ~3 min)
 
     PYTHONPATH=src python benchmarks/probe_compute_tail.py --out $OUT
 
-Past 128 rows a group the heuristic ships 128 x 256 tiles with the flattened loop and no tail
-rows. A group of 1024 + r rows (Llama 4 Scout TP8 at T = 16384: 16 experts, 1024 +- 32 rows)
-then takes a ninth, nearly empty m-tile that streams the whole K: Scout's routed GEMM13 runs
-about 1088 tiles on 132 SMs (8.2 waves, so 9), against 1024 (7.8, so 8) on equal groups, and
-probe_ws_gemm found it 0.95x torch._grouped_mm routed but 1.03x on equal groups. With
-TileConfig.tail_m the last m-tile takes up to tail_m rows past its 128 in a second, swapped dot
-against the same weight tile (the rule Maverick's 128-row groups use); it needs the plain,
-not flattened loop. This times, on the routed GEMMs alone (CUDA graphs, timing.time_fn): the
-shipped tile, the same not flattened (the control), with 32 and with 64 tail rows (offline
-sm_90: 245 / 255 registers, no spills, 213 / 229 KB shared memory at 4 stages), and
-torch._grouped_mm / torch._scaled_grouped_mm, for Scout TP8 T = 4096 and 16384, Qwen3-30B-A3B
-T = 16384 (top-8 of 128: 1024 rows a group) and Mixtral TP2 T = 4096 (top-2 of 8), bf16 and
-fp8 rowwise, on routed rows (a bincount of a uniform draw) and on equal groups. Each variant's
-output is compared with the shipped tile's. Then the whole Scout TP8 layer at T = 16384 (bf16,
-fp8 rowwise) with every compute-bound tile changed alike (configs.override), in turns, two
-rounds. Writes $OUT/probe_compute_tail.json.
+Past 128 rows a group the heuristic ships 128 x 256 tiles with the flattened loop. A group of
+1024 + r rows (Llama 4 Scout TP8 at T = 16384: 16 experts, 1024 +- 32 rows) takes a ninth,
+nearly empty m-tile that streams the whole K: Scout's routed GEMM13 runs about 1088 tiles on 132
+SMs (8.2 waves, so 9), against 1024 (7.8, so 8) on equal groups; routed it runs 1.11x longer
+than on equal groups, about 9 / 8. At 7c23fc6 this probe found tail rows (TileConfig.tail_m,
+a group's last m-tile taking up to 32 or 64 rows past its 128 in a second, swapped dot; not
+flattened) no help there (results/probe_compute_tail_7c23fc6.json: the Scout layer 1.5-4%
+slower, Qwen3 T = 16384's GEMMs 3-11% slower). Now it times TileConfig.split_last_wave: the
+tiles of the last, partial wave each split along K over programs // that many programs, the
+last part to arrive adding the others in a fixed order (measured at 76d4515 on Maverick, where
+it gained <= 1.2%: memory bound, its lone last-wave tiles streamed faster anyway; never on the
+compute-bound tiles). Routed GEMMs alone (CUDA graphs, timing.time_fn): the shipped tile, the
+same with the split, with 32 tail rows (and the split), and torch._grouped_mm / torch._scaled_grouped_mm, for
+Scout TP8 T = 4096 and 16384, Qwen3-30B-A3B T = 16384 (top-8 of 128: 1024 rows a group) and
+Mixtral TP2 T = 4096 (top-2 of 8), bf16 and fp8 rowwise, on routed rows (a bincount of a uniform
+draw) and on equal groups; each variant's output compared with the shipped tile's and its NaN
+rows counted (poisoned first). Then the whole Scout TP8 layer at T = 16384 (bf16, fp8 rowwise)
+with every compute-bound tile split alike (configs.override), in turns, two rounds. Writes
+$OUT/probe_compute_tail.json.
 """
 
 from __future__ import annotations
@@ -44,7 +47,6 @@ CASES = {  # name: (preset, tp, T)
     "qwen3-30b-a3b T=16384": ("qwen3-30b-a3b", 1, 16384),
     "mixtral-tp2 T=4096": ("mixtral-8x7b", 2, 4096),
 }
-TAILS = (32, 64)
 
 
 def _compute_bound(tile: configs.TileConfig) -> bool:
@@ -52,10 +54,10 @@ def _compute_bound(tile: configs.TileConfig) -> bool:
 
 
 def _variants(shipped: configs.TileConfig) -> dict:
-    tiles = {"shipped": shipped, "not flattened": shipped.with_(flatten=False)}
-    for tail in TAILS:
-        tiles[f"tail {tail}"] = shipped.with_(flatten=False, tail_m=tail)
-    return tiles
+    return {"shipped": shipped, "last wave split": shipped.with_(split_last_wave=True),
+            "tail 32": shipped.with_(flatten=False, tail_m=32),
+            "tail 32, last wave split": shipped.with_(flatten=False, tail_m=32,
+                                                      split_last_wave=True)}
 
 
 def _peer(fmt: str, x, w, m, kw: dict):
@@ -107,13 +109,13 @@ def _row(base: dict, variant: str, t, A: int, N: int, K: int, **extra) -> dict:
     return row
 
 
-def _tail_rule(tail: int):
-    """An override: the heuristic's tiles, its compute-bound ones with tail rows, not flattened."""
+def _split_rule():
+    """An override: the heuristic's tiles, its compute-bound ones with the last wave split."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
 
     def pick(key):
         tile = configs._for_format(*key, "none", sms, False)
-        return tile.with_(flatten=False, tail_m=tail) if _compute_bound(tile) else tile
+        return tile.with_(split_last_wave=True) if _compute_bound(tile) else tile
     return pick
 
 
@@ -123,7 +125,7 @@ def layer_rows(rounds: int = 2) -> list[dict]:
         torch.manual_seed(0)
         layer = MoE(preset("llama4-scout", tp=8).replace(quantization=fmt), device="cuda")
         x = torch.randn(T, layer.config.hidden_size, device="cuda", dtype=torch.bfloat16)
-        rules = {"shipped": None, **{f"tail {t}": _tail_rule(t) for t in TAILS}}
+        rules = {"shipped": None, "last wave split": _split_rule()}
         want = layer(x).float()
         for r in range(rounds):
             for label, rule in rules.items():

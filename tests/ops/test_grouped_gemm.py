@@ -323,6 +323,74 @@ def test_tail_rows_at_the_edges(dtype, scatter):
     assert_close(out, ref, "bfloat16")
 
 
+def _programs(cfg: configs.TileConfig) -> int:
+    """The persistent programs the kernel launches for many tiles of ``cfg``."""
+    if not CUDA:
+        return kernel_module()._INTERPRETER_PROGRAMS
+    from shufflemoe.ops._common import device_sms
+    return device_sms(torch.device(DEV)) * cfg.ctas_per_sm
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, FP8_DTYPE], ids=["bf16", "fp8"])
+@pytest.mark.parametrize("tail_m", [0, 16])
+@pytest.mark.parametrize("scatter", [None, "add", "add_unique", "store"])
+def test_split_last_wave(dtype, tail_m, scatter):
+    """One tile more than the programs (16-row groups of one tile, N = one tile's columns): the
+    last tile (5 rows, or 16 + 4 tail rows) is split along K (4 steps) over all the programs,
+    whose parts the last to arrive adds and stores, in every epilogue, against float64; the
+    same bits a second time; with its arrival word made unreachable, its rows are never
+    written (so the split path is the one that ran)."""
+    cfg = SMALL.with_(tail_m=tail_m, split_last_wave=True)
+    P = _programs(cfg)
+    sizes, N, K = [16] * P + [20 if tail_m else 5], 32, 4 * SMALL.block_k
+    x, w, ms, args, x64, w64, rw = make_case(sizes, N, K, dtype=dtype, tail=3, row_weights=True,
+                                             seed=31)
+    n = sum(sizes)
+    rows = loop64(x64, w64, sizes, rw=rw)
+    kw = dict(impl="triton", **args)
+    if scatter is not None:
+        T = n + 7
+        ids = torch.cat([torch.randperm(T, generator=gen(32))[:n], torch.full((3,), 10**6)])
+        base = torch.randn(T, N, generator=gen(33)).to(torch.bfloat16)
+        if scatter == "store":
+            base[ids[:n]] = float("nan")
+            ref = base.double().index_copy_(0, ids[:n], rows)
+        else:
+            ref = base.double().index_add_(0, ids[:n], rows)
+        kw.update(scatter_ids=ids.to(DEV), scatter=scatter)
+
+    def run():
+        out = (base.clone().to(DEV) if scatter is not None
+               else poisoned(x.shape[0], N, dtype=torch.bfloat16, device=DEV))
+        return grouped_gemm(x, w, ms, out=out, out_dtype=torch.bfloat16, **kw)
+
+    with configs.override(cfg):
+        first = run()
+        bits = lambda t: t.view(torch.int16)  # NaN rows too
+        assert torch.equal(bits(run()), bits(first)), "not the same bits twice"
+        if scatter is None:
+            assert_close(first[:n], rows, "bfloat16")
+            assert torch.isnan(first[n:].float()).all(), "rows past sum(m_sizes) were written"
+            words = kernel_module().arrival_words(x, P, kernel_module().SPLIT_WORKSPACE)
+            words[0] = 10**6  # never reaches parts - 1: the split tile is never finished
+            try:
+                unfinished = run()
+            finally:
+                words.zero_()
+            assert torch.isnan(unfinished[n - sizes[-1]:n].float()).all(), "not split"
+            assert torch.equal(unfinished[:n - sizes[-1]], first[:n - sizes[-1]])
+        else:
+            assert_close(first, ref, "bfloat16")
+
+
+def test_split_words_have_their_own_workspace():
+    """The last wave's arrival words never share a buffer with the fused decode kernels'."""
+    from shufflemoe.layer import SHARED_WORKSPACE
+    from shufflemoe.ops.moe_decode import kernel as decode
+
+    assert kernel_module().SPLIT_WORKSPACE not in (0, SHARED_WORKSPACE, decode.FLAG_WORKSPACE)
+
+
 @pytest.mark.parametrize("bad", [dict(tail_m=24), dict(tail_m=8), dict(tail_m=32),
                                  dict(tail_m=16, swap_ab=True)], ids=str)
 def test_tail_rows_must_fit_the_tile(bad):
@@ -349,7 +417,8 @@ def kernel_module():
 @settings(max_examples=8 if not CUDA else 30, deadline=None)
 @given(data=st.data())
 def test_random_shapes(data):
-    """Hypothesis-drawn groups, widths and epilogues (bf16 and fp8) against float64."""
+    """Hypothesis-drawn groups, widths and epilogues (bf16 and fp8), the last wave split or not,
+    against float64."""
     G = data.draw(st.integers(1, 12 if not CUDA else 40), label="G")
     m_sizes = data.draw(st.lists(st.integers(0, 40 if not CUDA else 200), min_size=G, max_size=G))
     fp8 = data.draw(st.booleans(), label="fp8")
@@ -361,11 +430,11 @@ def test_random_shapes(data):
     kw = dict(dtype=FP8_DTYPE if fp8 else torch.bfloat16, tail=data.draw(st.integers(0, 7)),
               W=W, weight_ids=wids, row_weights=data.draw(st.booleans()),
               seed=data.draw(st.integers(0, 2**16)))
-    if CUDA:  # the heuristic's own choice
+    split = data.draw(st.booleans(), label="split_last_wave")
+    # the heuristic's own choice on a GPU
+    tile = (configs.select(sum(m_sizes), N, K, G, kw["dtype"]) if CUDA else SMALL)
+    with configs.override(tile.with_(split_last_wave=split)):
         run_case("triton", m_sizes, N, K, **kw)
-    else:
-        with configs.override(SMALL):
-            run_case("triton", m_sizes, N, K, **kw)
 
 
 # ---------------------------------------------------------------- bad inputs

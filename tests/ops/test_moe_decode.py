@@ -13,6 +13,7 @@ import contextlib
 import pytest
 import torch
 
+from shufflemoe.ops import _arrival as arrival
 from shufflemoe.ops import FP8_DTYPE, gather_scale, quantize_fp8_rowwise, sort_by_expert
 from shufflemoe.ops.moe_decode import W8A8, configs, decode_down, decode_gate_up, kernel
 from shufflemoe.ops.quantize.formats import weight_format
@@ -235,7 +236,7 @@ def test_arrival_words_end_at_zero():
     on it, with no memset in between."""
     run_gate_up("odd T=9 k=3 E=7", FP8_DTYPE, 3)
     run_down("odd T=9 k=3 E=7", torch.bfloat16, 2)
-    words = [w for buffers in kernel._WORDS.values() for w in buffers]
+    words = [w for buffers in arrival._WORDS.values() for w in buffers]
     assert words and all(int(w.abs().sum()) == 0 for w in words)
 
 
@@ -562,7 +563,7 @@ def test_layer_reserves_every_fused_calls_arrival_words(dims):
     layer = MoE(MoEConfig(hidden_size=D, intermediate_size=I, num_experts=E, top_k=k,
                           quantization=quant), device="cuda")
     layer._hot()
-    words = kernel._WORDS[torch.device("cuda", torch.cuda.current_device()), 0]
+    words = arrival._WORDS[torch.device("cuda", torch.cuda.current_device()), 0]
     held = (len(words), words[-1].data_ptr())
     for T in range(1, configs.Switch().max_pairs // k + 1):
         layer(torch.randn(T, D, device="cuda", dtype=torch.bfloat16))

@@ -123,7 +123,8 @@ def down(fp8: bool | str, split: int, k: int, pdl: bool, accumulate: bool = True
 
 def grouped(quant: str, tma: str, swap_ab: bool, block_m: int = 64, block_k: int = 128,
             block_n: int = 128, gather: str = "none", glu: str = "none", num_warps: int = 4,
-            run_order: bool = False, k_parts: int = 1, tail_m: int = 0, num_stages: int = 3):
+            run_order: bool = False, k_parts: int = 1, tail_m: int = 0, num_stages: int = 3,
+            split_last: bool = False):
     """The grouped GEMM: its mxfp4 path (the interpreter cannot run its PTX dequantization), its
     gathered rows and its GLU epilogue (two weight tiles a K step) under the GPU compiler."""
     from shufflemoe.ops.grouped_gemm import kernel
@@ -137,14 +138,16 @@ def grouped(quant: str, tma: str, swap_ab: bool, block_m: int = 64, block_k: int
                x_host_desc=None, x_tail_host_desc=None, w_host_desc=None, M="i32", N="i32",
                K="i32", G="i32",
                W="i32", NB="i32", KB="i32", SPLIT="i32", alpha="fp32", limit="fp32",
-               num_programs="i32")
+               num_programs="i32", ws_ptr="*fp32" if split_last else None,
+               words_ptr="*i32" if split_last else None)
     consts = dict(BLOCK_G=128, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
                   TAIL_M=tail_m, TMA=tma,
                   SWAP_AB=swap_ab, FLATTEN=False, QUANT=quant, HAS_BIAS=False,
                   HAS_WEIGHT_IDS=False, HAS_ROW_WEIGHTS=False,
                   SCATTER="none" if glu != "none" else "add", GATHER=gather, GLU=glu,
                   HAS_LIMIT=glu == "swiglu_oai", UPCAST=False, DOT_PRECISION="tf32",
-                  INTERPRET=False, RUN_ORDER=run_order, STEP_K=block_k * k_parts)
+                  INTERPRET=False, RUN_ORDER=run_order, STEP_K=block_k * k_parts,
+                  SPLIT_LAST=split_last)
     return compile_sm90(kernel._grouped_gemm_kernel, sig, consts, num_warps=num_warps,
                         num_stages=num_stages)
 
@@ -197,6 +200,9 @@ BUILDS = {
     "grouped GEMM mxfp4 GLU, swapped": lambda: grouped("mxfp4", "device", True, glu="silu"),
     "grouped GEMM bf16 128 x 256 x 64 with 32 tail rows, 4 stages, device TMA": lambda: grouped(
         "none", "device", False, 128, 64, 256, num_warps=8, tail_m=32, num_stages=4),
+    "grouped GEMM bf16 128 x 256 x 64, 32 tail rows, 4 stages, the last wave split": lambda: (
+        grouped("none", "device", False, 128, 64, 256, num_warps=8, tail_m=32, num_stages=4,
+                split_last=True)),
     "grouped GEMM mxfp4 128 x 128 x 128 with 16 tail rows": lambda: grouped(
         "mxfp4", "none", False, 128, 128, 128, num_warps=8, tail_m=16),
 }

@@ -57,6 +57,10 @@ class TileConfig:
     # weight tile in a second, swapped dot (its MMAs the rows it has): a group of up to block_m +
     # tail_m rows reads its weights once. 0: none. Not with swap_ab or a GLU.
     tail_m: int = 0
+    # The tiles of the last, partial wave (total % programs of them, when at most half the
+    # programs) each split along K over programs // that many programs, whose fp32 parts the
+    # last to finish adds in a fixed order (not with a GLU, not in batch-invariant mode).
+    split_last_wave: bool = False
 
     def with_(self, **changes) -> "TileConfig":
         return replace(self, **changes)

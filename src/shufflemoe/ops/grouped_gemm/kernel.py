@@ -75,6 +75,7 @@ import triton.language as tl
 from torch import Tensor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from .._arrival import arrival_words, arrive, partials_sum
 from .._common import cdiv, device_sms, next_power_of_2, on_device, traced
 from .._impl import interpreting, kernel_op
 from .._launch import launch
@@ -83,6 +84,9 @@ from ..quantize.kernel import e4m3_to, mxfp4_run_order, mxfp4_values
 from ..silu_mul.kernel import glu_f32
 from . import configs
 
+# The arrival words of the last wave's split tiles (TileConfig.split_last_wave): a workspace
+# apart from the fused decode kernels' (ops/_arrival.py).
+SPLIT_WORKSPACE = 3
 _INTERPRETER_PROGRAMS = 3  # several programs, so the round-robin is exercised on the CPU too
 
 
@@ -235,12 +239,14 @@ def _tile(
     x_ptr, w_ptr, x_desc, x_tail_desc, w_desc, weight_ids_ptr, x_scale_ptr, w_scale_ptr,
     bias_ptr, row_weights_ptr, scatter_ids_ptr, x_ids_ptr, out_ptr, M, N, N_OUT, K, NB, KB,
     SPLIT, alpha, limit,
+    k_lo, k_hi,  # the K range this program sums: [0, K), or one part of it (PARTIAL)
+    slot, parts, ws_ptr, words_ptr,  # PARTIAL: the workspace slot, parts a tile, _parts' buffers
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TAIL_M: tl.constexpr,
     USE_TMA: tl.constexpr, SWAP_AB: tl.constexpr, QUANT: tl.constexpr, HAS_BIAS: tl.constexpr,
     HAS_WEIGHT_IDS: tl.constexpr, HAS_ROW_WEIGHTS: tl.constexpr, SCATTER: tl.constexpr,
     GATHER: tl.constexpr, GLU: tl.constexpr, HAS_LIMIT: tl.constexpr, UPCAST: tl.constexpr,
     DOT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr, RUN_ORDER: tl.constexpr,
-    STEP_K: tl.constexpr,
+    STEP_K: tl.constexpr, PARTIAL: tl.constexpr,
 ):
     # Group g of tile t: the groups before it are those whose tiles end at or before t (empty
     # groups included); one 4-way reduction gives g, its first row, its first tile, its row end.
@@ -282,6 +288,7 @@ def _tile(
         acc_u = tl.zeros((1,), dtype=tl.float32)  # unused
     w_row0 = wid * N + n0
     no_tail = tl.zeros((1,), dtype=tl.float32)  # the K loop's acc_t without tail rows (unused)
+    SLOT: tl.constexpr = BLOCK_M * BLOCK_N + BLOCK_N * TAIL_M  # a PARTIAL workspace slot
     if TAIL_M > 0:
         # A group's last tile holds up to BLOCK_M + TAIL_M rows: those past BLOCK_M take a
         # second, swapped dot against the same weight tile (rows as the MMA's N side). Only
@@ -296,37 +303,87 @@ def _tile(
                 a_rows_t = tl.load(x_ids_ptr + rows_t, mask=row_ok_t, other=0).to(tl.int64)
             acc_t = tl.zeros((BLOCK_N, TAIL_M), dtype=tl.float32)
             acc, acc_u, acc_t = _k_loop(
-                acc, acc_u, acc_t, row0, w_row0, rows, row_ok, a_rows, w_rows, col_ok, ws_rows,
-                row_t0, rows_t, row_ok_t, a_rows_t, x_ptr, w_ptr, x_desc, x_tail_desc, w_desc,
-                x_scale_ptr, w_scale_ptr, K, KB, N_OUT, BLOCK_N, BLOCK_K, TAIL_M, USE_TMA,
-                SWAP_AB, QUANT, GATHER, GLU, UPCAST, DOT_PRECISION, INTERPRET, RUN_ORDER, STEP_K)
-            _epilogue(acc_t.T, acc_u, rows_t, row_ok_t, cols, col_ok, w_rows, x_scale_ptr,
-                      w_scale_ptr, bias_ptr, row_weights_ptr, scatter_ids_ptr, out_ptr, N, N_OUT,
-                      alpha, limit, QUANT, HAS_BIAS, HAS_ROW_WEIGHTS, SCATTER, GLU, HAS_LIMIT)
+                acc, acc_u, acc_t, k_lo, k_hi, row0, w_row0, rows, row_ok, a_rows, w_rows,
+                col_ok, ws_rows, row_t0, rows_t, row_ok_t, a_rows_t, x_ptr, w_ptr, x_desc,
+                x_tail_desc, w_desc, x_scale_ptr, w_scale_ptr, K, KB, N_OUT, BLOCK_N, BLOCK_K,
+                TAIL_M, USE_TMA, SWAP_AB, QUANT, GATHER, GLU, UPCAST, DOT_PRECISION, INTERPRET,
+                RUN_ORDER, STEP_K)
+            if PARTIAL:
+                acc, acc_t, done = _parts(acc, acc_t, slot, parts, ws_ptr, words_ptr, SLOT, TAIL_M)
+                if done:
+                    _epilogue(acc_t.T, acc_u, rows_t, row_ok_t, cols, col_ok, w_rows,
+                              x_scale_ptr, w_scale_ptr, bias_ptr, row_weights_ptr,
+                              scatter_ids_ptr, out_ptr, N, N_OUT, alpha, limit, QUANT, HAS_BIAS,
+                              HAS_ROW_WEIGHTS, SCATTER, GLU, HAS_LIMIT)
+            else:
+                _epilogue(acc_t.T, acc_u, rows_t, row_ok_t, cols, col_ok, w_rows, x_scale_ptr,
+                          w_scale_ptr, bias_ptr, row_weights_ptr, scatter_ids_ptr, out_ptr, N,
+                          N_OUT, alpha, limit, QUANT, HAS_BIAS, HAS_ROW_WEIGHTS, SCATTER, GLU,
+                          HAS_LIMIT)
         else:
             acc, acc_u, no_tail = _k_loop(
-                acc, acc_u, no_tail, row0, w_row0, rows, row_ok, a_rows, w_rows, col_ok, ws_rows,
-                row0, rows, row_ok, a_rows, x_ptr, w_ptr, x_desc, x_tail_desc, w_desc,
-                x_scale_ptr, w_scale_ptr, K, KB, N_OUT, BLOCK_N, BLOCK_K, 0, USE_TMA, SWAP_AB,
-                QUANT, GATHER, GLU, UPCAST, DOT_PRECISION, INTERPRET, RUN_ORDER, STEP_K)
+                acc, acc_u, no_tail, k_lo, k_hi, row0, w_row0, rows, row_ok, a_rows, w_rows,
+                col_ok, ws_rows, row0, rows, row_ok, a_rows, x_ptr, w_ptr, x_desc, x_tail_desc,
+                w_desc, x_scale_ptr, w_scale_ptr, K, KB, N_OUT, BLOCK_N, BLOCK_K, 0, USE_TMA,
+                SWAP_AB, QUANT, GATHER, GLU, UPCAST, DOT_PRECISION, INTERPRET, RUN_ORDER, STEP_K)
+            if PARTIAL:
+                acc, no_tail, done = _parts(acc, no_tail, slot, parts, ws_ptr, words_ptr, SLOT, 0)
     else:
         acc, acc_u, no_tail = _k_loop(
-            acc, acc_u, no_tail, row0, w_row0, rows, row_ok, a_rows, w_rows, col_ok, ws_rows,
-            row0, rows, row_ok, a_rows, x_ptr, w_ptr, x_desc, x_tail_desc, w_desc, x_scale_ptr,
-            w_scale_ptr, K, KB, N_OUT, BLOCK_N, BLOCK_K, 0, USE_TMA, SWAP_AB, QUANT, GATHER, GLU,
-            UPCAST, DOT_PRECISION, INTERPRET, RUN_ORDER, STEP_K)
+            acc, acc_u, no_tail, k_lo, k_hi, row0, w_row0, rows, row_ok, a_rows, w_rows, col_ok,
+            ws_rows, row0, rows, row_ok, a_rows, x_ptr, w_ptr, x_desc, x_tail_desc, w_desc,
+            x_scale_ptr, w_scale_ptr, K, KB, N_OUT, BLOCK_N, BLOCK_K, 0, USE_TMA, SWAP_AB, QUANT,
+            GATHER, GLU, UPCAST, DOT_PRECISION, INTERPRET, RUN_ORDER, STEP_K)
+        if PARTIAL:
+            acc, no_tail, done = _parts(acc, no_tail, slot, parts, ws_ptr, words_ptr, SLOT, 0)
     if SWAP_AB:
         acc = acc.T
     if GLU != "none":
         if SWAP_AB:
             acc_u = acc_u.T
-    _epilogue(acc, acc_u, rows, row_ok, cols, col_ok, w_rows, x_scale_ptr, w_scale_ptr, bias_ptr,
-              row_weights_ptr, scatter_ids_ptr, out_ptr, N, N_OUT, alpha, limit, QUANT, HAS_BIAS,
-              HAS_ROW_WEIGHTS, SCATTER, GLU, HAS_LIMIT)
+    if PARTIAL:
+        if done:
+            _epilogue(acc, acc_u, rows, row_ok, cols, col_ok, w_rows, x_scale_ptr, w_scale_ptr,
+                      bias_ptr, row_weights_ptr, scatter_ids_ptr, out_ptr, N, N_OUT, alpha, limit,
+                      QUANT, HAS_BIAS, HAS_ROW_WEIGHTS, SCATTER, GLU, HAS_LIMIT)
+    else:
+        _epilogue(acc, acc_u, rows, row_ok, cols, col_ok, w_rows, x_scale_ptr, w_scale_ptr,
+                  bias_ptr, row_weights_ptr, scatter_ids_ptr, out_ptr, N, N_OUT, alpha, limit,
+                  QUANT, HAS_BIAS, HAS_ROW_WEIGHTS, SCATTER, GLU, HAS_LIMIT)
 
 
 @triton.jit
-def _k_loop(acc, acc_u, acc_t, row0, w_row0, rows, row_ok, a_rows, w_rows, col_ok, ws_rows,
+def _at(R: tl.constexpr, C: tl.constexpr):
+    """Offsets of an [R, C] block stored row by row."""
+    return tl.arange(0, R)[:, None] * C + tl.arange(0, C)[None, :]
+
+
+@triton.jit
+def _parts(acc, acc_t, slot, parts, ws_ptr, words_ptr, SLOT: tl.constexpr, TAIL: tl.constexpr):
+    """A part of a split tile (PARTIAL, not with a GLU): store its sums acc (and its TAIL tail
+    rows' acc_t) in workspace slot ``slot``, then count it in the tile's arrival word. The last of
+    the tile's ``parts`` to arrive gets (sum of acc, sum of acc_t, True), adding the parts' slots
+    in slot order (the same sums whichever program came last); the others get zeros and False."""
+    R: tl.constexpr = acc.shape[0]
+    C: tl.constexpr = acc.shape[1]
+    here = ws_ptr + slot.to(tl.int64) * SLOT
+    at = _at(R, C)
+    tl.store(here + at, acc)
+    if TAIL > 0:
+        at_t = R * C + _at(acc_t.shape[0], TAIL)
+        tl.store(here + at_t, acc_t)
+    tile = slot // parts
+    done = arrive(words_ptr + tile, parts)
+    first = ws_ptr + (tile * parts).to(tl.int64) * SLOT
+    acc = partials_sum(first, at, (at >= 0) & done, parts, SLOT)
+    if TAIL > 0:
+        acc_t = partials_sum(first, at_t, (at_t >= 0) & done, parts, SLOT)
+    return acc, acc_t, done
+
+
+@triton.jit
+def _k_loop(acc, acc_u, acc_t, k_lo, k_hi, row0, w_row0, rows, row_ok, a_rows, w_rows, col_ok,
+            ws_rows,
             row_t0, rows_t, row_ok_t, a_rows_t, x_ptr, w_ptr, x_desc, x_tail_desc, w_desc,
             x_scale_ptr, w_scale_ptr, K, KB, N_OUT,
             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TAIL_M: tl.constexpr,
@@ -334,10 +391,10 @@ def _k_loop(acc, acc_u, acc_t, row0, w_row0, rows, row_ok, a_rows, w_rows, col_o
             GATHER: tl.constexpr, GLU: tl.constexpr, UPCAST: tl.constexpr,
             DOT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr, RUN_ORDER: tl.constexpr,
             STEP_K: tl.constexpr):
-    """A tile's K loop (_k_step over K; the interpreter needs a while loop)."""
+    """A tile's K loop (_k_step over [k_lo, k_hi); the interpreter needs a while loop)."""
     if INTERPRET:
-        k0 = 0
-        while k0 < K:
+        k0 = k_lo
+        while k0 < k_hi:
             acc, acc_u, acc_t = _k_step(
                 acc, acc_u, acc_t, k0, row0, w_row0, rows, row_ok, a_rows, w_rows, col_ok,
                 ws_rows, row_t0, rows_t, row_ok_t, a_rows_t, x_ptr, w_ptr, x_desc, x_tail_desc,
@@ -345,7 +402,7 @@ def _k_loop(acc, acc_u, acc_t, row0, w_row0, rows, row_ok, a_rows, w_rows, col_o
                 SWAP_AB, QUANT, GATHER, GLU, UPCAST, DOT_PRECISION, RUN_ORDER, STEP_K)
             k0 += STEP_K
     else:
-        for k0 in range(0, K, STEP_K):
+        for k0 in range(k_lo, k_hi, STEP_K):
             acc, acc_u, acc_t = _k_step(
                 acc, acc_u, acc_t, k0, row0, w_row0, rows, row_ok, a_rows, w_rows, col_ok,
                 ws_rows, row_t0, rows_t, row_ok_t, a_rows_t, x_ptr, w_ptr, x_desc, x_tail_desc,
@@ -407,6 +464,8 @@ def _grouped_gemm_kernel(
     SPLIT,  # fp8_block: output rows restart their scale blocks here (N: no restart)
     alpha, limit,  # the GLU's (as ops.silu_mul's; limit used with HAS_LIMIT)
     num_programs,  # persistent programs in the grid
+    ws_ptr,  # fp32 workspace: num_programs slots of the last wave's parts (SPLIT_LAST)
+    words_ptr,  # int32 [num_programs] arrival words, zero between launches (SPLIT_LAST)
     BLOCK_G: tl.constexpr,  # next power of two >= G
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     TAIL_M: tl.constexpr,  # a group's last tile takes up to this many rows more (0: none)
@@ -424,6 +483,7 @@ def _grouped_gemm_kernel(
     INTERPRET: tl.constexpr,  # the interpreter needs a while loop (range() of a tensor fails)
     RUN_ORDER: tl.constexpr,  # mxfp4: the K loop in mxfp4_run_order (TileConfig.run_order)
     STEP_K: tl.constexpr,  # K a pipelined loop step: BLOCK_K, or k_parts of them (TileConfig)
+    SPLIT_LAST: tl.constexpr,  # split the last, partial wave's tiles along K (TileConfig)
 ):
     pid = tl.program_id(0)
     offs_g = tl.arange(0, BLOCK_G)
@@ -437,6 +497,13 @@ def _grouped_gemm_kernel(
     tile_end = tl.cumsum(tiles, 0)
     row_end = tl.cumsum(m, 0)
     total = tl.sum(tiles, 0)
+    # SPLIT_LAST: the r tiles past the full waves each go to `parts` programs, a K part each
+    last = total % num_programs
+    parts = num_programs // tl.maximum(last, 1)
+    if SPLIT_LAST:
+        whole = tl.where((total > num_programs) & (last > 0) & (parts > 1), total - last, total)
+    else:
+        whole = total
 
     if TMA == "device":
         if GATHER == "none":
@@ -463,22 +530,37 @@ def _grouped_gemm_kernel(
 
     if INTERPRET:
         t = pid
-        while t < total:
+        while t < whole:
             _tile(t, m, tiles, tile_end, row_end, x_ptr, w_ptr, x_desc, x_tail_desc, w_desc,
                   weight_ids_ptr, x_scale_ptr, w_scale_ptr, bias_ptr, row_weights_ptr,
                   scatter_ids_ptr, x_ids_ptr, out_ptr, M, N, N_OUT, K, NB, KB, SPLIT, alpha,
-                  limit, BLOCK_M, BLOCK_N, BLOCK_K, TAIL_M, TMA != "none", SWAP_AB, QUANT,
-                  HAS_BIAS, HAS_WEIGHT_IDS, HAS_ROW_WEIGHTS, SCATTER, GATHER, GLU, HAS_LIMIT,
-                  UPCAST, DOT_PRECISION, INTERPRET, RUN_ORDER, STEP_K)
+                  limit, 0, K, pid, 1, ws_ptr, words_ptr, BLOCK_M, BLOCK_N, BLOCK_K, TAIL_M,
+                  TMA != "none", SWAP_AB, QUANT, HAS_BIAS, HAS_WEIGHT_IDS, HAS_ROW_WEIGHTS,
+                  SCATTER, GATHER, GLU, HAS_LIMIT, UPCAST, DOT_PRECISION, INTERPRET, RUN_ORDER,
+                  STEP_K, False)
             t += num_programs
     else:
-        for t in tl.range(pid, total, num_programs, flatten=FLATTEN):
+        for t in tl.range(pid, whole, num_programs, flatten=FLATTEN):
             _tile(t, m, tiles, tile_end, row_end, x_ptr, w_ptr, x_desc, x_tail_desc, w_desc,
                   weight_ids_ptr, x_scale_ptr, w_scale_ptr, bias_ptr, row_weights_ptr,
                   scatter_ids_ptr, x_ids_ptr, out_ptr, M, N, N_OUT, K, NB, KB, SPLIT, alpha,
-                  limit, BLOCK_M, BLOCK_N, BLOCK_K, TAIL_M, TMA != "none", SWAP_AB, QUANT,
-                  HAS_BIAS, HAS_WEIGHT_IDS, HAS_ROW_WEIGHTS, SCATTER, GATHER, GLU, HAS_LIMIT,
-                  UPCAST, DOT_PRECISION, INTERPRET, RUN_ORDER, STEP_K)
+                  limit, 0, K, pid, 1, ws_ptr, words_ptr, BLOCK_M, BLOCK_N, BLOCK_K, TAIL_M,
+                  TMA != "none", SWAP_AB, QUANT, HAS_BIAS, HAS_WEIGHT_IDS, HAS_ROW_WEIGHTS,
+                  SCATTER, GATHER, GLU, HAS_LIMIT, UPCAST, DOT_PRECISION, INTERPRET, RUN_ORDER,
+                  STEP_K, False)
+    if SPLIT_LAST:
+        if (whole < total) & (pid < last * parts):
+            steps = tl.cdiv(K, STEP_K)
+            part = pid % parts
+            k_lo = (part * steps // parts) * STEP_K
+            k_hi = ((part + 1) * steps // parts) * STEP_K
+            _tile(whole + pid // parts, m, tiles, tile_end, row_end, x_ptr, w_ptr, x_desc,
+                  x_tail_desc, w_desc, weight_ids_ptr, x_scale_ptr, w_scale_ptr, bias_ptr,
+                  row_weights_ptr, scatter_ids_ptr, x_ids_ptr, out_ptr, M, N, N_OUT, K, NB, KB,
+                  SPLIT, alpha, limit, k_lo, k_hi, pid, parts, ws_ptr, words_ptr, BLOCK_M,
+                  BLOCK_N, BLOCK_K, TAIL_M, TMA != "none", SWAP_AB, QUANT, HAS_BIAS,
+                  HAS_WEIGHT_IDS, HAS_ROW_WEIGHTS, SCATTER, GATHER, GLU, HAS_LIMIT, UPCAST,
+                  DOT_PRECISION, INTERPRET, RUN_ORDER, STEP_K, True)
 
 
 def _ensure_allocator() -> None:
@@ -572,12 +654,19 @@ def _grouped_gemm_op(x: Tensor, w: Tensor, m_sizes: Tensor, x_scale: Optional[Te
     nb = w_scale.shape[1] if quantization == "fp8_block" else 1
     # The interpreter has no 16-bit atomic add: accumulate into an fp32 copy there.
     dst = out.float() if interpret and scatter_ids is not None and scatter == "add" else out
+    split_last = (cfg.split_last_wave and glu == "none" and not configs.invariant()
+                  and not traced((x,)))
+    ws = words = None
+    if split_last:  # a slot a program: its tile part's sums (and its tail rows')
+        ws = torch.empty(num_programs * (cfg.block_m + cfg.tail_m) * cfg.block_n,
+                         dtype=torch.float32, device=x.device)
+        words = arrival_words(x, num_programs, SPLIT_WORKSPACE)
     with on_device(x):
         launch(_grouped_gemm_kernel, (num_programs,),
             x, w, m_sizes, weight_ids, x_scale, w_scale, bias, row_weights, scatter_ids, x_ids,
             dst, x_desc, x_tail_desc, w_desc, M, N, K, G, W, nb, cdiv(K, FP8_BLOCK),
             N if scale_split is None else scale_split, alpha,
-            0.0 if limit is None else limit, num_programs,
+            0.0 if limit is None else limit, num_programs, ws, words,
             BLOCK_G=next_power_of_2(G), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
             BLOCK_K=block_k, TAIL_M=cfg.tail_m, TMA=tma, SWAP_AB=cfg.swap_ab, FLATTEN=cfg.flatten,
             QUANT=quantization, HAS_BIAS=bias is not None, HAS_WEIGHT_IDS=weight_ids is not None,
@@ -585,7 +674,7 @@ def _grouped_gemm_op(x: Tensor, w: Tensor, m_sizes: Tensor, x_scale: Optional[Te
             SCATTER="none" if scatter_ids is None else scatter, GATHER=gather, GLU=glu,
             HAS_LIMIT=limit is not None, UPCAST=upcast, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
             INTERPRET=interpret, RUN_ORDER=cfg.run_order and quantization == "mxfp4",
-            STEP_K=cfg.block_k,
+            STEP_K=cfg.block_k, SPLIT_LAST=split_last,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
     if dst is not out:

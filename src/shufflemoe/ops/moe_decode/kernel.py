@@ -71,7 +71,8 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .._common import cdiv, device_sms, next_power_of_2, on_device, traced
 from .._impl import interpreting, kernel_op
-from .._launch import launch, persistent_zeros
+from .._arrival import arrival_words, arrive, held_words, partials_sum
+from .._launch import launch
 from ..quantize.kernel import (cast_to, e2m1_f16, e4m3_bits, e4m3_to, e8m0_values, fp8_target,
                                mxfp4_run_order, mxfp4_values, row_scales, store_fp8)
 from ..quantize.reference import FP8_DTYPE
@@ -168,17 +169,6 @@ def _x_cols(x, QUANT: tl.constexpr):
 
 
 @triton.jit
-def _arrive(word_ptr, expected):
-    """After this program's stores: count its arrival; True for the last of ``expected``, which
-    also puts the word back to zero (after it, nobody else touches the word in this launch)."""
-    tl.debug_barrier()  # every thread's stores happen before the release below
-    last = tl.atomic_add(word_ptr, 1, sem="acq_rel") == expected - 1
-    if last:
-        tl.atomic_xchg(word_ptr, 0)
-    return last
-
-
-@triton.jit
 def _await_shared(flag_ptr, expected, programs):
     """down's shared-expert programs (EARLY): wait until gate_up's ``expected`` shared programs
     have stored their rows of a (flag_ptr[0], counted with release), then count this program
@@ -191,19 +181,6 @@ def _await_shared(flag_ptr, expected, programs):
     if tl.atomic_add(flag_ptr + 1, 1, sem="relaxed") == programs - 1:
         tl.atomic_xchg(flag_ptr, 0)
         tl.atomic_xchg(flag_ptr + 1, 0)
-
-
-@triton.jit
-def _partials_sum(part_ptr, at, mask, split, stride_split):
-    """Sum of the split partials at ``at`` in split order (a fixed order: the result does not
-    depend on which program arrived last); .cg: they were written by other programs."""
-    acc = tl.zeros(at.shape, tl.float32)
-    j = 0
-    while j < split:  # split is a runtime value: one compiled kernel serves every split > 1
-        acc += tl.load(part_ptr + at + j * stride_split, mask=mask, other=0.0,
-                       cache_modifier=".cg")
-        j += 1
-    return acc
 
 
 @triton.jit
@@ -575,10 +552,10 @@ def _gate_up_kernel(
             mine = part_ptr + s * stride
             tl.store(mine + at, acc_g, mask=mask)
             tl.store(mine + at + I, acc_u, mask=mask)
-            last = _arrive(words_ptr + tile, split)
+            last = arrive(words_ptr + tile, split)
             if last:
-                acc_g = _partials_sum(part_ptr, at, mask, split, stride)
-                acc_u = _partials_sum(part_ptr, at + I, mask, split, stride)
+                acc_g = partials_sum(part_ptr, at, mask, split, stride)
+                acc_u = partials_sum(part_ptr, at + I, mask, split, stride)
         else:
             last = True
         if last:
@@ -630,7 +607,7 @@ def _store_quantized(a, a_ptr, a_at, mask, q_ptr, scale_ptr, words_ptr, word, n_
     """w8a8: store this tile's fp32 rows of a; the m-tile's last tile quantizes them (per row,
     or for fp8_block per 128-column group)."""
     tl.store(a_ptr + a_at, a, mask=mask)
-    if _arrive(words_ptr + word, n_tiles):
+    if arrive(words_ptr + word, n_tiles):
         if QUANT == "fp8_block":
             _quantize_groups(a_ptr, q_ptr, scale_ptr, rows, row_ok, I, BLOCK_M, INTERPRET)
         else:
@@ -829,9 +806,9 @@ def _down_kernel(
         if split > 1:
             stride = tl.cast(A, tl.int64) * D
             tl.store(part_ptr + s * stride + at_y, acc, mask=mask)
-            last = _arrive(words_ptr + tile, split)
+            last = arrive(words_ptr + tile, split)
             if last:
-                acc = _partials_sum(part_ptr, at_y, mask, split, stride)
+                acc = partials_sum(part_ptr, at_y, mask, split, stride)
         else:
             last = True
         if last:
@@ -856,7 +833,7 @@ def _down_kernel(
                 tl.store(dst, cast_to(acc, out_ptr.dtype.element_ty, INTERPRET), mask=mask)
             else:
                 tl.store(y_ptr + at_y, acc, mask=mask)
-                if _arrive(words_ptr + words_cols + n_tile, total_tiles):
+                if arrive(words_ptr + words_cols + n_tile, total_tiles):
                     _combine(out_ptr, y_ptr, pos_ptr, cols, col_ok, num_valid, T, D, K, BLOCK_T,
                              ACCUMULATE, SHARED, INTERPRET)
 
@@ -901,45 +878,6 @@ def _combine(out_ptr, y_ptr, pos_ptr, cols, col_ok, num_valid, T, D, K: tl.const
 def sm_count(device: torch.device) -> int:
     """SMs the plan spreads weights over (a small number under the interpreter)."""
     return device_sms(device) if device.type == "cuda" else _INTERPRETER_SMS
-
-
-_WORDS: dict[tuple[torch.device, int], list[Tensor]] = {}
-
-
-def arrival_words(like: Tensor, n: int, workspace: int = 0,
-                  held: Tensor | None = None) -> Tensor:
-    """n zeroed int32 arrival words on ``like``'s device. The kernels leave them zero, so one
-    buffer per (device, workspace) serves every call in stream order: calls that may run at the
-    same time on two streams use two workspaces (the layer's shared expert beside its routed
-    experts). Old buffers are kept alive: a captured CUDA graph may still point at them. Inside
-    a capture a new buffer cannot be zeroed before the replay, so warm up (as graphed() does) or
-    reserve first. ``held``: the buffer held_words gave the op (a graph input when compiled),
-    used when large enough; traced by torch.compile without one: fresh zeros in the graph
-    (a fill kernel each call)."""
-    if held is not None and held.numel() >= n:
-        return held  # whole: compiled, the mutated tensor is then the graph input itself
-    device = like.device
-    if traced((like,)):
-        return torch.zeros(n, dtype=torch.int32, device=device)
-    buffers = _WORDS.setdefault((device, workspace), [])
-    if buffers and buffers[-1].numel() >= n:
-        return buffers[-1][:n]
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        raise RuntimeError("the fused decode kernels need a larger arrival buffer inside a CUDA "
-                           "graph capture; run the layer once at this size before capturing")
-    words = persistent_zeros(max(n, 1024), torch.int32, device)
-    if device.type == "cuda":  # CUDA-graph trees (compile's reduce-overhead) may mutate it
-        torch._dynamo.mark_static_address(words)
-    buffers.append(words)
-    return words[:n]
-
-
-def held_words(like: Tensor, workspace: int) -> Tensor | None:
-    """The newest arrival buffer of (like's device, workspace), or None: what the ops pass their
-    kernels' launcher. Compiled, Dynamo makes it a graph input (a static address) and the
-    kernels mutate it in place, so no graph fills fresh words every call."""
-    buffers = _WORDS.get((like.device, workspace))
-    return buffers[-1] if buffers else None
 
 
 def reserve_arrival_words(w13: Tensor, w2: Tensor, max_pairs: int, workspace: int = 0,
