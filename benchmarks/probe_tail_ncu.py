@@ -14,6 +14,12 @@ range names say which is which), so a profiler can compare the two kernels' stal
 issue slots and memory throughput. Prints the launch order. With --loop S, each case runs
 back to back for S seconds instead (its start and end printed with time.time()), for a clock
 and power log taken beside it.
+
+With --scout it runs Llama 4 Scout TP8's routed bf16 gate_up at T = 16384 instead (16 experts of
+about 1024 rows; the compute-bound 128 x 256 flattened tile the heuristic ships there) on routed
+groups (a bincount of a uniform draw) and on equal groups of 1024: routed it takes 1.08-1.11x
+longer (probe_compute_tail at 7c23fc6 and 276bc48), more than its 5% more row tiles would cost
+if every tile took the same time, and tail rows or a split last wave did not recover it.
 """
 
 from __future__ import annotations
@@ -28,12 +34,16 @@ from shufflemoe.ops import grouped_gemm
 from shufflemoe.ops.grouped_gemm import configs
 
 from probe_prefill_groups import _operands
+from probe_tail_tiles import _sizes
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--loop", type=float, default=0.0, help="seconds of back-to-back launches")
+    p.add_argument("--scout", action="store_true", help="Scout's gate_up, routed and equal")
     args = p.parse_args()
+    if args.scout:
+        return scout(args.loop)
     cfg = preset("llama4-maverick", tp=8)
     E, D, I = cfg.num_experts, cfg.hidden_size, cfg.intermediate_size
     for gemm, (N, K) in {"gate_up": (2 * I, D), "down": (D, I)}.items():
@@ -42,24 +52,40 @@ def main() -> None:
         for R in (128, 129):
             m = torch.full((E,), R, dtype=torch.int32, device="cuda")
             with configs.override(shipped):  # as the layer picks at T = 16384, any R
-                grouped_gemm(x[: E * R], w, m, out=out[: E * R], **kw)  # compile, untimed
-                torch.cuda.synchronize()
-                torch.cuda.nvtx.range_push(f"{gemm} R={R}")
-                start, n = time.time(), 0
-                while True:
-                    grouped_gemm(x[: E * R], w, m, out=out[: E * R], **kw)
-                    n += 1
-                    if n % 50 == 0 or not args.loop:
-                        torch.cuda.synchronize()
-                        if time.time() - start >= args.loop:
-                            break
-                torch.cuda.nvtx.range_pop()
-            if args.loop:
-                print(f"bf16 {gemm} R={R}: {n} launches from {start:.2f} to {time.time():.2f}, "
-                      f"{(time.time() - start) / n * 1e6:.0f} us a launch", flush=True)
-            else:
-                print(f"launches: warm-up, then profiled: bf16 {gemm}, {R} rows a group",
-                      flush=True)
+                _launches(lambda: grouped_gemm(x[: E * R], w, m, out=out[: E * R], **kw),
+                          f"bf16 {gemm} R={R}", args.loop)
+
+
+def scout(loop: float) -> None:
+    cfg = preset("llama4-scout", tp=8)
+    E, D, I, T = cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, 16384
+    x, w, kw, out, _ = _operands("bf16", 2 * I, D, E, "cuda", rows=T)
+    for routing in ("routed", "equal"):
+        m = _sizes(T, E, routing, "cuda")
+        _launches(lambda: grouped_gemm(x, w, m, out=out, **kw),
+                  f"scout bf16 gate_up {routing} (rows {int(m.min())}-{int(m.max())})", loop)
+
+
+def _launches(call, label: str, loop: float) -> None:
+    """call() once untimed (compiles), then once in an NVTX range (or back to back for loop
+    seconds); says which."""
+    call()
+    torch.cuda.synchronize()
+    torch.cuda.nvtx.range_push(label)
+    start, n = time.time(), 0
+    while True:
+        call()
+        n += 1
+        if n % 50 == 0 or not loop:
+            torch.cuda.synchronize()
+            if time.time() - start >= loop:
+                break
+    torch.cuda.nvtx.range_pop()
+    if loop:
+        print(f"{label}: {n} launches from {start:.2f} to {time.time():.2f}, "
+              f"{(time.time() - start) / n * 1e6:.0f} us a launch", flush=True)
+    else:
+        print(f"launches: warm-up, then profiled: {label}", flush=True)
 
 
 if __name__ == "__main__":
