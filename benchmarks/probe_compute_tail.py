@@ -17,7 +17,9 @@ T = 16384 (top-8 of 128: 1024 rows a group) and Mixtral TP2 T = 4096 (top-2 of 8
 fp8 rowwise, on routed rows (a bincount of a uniform draw) and on equal groups. Each variant's
 output is compared with the shipped tile's. Then the whole Scout TP8 layer at T = 16384 (bf16,
 fp8 rowwise) with every compute-bound tile changed alike (configs.override), in turns, two
-rounds. Writes $OUT/probe_compute_tail.json.
+rounds. Writes $OUT/probe_compute_tail.json. Results: results/probe_compute_tail_7c23fc6.json
+(this form: tail rows lost), _276bc48.json (the same with TileConfig.split_last_wave, on branch
+`split`: mixed, not taken); benchmarks/notes/layer.md says why (the power cap).
 """
 
 from __future__ import annotations
