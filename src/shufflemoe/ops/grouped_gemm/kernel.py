@@ -176,8 +176,8 @@ def _k_step(acc, acc_u, acc_t, k0, row0, w_row0, rows, row_ok, a_rows, w_rows, c
     """One K step: acc += x[rows] @ w[w_rows]^T over k0:k0+STEP_K, loaded and multiplied in parts
     of BLOCK_K; with a GLU, also acc_u += the same rows against the up rows, N_OUT rows further on
     (x's tile loaded once for both); with TAIL_M, also acc_t += the same weight tile against the
-    tail rows (rows_t), swapped, issued first. RUN_ORDER (mxfp4): both tiles' columns in mxfp4_run_order, the
-    same products summed."""
+    tail rows (rows_t), swapped, issued first. RUN_ORDER (mxfp4): both tiles' columns in
+    mxfp4_run_order, the same products summed."""
     for h in tl.static_range(STEP_K // BLOCK_K):
         kp = k0 + h * BLOCK_K
         a = _load_x(kp, row0, row_ok, a_rows, x_ptr, x_desc, K, BLOCK_K, USE_TMA, GATHER,
@@ -509,7 +509,8 @@ def tma_mode(cfg: configs.TileConfig, x: Tensor, w: Tensor) -> str:
     return cfg.tma
 
 
-def _tile_config(M: int, N: int, K: int, G: int, x: Tensor, quantization: str) -> configs.TileConfig:
+def _tile_config(M: int, N: int, K: int, G: int, x: Tensor,
+                 quantization: str) -> configs.TileConfig:
     sms = device_sms(x.device) if x.is_cuda else configs.TUNED_SMS
     cfg = configs.select(M, N, K, G, x.dtype, quantization, sms)
     if x.dtype == FP8_DTYPE and cfg.block_k < 32:  # fp8 tensor-core dots need K >= 32
@@ -583,7 +584,8 @@ def _grouped_gemm_op(x: Tensor, w: Tensor, m_sizes: Tensor, x_scale: Optional[Te
             QUANT=quantization, HAS_BIAS=bias is not None, HAS_WEIGHT_IDS=weight_ids is not None,
             HAS_ROW_WEIGHTS=row_weights is not None,
             SCATTER="none" if scatter_ids is None else scatter, GATHER=gather, GLU=glu,
-            HAS_LIMIT=limit is not None, UPCAST=upcast, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+            HAS_LIMIT=limit is not None, UPCAST=upcast,
+            DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
             INTERPRET=interpret, RUN_ORDER=cfg.run_order and quantization == "mxfp4",
             STEP_K=cfg.block_k,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
