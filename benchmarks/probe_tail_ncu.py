@@ -18,8 +18,10 @@ and power log taken beside it.
 With --scout it runs Llama 4 Scout TP8's routed bf16 gate_up at T = 16384 instead (16 experts of
 about 1024 rows; the compute-bound 128 x 256 flattened tile the heuristic ships there) on routed
 groups (a bincount of a uniform draw) and on equal groups of 1024: routed it takes 1.08-1.11x
-longer (probe_compute_tail at 7c23fc6 and 276bc48), more than its 5% more row tiles would cost
-if every tile took the same time, and tail rows or a split last wave did not recover it.
+longer (probe_compute_tail at 7c23fc6 and 276bc48), and tail rows or a split last wave did not
+recover it. Results at 01719eb (results/probe_tail_ncu_scout_01719eb.csv,
+probe_tail_power_scout_01719eb*): one launch loses a ninth, partial wave and 5% more tile work;
+back to back both run at the 700 W cap (benchmarks/notes/layer.md).
 """
 
 from __future__ import annotations
