@@ -18,7 +18,9 @@ fp8 rowwise, on routed rows (a bincount of a uniform draw) and on equal groups. 
 output is compared with the shipped tile's. Then the whole Scout TP8 layer at T = 16384 (bf16,
 fp8 rowwise) with every compute-bound tile changed alike (configs.override), in turns, two
 rounds. Writes $OUT/probe_compute_tail.json. Results: results/probe_compute_tail_7c23fc6.json
-(this form: tail rows lost), _276bc48.json (the same with TileConfig.split_last_wave, on branch
+(this form: tail rows lost; one input set, so x stays in L2 between replays where it fits,
+42 MB at Scout T = 4096: probe_prefill_vs_torch.py compares with torch in the suite's rotated
+sets), _276bc48.json (the same with TileConfig.split_last_wave, on branch
 `split`: mixed, not taken); benchmarks/notes/layer.md says why (the power cap).
 """
 
