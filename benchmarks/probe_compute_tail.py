@@ -136,7 +136,7 @@ def layer_rows(rounds: int = 2) -> list[dict]:
                     got = layer(x).float()
                 row = dict(case="scout-tp8 layer T=16384", format=fmt, variant=label, round=r,
                            us=t.median_us, us_lo=t.p20_us, us_hi=t.p80_us,
-                           max_rel_diff=((got - want).abs().max() / want.abs().max()).item())
+                           max_rel_diff=_max_rel_diff(got, want))
                 print(json.dumps(row), flush=True)
                 rows.append(row)
         del layer, x
