@@ -122,18 +122,25 @@ def _fp8_value(v, INTERPRET: tl.constexpr):
 @triton.jit
 def _dot(acc, w, xt, UPCAST: tl.constexpr, W_TO_X: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """acc [BN, BM] += w [BN, BK] @ xt [BK, BM]; with BM = 1 on the CUDA cores (products of
-    bf16 / fp8 / dequantized mxfp4 values are exact in fp32, summed in fp32). W_TO_X: a
+    bf16 / fp8 values are exact in fp32, summed in fp32) into acc [BN, runs] (_acc0), each
+    column the running sum of one run of consecutive columns of every step, 16 bytes of a
+    weight row: one thread's load, so the K loop sums nothing across threads and _acc_sum
+    reduces the runs once after it. W_TO_X: a
     weight-only format's tile (e4m3, or mxfp4 dequantized to fp32) becomes x's dtype for the
     MMA, exactly (fp8_w8a16, mxfp4 with bf16 x)."""
-    if xt.shape[1] == 1:
-        x = tl.reshape(xt, [xt.shape[0]]).to(tl.float32)
-        return acc + tl.reshape(tl.sum(w.to(tl.float32) * x[None, :], 1), [w.shape[0], 1])
-    if UPCAST:  # interpreter: its bf16 dot is wrong (Triton 3.6); fp32 of bf16/fp8 is exact
-        w = w.to(tl.float32)
-        xt = xt.to(tl.float32)
-    elif W_TO_X:
-        w = e4m3_to(w, xt.dtype) if w.dtype == tl.float8e4nv else w.to(xt.dtype)
-    return tl.dot(w, xt, acc, input_precision=DOT_PRECISION)
+    if xt.shape[1] == 1:  # acc [BN, groups] (_acc0): each group's products summed apart
+        G: tl.constexpr = acc.shape[1]
+        runs = tl.reshape(w, [w.shape[0], G, w.shape[1] // G]).to(tl.float32)
+        x = tl.reshape(xt, [G, xt.shape[0] // G]).to(tl.float32)
+        acc += tl.sum(runs * x[None, :, :], 2)
+    else:
+        if UPCAST:  # interpreter: its bf16 dot is wrong (Triton 3.6); fp32 of bf16/fp8 is exact
+            w = w.to(tl.float32)
+            xt = xt.to(tl.float32)
+        elif W_TO_X:
+            w = e4m3_to(w, xt.dtype) if w.dtype == tl.float8e4nv else w.to(xt.dtype)
+        acc = tl.dot(w, xt, acc, input_precision=DOT_PRECISION)
+    return acc
 
 
 @triton.jit
@@ -360,10 +367,17 @@ def _block_dot(acc, w, xq, w_scale, x_scale, UPCAST: tl.constexpr, DOT_PRECISION
 @triton.jit
 def _acc0(BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
           QUANT: tl.constexpr):
-    """A zero accumulator: [BLOCK_N, BLOCK_M], or for one-pair mxfp4 tiles [BLOCK_N, groups]
-    (each column a 32-value group's scaled sums, reduced once after the K loop: _acc_sum)."""
-    if QUANT == "mxfp4" and BLOCK_M == 1:
-        acc = tl.zeros((BLOCK_N, BLOCK_K // 32), tl.float32)
+    """A zero accumulator: [BLOCK_N, BLOCK_M], or for one-pair tiles [BLOCK_N, runs] (mxfp4:
+    each column a 32-value group's scaled sums; fp8_block aside, the other formats' runs of
+    16 bytes of a weight row, one thread's load: _dot), reduced once after the K loop
+    (_acc_sum)."""
+    if BLOCK_M == 1 and QUANT != "fp8_block":
+        if QUANT == "mxfp4":
+            acc = tl.zeros((BLOCK_N, BLOCK_K // 32), tl.float32)
+        elif QUANT == "fp8_rowwise" or QUANT == "fp8_w8a16":  # 16 e4m3 bytes a run
+            acc = tl.zeros((BLOCK_N, BLOCK_K // 16), tl.float32)
+        else:  # 16 bytes of bf16
+            acc = tl.zeros((BLOCK_N, BLOCK_K // 8), tl.float32)
     else:
         acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
     return acc
@@ -372,7 +386,7 @@ def _acc0(BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
 @triton.jit
 def _acc_sum(acc, BLOCK_M: tl.constexpr, QUANT: tl.constexpr):
     """The accumulator as [BLOCK_N, BLOCK_M] (see _acc0)."""
-    if QUANT == "mxfp4" and BLOCK_M == 1:
+    if QUANT != "fp8_block" and BLOCK_M == 1:
         acc = tl.reshape(tl.sum(acc, 1), [acc.shape[0], 1])
     return acc
 

@@ -1,0 +1,79 @@
+"""The decode layer at T = 1..8 in CUDA graphs, checked, for an A/B of two source trees (one GPU call).
+
+    PYTHONPATH=src python benchmarks/probe_one_pair.py --out $OUT --label new [--budget 150]
+    PYTHONPATH=old/src python benchmarks/probe_one_pair.py --out $OUT --label old
+
+Built for the one-pair tiles' per-thread runs (moe_decode._dot: a one-pair tile, block_m = 1,
+sums each run of 16 bytes of a weight row in its own accumulator column and reduces across
+threads once after the K loop, where it reduced every row across the block every K step:
+offline sm_90 K loop of Qwen3's fp8 gate_up tile 1067 -> 819 instructions, bf16 375 -> 243, no
+shuffles or barriers left in it). Run it once per tree, in turns, in one call: the trees'
+kernels differ, so Triton keeps both builds and the second round only loads them.
+
+For Llama 4 Scout and Maverick TP8, Qwen3-30B-A3B and Mixtral TP2, bf16, fp8 rowwise and
+fp8_w8a16 (the one-pair GEMVs' formats) at T = 1, 2, 4, 8 (the layer's default switch: fused
+where it fuses): the layer against the float64 naive_moe on one input, then CUDA-graph replays
+rotating weight sets (past twice the L2) and 8 inputs (each routes differently). Appends rows
+(label, preset, format, T, us median and p20 / p80, check) to $OUT/probe_one_pair.jsonl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from decode_check import PRESETS, inputs, layers_for, weight_sets  # noqa: E402
+
+from shufflemoe import naive_moe  # noqa: E402
+from shufflemoe.bench.report import metadata  # noqa: E402
+from shufflemoe.bench.timing import time_fn  # noqa: E402
+from shufflemoe.testing import compare, tolerance_key  # noqa: E402
+
+FORMATS = {"bf16": "none", "fp8": "fp8_rowwise", "w8a16": "fp8_w8a16"}
+TOKENS = (1, 2, 4, 8)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True, type=pathlib.Path)
+    p.add_argument("--label", required=True)
+    p.add_argument("--budget", type=float, default=150.0, help="seconds, then stop")
+    args = p.parse_args()
+    start = time.monotonic()
+    args.out.mkdir(parents=True, exist_ok=True)
+    meta = dict(metadata(), label=args.label, tree=str(pathlib.Path(sys.modules["shufflemoe"]
+                                                                     .__file__).parent))
+    with open(args.out / "probe_one_pair.jsonl", "a") as f:
+        f.write(json.dumps(dict(meta=meta)) + "\n")
+        for name, base in PRESETS.items():
+            for fmt, quant in FORMATS.items():
+                if time.monotonic() - start > args.budget:
+                    print(f"{args.label}: budget spent before {name} {fmt}", flush=True)
+                    return
+                cfg = base.replace(quantization=quant)
+                layers = layers_for(cfg, weight_sets(cfg, 1), "cuda")
+                for T in TOKENS:
+                    xs = inputs(cfg, T, "cuda", 8)
+                    ref, mag = naive_moe(layers[0], xs[0], layers[0].route(xs[0]),
+                                         with_magnitude=True)
+                    c = compare(layers[0](xs[0]), ref, tolerance_key(cfg), magnitude=mag)
+                    t = time_fn(lambda i: layers[i % len(layers)](xs[i]), len(xs), graph=True)
+                    row = dict(label=args.label, preset=name, format=fmt, T=T,
+                               us=t.median_us, p20=t.p20_us, p80=t.p80_us, check=c.ok)
+                    f.write(json.dumps(row) + "\n")
+                    f.flush()
+                    print(f"{args.label} {name} {fmt} T={T}: {t.median_us:.1f} us "
+                          f"[{t.p20_us:.1f}, {t.p80_us:.1f}] {'ok' if c.ok else 'FAILED'}",
+                          flush=True)
+                del layers
+                torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
