@@ -223,6 +223,26 @@ def test_narrow_one_pair_tiles(case, dtype):
     run_down(case, DTYPES[dtype], cfg, on_output=False)
 
 
+@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
+@pytest.mark.parametrize("case", ["T=1 k=1 E=16", "odd T=9 k=3 E=7", "k=8 E=256",
+                                  "capacity drops"])
+def test_one_pair_runs(case, dtype, monkeypatch):
+    """One-pair tiles over enough K steps sum each 16-byte run of a weight row per thread and
+    reduce once after the loop (kernel._runs): gate_up over D = 72 (bf16: 5 steps of 16 values;
+    fp8: 3 of 32, the last partial) takes it, down over I = 40 too in fp8 (2 steps) but not in
+    bf16 (3 steps), so both sides of the rule run."""
+    monkeypatch.setitem(globals(), "D", 72)
+    monkeypatch.setitem(globals(), "I", 40)
+    fp8 = dtype == "fp8"
+    gemm = configs.GemmConfig(4, 32 if fp8 else 16, 1, block_m=1)
+    quant = "fp8_rowwise" if fp8 else "none"
+    assert kernel._runs(gemm, kernel._k_split(72, gemm)[0], quant)
+    assert kernel._runs(gemm, kernel._k_split(40, gemm)[0], quant) == fp8
+    cfg = configs.DecodeConfig(gemm, gemm)
+    run_gate_up(case, DTYPES[dtype], cfg)
+    run_down(case, DTYPES[dtype], cfg, on_output=False)
+
+
 @pytest.mark.parametrize("dtype", ["bf16", "fp8", "fp32"])
 def test_reference_matches_float64(dtype):
     for case in ("odd T=9 k=3 E=7", "capacity drops", "T=0"):

@@ -66,9 +66,10 @@ def _format(fp8: bool | str) -> tuple[str, bool]:
 
 
 def gate_up(fp8: bool | str, split: int, rw: bool, pdl: bool, block_m: int = 16,
-            oai: bool = False, shared: bool = False, block_k: int | None = None):
+            oai: bool = False, shared: bool = False, block_k: int | None = None,
+            runs: bool = False):
     """oai: gpt-oss's expert bias and clamped swiglu_oai GLU; shared: a shared expert's tiles
-    first, not waiting for the routing (EARLY)."""
+    first, not waiting for the routing (EARLY); runs: a one-pair tile's per-thread runs."""
     from shufflemoe.ops.moe_decode import kernel
 
     quant, fp8 = _format(fp8)
@@ -88,14 +89,14 @@ def gate_up(fp8: bool | str, split: int, rw: bool, pdl: bool, block_m: int = 16,
                   **_split_const(split), QUANT=quant, ACT="swiglu_oai" if oai else "silu",
                   HAS_LIMIT=oai, HAS_BIAS=oai, HAS_RW=rw, UPCAST=False,
                   W_TO_X=quant in ("fp8_w8a16", "mxfp4"), DOT_PRECISION="tf32", INTERPRET=False,
-                  PDL=pdl, QUANT_BLOCK=1024, ROW_BLOCK=4096, ROW_CHUNKS=2)
+                  PDL=pdl, RUNS=runs, QUANT_BLOCK=1024, ROW_BLOCK=4096, ROW_CHUNKS=2)
     return compile_sm90(kernel._gate_up_kernel, sig, consts,
                         **({"launch_pdl": True} if pdl else {}))
 
 
 def down(fp8: bool | str, split: int, k: int, pdl: bool, accumulate: bool = True,
          block_m: int = 16, bias: bool = False, shared: bool = False,
-         block_k: int | None = None):
+         block_k: int | None = None, runs: bool = False):
     from shufflemoe.ops.moe_decode import kernel
 
     quant, fp8 = _format(fp8)
@@ -117,7 +118,7 @@ def down(fp8: bool | str, split: int, k: int, pdl: bool, accumulate: bool = True
                   **_split_const(split),
                   QUANT=quant, HAS_BIAS=bias, HAS_RW=True, UPCAST=False,
                   W_TO_X=quant in ("fp8_w8a16", "mxfp4"),
-                  DOT_PRECISION="tf32", INTERPRET=False, PDL=pdl)
+                  DOT_PRECISION="tf32", INTERPRET=False, PDL=pdl, RUNS=runs)
     return compile_sm90(kernel._down_kernel, sig, consts, **({"launch_pdl": True} if pdl else {}))
 
 
@@ -226,6 +227,14 @@ GEMV = {  # one pair a tile: no MMA
         "fp8_block", 4, True, False, block_m=1, block_k=512),
     "down fp8_block one-pair tiles top-1 split-K PDL": lambda: down("fp8_block", 2, 1, True,
                                                                     block_m=1),
+    "gate_up fp8 one-pair tiles, runs a thread, PDL": lambda: gate_up(
+        True, 1, False, True, block_m=1, block_k=1024, runs=True),
+    "gate_up fp8 one-pair tiles with a bf16 shared expert, runs a thread": lambda: gate_up(
+        True, 1, True, True, block_m=1, shared=True, block_k=512, runs=True),
+    "down bf16 one-pair tiles k=8, runs a thread": lambda: down(False, 1, 8, False, block_m=1,
+                                                               block_k=256, runs=True),
+    "down fp8_w8a16 one-pair tiles split-K, runs a thread": lambda: down(
+        "fp8_w8a16", 2, 2, False, block_m=1, block_k=512, runs=True),
 }
 
 

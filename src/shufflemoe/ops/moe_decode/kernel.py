@@ -122,16 +122,19 @@ def _fp8_value(v, INTERPRET: tl.constexpr):
 @triton.jit
 def _dot(acc, w, xt, UPCAST: tl.constexpr, W_TO_X: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """acc [BN, BM] += w [BN, BK] @ xt [BK, BM]; with BM = 1 on the CUDA cores (products of
-    bf16 / fp8 values are exact in fp32, summed in fp32) into acc [BN, runs] (_acc0), each
-    column the running sum of one run of consecutive columns of every step, 16 bytes of a
-    weight row: one thread's load, so the K loop sums nothing across threads and _acc_sum
+    bf16 / fp8 values are exact in fp32, summed in fp32): each step's products summed across
+    the block, or with acc [BN, runs] (_acc0's RUNS) each run of 16 bytes of a weight row (one
+    thread's load) into its own column, so the K loop sums nothing across threads and _acc_sum
     reduces the runs once after it. W_TO_X: a
     weight-only format's tile (e4m3, or mxfp4 dequantized to fp32) becomes x's dtype for the
     MMA, exactly (fp8_w8a16, mxfp4 with bf16 x)."""
-    if xt.shape[1] == 1:  # acc [BN, groups] (_acc0): each group's products summed apart
-        G: tl.constexpr = acc.shape[1]
-        runs = tl.reshape(w, [w.shape[0], G, w.shape[1] // G]).to(tl.float32)
-        x = tl.reshape(xt, [G, xt.shape[0] // G]).to(tl.float32)
+    if xt.shape[1] == 1 and acc.shape[1] == 1:
+        x = tl.reshape(xt, [xt.shape[0]]).to(tl.float32)
+        acc += tl.reshape(tl.sum(w.to(tl.float32) * x[None, :], 1), [w.shape[0], 1])
+    elif xt.shape[1] == 1:  # acc [BN, runs] (_acc0): each run's products summed apart
+        R: tl.constexpr = acc.shape[1]
+        runs = tl.reshape(w, [w.shape[0], R, w.shape[1] // R]).to(tl.float32)
+        x = tl.reshape(xt, [R, xt.shape[0] // R]).to(tl.float32)
         acc += tl.sum(runs * x[None, :, :], 2)
     else:
         if UPCAST:  # interpreter: its bf16 dot is wrong (Triton 3.6); fp32 of bf16/fp8 is exact
@@ -366,15 +369,14 @@ def _block_dot(acc, w, xq, w_scale, x_scale, UPCAST: tl.constexpr, DOT_PRECISION
 
 @triton.jit
 def _acc0(BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-          QUANT: tl.constexpr):
-    """A zero accumulator: [BLOCK_N, BLOCK_M], or for one-pair tiles [BLOCK_N, runs] (mxfp4:
-    each column a 32-value group's scaled sums; fp8_block aside, the other formats' runs of
-    16 bytes of a weight row, one thread's load: _dot), reduced once after the K loop
-    (_acc_sum)."""
-    if BLOCK_M == 1 and QUANT != "fp8_block":
-        if QUANT == "mxfp4":
-            acc = tl.zeros((BLOCK_N, BLOCK_K // 32), tl.float32)
-        elif QUANT == "fp8_rowwise" or QUANT == "fp8_w8a16":  # 16 e4m3 bytes a run
+          QUANT: tl.constexpr, RUNS: tl.constexpr):
+    """A zero accumulator: [BLOCK_N, BLOCK_M], or for one-pair tiles [BLOCK_N, columns], reduced
+    once after the K loop (_acc_sum): mxfp4's 32-value groups (scaled sums), or with RUNS
+    (_runs) runs of 16 bytes of a weight row (_dot)."""
+    if BLOCK_M == 1 and QUANT == "mxfp4":
+        acc = tl.zeros((BLOCK_N, BLOCK_K // 32), tl.float32)
+    elif RUNS:
+        if QUANT == "fp8_rowwise" or QUANT == "fp8_w8a16":  # 16 e4m3 bytes a run
             acc = tl.zeros((BLOCK_N, BLOCK_K // 16), tl.float32)
         else:  # 16 bytes of bf16
             acc = tl.zeros((BLOCK_N, BLOCK_K // 8), tl.float32)
@@ -384,9 +386,9 @@ def _acc0(BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
 
 
 @triton.jit
-def _acc_sum(acc, BLOCK_M: tl.constexpr, QUANT: tl.constexpr):
+def _acc_sum(acc, BLOCK_M: tl.constexpr):
     """The accumulator as [BLOCK_N, BLOCK_M] (see _acc0)."""
-    if QUANT != "fp8_block" and BLOCK_M == 1:
+    if acc.shape[1] != BLOCK_M:
         acc = tl.reshape(tl.sum(acc, 1), [acc.shape[0], 1])
     return acc
 
@@ -472,10 +474,11 @@ def _gate_up_step(acc_g, acc_u, k0, k_hi, x_ptr, w_ptr, ws_ptr, tok, rw, inv, ro
 def _gate_up_loop(k_lo, k_hi, x_ptr, w_ptr, ws_ptr, tok, rw, inv, row_ok, gate_rows, col_ok,
                   blocks, D, I, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
                   HAS_RW: tl.constexpr, QUANT: tl.constexpr, UPCAST: tl.constexpr,
-                  W_TO_X: tl.constexpr, DOT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+                  W_TO_X: tl.constexpr, DOT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr,
+                  RUNS: tl.constexpr):
     """gate_up's K loop over [k_lo, k_hi): the (gate, up) accumulators [BN, BM] in float32."""
-    acc_g = _acc0(BLOCK_N, BLOCK_M, BLOCK_K, QUANT)
-    acc_u = _acc0(BLOCK_N, BLOCK_M, BLOCK_K, QUANT)
+    acc_g = _acc0(BLOCK_N, BLOCK_M, BLOCK_K, QUANT, RUNS)
+    acc_u = _acc0(BLOCK_N, BLOCK_M, BLOCK_K, QUANT, RUNS)
     if INTERPRET:  # range() over a tensor bound fails in the interpreter
         k0 = k_lo
         while k0 < k_hi:
@@ -490,7 +493,7 @@ def _gate_up_loop(k_lo, k_hi, x_ptr, w_ptr, ws_ptr, tok, rw, inv, row_ok, gate_r
                                          inv, row_ok, gate_rows, col_ok, blocks, D, I, BLOCK_K,
                                          HAS_RW, QUANT, UPCAST, W_TO_X, DOT_PRECISION,
                                          INTERPRET)
-    return _acc_sum(acc_g, BLOCK_M, QUANT), _acc_sum(acc_u, BLOCK_M, QUANT)
+    return _acc_sum(acc_g, BLOCK_M), _acc_sum(acc_u, BLOCK_M)
 
 
 @triton.jit
@@ -530,6 +533,7 @@ def _gate_up_kernel(
     EARLY: tl.constexpr,  # ... they start before the routing is done (with PDL) and tell
     # down's shared programs when their rows of a are stored (flag_ptr; split 1)
     SHARED_K: tl.constexpr,
+    RUNS: tl.constexpr,  # one-pair tiles sum runs of a weight row per thread (_runs)
     QUANT_BLOCK: tl.constexpr,  # columns per step when the last m-tile quantizes rows of a
     ROW_BLOCK: tl.constexpr, ROW_CHUNKS: tl.constexpr,  # fp8_rowwise: lanes and loads a row of x
 ):
@@ -571,17 +575,17 @@ def _gate_up_kernel(
                 acc_g, acc_u = _gate_up_loop(k_lo, k_hi, x_ptr, sw_ptr, w_scale_ptr, tok, rw, inv,
                                              row_ok, gate_rows, col_ok, blocks, D, I, BLOCK_N,
                                              BLOCK_M, SHARED_K, HAS_RW, "none", UPCAST, False,
-                                             DOT_PRECISION, INTERPRET)
+                                             DOT_PRECISION, INTERPRET, RUNS)
             else:
                 acc_g, acc_u = _gate_up_loop(k_lo, k_hi, x_ptr, w_ptr, w_scale_ptr, tok, rw, inv,
                                              row_ok, gate_rows, col_ok, blocks, D, I, BLOCK_N,
                                              BLOCK_M, BLOCK_K, HAS_RW, QUANT, UPCAST, W_TO_X,
-                                             DOT_PRECISION, INTERPRET)
+                                             DOT_PRECISION, INTERPRET, RUNS)
         else:
             acc_g, acc_u = _gate_up_loop(k_lo, k_hi, x_ptr, wg_ptr, w_scale_ptr, tok, rw, inv,
                                          row_ok, gate_rows, col_ok, blocks, D, I, BLOCK_N, BLOCK_M,
                                          BLOCK_K, HAS_RW, QUANT, UPCAST, W_TO_X, DOT_PRECISION,
-                                         INTERPRET)
+                                         INTERPRET, RUNS)
         mask = col_ok[:, None] & row_ok[None, :]  # [BN, BM]
         if split > 1:  # store both partials, arrive once; the last split sums them all
             at = p_rows.to(tl.int64)[None, :] * (2 * I) + cols[:, None]
@@ -741,9 +745,9 @@ def _down_step(acc, k0, k_hi, a_ptr, as_ptr, w_ptr, ws_ptr, rows, row_ok, w_rows
 def _down_loop(k_lo, k_hi, a_ptr, as_ptr, w_ptr, ws_ptr, rows, row_ok, w_rows, col_ok, blocks,
                I, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
                QUANT: tl.constexpr, UPCAST: tl.constexpr, W_TO_X: tl.constexpr,
-               DOT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+               DOT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr, RUNS: tl.constexpr):
     """down's K loop over [k_lo, k_hi): the accumulator [BN, BM] in float32."""
-    acc = _acc0(BLOCK_N, BLOCK_M, BLOCK_K, QUANT)
+    acc = _acc0(BLOCK_N, BLOCK_M, BLOCK_K, QUANT, RUNS)
     if INTERPRET:  # range() over a tensor bound fails in the interpreter
         k0 = k_lo
         while k0 < k_hi:
@@ -754,7 +758,7 @@ def _down_loop(k_lo, k_hi, a_ptr, as_ptr, w_ptr, ws_ptr, rows, row_ok, w_rows, c
         for k0 in range(k_lo, k_hi, BLOCK_K):
             acc = _down_step(acc, k0, k_hi, a_ptr, as_ptr, w_ptr, ws_ptr, rows, row_ok, w_rows,
                              col_ok, blocks, I, BLOCK_K, QUANT, UPCAST, W_TO_X, DOT_PRECISION)
-    return _acc_sum(acc, BLOCK_M, QUANT)
+    return _acc_sum(acc, BLOCK_M)
 
 
 @triton.jit
@@ -794,6 +798,7 @@ def _down_kernel(
     EARLY: tl.constexpr,  # the shared programs wait for gate_up's shared rows of a (flag_ptr),
     # not for all of gate_up, and for the rest only before their epilogue
     SHARED_K: tl.constexpr,  # as in _gate_up_kernel
+    RUNS: tl.constexpr,  # as in _gate_up_kernel
 ):
     s, tile, u, n_tile, shared, exists, g, row0, row_stop, total_tiles, num_valid = _program(
         counts_ptr, E, n_tiles, split, T, BLOCK_E, BLOCK_M, SHARED, PDL, EARLY)
@@ -822,15 +827,15 @@ def _down_kernel(
             if shared:  # the shared expert's weights and rows of a in the activations' dtype
                 acc = _down_loop(k_lo, k_hi, sa_ptr, a_scale_ptr, sw_ptr, w_scale_ptr, a_rows,
                                  row_ok, w_rows, col_ok, blocks, I, BLOCK_N, BLOCK_M, SHARED_K,
-                                 "none", UPCAST, False, DOT_PRECISION, INTERPRET)
+                                 "none", UPCAST, False, DOT_PRECISION, INTERPRET, RUNS)
             else:
                 acc = _down_loop(k_lo, k_hi, a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, a_rows,
                                  row_ok, w_rows, col_ok, blocks, I, BLOCK_N, BLOCK_M, BLOCK_K,
-                                 QUANT, UPCAST, W_TO_X, DOT_PRECISION, INTERPRET)
+                                 QUANT, UPCAST, W_TO_X, DOT_PRECISION, INTERPRET, RUNS)
         else:
             acc = _down_loop(k_lo, k_hi, a_ptr, a_scale_ptr, wd_ptr, w_scale_ptr, a_rows,
                              row_ok, w_rows, col_ok, blocks, I, BLOCK_N, BLOCK_M, BLOCK_K,
-                             QUANT, UPCAST, W_TO_X, DOT_PRECISION, INTERPRET)
+                             QUANT, UPCAST, W_TO_X, DOT_PRECISION, INTERPRET, RUNS)
         if EARLY:
             if shared:  # the routing and all of a, for the combine: as the other programs
                 if PDL:
@@ -1040,6 +1045,22 @@ def _k_split(K: int, cfg: configs.GemmConfig) -> tuple[int, int]:
     return per * cfg.block_k, cdiv(steps, per)
 
 
+def _runs(cfg: configs.GemmConfig, k_split: int, quant: str) -> bool:
+    """Whether a one-pair tile sums each run of 16 bytes of a weight row per thread and reduces
+    across threads once after its K loop (_dot) instead of every step: fewer instructions (the
+    sm_90 K loop of an fp8 gate_up tile 16 x 1024 1067 -> 819, bf16 4 x 2048 580 -> 452, no
+    shuffles or barriers) for more live registers (bf16 4 x 2048 gate_up 80 -> 90, fp8_w8a16
+    32 x 256 96 -> 123), so only where it saves reductions: at least 2 K steps of e4m3 weights,
+    4 of bf16. H200, the layer in CUDA graphs, T = 1..8, everywhere / per step (benchmarks/
+    probe_one_pair.py at f1e4e24): fp8_w8a16 Maverick TP8 T = 1 25.3 / 22.5 us, Scout TP8 22.5 /
+    20.8, fp8 rowwise Maverick 26.9 / 24.9, bf16 Maverick T = 4 53.5 / 50.7; slower with one
+    or two steps: bf16 Mixtral TP2 T = 1 90.9 / 97.0 (gate_up 2 steps), Qwen3-30B-A3B 32.3 /
+    33.5, fp8_w8a16 Mixtral T = 1 56.7 / 60.1 (1 step)."""
+    if cfg.block_m != 1 or quant in ("mxfp4", "fp8_block"):
+        return False
+    return k_split // cfg.block_k >= (2 if quant in ("fp8_rowwise", "fp8_w8a16") else 4)
+
+
 def _shared_k(cfg: configs.GemmConfig, w: Tensor, x_dtype: torch.dtype, quant: str) -> int:
     """The K step of a merged shared expert's weights (x's dtype) beside routed weights in a
     quantized format: as many bytes a row as the routed step's (at least 16 columns, a dot's)."""
@@ -1099,7 +1120,7 @@ def _gate_up_op(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Ten
             W_TO_X=quant in WEIGHT_ONLY,
             DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", INTERPRET=interpret,
             PDL=pdl, SHARED=shared is not None, EARLY=early,
-            SHARED_K=_shared_k(cfg, w13, x.dtype, quant),
+            SHARED_K=_shared_k(cfg, w13, x.dtype, quant), RUNS=_runs(cfg, k_split, quant),
             QUANT_BLOCK=min(1024, next_power_of_2(I)),
             ROW_BLOCK=row_block, ROW_CHUNKS=cdiv(D, row_block),
             **_launch_options(cfg, pdl))
@@ -1156,7 +1177,8 @@ def _down_op(a: Tensor, a_scale: Optional[Tensor], sa: Optional[Tensor], w2: Ten
             UPCAST=_upcast(interpret, a.dtype, quant, w2.dtype), W_TO_X=quant in WEIGHT_ONLY,
             DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32", INTERPRET=interpret,
             PDL=pdl, SHARED=shared is not None, EARLY=early,
-            SHARED_K=_shared_k(cfg, w2, out.dtype, quant), **_launch_options(cfg, pdl))
+            SHARED_K=_shared_k(cfg, w2, out.dtype, quant), RUNS=_runs(cfg, k_split, quant),
+            **_launch_options(cfg, pdl))
 
 
 def gate_up(x: Tensor, w13: Tensor, w13_scale: Tensor | None, counts: Tensor, token_ids: Tensor,
