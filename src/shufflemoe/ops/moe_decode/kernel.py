@@ -1051,11 +1051,12 @@ def _runs(cfg: configs.GemmConfig, k_split: int, quant: str) -> bool:
     sm_90 K loop of an fp8 gate_up tile 16 x 1024 1067 -> 819, bf16 4 x 2048 580 -> 452, no
     shuffles or barriers) for more live registers (bf16 4 x 2048 gate_up 80 -> 90, fp8_w8a16
     32 x 256 96 -> 123), so only where it saves reductions: at least 2 K steps of e4m3 weights,
-    4 of bf16. H200, the layer in CUDA graphs, T = 1..8, everywhere / per step (benchmarks/
-    probe_one_pair.py at f1e4e24): fp8_w8a16 Maverick TP8 T = 1 25.3 / 22.5 us, Scout TP8 22.5 /
-    20.8, fp8 rowwise Maverick 26.9 / 24.9, bf16 Maverick T = 4 53.5 / 50.7; slower with one
-    or two steps: bf16 Mixtral TP2 T = 1 90.9 / 97.0 (gate_up 2 steps), Qwen3-30B-A3B 32.3 /
-    33.5, fp8_w8a16 Mixtral T = 1 56.7 / 60.1 (1 step)."""
+    4 of bf16. H200, the layer in CUDA graphs, T = 1..8, per step / this rule, us
+    (benchmarks/probe_one_pair.py, results/probe_one_pair_a8b0416.jsonl): fp8_w8a16 Maverick
+    TP8 T = 1 25.3 / 22.7, Scout TP8 22.7 / 21.0, fp8 rowwise Maverick 27.3 / 25.1, bf16
+    Maverick T = 4 53.4 / 51.2; 48 rows 1.012x (geometric mean), slower past the ~1% noise at
+    one, fp8_w8a16 Mixtral TP2 T = 4 143.3 / 150.0. Runs everywhere lost up to 6% with one or
+    two steps (bf16 Mixtral TP2 T = 1 90.9 / 97.0, _f1e4e24.jsonl)."""
     if cfg.block_m != 1 or quant in ("mxfp4", "fp8_block"):
         return False
     return k_split // cfg.block_k >= (2 if quant in ("fp8_rowwise", "fp8_w8a16") else 4)
