@@ -11,7 +11,8 @@ streaming its 25 MB at about 2 TB/s where bf16's streams 50 MB at 3.2. This buil
 (preset, format, T), calls it once untimed (compiles) and then once more with a new input (new
 routing) inside an NVTX range, so a profiler filtered to the decode kernels sees each of them
 twice: the second launch is the one to read (stall reasons, issue slots, occupancy, DRAM
-throughput).
+throughput). Results at 07a313c (H200): results/probe_decode_ncu_07a313c_*.csv, read in
+benchmarks/notes/layer.md ("Where a decode launch's time goes, per kernel").
 """
 
 from __future__ import annotations

@@ -19,7 +19,9 @@ probe_prefill_vs_torch_839b239.json (slower at 1 of 40: Mixtral TP2 gemm13 bf16 
 
 times the compute-bound bf16 points nearest parity (and the grouped_gemm suite's one prefill
 miss, equal groups G = 16 M = 1024 gate_up) under each grouped_gemm.configs.PREFILL_CANDIDATES
-tile, the same way; writes $OUT/probe_prefill_tiles_vs_torch.json. Not yet run.
+tile, the same way; writes $OUT/probe_prefill_tiles_vs_torch.json. Results at 07a313c:
+results/probe_prefill_tiles_vs_torch_07a313c.json (the heuristic 0.985-1.055x torch, no
+candidate better across the points; benchmarks/notes/layer.md).
 """
 
 from __future__ import annotations
