@@ -17,19 +17,19 @@ benchmarks/notes/layer.md ("Where a decode launch's time goes, per kernel").
 
 from __future__ import annotations
 
+import pathlib
 import sys
 
 import torch
 
-from shufflemoe import MoE, preset
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from decode_check import PRESETS  # noqa: E402
 
-PRESETS = {"scout-tp8": ("llama4-scout", 8), "maverick-tp8": ("llama4-maverick", 8),
-           "qwen3-30b-a3b": ("qwen3-30b-a3b", 1), "mixtral-tp2": ("mixtral-8x7b", 2)}
+from shufflemoe import MoE  # noqa: E402
 
 
 def main(name: str, fmt: str, T: int) -> None:
-    model, tp = PRESETS[name]
-    cfg = preset(model, tp=tp).replace(quantization=fmt)
+    cfg = PRESETS[name].replace(quantization=fmt)
     torch.manual_seed(0)
     layer = MoE(cfg, device="cuda")
     xs = [torch.randn(T, cfg.hidden_size, device="cuda", dtype=cfg.dtype) for _ in range(2)]
