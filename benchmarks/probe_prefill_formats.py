@@ -56,6 +56,15 @@ CANDIDATES = {
                                              ctas_per_sm=2), ("fp8_w8a16", "mxfp4")),
     "H 128x128x64 w8 s4": (TileConfig(128, 128, 64, num_warps=8, num_stages=4),
                            ("fp8_w8a16", "mxfp4")),
+    "I 64x256x128 w8 s4": (TileConfig(64, 256, 128, num_warps=8, num_stages=4), ("fp8_block",)),
+    "J 64x256x128 w8 s3 flat": (TileConfig(64, 256, 128, num_warps=8, num_stages=3,
+                                           flatten=True), ("fp8_block",)),
+    "K swap 128x128x64 w8 s3": (TileConfig(128, 128, 64, num_warps=8, num_stages=3, swap_ab=True),
+                                ("fp8_w8a16", "mxfp4")),
+    "L swap 128x256x64 w8 s3": (TileConfig(128, 256, 64, num_warps=8, num_stages=3, swap_ab=True),
+                                ("fp8_w8a16", "mxfp4")),
+    "M swap 128x128x128 w8 s3": (TileConfig(128, 128, 128, num_warps=8, num_stages=3,
+                                            swap_ab=True), ("fp8_w8a16", "mxfp4")),
 }
 
 
