@@ -436,7 +436,7 @@ def test_heuristic_follows_the_gpus_sms():
     assert wide.tail_m == configs.TAIL_ROWS and not wide.flatten  # 128 + 32 rows read once
     assert wide.num_stages == 4
     block = configs.select(16384, 2048, 5120, 128, FP8_DTYPE, "fp8_block")
-    assert block.tail_m == 0 and block.flatten and block.num_stages == 3  # its tail dot was slower
+    assert block == configs.FORMAT_PREFILL_TILES["fp8_block"]  # no tail dot: its own tile
     assert configs.select(16384, 2048, 5120, 128, torch.bfloat16, sms=264).block_n == 128
 
 
@@ -463,6 +463,25 @@ def test_mxfp4_deep_k_takes_longer_k_steps():
     assert configs.select(256, 7168, 2048, 8, torch.bfloat16, "mxfp4") == wide
     with configs.override(SMALL):  # an override is taken as it is
         assert configs.select(128, 7168, 4096, 8, torch.bfloat16, "mxfp4") == SMALL
+
+
+@pytest.mark.parametrize("quant", list(configs.FORMAT_PREFILL_TILES))
+def test_format_prefill_tiles_past_64_rows_a_group(quant):
+    """fp8_block, fp8_w8a16 and mxfp4 take their own tiles where groups average more than 64
+    rows (Mixtral TP2 at T = 2048: 512; Qwen3-30B-A3B: 128); below, and for bf16 and fp8
+    rowwise, the heuristic's."""
+    dtype = FP8_DTYPE if quant == "fp8_block" else torch.bfloat16
+    tile = configs.FORMAT_PREFILL_TILES[quant]
+    assert configs.select(4096, 14336, 4096, 8, dtype, quant) == tile
+    assert configs.select(16384, 1536, 2048, 128, dtype, quant) == tile
+    assert configs.select(65 * 8, 14336, 4096, 8, dtype, quant) == tile  # bucket 1024: 128 rows
+    assert configs.select(512, 14336, 4096, 8, dtype, quant) == configs._heuristic(
+        512, 14336, 4096, 8, dtype)  # 64 rows a group
+    assert configs.select(4096, 14336, 4096, 8, dtype) == configs._heuristic(
+        4096, 14336, 4096, 8, dtype)
+    assert tile.tail_m == 0 and (tile.swap_ab or tile.block_m * tile.block_n <= 64 * 128)
+    assert configs.select(4096, 14336, 4096, 8, dtype, quant) != configs._heuristic(
+        4096, 14336, 4096, 8, dtype)
 
 
 def test_mxfp4_run_order_only_on_swapped_16_row_tiles_outside_batch_invariant_mode():

@@ -306,6 +306,18 @@ def test_glu_kernel_variants(fmt, variant):
         run_glu("triton", fmt, [11, 0, 3, 19], ACTS["swiglu_oai (limit)"], gather=True, seed=6)
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_format_prefill_tiles(fmt):
+    """configs.FORMAT_PREFILL_TILES (swapped 128 x 256 tiles for the weight-only formats, 64 x 128
+    for fp8_block): groups larger and smaller than a tile, an empty one, scatter-add with row
+    weights; with a GLU where the format takes one."""
+    with configs.override(configs.FORMAT_PREFILL_TILES[fmt]):
+        run("triton", fmt, [150, 0, 37, 260], W=3, weight_ids=[1, 2, 0, 1], row_weights=True,
+            seed=9)
+        if fmt in GLU_FORMATS:
+            run_glu("triton", fmt, [150, 0, 37, 200], ACTS["silu"], I=140, K=128, seed=10)
+
+
 def test_glu_edge_cases():
     """No rows, one row, no bias, and a tile as wide as I (one tile of halves)."""
     with configs.override(SMALL):

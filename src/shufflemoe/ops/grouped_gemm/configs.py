@@ -145,6 +145,8 @@ def _for_format(M: int, N: int, K: int, G: int, dtype: torch.dtype, quant: str, 
     """The heuristic's tile for the key, changed for the weight format by the rules below; once
     a key (each change copies the frozen config: ~4 us of host time a call uncached)."""
     cfg = _heuristic(M, N, K, G, dtype, sms)
+    if quant in FORMAT_PREFILL_TILES and -(-M // max(G, 1)) > 64:
+        cfg = FORMAT_PREFILL_TILES[quant]
     if quant == "mxfp4" and cfg.swap_ab and cfg.block_n == 128 and K >= MXFP4_DEEP_K:
         if cfg.block_m == 16:
             cfg = cfg.with_(block_k=MXFP4_DEEP_BLOCK_K)
@@ -152,8 +154,6 @@ def _for_format(M: int, N: int, K: int, G: int, dtype: torch.dtype, quant: str, 
             cfg = cfg.with_(num_stages=5)
     if quant == "mxfp4" and cfg.swap_ab and cfg.block_m == 16 and not invariant:
         cfg = cfg.with_(run_order=True)
-    if quant == "fp8_block" and cfg.tail_m:  # its tail dot scales each K step's product too
-        cfg = cfg.with_(tail_m=0, flatten=True, num_stages=3)
     if quant == "fp8_w8a16" and cfg.swap_ab and cfg.block_n == 128:
         rows = -(-M // max(G, 1))
         cfg = cfg.with_(block_k=W8A16_BLOCK_K, block_m=32 if rows > 8 else cfg.block_m)
@@ -230,6 +230,26 @@ W8A16_BLOCK_K = 256
 THREE_AN_SM_K = {"mxfp4": (768, 1 << 31), "fp8_w8a16": (768, MXFP4_DEEP_K),
                  "fp8_block": (0, 1 << 31)}  # [from, below)
 MXFP4_SHORT_K = 1024
+
+
+# Groups of more than 64 rows (compute bound) in the formats bf16's and fp8 rowwise's 128-row
+# tiles serve badly. fp8_block scales each K step's product before adding it, so a tile holds
+# that product in a second fp32 accumulator: 128 x 256 (and 128 x 128) with 8 warps spill
+# (ptxas, sm_90), and fp8's mid-size tile (64 x 128, 4 warps, two programs an SM) runs fastest.
+# fp8_w8a16 and mxfp4 convert the weight tile in registers: swapped, it is the wgmma's register
+# operand instead of a tile stored back to shared memory for the dot. H200, the layer in CUDA
+# graphs, checked against float64 (benchmarks/probe_prefill_formats.py at dab6d54,
+# results/probe_prefill_formats_dab6d54.json; the heuristic's tiles -> these, us): fp8_block
+# Mixtral TP2 T = 2048 3447 -> 1255, Qwen3-30B-A3B T = 2048 910 -> 581, Llama 4 Scout TP8 T =
+# 16384 3350 -> 2004; fp8_w8a16 2554 -> 1578, 717 -> 583, 2554 -> 2042; mxfp4 2497 -> 1943, 738 ->
+# 626, 2536 -> 2221 (bf16 1362, 477, 1848; fp8 rowwise 806, 331, 1469). Swapped 256 x 128 tiles
+# were faster still where groups pass 256 rows (fp8_w8a16 Mixtral 1504, Scout 1929) but wrong
+# on Qwen3's groups of ~128 rows (non-finite values), so they are not used.
+FORMAT_PREFILL_TILES = {
+    "fp8_block": TileConfig(64, 128, 128, num_stages=4, ctas_per_sm=2),
+    "fp8_w8a16": TileConfig(128, 256, 64, num_warps=8, num_stages=3, swap_ab=True),
+    "mxfp4": TileConfig(128, 256, 64, num_warps=8, num_stages=3, swap_ab=True),
+}
 
 
 @functools.lru_cache(maxsize=None)
@@ -325,7 +345,7 @@ def _heuristic(M: int, N: int, K: int, G: int, dtype: torch.dtype,
             # In the layer suite at db405ba (tail dots on every last tile): Qwen3 T = 2048
             # fp8_w8a16 834 -> 686 us, mxfp4 761 -> 720, Maverick prefill bf16 1.02x, fp8 1.01x;
             # but fp8_block 918 -> 1604 (each K step's product scaled before it is added,
-            # twice), which keeps the flattened tile.
+            # twice). The three formats now take FORMAT_PREFILL_TILES here instead.
             # Four stages, not three: more weight bytes in flight (H200, probe_tail_tiles at
             # fb637d6, three / four stages, us: routed Maverick GEMM13 bf16 900 / 872, GEMM2 512
             # / 459, fp8 287 / 281; Qwen3 GEMM2 bf16 158 / 153; equal groups 0-5% faster).
