@@ -11,7 +11,8 @@ weight tile, the wgmma's shared-memory operand, in registers. Candidates: smalle
 tiles for fp8_block, swapped ones (the weights as the wgmma's register operand) for all three.
 
 For each preset, format and T: the layer (CUDA-graph replays over rotated weight copies and
-input sets, checked against float64 first) with the heuristic, then with each candidate on the
+input sets, checked against float64 first) with select()'s tile (from 21087d0 the rule
+configs.FORMAT_PREFILL_TILES these runs found), then with each candidate on the
 routed GEMMs whose groups average more than 64 rows (the rest keep the heuristic's tiles).
 bf16 and fp8 rowwise rows (heuristic only) give the same shapes' reference times. Writes
 $OUT/probe_prefill_formats.json.
