@@ -145,7 +145,8 @@ def _for_format(M: int, N: int, K: int, G: int, dtype: torch.dtype, quant: str, 
     """The heuristic's tile for the key, changed for the weight format by the rules below; once
     a key (each change copies the frozen config: ~4 us of host time a call uncached)."""
     cfg = _heuristic(M, N, K, G, dtype, sms)
-    if quant in FORMAT_PREFILL_TILES and -(-M // max(G, 1)) > 64:
+    rows = -(-M // max(G, 1))  # average rows per group, an upper bound
+    if quant in FORMAT_PREFILL_TILES and rows > 64:
         cfg = FORMAT_PREFILL_TILES[quant]
     if quant == "mxfp4" and cfg.swap_ab and cfg.block_n == 128 and K >= MXFP4_DEEP_K:
         if cfg.block_m == 16:
@@ -155,7 +156,6 @@ def _for_format(M: int, N: int, K: int, G: int, dtype: torch.dtype, quant: str, 
     if quant == "mxfp4" and cfg.swap_ab and cfg.block_m == 16 and not invariant:
         cfg = cfg.with_(run_order=True)
     if quant == "fp8_w8a16" and cfg.swap_ab and cfg.block_n == 128:
-        rows = -(-M // max(G, 1))
         cfg = cfg.with_(block_k=W8A16_BLOCK_K, block_m=32 if rows > 8 else cfg.block_m)
     return _three_an_sm(cfg, M, N, K, G, quant, sms)
 
