@@ -9,9 +9,12 @@ the two GEMM forms the layer runs (gate_up: gathered rows and the GLU; down: row
 group sizes (Qwen3-like routing, equal groups under and over 256 rows), then variants of the tile
 (pointer loads, two stages, 4 warps, 128 tokens); and for each wrong output, where the wrong
 elements lie (rows within their tile, columns within their weight tile). Writes
-$OUT/probe_swap256.json.
+$OUT/probe_swap256.json. With --stress R: each of STRESS_TILES on the routed GEMMs of Qwen3-30B-A3B
+T = 2048, Scout TP8 T = 16384 and Mixtral TP2 T = 2048 (down), R runs each, the wrong runs
+counted and the GEMM timed (CUDA events over 10 launches, 5 times, not in a graph):
+$OUT/probe_swap256_stress.json.
 
-    PYTHONPATH=src python benchmarks/probe_swap256.py --out $OUT [--budget 240]
+    PYTHONPATH=src python benchmarks/probe_swap256.py --out $OUT [--budget 240] [--stress R]
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from shufflemoe.bench.report import metadata
 from shufflemoe.ops import grouped_gemm
 from shufflemoe.ops.grouped_gemm import configs
 from shufflemoe.ops.quantize.formats import weight_format
-from shufflemoe.testing import compare, poisoned
+from shufflemoe.testing import compare, poisoned, tolerance_for
 
 TileConfig = configs.TileConfig
 TILE = TileConfig(256, 128, 64, num_warps=8, num_stages=3, swap_ab=True)
@@ -38,9 +41,18 @@ VARIANTS = {
     "256 swap s3 w4": TILE.with_(num_warps=4),
     "256 swap s3 flat": TILE.with_(flatten=True),
     "128 swap x256 (the rule)": configs.FORMAT_PREFILL_TILES["mxfp4"],
+    "128 swap x256 flat": configs.FORMAT_PREFILL_TILES["mxfp4"].with_(flatten=True),
+    "128 swap x256 s2": configs.FORMAT_PREFILL_TILES["mxfp4"].with_(num_stages=2),
 }
 DEV = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU: the interpreter, small shapes
-FORMS = {"gate_up": dict(N=2 * 768, K=2048, glu=True), "down": dict(N=2048, K=768, glu=False)}
+FORMS = {"gate_up": dict(N=2 * 768, K=2048, glu=True), "down": dict(N=2048, K=768, glu=False),
+         "scout down": dict(N=5120, K=1024, glu=False),
+         "mixtral down": dict(N=4096, K=7168, glu=False)}
+# --stress: each tile on each routed GEMM shape, many runs, failures counted and the GEMM timed
+STRESS_TILES = ("128 swap x256 (the rule)", "256 swap s3 (the tile)", "256 swap s3 flat",
+                "256 swap s2", "128 swap x256 flat", "128 swap x256 s2")
+STRESS_SHAPES = (("down", "qwen3 T=2048"), ("gate_up", "qwen3 T=2048"),
+                 ("scout down", "equal 1024"), ("mixtral down", "equal 512"))
 
 
 def groups(kind: str, gen: torch.Generator) -> list[int]:
@@ -48,7 +60,8 @@ def groups(kind: str, gen: torch.Generator) -> list[int]:
         counts = torch.bincount(torch.randint(0, 128, (16384,), generator=gen), minlength=128)
         return counts.tolist()
     size, n = {"equal 128": (128, 64), "equal 200": (200, 40), "equal 300": (300, 24),
-               "equal 512": (512, 16)}[kind]
+               "equal 512": (512, 16),
+                  "equal 1024": (1024, 16)}[kind]
     return [size] * n
 
 
@@ -125,6 +138,45 @@ def run(variant: str, fmt_name: str, form: str, kind: str, seed: int) -> dict:
     return row
 
 
+def within(out: torch.Tensor, ref: torch.Tensor, tol: str) -> bool:
+    """testing.compare's elementwise bound, on the device (a quick check for many runs)."""
+    t, o = tolerance_for(tol), out.double()
+    bound = t.atol * ref.square().mean().sqrt() + t.rtol * ref.abs()
+    return bool(torch.isfinite(o).all() and ((o - ref).abs() <= bound).all())
+
+
+def stress(fmt_name: str, form: str, kind: str, reps: int) -> list[dict]:
+    """Each STRESS_TILES tile on one GEMM: wrong outputs in ``reps`` runs, and the median time."""
+    sizes = groups(kind, torch.Generator().manual_seed(3))
+    c = case(fmt_name, form, sizes, 3)
+    ms = torch.tensor(sizes, dtype=torch.int32, device=DEV)
+    tol = "bfloat16" if fmt_name == "none" else fmt_name
+    rows = []
+    for variant in STRESS_TILES:
+        cfg = VARIANTS[variant]
+        out = poisoned(c["M"], c["N"], dtype=torch.bfloat16, device=DEV)
+        wrong, times = 0, []
+        with configs.override(cfg):
+            for rep in range(reps):
+                out.fill_(float("nan"))
+                y = grouped_gemm(c["x"], c["w"], ms, out=out, **c["kw"])
+                wrong += not within(y, c["ref"], tol)
+            for _ in range(5):  # back-to-back launches: the GPU's time, not the host's
+                start, end = torch.cuda.Event(True), torch.cuda.Event(True)
+                start.record()
+                for _ in range(10):
+                    grouped_gemm(c["x"], c["w"], ms, out=out, **c["kw"])
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end) * 1e3 / 10)
+        times.sort()
+        rows.append(dict(variant=variant, format=fmt_name, form=form, groups=kind, reps=reps,
+                         wrong=wrong, us=times[len(times) // 2], us_p20=times[len(times) // 5],
+                         us_p80=times[4 * len(times) // 5]))
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
 def plan() -> list[tuple]:
     first = [("256 swap s3 (the tile)", f, form, kind, 1)
              for kind in ("qwen3 T=2048", "equal 128", "equal 300")
@@ -140,10 +192,19 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True, type=pathlib.Path)
     p.add_argument("--budget", type=float, default=240.0)
+    p.add_argument("--stress", type=int, default=0, help="runs a tile and shape (0: no stress)")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     deadline = time.time() + args.budget
     rows = []
+    if args.stress:
+        for fmt_name in ("fp8_w8a16", "mxfp4"):
+            for form, kind in STRESS_SHAPES:
+                if time.time() < deadline:
+                    rows += stress(fmt_name, form, kind, args.stress)
+        (args.out / "probe_swap256_stress.json").write_text(
+            json.dumps(dict(meta=metadata(), rows=rows), indent=1))
+        raise SystemExit(0)
     for spec in plan():
         if time.time() > deadline:
             rows.append(dict(zip(("variant", "format", "form", "groups", "seed"), spec),
