@@ -14,6 +14,10 @@ T = 2048, Scout TP8 T = 16384 and Mixtral TP2 T = 2048 (down), R runs each, the 
 counted and the GEMM timed (CUDA events over 10 launches, 5 times, not in a graph):
 $OUT/probe_swap256_stress.json.
 
+Since these runs (results/probe_swap256_24e962d.json, probe_swap256_stress_dd4e678.json) the
+kernel refuses swapped tiles of more than kernel.SWAP_MAX_ROWS rows: the first mode records the
+refusals, --stress skips those tiles.
+
     PYTHONPATH=src python benchmarks/probe_swap256.py --out $OUT [--budget 240] [--stress R]
 """
 
@@ -29,6 +33,7 @@ import torch
 from shufflemoe.bench.report import metadata
 from shufflemoe.ops import grouped_gemm
 from shufflemoe.ops.grouped_gemm import configs
+from shufflemoe.ops.grouped_gemm.kernel import SWAP_MAX_ROWS
 from shufflemoe.ops.quantize.formats import weight_format
 from shufflemoe.testing import compare, poisoned, tolerance_for
 
@@ -156,6 +161,8 @@ def stress(fmt_name: str, form: str, kind: str, reps: int) -> list[dict]:
         cfg = VARIANTS[variant]
         out = poisoned(c["M"], c["N"], dtype=torch.bfloat16, device=DEV)
         wrong, times = 0, []
+        if cfg.swap_ab and cfg.block_m > SWAP_MAX_ROWS:  # the kernel refuses it
+            continue
         with configs.override(cfg):
             for rep in range(reps):
                 out.fill_(float("nan"))

@@ -332,6 +332,19 @@ def test_tail_rows_must_fit_the_tile(bad):
         grouped_gemm(x, w, ms, impl="triton")
 
 
+@pytest.mark.parametrize("tile", [configs.TileConfig(256, 128, 64, 8, 3, swap_ab=True),
+                                  configs.TileConfig(256, 32, 32, 4, 2, swap_ab=True)], ids=str)
+def test_swapped_tiles_take_at_most_128_rows(tile):
+    """Swapped 256-row tiles gave wrong sums on the GPU (kernel.SWAP_MAX_ROWS): refused, by name;
+    the same rows unswapped run."""
+    x, w, ms, _, x64, w64, _ = make_case([5, 9], 16, 32, tail=0)
+    with configs.override(tile), pytest.raises(ValueError, match="block_m=256 with swap_ab"):
+        grouped_gemm(x, w, ms, impl="triton")
+    with configs.override(tile.with_(swap_ab=False, num_warps=4, num_stages=2)):
+        y = grouped_gemm(x, w, ms, impl="triton")
+    assert_close(y, loop64(x64, w64, [5, 9]), "bfloat16")
+
+
 def test_odd_k_falls_back_to_pointers():
     x = torch.empty(4, 45, dtype=torch.bfloat16)
     w = torch.empty(2, 8, 45, dtype=torch.bfloat16)

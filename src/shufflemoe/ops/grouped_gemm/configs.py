@@ -244,7 +244,7 @@ MXFP4_SHORT_K = 1024
 # 16384 3350 -> 2004; fp8_w8a16 2554 -> 1578, 717 -> 583, 2554 -> 2042; mxfp4 2497 -> 1943, 738 ->
 # 626, 2536 -> 2221 (bf16 1362, 477, 1848; fp8 rowwise 806, 331, 1469). Swapped 256 x 128 tiles
 # were faster still where groups pass 256 rows (fp8_w8a16 Mixtral 1504, Scout 1929) but wrong
-# on Qwen3's groups of ~128 rows (non-finite values), so they are not used.
+# on Qwen3's down GEMM (garbage tiles in every run; the kernel refuses them, kernel.SWAP_MAX_ROWS).
 FORMAT_PREFILL_TILES = {
     "fp8_block": TileConfig(64, 128, 128, num_stages=4, ctas_per_sm=2),
     "fp8_w8a16": TileConfig(128, 256, 64, num_warps=8, num_stages=3, swap_ab=True),

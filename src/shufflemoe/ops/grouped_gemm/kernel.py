@@ -84,6 +84,12 @@ from ..silu_mul.kernel import glu_f32
 from . import configs
 
 _INTERPRETER_PROGRAMS = 3  # several programs, so the round-robin is exercised on the CPU too
+# Swapped tiles' rows (the wgmma's N side) at most: 256-row swapped tiles, fp8_w8a16 and mxfp4,
+# gave non-deterministic wrong sums on Qwen3-30B-A3B's down GEMM (K = 768, groups of ~128 rows)
+# in 30 of 30 runs under Triton 3.6 on an H200 (whole output tiles of garbage), while right
+# under the interpreter and on other shapes (benchmarks/results/probe_swap256_24e962d.json and
+# probe_swap256_stress_dd4e678.json): the kernel refuses them.
+SWAP_MAX_ROWS = 128
 
 
 @triton.jit
@@ -523,6 +529,10 @@ def _tile_config(M: int, N: int, K: int, G: int, x: Tensor,
                        16 <= cfg.tail_m <= cfg.block_m):
         raise ValueError(f"TileConfig.tail_m={cfg.tail_m} must be a power of two from 16 to "
                          f"block_m={cfg.block_m}, on tiles that are not swapped")
+    if cfg.swap_ab and cfg.block_m > SWAP_MAX_ROWS:
+        raise ValueError(f"TileConfig.block_m={cfg.block_m} with swap_ab: swapped tiles take at "
+                         f"most {SWAP_MAX_ROWS} rows (256 gave wrong sums on an H200 under "
+                         "Triton 3.6; benchmarks/probe_swap256.py)")
     part = cfg.block_k // max(cfg.k_parts, 1)
     if (cfg.k_parts < 1 or part * cfg.k_parts != cfg.block_k or part & (part - 1)
             or (quantization == "mxfp4" and part < MX_GROUP)
