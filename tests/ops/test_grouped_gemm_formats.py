@@ -362,3 +362,31 @@ def test_gpu_glu(fmt, variant):
                 gather=True, seed=7)
         run_glu("triton", fmt, [40, 3, 0, 200], ACTS["swiglu_oai (limit)"], I=700, K=512,
                 seed=8)
+
+
+@needs_cuda
+@pytest.mark.parametrize("fmt", ["fp8_w8a16", "mxfp4"])
+@pytest.mark.parametrize("rows", [8, 128])
+def test_gpu_register_operand_tiles_repeat(fmt, rows):
+    """The weight-only formats' swapped tiles feed the converted weight tile to the wgmma from
+    registers, and Triton 3.6 lets the next K step rewrite registers that in-flight wgmmas read
+    (kernel.SWAP_MAX_ROWS: the 256-row form gave garbage on this shape, Qwen3-30B-A3B's down
+    GEMM). The tiles select() ships for about 8 and 128 rows a group, 12 runs each, every one
+    against float64: a wrong run is this hazard."""
+    N, K, G = 2048, 768, 128
+    g = torch.Generator("cuda").manual_seed(rows)
+    sizes = torch.bincount(torch.randint(0, G, (G * rows,), generator=g, device="cuda"),
+                           minlength=G)
+    x = torch.randn(G * rows, K, generator=g, device="cuda").to(torch.bfloat16)
+    w = (torch.randn(G, N, K, generator=g, device="cuda") / K**0.5).to(torch.bfloat16)
+    form = weight_format(fmt)
+    wq, ws = form.quantize(w, None)
+    w64 = form.dequantize(wq, ws, None).double()
+    ends = sizes.cumsum(0).tolist()
+    ref = torch.cat([x[e0:e1].double() @ w64[i].T
+                     for i, (e0, e1) in enumerate(zip([0] + ends[:-1], ends))])
+    out = poisoned(G * rows, N, dtype=torch.bfloat16, device="cuda")
+    for _ in range(12):
+        out.fill_(float("nan"))
+        y = grouped_gemm(x, wq, sizes.to(torch.int32), w_scale=ws, quantization=fmt, out=out)
+        assert_close(y, ref, fmt)
