@@ -88,8 +88,7 @@ _INTERPRETER_PROGRAMS = 3  # several programs, so the round-robin is exercised o
 # gave non-deterministic wrong sums on Qwen3-30B-A3B's down GEMM (K = 768, groups of ~128 rows)
 # in 30 of 30 runs under Triton 3.6 on an H200 (whole output tiles of garbage), while right
 # under the interpreter and on other shapes (benchmarks/results/probe_swap256_24e962d.json and
-# probe_swap256_stress_dd4e678.json): the kernel refuses them. The cause, a register-operand
-# wgmma hazard in Triton 3.6's K loop, is in benchmarks/notes/layer.md (its last section).
+# probe_swap256_stress_dd4e678.json): the kernel refuses them.
 SWAP_MAX_ROWS = 128
 
 
