@@ -147,7 +147,7 @@ def _for_format(M: int, N: int, K: int, G: int, dtype: torch.dtype, quant: str, 
     cfg = _heuristic(M, N, K, G, dtype, sms)
     rows = -(-M // max(G, 1))  # average rows per group, an upper bound
     if quant in FORMAT_PREFILL_TILES and rows > 64:
-        return FORMAT_PREFILL_TILES[quant]
+        cfg = FORMAT_PREFILL_TILES[quant]
     if quant == "mxfp4" and cfg.swap_ab and cfg.block_n == 128 and K >= MXFP4_DEEP_K:
         if cfg.block_m == 16:
             cfg = cfg.with_(block_k=MXFP4_DEEP_BLOCK_K)
@@ -247,8 +247,8 @@ MXFP4_SHORT_K = 1024
 # on Qwen3's down GEMM (garbage tiles in every run; the kernel refuses them, kernel.SWAP_MAX_ROWS).
 FORMAT_PREFILL_TILES = {
     "fp8_block": TileConfig(64, 128, 128, num_stages=4, ctas_per_sm=2),
-    "fp8_w8a16": TileConfig(128, 128, 128, num_warps=8, num_stages=3, swap_ab=True),
-    "mxfp4": TileConfig(128, 128, 128, num_warps=8, num_stages=3, swap_ab=True),
+    "fp8_w8a16": TileConfig(128, 256, 64, num_warps=8, num_stages=3, swap_ab=True),
+    "mxfp4": TileConfig(128, 256, 64, num_warps=8, num_stages=3, swap_ab=True),
 }
 
 

@@ -164,12 +164,6 @@ def _mma(acc, a, b, k0, rows, row_ok, ws_rows, col_ok, x_scale_ptr, w_scale_ptr,
         else:
             part = tl.dot(a, b.T, input_precision=DOT_PRECISION)
             acc += part * xs[:, None] * ws[None, :]
-    elif SWAP_AB and (QUANT == "fp8_w8a16" or QUANT == "mxfp4"):
-        # The converted weight tile is the wgmma's register operand: the select keeps Triton from
-        # making this dot asynchronous, so each K step's wgmmas finish before the next step's
-        # conversion rewrites their registers (Triton 3.6 leaves them in flight otherwise:
-        # benchmarks/notes/layer.md, "register-operand hazard").
-        acc += tl.where(row_ok[None, :], tl.dot(b, a.T, input_precision=DOT_PRECISION), 0.0)
     elif SWAP_AB:
         acc = tl.dot(b, a.T, acc, input_precision=DOT_PRECISION)
     else:
