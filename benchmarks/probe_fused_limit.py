@@ -1,0 +1,114 @@
+"""Where the fused decode path should stop: the layer as shipped against configs.ALWAYS (the two
+fused launches at every A, every format) past today's Switch limits (one GPU call).
+
+The layer suite at d1f07f0 (H200, CUDA graphs) has Llama 4 Scout TP8 bf16 at 88.9% of the read
+ceiling at T = 64 (A = 64: fused) and 83.3% at T = 128 (A = 128 > Switch.max_pairs: the
+four-launch path), for about the same bytes; fp8 rowwise and the other formats leave the fused
+path sooner still (Scout fp8 rowwise 45.8-73.2%). Each case: the layer (CUDA-graph replays over
+rotated weight copies and input sets, the suite's _Case) as shipped, then under ALWAYS, then as
+shipped again (drift shows), every variant checked against float64. Writes
+$OUT/probe_fused_limit.json.
+
+    PYTHONPATH=src python benchmarks/probe_fused_limit.py --out $OUT [--budget 400]
+        [--presets llama4-scout-tp8] [--reps 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import time
+
+import torch
+
+from shufflemoe import MoE
+from shufflemoe.bench.ceilings import measure_ceilings
+from shufflemoe.bench.report import metadata
+from shufflemoe.bench.suites.layer import (N_SETS, PRESETS, _Case, _call, _copies, expert_bytes,
+                                           fixed_bytes)
+from shufflemoe.ops.moe_decode import configs
+
+# (preset, format, T values), most telling first (the deadline skips the tail)
+CASES = (
+    ("llama4-scout-tp8", "none", (128, 256)),
+    ("mixtral-8x7b-tp2", "none", (64, 128)),
+    ("qwen3-30b-a3b", "none", (16, 32, 64)),
+    ("llama4-maverick-tp8", "none", (128, 256)),
+    ("llama4-scout-tp8", "fp8_rowwise", (8, 64, 128)),
+    ("llama4-maverick-tp8", "fp8_rowwise", (64, 128)),
+    ("qwen3-30b-a3b", "fp8_rowwise", (8, 64)),
+    ("mixtral-8x7b-tp2", "fp8_rowwise", (8, 64)),
+    ("llama4-scout-tp8", "fp8_w8a16", (8, 64)),
+    ("llama4-scout-tp8", "fp8_block", (8, 64)),
+    ("llama4-maverick-tp8", "fp8_w8a16", (64,)),
+    ("qwen3-30b-a3b", "fp8_block", (8, 64)),
+)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="/tmp/probe_fused_limit")
+    ap.add_argument("--budget", type=float, default=400.0)
+    ap.add_argument("--presets", default="")
+    ap.add_argument("--reps", type=int, default=20)
+    args = ap.parse_args()
+    start = time.time()
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    ceil = measure_ceilings()
+    by_name = {p.name: p for p in PRESETS}
+    rows = []
+    for name, fmt, Ts in CASES:
+        if args.presets and name not in args.presets.split(","):
+            continue
+        cfg = by_name[name].cfg.replace(quantization=fmt)
+        if time.time() - start > args.budget:
+            rows.append(dict(preset=name, format=fmt, note="skipped: budget"))
+            continue
+        torch.manual_seed(0)
+        first = MoE(cfg, device="cuda")
+        n = _copies(first, expert_bytes(first) * min(cfg.num_experts, max(Ts) * cfg.top_k)
+                    + fixed_bytes(first))
+        layers = [first] + [MoE(cfg, device="cuda") for _ in range(n - 1)]
+        for T in Ts:
+            row = dict(preset=name, format=fmt, T=T, pairs=T * cfg.top_k,
+                       fused_by_default=configs.use_fused(T * cfg.top_k, cfg.top_k, fmt,
+                                                          cfg.num_experts))
+            if time.time() - start > args.budget:
+                rows.append(dict(row, note="skipped: budget"))
+                continue
+            xs = [torch.randn(T, cfg.hidden_size, device="cuda", dtype=cfg.dtype)
+                  for _ in range(N_SETS)]
+            case = _Case(layers, xs)
+            for variant in ("shipped", "always", "shipped again"):
+                try:
+                    if variant == "always":
+                        with configs.override(configs.ALWAYS):
+                            timing, check = case.time(_call, "graph", args.reps, check=True)
+                    else:
+                        timing, check = case.time(_call, "graph", args.reps, check=True)
+                    row[variant] = dict(us=round(timing["us"], 1), p20=round(timing["us_lo"], 1),
+                                        p80=round(timing["us_hi"], 1), check=check)
+                except Exception as e:  # noqa: BLE001 - a variant that fails is a row
+                    row[variant] = dict(note=f"failed: {type(e).__name__}: {str(e)[:200]}")
+            shipped = [row[v]["us"] for v in ("shipped", "shipped again") if "us" in row[v]]
+            if shipped and "us" in row["always"]:
+                row["shipped_over_always"] = round(min(shipped) / row["always"]["us"], 3)
+                row["pct_read_shipped"] = round(100 * case.fields["read_bytes"] / (
+                    min(shipped) * 1e-6) / (ceil.read_gbps * 1e9), 1)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+        del layers, first
+        torch.cuda.empty_cache()
+    meta = dict(metadata(), read_gbps=ceil.read_gbps, seconds=round(time.time() - start))
+    (out / "probe_fused_limit.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+    for r in rows:
+        print(r["preset"], r["format"], r.get("T"), r.get("fused_by_default"),
+              r.get("shipped", {}).get("us"), r.get("always", {}).get("us"),
+              r.get("shipped again", {}).get("us"), r.get("shipped_over_always"),
+              r.get("pct_read_shipped"), r.get("always", {}).get("check"), r.get("note", ""))
+
+
+if __name__ == "__main__":
+    main()
