@@ -1,0 +1,121 @@
+"""The four-launch path's glue at decode row counts: GEMM13 taking the GLU (shuffled.GLU_MAX_ROWS)
+and gathering x's rows itself (shuffled._gathers_in_gemm) past today's limits (one GPU call).
+
+probe_timeline at 2588615 (H200, results/probe_timeline_h200_2588615.txt): Mixtral TP2 bf16 at
+T = 128 (32 pairs an expert) spends ~20 us of its 368 outside the two GEMMs, which stream at
+97-98% of the read ceiling: router 4.0, routing 4.8, the gather copy 2.0 (2I = 14336 > the
+gather rule's 4096), silu_mul 4.3 (32 rows > GLU_MAX_ROWS = 16), token sum 2.3. Both rules were
+set on throughput-bound shapes (Mixtral T = 2048, Qwen3 T = 2048); at a few dozen rows an expert
+GEMM13 is bound by its weights' bytes, where the GLU paid at <= 16 rows. Variants, the layer in
+CUDA graphs over rotated weights and inputs (the suite's _Case), each checked against float64:
+shipped; glu32 (GLU_MAX_ROWS 32); glu64; gather (GEMM13 gathers bf16 / fp8_w8a16 rows wherever
+the pairs average <= 64 an expert); glu32+gather; shipped again. Writes
+$OUT/probe_decode_glue.json.
+
+    PYTHONPATH=src python benchmarks/probe_decode_glue.py --out $OUT [--budget 400]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import pathlib
+import time
+
+import torch
+
+from shufflemoe import MoE
+from shufflemoe.bench.report import metadata
+from shufflemoe.bench.suites.layer import (N_SETS, PRESETS, _Case, _call, _copies, expert_bytes,
+                                           fixed_bytes)
+from shufflemoe.experts import shuffled
+
+CASES = (
+    ("mixtral-8x7b-tp2", "none", (64, 128, 256)),
+    ("qwen3-30b-a3b", "none", (128, 256, 512)),
+    ("mixtral-8x7b-tp2", "fp8_w8a16", (64, 128)),
+    ("llama4-scout-tp8", "none", (256, 512)),
+    ("qwen3-30b-a3b", "fp8_w8a16", (64, 128)),
+)
+GATHER_ROWS = 64
+_shipped_gathers = shuffled._gathers_in_gemm
+
+
+@contextlib.contextmanager
+def variant(name: str):
+    glu = shuffled.GLU_MAX_ROWS
+    if "glu32" in name:
+        shuffled.GLU_MAX_ROWS = 32
+    if "glu64" in name:
+        shuffled.GLU_MAX_ROWS = 64
+    if "gather" in name:
+        def gathers(x, w, w_in):
+            return _shipped_gathers(x, w, w_in) or (
+                not isinstance(x, shuffled.QuantizedRows) and w_in is None
+                and w.quantization in ("none", "fp8_w8a16") and _ROWS[0] <= GATHER_ROWS)
+        shuffled._gathers_in_gemm = gathers
+    try:
+        yield
+    finally:
+        shuffled.GLU_MAX_ROWS = glu
+        shuffled._gathers_in_gemm = _shipped_gathers
+
+
+_ROWS = [0]  # pairs an expert of the case being timed
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="/tmp/probe_decode_glue")
+    ap.add_argument("--budget", type=float, default=400.0)
+    ap.add_argument("--reps", type=int, default=20)
+    args = ap.parse_args()
+    start = time.time()
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    by_name = {p.name: p for p in PRESETS}
+    variants = ("shipped", "glu32", "glu64", "gather", "glu32+gather", "shipped again")
+    rows = []
+    for name, fmt, Ts in CASES:
+        cfg = by_name[name].cfg.replace(quantization=fmt)
+        if time.time() - start > args.budget:
+            rows.append(dict(preset=name, format=fmt, note="skipped: budget"))
+            continue
+        torch.manual_seed(0)
+        first = MoE(cfg, device="cuda")
+        n = _copies(first, expert_bytes(first) * min(cfg.num_experts, max(Ts) * cfg.top_k)
+                    + fixed_bytes(first))
+        layers = [first] + [MoE(cfg, device="cuda") for _ in range(n - 1)]
+        for T in Ts:
+            _ROWS[0] = T * cfg.top_k / cfg.num_experts
+            row = dict(preset=name, format=fmt, T=T, rows_an_expert=_ROWS[0])
+            if time.time() - start > args.budget:
+                rows.append(dict(row, note="skipped: budget"))
+                continue
+            xs = [torch.randn(T, cfg.hidden_size, device="cuda", dtype=cfg.dtype)
+                  for _ in range(N_SETS)]
+            case = _Case(layers, xs)
+            for v in variants:
+                try:
+                    with variant(v):
+                        timing, check = case.time(_call, "graph", args.reps, check=True)
+                    row[v] = dict(us=round(timing["us"], 1), p20=round(timing["us_lo"], 1),
+                                  p80=round(timing["us_hi"], 1), check=check)
+                except Exception as e:  # noqa: BLE001 - a variant that fails is a row
+                    row[v] = dict(note=f"failed: {type(e).__name__}: {str(e)[:200]}")
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+        del layers, first
+        torch.cuda.empty_cache()
+    meta = dict(metadata(), seconds=round(time.time() - start))
+    (out / "probe_decode_glue.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+    for r in rows:
+        print(r["preset"], r["format"], r.get("T"), r.get("rows_an_expert"),
+              *(f"{v}={r.get(v, {}).get('us')}" for v in variants),
+              *(r.get(v, {}).get("check") or r.get(v, {}).get("note", "") for v in variants
+                if r.get(v, {}).get("check") != "ok"), r.get("note", ""))
+
+
+if __name__ == "__main__":
+    main()
