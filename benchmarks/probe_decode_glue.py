@@ -12,7 +12,11 @@ shipped; glu32 (GLU_MAX_ROWS 32); glu64; gather (GEMM13 gathers bf16 / fp8_w8a16
 the pairs average <= 64 an expert); glu32+gather; shipped again. Writes
 $OUT/probe_decode_glue.json.
 
-    PYTHONPATH=src python benchmarks/probe_decode_glue.py --out $OUT [--budget 400]
+--set gather: the gather alone at 20-512 pairs an expert where 2I passes the width rule (Mixtral
+TP2 and TP1, gpt-oss-120b in bf16), with the rows limit at 64, 128 and 256 (gather64, ...), into
+$OUT/probe_decode_glue_gather.json.
+
+    PYTHONPATH=src python benchmarks/probe_decode_glue.py --out $OUT [--budget 400] [--set gather]
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import time
 
 import torch
 
-from shufflemoe import MoE
+from shufflemoe import MoE, preset
 from shufflemoe.bench.report import metadata
 from shufflemoe.bench.suites.layer import (N_SETS, PRESETS, _Case, _call, _copies, expert_bytes,
                                            fixed_bytes)
@@ -38,7 +42,11 @@ CASES = (
     ("llama4-scout-tp8", "none", (256, 512)),
     ("qwen3-30b-a3b", "fp8_w8a16", (64, 128)),
 )
-GATHER_ROWS = 64
+GATHER_CASES = (
+    ("mixtral-8x7b", 2, "none", (160, 256, 384, 512, 1024)),
+    ("mixtral-8x7b", 1, "none", (128, 256, 512)),
+    ("gpt-oss-120b", 1, "none", (640, 1024, 2048, 4096)),
+)
 _shipped_gathers = shuffled._gathers_in_gemm
 
 
@@ -50,10 +58,12 @@ def variant(name: str):
     if "glu64" in name:
         shuffled.GLU_MAX_ROWS = 64
     if "gather" in name:
+        most = int(name.split("gather")[1] or 64)
+
         def gathers(x, w, w_in):
             return _shipped_gathers(x, w, w_in) or (
                 not isinstance(x, shuffled.QuantizedRows) and w_in is None
-                and w.quantization in ("none", "fp8_w8a16") and _ROWS[0] <= GATHER_ROWS)
+                and w.quantization in ("none", "fp8_w8a16") and _ROWS[0] <= most)
         shuffled._gathers_in_gemm = gathers
     try:
         yield
@@ -70,15 +80,22 @@ def main() -> None:
     ap.add_argument("--out", default="/tmp/probe_decode_glue")
     ap.add_argument("--budget", type=float, default=400.0)
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--set", default="glue", choices=("glue", "gather"))
     args = ap.parse_args()
     start = time.time()
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     by_name = {p.name: p for p in PRESETS}
-    variants = ("shipped", "glu32", "glu64", "gather", "glu32+gather", "shipped again")
+    if args.set == "gather":
+        variants = ("shipped", "gather64", "gather128", "gather256", "shipped again")
+        cases = [(f"{n}-tp{tp}", preset(n, tp=tp).replace(quantization=f), Ts)
+                 for n, tp, f, Ts in GATHER_CASES]
+    else:
+        variants = ("shipped", "glu32", "glu64", "gather", "glu32+gather", "shipped again")
+        cases = [(n, by_name[n].cfg.replace(quantization=f), Ts) for n, f, Ts in CASES]
     rows = []
-    for name, fmt, Ts in CASES:
-        cfg = by_name[name].cfg.replace(quantization=fmt)
+    for name, cfg, Ts in cases:
+        fmt = cfg.quantization
         if time.time() - start > args.budget:
             rows.append(dict(preset=name, format=fmt, note="skipped: budget"))
             continue
@@ -109,7 +126,8 @@ def main() -> None:
         del layers, first
         torch.cuda.empty_cache()
     meta = dict(metadata(), seconds=round(time.time() - start))
-    (out / "probe_decode_glue.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+    suffix = "_gather" if args.set == "gather" else ""
+    (out / f"probe_decode_glue{suffix}.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
     for r in rows:
         print(r["preset"], r["format"], r.get("T"), r.get("rows_an_expert"),
               *(f"{v}={r.get(v, {}).get('us')}" for v in variants),
