@@ -12,11 +12,15 @@ shipped; glu32 (GLU_MAX_ROWS 32); glu64; gather (GEMM13 gathers bf16 / fp8_w8a16
 the pairs average <= 64 an expert); glu32+gather; shipped again. Writes
 $OUT/probe_decode_glue.json.
 
+--set tiles: at 33-64 pairs an expert (where bf16 takes unswapped 128 x 128 tiles whose x box
+loads 128 rows whatever a group holds), the gather against swapped 64-row tiles (swap64, the
+tile of <= 32 rows) and both, into $OUT/probe_decode_glue_tiles.json.
+
 --set gather: the gather alone at 20-512 pairs an expert where 2I passes the width rule (Mixtral
 TP2 and TP1, gpt-oss-120b in bf16), with the rows limit at 64, 128 and 256 (gather64, ...), into
 $OUT/probe_decode_glue_gather.json.
 
-    PYTHONPATH=src python benchmarks/probe_decode_glue.py --out $OUT [--budget 400] [--set gather]
+    PYTHONPATH=src python benchmarks/probe_decode_glue.py --out $OUT [--budget 400] [--set gather|tiles]
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from shufflemoe.bench.report import metadata
 from shufflemoe.bench.suites.layer import (N_SETS, PRESETS, _Case, _call, _copies, expert_bytes,
                                            fixed_bytes)
 from shufflemoe.experts import shuffled
+from shufflemoe.ops.grouped_gemm import configs as gemm_configs
 
 CASES = (
     ("mixtral-8x7b-tp2", "none", (64, 128, 256)),
@@ -47,7 +52,20 @@ GATHER_CASES = (
     ("mixtral-8x7b", 1, "none", (128, 256, 512)),
     ("gpt-oss-120b", 1, "none", (640, 1024, 2048, 4096)),
 )
+TILE_CASES = (
+    ("mixtral-8x7b", 2, "none", (160, 256)),
+    ("mixtral-8x7b", 1, "none", (256,)),
+    ("gpt-oss-120b", 1, "none", (2048,)),
+)
+SWAP64 = gemm_configs.TileConfig(64, 128, 128, num_stages=3, swap_ab=True, ctas_per_sm=2)
 _shipped_gathers = shuffled._gathers_in_gemm
+
+
+def _swap64(key):
+    M, N, K, G, dtype = key
+    if G > 1 and dtype == torch.bfloat16 and 32 < -(-M // G) <= 64:
+        return SWAP64
+    return gemm_configs._heuristic(M, N, K, G, dtype)  # select() without the override (bf16)
 
 
 @contextlib.contextmanager
@@ -65,8 +83,10 @@ def variant(name: str):
                 not isinstance(x, shuffled.QuantizedRows) and w_in is None
                 and w.quantization in ("none", "fp8_w8a16") and _ROWS[0] <= most)
         shuffled._gathers_in_gemm = gathers
+    tiles = gemm_configs.override(_swap64) if "swap64" in name else contextlib.nullcontext()
     try:
-        yield
+        with tiles:
+            yield
     finally:
         shuffled.GLU_MAX_ROWS = glu
         shuffled._gathers_in_gemm = _shipped_gathers
@@ -80,16 +100,18 @@ def main() -> None:
     ap.add_argument("--out", default="/tmp/probe_decode_glue")
     ap.add_argument("--budget", type=float, default=400.0)
     ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--set", default="glue", choices=("glue", "gather"))
+    ap.add_argument("--set", default="glue", choices=("glue", "gather", "tiles"))
     args = ap.parse_args()
     start = time.time()
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     by_name = {p.name: p for p in PRESETS}
-    if args.set == "gather":
-        variants = ("shipped", "gather64", "gather128", "gather256", "shipped again")
+    if args.set in ("gather", "tiles"):
+        variants = (("shipped", "gather64", "gather128", "gather256", "shipped again")
+                    if args.set == "gather" else
+                    ("shipped", "gather64", "swap64", "swap64+gather64", "shipped again"))
         cases = [(f"{n}-tp{tp}", preset(n, tp=tp).replace(quantization=f), Ts)
-                 for n, tp, f, Ts in GATHER_CASES]
+                 for n, tp, f, Ts in (GATHER_CASES if args.set == "gather" else TILE_CASES)]
     else:
         variants = ("shipped", "glu32", "glu64", "gather", "glu32+gather", "shipped again")
         cases = [(n, by_name[n].cfg.replace(quantization=f), Ts) for n, f, Ts in CASES]
@@ -126,7 +148,7 @@ def main() -> None:
         del layers, first
         torch.cuda.empty_cache()
     meta = dict(metadata(), seconds=round(time.time() - start))
-    suffix = "_gather" if args.set == "gather" else ""
+    suffix = "" if args.set == "glue" else f"_{args.set}"
     (out / f"probe_decode_glue{suffix}.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
     for r in rows:
         print(r["preset"], r["format"], r.get("T"), r.get("rows_an_expert"),
