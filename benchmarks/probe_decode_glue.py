@@ -53,9 +53,9 @@ GATHER_CASES = (
     ("gpt-oss-120b", 1, "none", (640, 1024, 2048, 4096)),
 )
 TILE_CASES = (
-    ("mixtral-8x7b", 2, "none", (160, 256)),
-    ("mixtral-8x7b", 1, "none", (256,)),
-    ("gpt-oss-120b", 1, "none", (2048,)),
+    ("mixtral-8x7b", 2, "none", (160, 192, 224, 256)),
+    ("mixtral-8x7b", 1, "none", (160, 256)),
+    ("gpt-oss-120b", 1, "none", (1280, 1536, 2048)),
 )
 SWAP64 = gemm_configs.TileConfig(64, 128, 128, num_stages=3, swap_ab=True, ctas_per_sm=2)
 _shipped_gathers = shuffled._gathers_in_gemm
