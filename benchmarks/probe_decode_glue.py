@@ -33,10 +33,10 @@ import time
 
 import torch
 
-from shufflemoe import MoE, preset
+from probe_fused_limit import rotated_layers
+from shufflemoe import preset
 from shufflemoe.bench.report import metadata
-from shufflemoe.bench.suites.layer import (N_SETS, PRESETS, _Case, _call, _copies, expert_bytes,
-                                           fixed_bytes)
+from shufflemoe.bench.suites.layer import N_SETS, PRESETS, _Case, _call
 from shufflemoe.experts import shuffled
 from shufflemoe.ops.grouped_gemm import configs as gemm_configs
 
@@ -121,11 +121,7 @@ def main() -> None:
         if time.time() - start > args.budget:
             rows.append(dict(preset=name, format=fmt, note="skipped: budget"))
             continue
-        torch.manual_seed(0)
-        first = MoE(cfg, device="cuda")
-        n = _copies(first, expert_bytes(first) * min(cfg.num_experts, max(Ts) * cfg.top_k)
-                    + fixed_bytes(first))
-        layers = [first] + [MoE(cfg, device="cuda") for _ in range(n - 1)]
+        layers = rotated_layers(cfg, max(Ts))
         for T in Ts:
             _ROWS[0] = T * cfg.top_k / cfg.num_experts
             row = dict(preset=name, format=fmt, T=T, rows_an_expert=_ROWS[0])
@@ -145,7 +141,7 @@ def main() -> None:
                     row[v] = dict(note=f"failed: {type(e).__name__}: {str(e)[:200]}")
             rows.append(row)
             print(json.dumps(row), flush=True)
-        del layers, first
+        del layers
         torch.cuda.empty_cache()
     meta = dict(metadata(), seconds=round(time.time() - start))
     suffix = "" if args.set == "glue" else f"_{args.set}"

@@ -46,6 +46,16 @@ CASES = (
 )
 
 
+def rotated_layers(cfg, most_tokens: int) -> list:
+    """The layer (seed 0) and the weight copies the layer suite would rotate through for up to
+    most_tokens tokens (one pass over their activated bytes reads more than twice L2)."""
+    torch.manual_seed(0)
+    first = MoE(cfg, device="cuda")
+    n = _copies(first, expert_bytes(first) * min(cfg.num_experts, most_tokens * cfg.top_k)
+                + fixed_bytes(first))
+    return [first] + [MoE(cfg, device="cuda") for _ in range(n - 1)]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="/tmp/probe_fused_limit")
@@ -66,11 +76,7 @@ def main() -> None:
         if time.time() - start > args.budget:
             rows.append(dict(preset=name, format=fmt, note="skipped: budget"))
             continue
-        torch.manual_seed(0)
-        first = MoE(cfg, device="cuda")
-        n = _copies(first, expert_bytes(first) * min(cfg.num_experts, max(Ts) * cfg.top_k)
-                    + fixed_bytes(first))
-        layers = [first] + [MoE(cfg, device="cuda") for _ in range(n - 1)]
+        layers = rotated_layers(cfg, max(Ts))
         for T in Ts:
             row = dict(preset=name, format=fmt, T=T, pairs=T * cfg.top_k,
                        fused_by_default=configs.use_fused(T * cfg.top_k, cfg.top_k, fmt,
@@ -99,7 +105,7 @@ def main() -> None:
                     min(shipped) * 1e-6) / (ceil.read_gbps * 1e9), 1)
             rows.append(row)
             print(json.dumps(row), flush=True)
-        del layers, first
+        del layers
         torch.cuda.empty_cache()
     meta = dict(metadata(), read_gbps=ceil.read_gbps, seconds=round(time.time() - start))
     (out / "probe_fused_limit.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
