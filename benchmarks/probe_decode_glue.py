@@ -33,10 +33,10 @@ import time
 
 import torch
 
-from probe_fused_limit import rotated_layers
+from probe_fused_limit import new_case, rotated_layers, timed
 from shufflemoe import preset
 from shufflemoe.bench.report import metadata
-from shufflemoe.bench.suites.layer import N_SETS, PRESETS, _Case, _call
+from shufflemoe.bench.suites.layer import PRESETS
 from shufflemoe.experts import shuffled
 from shufflemoe.ops.grouped_gemm import configs as gemm_configs
 
@@ -128,17 +128,9 @@ def main() -> None:
             if time.time() - start > args.budget:
                 rows.append(dict(row, note="skipped: budget"))
                 continue
-            xs = [torch.randn(T, cfg.hidden_size, device="cuda", dtype=cfg.dtype)
-                  for _ in range(N_SETS)]
-            case = _Case(layers, xs)
+            case = new_case(layers, T)
             for v in variants:
-                try:
-                    with variant(v):
-                        timing, check = case.time(_call, "graph", args.reps, check=True)
-                    row[v] = dict(us=round(timing["us"], 1), p20=round(timing["us_lo"], 1),
-                                  p80=round(timing["us_hi"], 1), check=check)
-                except Exception as e:  # noqa: BLE001 - a variant that fails is a row
-                    row[v] = dict(note=f"failed: {type(e).__name__}: {str(e)[:200]}")
+                row[v] = timed(case, variant(v), args.reps)
             rows.append(row)
             print(json.dumps(row), flush=True)
         del layers

@@ -16,6 +16,7 @@ $OUT/probe_fused_limit.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import pathlib
 import time
@@ -56,6 +57,25 @@ def rotated_layers(cfg, most_tokens: int) -> list:
     return [first] + [MoE(cfg, device="cuda") for _ in range(n - 1)]
 
 
+def new_case(layers: list, T: int) -> _Case:
+    """The suite's case: the layers and N_SETS fresh input sets of T tokens."""
+    cfg = layers[0].config
+    return _Case(layers, [torch.randn(T, cfg.hidden_size, device="cuda", dtype=cfg.dtype)
+                          for _ in range(N_SETS)])
+
+
+def timed(case: _Case, context, reps: int) -> dict:
+    """The case's layer in CUDA-graph replays inside ``context``: median us [p20, p80] and its
+    check against float64, or why it failed (a variant that fails is a row)."""
+    try:
+        with context:
+            timing, check = case.time(_call, "graph", reps, check=True)
+    except Exception as e:  # noqa: BLE001
+        return dict(note=f"failed: {type(e).__name__}: {str(e)[:200]}")
+    return dict(us=round(timing["us"], 1), p20=round(timing["us_lo"], 1),
+                p80=round(timing["us_hi"], 1), check=check)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="/tmp/probe_fused_limit")
@@ -84,20 +104,10 @@ def main() -> None:
             if time.time() - start > args.budget:
                 rows.append(dict(row, note="skipped: budget"))
                 continue
-            xs = [torch.randn(T, cfg.hidden_size, device="cuda", dtype=cfg.dtype)
-                  for _ in range(N_SETS)]
-            case = _Case(layers, xs)
+            case = new_case(layers, T)
             for variant in ("shipped", "always", "shipped again"):
-                try:
-                    if variant == "always":
-                        with configs.override(configs.ALWAYS):
-                            timing, check = case.time(_call, "graph", args.reps, check=True)
-                    else:
-                        timing, check = case.time(_call, "graph", args.reps, check=True)
-                    row[variant] = dict(us=round(timing["us"], 1), p20=round(timing["us_lo"], 1),
-                                        p80=round(timing["us_hi"], 1), check=check)
-                except Exception as e:  # noqa: BLE001 - a variant that fails is a row
-                    row[variant] = dict(note=f"failed: {type(e).__name__}: {str(e)[:200]}")
+                row[variant] = timed(case, configs.override(configs.ALWAYS) if variant == "always"
+                                     else contextlib.nullcontext(), args.reps)
             shipped = [row[v]["us"] for v in ("shipped", "shipped again") if "us" in row[v]]
             if shipped and "us" in row["always"]:
                 row["shipped_over_always"] = round(min(shipped) / row["always"]["us"], 3)
