@@ -12,6 +12,7 @@ so that a few experts' weights stream through every SM."""
 from __future__ import annotations
 
 from ..ops import backend_for
+from ..ops.grouped_gemm import configs as gemm_configs
 from ..ops.moe_decode import configs as decode_configs
 from ..ops.moe_decode import gate_up_outputs
 from ..ops.moe_decode import reference as decode_formats
@@ -76,7 +77,8 @@ class Shuffled(Experts):
 
 
 GATHER_MAX_N = 4096  # GEMM13 gathers its rows itself up to this width (2I)
-GATHER_MAX_ROWS = 64  # ... and bf16 rows at any width up to this many pairs an expert (A / E)
+GATHER_MAX_ROWS = 64  # ... and bf16 rows of any width on the 128-row tiles up to this many pairs
+# an expert (A / E): past gemm_configs.MID_SWAP_ROWS, below which the GEMM takes swapped tiles
 
 
 def _gathers_in_gemm(x, w, w_in, num_pairs: int, num_experts: int) -> bool:
@@ -84,21 +86,24 @@ def _gathers_in_gemm(x, w, w_in, num_pairs: int, num_experts: int) -> bool:
     gather_scale writes first (the weights still through TMA; the same bits either way): for rows
     in the model dtype, not scaled at the input, against bf16 or fp8_w8a16 weights where the
     copy's bytes (2 A D) weigh against GEMM13's (A D 2I), 2I <= GATHER_MAX_N; and against bf16
-    weights of any width where the pairs average at most GATHER_MAX_ROWS an expert (GEMM13 bound
-    by its weights' bytes). Measured on an H100 (benchmarks/results/probe_gather_gemm_ab92b7b.json,
-    the layer in CUDA graphs, the copy's time / the gathering GEMM's): Qwen3-30B-A3B (2I = 1536)
-    T = 64 1.009x, 128 1.012x, 2048 1.063x, 16384 1.12x, fp8_w8a16 T = 64 1.019x; Mixtral TP2 (2I
-    = 14336) 1.004x at T = 64 but 0.977x at 2048 and fp8_w8a16 0.983x; mxfp4 0.961x (its K steps
-    are bound by the conversion). The rows term, on an H200 (probe_decode_glue --set gather,
-    results/probe_decode_glue_gather_87c91ff.json, the same method, shipped / gathering, us):
-    Mixtral TP2 bf16 T = 160 (40 pairs an expert) 440 / 417-422, T = 256 (64) 433 / 420-425
-    (probe_decode_glue_2cd8ded.json: 1.8-2.9%); gpt-oss-120b bf16 T = 640 (20) 1746 / 1724, T =
-    2048 (64) 2108 / 2059-2067; Mixtral TP1 T = 128 (32) 712 / 716-718 (0.99x), T = 256 (64) 848 /
-    831-846; past 64 pairs it lost at Mixtral TP2 (T = 384, 96 pairs: 446 / 447-456; T = 1024
-    818 / 842) and fp8_w8a16 lost at 16-32 (Mixtral TP2 225 / 232, 312 / 320)."""
+    weights of any width where the pairs average more than gemm_configs.MID_SWAP_ROWS and at
+    most GATHER_MAX_ROWS an expert: the 128-row tiles there load 128 rows of x through TMA
+    whatever a group holds, the gathering loads skip the rows past it. Measured on an H100
+    (benchmarks/results/probe_gather_gemm_ab92b7b.json, the layer in CUDA graphs, the copy's
+    time / the gathering GEMM's): Qwen3-30B-A3B (2I = 1536) T = 64 1.009x, 128 1.012x, 2048
+    1.063x, 16384 1.12x, fp8_w8a16 T = 64 1.019x; Mixtral TP2 (2I = 14336) 1.004x at T = 64 but
+    0.977x at 2048 and fp8_w8a16 0.983x; mxfp4 0.961x (its K steps are bound by the
+    conversion). The rows term, on an H200 (probe_decode_glue --set gather / tiles,
+    results/probe_decode_glue_gather_87c91ff.json and _tiles_c1bb07b.json, the same method,
+    shipped / gathering, us): Mixtral TP2 bf16 T = 224 (56 pairs an expert) 420.8 / 408.0, T =
+    256 (64) 413.0 / 407.6; Mixtral TP1 T = 256 (64) 807.1 / 795.3; gpt-oss-120b bf16 T = 2048
+    (64) 2022.7 / 1979.4; past 64 pairs it lost at Mixtral TP2 (T = 384, 96 pairs: 446 /
+    447-456; T = 1024 818 / 842), on the swapped tiles of <= 48 pairs it costs ~2% (T = 160:
+    360.3 / 368.0), and fp8_w8a16 lost at 16-32 (Mixtral TP2 225 / 232, 312 / 320)."""
     if isinstance(x, QuantizedRows) or w_in is not None:
         return False
-    if w.quantization == "none" and num_pairs <= GATHER_MAX_ROWS * num_experts:
+    if (w.quantization == "none"
+            and gemm_configs.MID_SWAP_ROWS * num_experts < num_pairs <= GATHER_MAX_ROWS * num_experts):
         return True
     return w.quantization in ("none", "fp8_w8a16") and w.w13.shape[1] <= GATHER_MAX_N
 
