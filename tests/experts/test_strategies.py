@@ -98,3 +98,33 @@ def test_rows_scaled_at_the_input_scale_gemm13(impl):
     assert not shuffled._scales_in_gemm(x, layer.expert_weights, w_in, 64 * 200, 64)
     with use_impl(impl):
         check_strategy("shuffled", layer, x, r)
+
+
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+def test_wide_bf16_layers_gather_in_gemm13_on_part_filled_tiles(impl):
+    """Past the width rule (2I > GATHER_MAX_N) bf16 rows are gathered by GEMM13 itself where the
+    pairs average more than MID_SWAP_ROWS and at most GATHER_MAX_ROWS an expert (the 128-row
+    tiles of a Mixtral-like batch), not outside that range or for fp8_w8a16 weights; the
+    gathered path against float64."""
+    from shufflemoe.experts import shuffled
+    from shufflemoe.ops import use_impl
+    from shufflemoe.ops.grouped_gemm import configs as gemm_configs
+
+    I = shuffled.GATHER_MAX_N // 2 + 8  # 2I just past the width rule
+    cfg = _cfg(hidden_size=32, intermediate_size=I, num_experts=4, top_k=2,
+               dtype=torch.bfloat16)
+    dev = "cuda" if impl == "triton" and torch.cuda.is_available() else "cpu"
+    layer = make_layer(cfg, device=dev)
+    x = make_input(cfg, 116, device=dev)  # 58 pairs an expert
+    r = layer.route(x)
+    w, E = layer.expert_weights, r.num_experts
+    assert shuffled._gathers_in_gemm(x, w, None, r.num_pairs, E)
+    low, high = gemm_configs.MID_SWAP_ROWS * E, shuffled.GATHER_MAX_ROWS * E
+    assert shuffled._gathers_in_gemm(x, w, None, low + 1, E)
+    assert shuffled._gathers_in_gemm(x, w, None, high, E)
+    assert not shuffled._gathers_in_gemm(x, w, None, low, E)
+    assert not shuffled._gathers_in_gemm(x, w, None, high + 1, E)
+    w8 = make_layer(cfg.replace(quantization="fp8_w8a16"), device=dev).expert_weights
+    assert not shuffled._gathers_in_gemm(x, w8, None, r.num_pairs, E)
+    with use_impl(impl):
+        check_strategy("shuffled", layer, x, r)

@@ -453,6 +453,24 @@ def test_heuristic_follows_the_gpus_sms():
     assert configs.select(16384, 2048, 5120, 128, torch.bfloat16, sms=264).block_n == 128
 
 
+def test_part_filled_mid_bucket_takes_the_swapped_tile():
+    # Mixtral TP2 gate_up (8 experts, k = 2): T = 160 / 192 (40 / 48 rows a group) fall in the
+    # 64-row bucket with T = 256 but take the swapped 64-row tile of 32 rows a group; 56 and 64
+    # rows keep the 128 x 128 tile, as do fp8 and the weight formats' own rules.
+    thin = configs.select(256, 14336, 4096, 8, torch.bfloat16)
+    assert thin.swap_ab and thin.block_m == 64
+    for M in (320, 384):
+        assert configs.select(M, 14336, 4096, 8, torch.bfloat16) == thin
+    for M in (448, 512):
+        full = configs.select(M, 14336, 4096, 8, torch.bfloat16)
+        assert (full.block_m, full.block_n, full.swap_ab) == (128, 128, False)
+    assert not configs.select(320, 14336, 4096, 8, FP8_DTYPE).swap_ab
+    assert configs.select(320, 14336, 4096, 8, torch.bfloat16, "fp8_w8a16") == configs.select(
+        512, 14336, 4096, 8, torch.bfloat16, "fp8_w8a16")
+    with configs.override(SMALL):
+        assert configs.select(320, 14336, 4096, 8, torch.bfloat16) == SMALL
+
+
 def test_mxfp4_deep_k_takes_longer_k_steps():
     # Mixtral TP2 gate_up at T = 64 (k = 2 over 8 experts: 16 rows a group): swapped 16 x 128 tiles.
     bf16 = configs.select(128, 7168, 4096, 8, torch.bfloat16)

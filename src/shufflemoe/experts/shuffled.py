@@ -12,6 +12,7 @@ so that a few experts' weights stream through every SM."""
 from __future__ import annotations
 
 from ..ops import backend_for
+from ..ops.grouped_gemm import configs as gemm_configs
 from ..ops.moe_decode import configs as decode_configs
 from ..ops.moe_decode import gate_up_outputs
 from ..ops.moe_decode import reference as decode_formats
@@ -49,7 +50,7 @@ class Shuffled(Experts):
         nv = None if r.all_routed else r.num_valid  # known: every row is valid
         # rows scaled at the input: GEMM13 gathers them unscaled and scales its sums instead
         scales = _scales_in_gemm(x, w, w_in, r.num_pairs, r.num_experts)
-        gathered = scales or _gathers_in_gemm(x, w, w_in)  # no [A, D] copy: x's rows by id
+        gathered = scales or _gathers_in_gemm(x, w, w_in, r.num_pairs, r.num_experts)
         xs = x if gathered else gather_input(ops, x, r.token_ids, w_in, w, nv)  # [A, D]
         ids = r.token_ids if gathered else None
         if not scales and _glu_in_gemm(w, r.num_pairs, r.num_experts, cfg):  # GLU in GEMM13
@@ -76,23 +77,35 @@ class Shuffled(Experts):
 
 
 GATHER_MAX_N = 4096  # GEMM13 gathers its rows itself up to this width (2I)
+GATHER_MAX_ROWS = 64  # ... and bf16 rows of any width on the 128-row tiles up to this many pairs
+# an expert (A / E): past gemm_configs.MID_SWAP_ROWS, below which the GEMM takes swapped tiles
 
 
-def _gathers_in_gemm(x, w, w_in) -> bool:
+def _gathers_in_gemm(x, w, w_in, num_pairs: int, num_experts: int) -> bool:
     """Whether the unfused path's GEMM13 reads x's rows by id (pointer loads) instead of a copy
-    gather_scale writes first (the weights still through TMA): for rows in the model dtype, not
-    scaled at the input, against bf16 or fp8_w8a16 weights, where the copy's bytes (2 A D) weigh
-    against GEMM13's (A D 2I): 2I <= GATHER_MAX_N. Measured on an H100
+    gather_scale writes first (the weights still through TMA; the same bits either way): for rows
+    in the model dtype, not scaled at the input, against bf16 or fp8_w8a16 weights where the
+    copy's bytes (2 A D) weigh against GEMM13's (A D 2I), 2I <= GATHER_MAX_N; and against bf16
+    weights of any width where the pairs average more than gemm_configs.MID_SWAP_ROWS and at
+    most GATHER_MAX_ROWS an expert: the 128-row tiles there load 128 rows of x through TMA
+    whatever a group holds, the gathering loads skip the rows past it. Measured on an H100
     (benchmarks/results/probe_gather_gemm_ab92b7b.json, the layer in CUDA graphs, the copy's
     time / the gathering GEMM's): Qwen3-30B-A3B (2I = 1536) T = 64 1.009x, 128 1.012x, 2048
     1.063x, 16384 1.12x, fp8_w8a16 T = 64 1.019x; Mixtral TP2 (2I = 14336) 1.004x at T = 64 but
     0.977x at 2048 and fp8_w8a16 0.983x; mxfp4 0.961x (its K steps are bound by the
-    conversion); rows scaled at the input (Llama 4), the scale taken in registers before the
-    MMA (since removed from the kernel: wrong sums in one tile config on an H100): Scout TP8 T
-    = 128 1.016x but 0.992x at 2048 and 0.916x at 16384, Maverick TP8 T = 16384 1.012x. The
-    same bits either way."""
-    return (not isinstance(x, QuantizedRows) and w_in is None
-            and w.quantization in ("none", "fp8_w8a16") and w.w13.shape[1] <= GATHER_MAX_N)
+    conversion). The rows term, on an H200 (probe_decode_glue --set gather / tiles,
+    results/probe_decode_glue_gather_87c91ff.json and _tiles_c1bb07b.json, the same method,
+    shipped / gathering, us): Mixtral TP2 bf16 T = 224 (56 pairs an expert) 420.8 / 408.0, T =
+    256 (64) 413.0 / 407.6; Mixtral TP1 T = 256 (64) 807.1 / 795.3; gpt-oss-120b bf16 T = 2048
+    (64) 2022.7 / 1979.4; past 64 pairs it lost at Mixtral TP2 (T = 384, 96 pairs: 446 /
+    447-456; T = 1024 818 / 842), on the swapped tiles of <= 48 pairs it costs ~2% (T = 160:
+    360.3 / 368.0), and fp8_w8a16 lost at 16-32 (Mixtral TP2 225 / 232, 312 / 320)."""
+    if isinstance(x, QuantizedRows) or w_in is not None:
+        return False
+    if (w.quantization == "none"
+            and gemm_configs.MID_SWAP_ROWS * num_experts < num_pairs <= GATHER_MAX_ROWS * num_experts):
+        return True
+    return w.quantization in ("none", "fp8_w8a16") and w.w13.shape[1] <= GATHER_MAX_N
 
 
 SCALED_GATHER_MIN_EXPERTS = 64  # GEMM13 gathers rows scaled at the input from this many experts

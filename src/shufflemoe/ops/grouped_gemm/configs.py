@@ -136,7 +136,23 @@ def select(M: int, N: int, K: int, G: int, dtype: torch.dtype, quant: str = "non
     invariant = _invariant.get()
     if invariant and M > BATCH_INVARIANT_ROWS:
         return batch_invariant_config(N, K, dtype)
-    return _for_format(*key, quant, sms, invariant)
+    cfg = _for_format(*key, quant, sms, invariant)
+    G = max(G, 1)
+    if (quant == "none" and not cfg.swap_ab and cfg.block_m == 128 and -(-M // G) <= MID_SWAP_ROWS
+            < -(-key[0] // G) <= 64):
+        return _heuristic(32 * G, N, K, G, dtype, sms)  # the swapped tile of 32 rows a group
+    return cfg
+
+
+# The lower half of the 64-row bucket: groups averaging 33-48 rows take the swapped 64-row tile
+# of 32 rows a group, not the 128 x 128 one the bucket's 64 rows give (its x box loads 128 rows
+# whatever a group holds, and each of a wide GEMM's column tiles loads them again). H200, the
+# layer in CUDA graphs (benchmarks/probe_decode_glue.py --set tiles, results/
+# probe_decode_glue_tiles_c1bb07b.json; 128 x 128 / swapped 64-row, us): Mixtral TP2 bf16 T = 160
+# (40 rows) 428.5 / 360.3, T = 192 (48) 423.5 / 365.0, T = 224 (56) 420.8 / 396.5, T = 256 (64)
+# 413.0 / 430.2; Mixtral TP1 T = 160 835.9 / 698.0, T = 256 807.1 / 847.6; gpt-oss-120b bf16 T =
+# 1280 (40) 1966.6 / 1760.4, T = 1536 (48) 1985.3 / 1834.4, T = 2048 (64) 2022.7 / 2139.0.
+MID_SWAP_ROWS = 48
 
 
 @functools.lru_cache(maxsize=None)
