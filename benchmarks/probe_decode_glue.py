@@ -14,7 +14,9 @@ $OUT/probe_decode_glue.json.
 
 --set tiles: at 33-64 pairs an expert (where bf16 takes unswapped 128 x 128 tiles whose x box
 loads 128 rows whatever a group holds), the gather against swapped 64-row tiles (swap64, the
-tile of <= 32 rows) and both, into $OUT/probe_decode_glue_tiles.json.
+tile of <= 32 rows) and both, into $OUT/probe_decode_glue_tiles.json. (Both rules it measured
+ship since 894ff1d: configs.MID_SWAP_ROWS and shuffled.GATHER_MAX_ROWS, so "shipped" there is
+no longer the 128 x 128 tile at 33-48 rows.)
 
 --set gather: the gather alone at 20-512 pairs an expert where 2I passes the width rule (Mixtral
 TP2 and TP1, gpt-oss-120b in bf16), with the rows limit at 64, 128 and 256 (gather64, ...), into
@@ -78,8 +80,8 @@ def variant(name: str):
     if "gather" in name:
         most = int(name.split("gather")[1] or 64)
 
-        def gathers(x, w, w_in):
-            return _shipped_gathers(x, w, w_in) or (
+        def gathers(x, w, w_in, num_pairs, num_experts):
+            return _shipped_gathers(x, w, w_in, num_pairs, num_experts) or (
                 not isinstance(x, shuffled.QuantizedRows) and w_in is None
                 and w.quantization in ("none", "fp8_w8a16") and _ROWS[0] <= most)
         shuffled._gathers_in_gemm = gathers
