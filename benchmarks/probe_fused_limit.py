@@ -64,12 +64,12 @@ def new_case(layers: list, T: int) -> _Case:
                           for _ in range(N_SETS)])
 
 
-def timed(case: _Case, context, reps: int) -> dict:
-    """The case's layer in CUDA-graph replays inside ``context``: median us [p20, p80] and its
-    check against float64, or why it failed (a variant that fails is a row)."""
+def timed(case: _Case, context, reps: int, fn=_call) -> dict:
+    """The case's layer (``fn(layer, x)``) in CUDA-graph replays inside ``context``: median us
+    [p20, p80] and its check against float64, or why it failed (a variant that fails is a row)."""
     try:
         with context:
-            timing, check = case.time(_call, "graph", reps, check=True)
+            timing, check = case.time(fn, "graph", reps, check=True)
     except Exception as e:  # noqa: BLE001
         return dict(note=f"failed: {type(e).__name__}: {str(e)[:200]}")
     return dict(us=round(timing["us"], 1), p20=round(timing["us_lo"], 1),
