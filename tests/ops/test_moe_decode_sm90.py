@@ -126,7 +126,8 @@ def grouped(quant: str, tma: str, swap_ab: bool, block_m: int = 64, block_k: int
             block_n: int = 128, gather: str = "none", glu: str = "none", num_warps: int = 4,
             run_order: bool = False, k_parts: int = 1, tail_m: int = 0, num_stages: int = 3):
     """The grouped GEMM: its mxfp4 path (the interpreter cannot run its PTX dequantization), its
-    gathered rows and its GLU epilogue (two weight tiles a K step) under the GPU compiler."""
+    gathered rows and its GLU epilogue (one 3-D TMA box and one dot a K step, or two tiles and
+    two dots swapped) under the GPU compiler."""
     from shufflemoe.ops.grouped_gemm import kernel
 
     wdt = {"mxfp4": "*u8", "none": "*bf16", "fp8_w8a16": "*fp8e4nv"}[quant]
@@ -191,8 +192,10 @@ BUILDS = {
         "mxfp4", "device", True, 16, 128, run_order=True, k_parts=2),
     "grouped GEMM mxfp4 gathered rows, GLU, swapped 16 x 128 x 128, run order": lambda: grouped(
         "mxfp4", "device", True, 16, 128, 128, "rows", "silu", run_order=True),
-    "grouped GEMM bf16 gathered rows, GLU, device TMA, 128 x 128 x 64": lambda: grouped(
+    "grouped GEMM bf16 gathered rows, GLU in one dot, device TMA, 128 x 128 x 64": lambda: grouped(
         "none", "device", False, 128, 64, 128, "rows", "silu", num_warps=8),
+    "grouped GEMM bf16 GLU in one dot, device TMA, 128 x (2 x 128) x 64": lambda: grouped(
+        "none", "device", False, 128, 64, 128, glu="silu", num_warps=8, num_stages=4),
     "grouped GEMM bf16 gathered rows, gpt-oss GLU, swapped 16 x 64 x 128": lambda: grouped(
         "none", "device", True, 16, 128, 64, "rows", "swiglu_oai"),
     "grouped GEMM mxfp4 GLU, swapped": lambda: grouped("mxfp4", "device", True, glu="silu"),
@@ -263,6 +266,8 @@ if __name__ == "__main__":
                 # tiles in mxfp4_run_order read a thread's bytes of a run as one matrix load
                 if "run order" in name or not name.startswith("grouped"):
                     assert ("ldmatrix" in ptx) == (name in BUILDS), "single-byte loads"
+            if "one dot" in name:  # the GLU tile's gate and up rows in one dot a K step
+                assert ttgir.count("ttng.warp_group_dot ") == 1, "not one dot a K step"
             if name in BUILDS and not name.startswith("grouped"):
                 assert "async_copy_global_to_local" in ttgir, "the K loop is not pipelined"
                 assert "warp_group_dot" in ttgir, "no wgmma"

@@ -39,10 +39,15 @@ rows. (Rows scaled in registers before the MMA, x_ids with weights, gave wrong s
 8-warp tiles without the flattened loop on an H100, Triton 3.6, fb4150c's GPU tests, and paid
 only at small T: removed, gather_scale scales rows.)
 
-GLU (16-bit or fp32 x only): a tile holds BLOCK_N gate rows and the BLOCK_N up rows N / 2 further
-on (two weight tiles a K step against one x tile, two accumulators), and its epilogue stores
-act(gate, up) [M, N / 2] from the fp32 sums (after bias and scales), as the fused decode kernels
-do: no [M, N] product stored and read again by silu_mul.
+GLU (16-bit or fp32 x only): a tile takes BLOCK_N gate rows and the BLOCK_N up rows N / 2
+further on, and its epilogue stores act(gate, up) [M, N / 2] from the fp32 sums (after bias and
+scales), as the fused decode kernels do: no [M, N] product stored and read again by silu_mul. A
+plain tile loads both halves as one [2 BLOCK_N, BLOCK_K] weight tile a K step (through TMA one
+box of a 3-D descriptor over w viewed as [2 W, N / 2, K], where gate and up matrices alternate)
+for one dot as wide as a plain tile's, and splits the sums; a swapped tile (weights as the MMA's
+M side) loads two [BLOCK_N, BLOCK_K] tiles for two dots and two accumulators, since the 3-D
+box reached its MMA through registers (offline sm_90 SASS: LDSM and a register-operand wgmma)
+where the plain tile's stays in shared memory.
 
 Tail rows (TAIL_M, TileConfig.tail_m; not with SWAP_AB or a GLU): a group's last m-tile takes
 up to TAIL_M rows past its BLOCK_M, multiplied in each K step by the weight tile already in shared
@@ -98,15 +103,33 @@ def _locate_combine(a0, a1, a2, a3, b0, b1, b2, b3):
 
 
 @triton.jit
-def _load_w(k0, w_row0, w_rows, col_ok, w_ptr, w_desc, w_scale_ptr, K,
-            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_TMA: tl.constexpr,
-            QUANT: tl.constexpr, UPCAST: tl.constexpr, RUN_ORDER: tl.constexpr):
-    """The weight tile w[w_rows, k0:k0+BLOCK_K] [BLOCK_N, BLOCK_K]: as stored (bf16, fp8), or
-    dequantized (mxfp4: packed [BLOCK_N, BLOCK_K / 2] bytes and their scales; to bf16, or to
-    float32 under the interpreter; RUN_ORDER: its columns in mxfp4_run_order, as _load_x's)."""
+def _box(w_desc, w_row0, w_n0, k, WN: tl.constexpr, GLU: tl.constexpr, SWAP_AB: tl.constexpr):
+    """The TMA box of the weight tile at column k: rows w_row0.. of w viewed as [W*N, K], or (a
+    GLU tile not swapped) matrix w_row0 (gate) and the next (up) of w viewed as [2 W, N / 2, K]
+    from row w_n0, one [WN, *] tile."""
+    if GLU == "none":
+        b = w_desc.load([w_row0, k])
+    elif SWAP_AB:
+        b = w_desc.load([w_row0, k])
+    else:
+        b = w_desc.load([w_row0, w_n0, k])
+        b = b.reshape(WN, b.shape[2])
+    return b
+
+
+@triton.jit
+def _load_w(k0, w_row0, w_n0, w_rows, col_ok, w_ptr, w_desc, w_scale_ptr, K,
+            BLOCK_K: tl.constexpr, USE_TMA: tl.constexpr, QUANT: tl.constexpr,
+            GLU: tl.constexpr, SWAP_AB: tl.constexpr, UPCAST: tl.constexpr,
+            RUN_ORDER: tl.constexpr):
+    """The weight tile w[w_rows, k0:k0+BLOCK_K] [len(w_rows), BLOCK_K]: as stored (bf16, fp8),
+    or dequantized (mxfp4: packed [len(w_rows), BLOCK_K / 2] bytes and their scales; to bf16, or
+    to float32 under the interpreter; RUN_ORDER: its columns in mxfp4_run_order, as _load_x's).
+    Through TMA, _box's box at (w_row0, w_n0)."""
+    WN: tl.constexpr = w_rows.shape[0]
     if QUANT == "mxfp4":
         if USE_TMA:
-            packed = w_desc.load([w_row0, k0 // 2])
+            packed = _box(w_desc, w_row0, w_n0, k0 // 2, WN, GLU, SWAP_AB)
         else:
             js = k0 // 2 + tl.arange(0, BLOCK_K // 2)
             packed = tl.load(w_ptr + w_rows[:, None] * (K // 2) + js[None, :],
@@ -114,9 +137,9 @@ def _load_w(k0, w_row0, w_rows, col_ok, w_ptr, w_desc, w_scale_ptr, K,
         gs = k0 // 32 + tl.arange(0, BLOCK_K // 32)
         s = tl.load(w_scale_ptr + w_rows[:, None] * (K // 32) + gs[None, :],
                     mask=col_ok[:, None] & (gs < K // 32)[None, :], other=0)
-        b = mxfp4_values(packed, s, BLOCK_N, BLOCK_K, UPCAST, RUN_ORDER)
+        b = mxfp4_values(packed, s, WN, BLOCK_K, UPCAST, RUN_ORDER)
     elif USE_TMA:
-        b = w_desc.load([w_row0, k0])
+        b = _box(w_desc, w_row0, w_n0, k0, WN, GLU, SWAP_AB)
     else:
         ks = k0 + tl.arange(0, BLOCK_K)
         b = tl.load(w_ptr + w_rows[:, None] * K + ks[None, :],
@@ -172,24 +195,25 @@ def _mma(acc, a, b, k0, rows, row_ok, ws_rows, col_ok, x_scale_ptr, w_scale_ptr,
 
 
 @triton.jit
-def _k_step(acc, acc_u, acc_t, k0, row0, w_row0, rows, row_ok, a_rows, w_rows, col_ok, ws_rows,
-            row_t0, rows_t, row_ok_t, a_rows_t, x_ptr, w_ptr, x_desc, x_tail_desc, w_desc,
-            x_scale_ptr, w_scale_ptr, K, KB, N_OUT,
-            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TAIL_M: tl.constexpr,
+def _k_step(acc, acc_u, acc_t, k0, row0, w_row0, w_n0, rows, row_ok, a_rows, w_rows, col_ok,
+            ws_rows, row_t0, rows_t, row_ok_t, a_rows_t, x_ptr, w_ptr, x_desc, x_tail_desc,
+            w_desc, x_scale_ptr, w_scale_ptr, K, KB, N_OUT,
+            BLOCK_K: tl.constexpr, TAIL_M: tl.constexpr,
             USE_TMA: tl.constexpr, SWAP_AB: tl.constexpr, QUANT: tl.constexpr,
             GATHER: tl.constexpr, GLU: tl.constexpr, UPCAST: tl.constexpr,
             DOT_PRECISION: tl.constexpr, RUN_ORDER: tl.constexpr, STEP_K: tl.constexpr):
     """One K step: acc += x[rows] @ w[w_rows]^T over k0:k0+STEP_K, loaded and multiplied in parts
-    of BLOCK_K; with a GLU, also acc_u += the same rows against the up rows, N_OUT rows further on
-    (x's tile loaded once for both); with TAIL_M, also acc_t += the same weight tile against the
-    tail rows (rows_t), swapped, issued first. RUN_ORDER (mxfp4): both tiles' columns in
-    mxfp4_run_order, the same products summed."""
+    of BLOCK_K (with a GLU, w_rows are the gate rows and then the up rows: one dot; swapped,
+    w_rows are the gate rows and acc_u += the same rows against the up rows, N_OUT rows further
+    on); with TAIL_M, also acc_t += the same weight tile against the tail rows (rows_t), swapped,
+    issued first. RUN_ORDER (mxfp4): both tiles' columns in mxfp4_run_order, the same products
+    summed."""
     for h in tl.static_range(STEP_K // BLOCK_K):
         kp = k0 + h * BLOCK_K
         a = _load_x(kp, row0, row_ok, a_rows, x_ptr, x_desc, K, BLOCK_K, USE_TMA, GATHER,
                     RUN_ORDER)
-        b = _load_w(kp, w_row0, w_rows, col_ok, w_ptr, w_desc, w_scale_ptr, K, BLOCK_N, BLOCK_K,
-                    USE_TMA, QUANT, UPCAST, RUN_ORDER)
+        b = _load_w(kp, w_row0, w_n0, w_rows, col_ok, w_ptr, w_desc, w_scale_ptr, K, BLOCK_K,
+                    USE_TMA, QUANT, GLU, SWAP_AB, UPCAST, RUN_ORDER)
         if TAIL_M > 0:  # issued before the main dot: 3-10% faster tiles (probe_tail_forms)
             a_t = _load_x(kp, row_t0, row_ok_t, a_rows_t, x_ptr, x_tail_desc, K, BLOCK_K,
                           USE_TMA, GATHER, RUN_ORDER)
@@ -197,9 +221,10 @@ def _k_step(acc, acc_u, acc_t, k0, row0, w_row0, rows, row_ok, a_rows, w_rows, c
                          w_scale_ptr, KB, True, QUANT, UPCAST, DOT_PRECISION)
         acc = _mma(acc, a, b, kp, rows, row_ok, ws_rows, col_ok, x_scale_ptr, w_scale_ptr, KB,
                    SWAP_AB, QUANT, UPCAST, DOT_PRECISION)
-        if GLU != "none":
-            b = _load_w(kp, w_row0 + N_OUT, w_rows + N_OUT, col_ok, w_ptr, w_desc, w_scale_ptr,
-                        K, BLOCK_N, BLOCK_K, USE_TMA, QUANT, UPCAST, RUN_ORDER)
+        if GLU != "none" and SWAP_AB:
+            b = _load_w(kp, w_row0 + N_OUT, w_n0, w_rows + N_OUT, col_ok, w_ptr, w_desc,
+                        w_scale_ptr, K, BLOCK_K, USE_TMA, QUANT, GLU, SWAP_AB, UPCAST,
+                        RUN_ORDER)
             acc_u = _mma(acc_u, a, b, kp, rows, row_ok, ws_rows, col_ok, x_scale_ptr,
                          w_scale_ptr, KB, SWAP_AB, QUANT, UPCAST, DOT_PRECISION)
     return acc, acc_u, acc_t
@@ -273,20 +298,33 @@ def _tile(
     else:  # only the tile's own rows are looked up: past row_stop the ids may be anything
         a_rows = tl.load(x_ids_ptr + rows, mask=row_ok, other=0).to(tl.int64)
     w_rows = wid.to(tl.int64) * N + cols  # [BLOCK_N] rows of w viewed as [W*N, K]
+    if GLU != "none" and not SWAP_AB:
+        # The K loop's weight tile: BLOCK_N gate rows, then their up rows N_OUT further (TMA: w
+        # viewed as [2 W, N_OUT, K], matrix 2 wid and the next, from row n0); acc is as wide.
+        j = tl.arange(0, 2 * BLOCK_N)
+        k_cols = n0 + j % BLOCK_N
+        k_col_ok = k_cols < N_OUT
+        k_rows = wid.to(tl.int64) * N + k_cols + (j // BLOCK_N) * N_OUT
+        w_row0 = 2 * wid
+        ACC_N: tl.constexpr = 2 * BLOCK_N
+    else:
+        k_col_ok = col_ok
+        k_rows = w_rows
+        w_row0 = wid * N + n0
+        ACC_N: tl.constexpr = BLOCK_N
     if QUANT == "fp8_block":  # each column's scale-block row; blocks restart at SPLIT (up half)
         blk = tl.where(cols < SPLIT, cols // 128, tl.cdiv(SPLIT, 128) + (cols - SPLIT) // 128)
         ws_rows = wid.to(tl.int64) * NB + blk
     else:
-        ws_rows = w_rows
+        ws_rows = k_rows
     if SWAP_AB:
-        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        acc = tl.zeros((ACC_N, BLOCK_M), dtype=tl.float32)
     else:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if GLU != "none":
+        acc = tl.zeros((BLOCK_M, ACC_N), dtype=tl.float32)
+    if GLU != "none" and SWAP_AB:  # the up rows' own accumulator
         acc_u = tl.zeros_like(acc)
     else:
         acc_u = tl.zeros((1,), dtype=tl.float32)  # unused
-    w_row0 = wid * N + n0
     no_tail = tl.zeros((1,), dtype=tl.float32)  # the K loop's acc_t without tail rows (unused)
     if TAIL_M > 0:
         # A group's last tile holds up to BLOCK_M + TAIL_M rows: those past BLOCK_M take a
@@ -302,40 +340,41 @@ def _tile(
                 a_rows_t = tl.load(x_ids_ptr + rows_t, mask=row_ok_t, other=0).to(tl.int64)
             acc_t = tl.zeros((BLOCK_N, TAIL_M), dtype=tl.float32)
             acc, acc_u, acc_t = _k_loop(
-                acc, acc_u, acc_t, row0, w_row0, rows, row_ok, a_rows, w_rows, col_ok, ws_rows,
-                row_t0, rows_t, row_ok_t, a_rows_t, x_ptr, w_ptr, x_desc, x_tail_desc, w_desc,
-                x_scale_ptr, w_scale_ptr, K, KB, N_OUT, BLOCK_N, BLOCK_K, TAIL_M, USE_TMA,
+                acc, acc_u, acc_t, row0, w_row0, n0, rows, row_ok, a_rows, k_rows, k_col_ok,
+                ws_rows, row_t0, rows_t, row_ok_t, a_rows_t, x_ptr, w_ptr, x_desc, x_tail_desc,
+                w_desc, x_scale_ptr, w_scale_ptr, K, KB, N_OUT, BLOCK_K, TAIL_M, USE_TMA,
                 SWAP_AB, QUANT, GATHER, GLU, UPCAST, DOT_PRECISION, INTERPRET, RUN_ORDER, STEP_K)
             _epilogue(acc_t.T, acc_u, rows_t, row_ok_t, cols, col_ok, w_rows, x_scale_ptr,
                       w_scale_ptr, bias_ptr, row_weights_ptr, scatter_ids_ptr, out_ptr, N, N_OUT,
                       alpha, limit, QUANT, HAS_BIAS, HAS_ROW_WEIGHTS, SCATTER, GLU, HAS_LIMIT)
         else:
             acc, acc_u, no_tail = _k_loop(
-                acc, acc_u, no_tail, row0, w_row0, rows, row_ok, a_rows, w_rows, col_ok, ws_rows,
-                row0, rows, row_ok, a_rows, x_ptr, w_ptr, x_desc, x_tail_desc, w_desc,
-                x_scale_ptr, w_scale_ptr, K, KB, N_OUT, BLOCK_N, BLOCK_K, 0, USE_TMA, SWAP_AB,
+                acc, acc_u, no_tail, row0, w_row0, n0, rows, row_ok, a_rows, k_rows, k_col_ok,
+                ws_rows, row0, rows, row_ok, a_rows, x_ptr, w_ptr, x_desc, x_tail_desc, w_desc,
+                x_scale_ptr, w_scale_ptr, K, KB, N_OUT, BLOCK_K, 0, USE_TMA, SWAP_AB,
                 QUANT, GATHER, GLU, UPCAST, DOT_PRECISION, INTERPRET, RUN_ORDER, STEP_K)
     else:
         acc, acc_u, no_tail = _k_loop(
-            acc, acc_u, no_tail, row0, w_row0, rows, row_ok, a_rows, w_rows, col_ok, ws_rows,
-            row0, rows, row_ok, a_rows, x_ptr, w_ptr, x_desc, x_tail_desc, w_desc, x_scale_ptr,
-            w_scale_ptr, K, KB, N_OUT, BLOCK_N, BLOCK_K, 0, USE_TMA, SWAP_AB, QUANT, GATHER, GLU,
-            UPCAST, DOT_PRECISION, INTERPRET, RUN_ORDER, STEP_K)
+            acc, acc_u, no_tail, row0, w_row0, n0, rows, row_ok, a_rows, k_rows, k_col_ok,
+            ws_rows, row0, rows, row_ok, a_rows, x_ptr, w_ptr, x_desc, x_tail_desc, w_desc,
+            x_scale_ptr, w_scale_ptr, K, KB, N_OUT, BLOCK_K, 0, USE_TMA, SWAP_AB, QUANT, GATHER,
+            GLU, UPCAST, DOT_PRECISION, INTERPRET, RUN_ORDER, STEP_K)
     if SWAP_AB:
         acc = acc.T
-    if GLU != "none":
-        if SWAP_AB:
+        if GLU != "none":
             acc_u = acc_u.T
+    elif GLU != "none":  # [BLOCK_M, 2 BLOCK_N] -> the gate half and the up half
+        acc, acc_u = acc.reshape(BLOCK_M, 2, BLOCK_N).permute(0, 2, 1).split()
     _epilogue(acc, acc_u, rows, row_ok, cols, col_ok, w_rows, x_scale_ptr, w_scale_ptr, bias_ptr,
               row_weights_ptr, scatter_ids_ptr, out_ptr, N, N_OUT, alpha, limit, QUANT, HAS_BIAS,
               HAS_ROW_WEIGHTS, SCATTER, GLU, HAS_LIMIT)
 
 
 @triton.jit
-def _k_loop(acc, acc_u, acc_t, row0, w_row0, rows, row_ok, a_rows, w_rows, col_ok, ws_rows,
-            row_t0, rows_t, row_ok_t, a_rows_t, x_ptr, w_ptr, x_desc, x_tail_desc, w_desc,
-            x_scale_ptr, w_scale_ptr, K, KB, N_OUT,
-            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TAIL_M: tl.constexpr,
+def _k_loop(acc, acc_u, acc_t, row0, w_row0, w_n0, rows, row_ok, a_rows, w_rows, col_ok,
+            ws_rows, row_t0, rows_t, row_ok_t, a_rows_t, x_ptr, w_ptr, x_desc, x_tail_desc,
+            w_desc, x_scale_ptr, w_scale_ptr, K, KB, N_OUT,
+            BLOCK_K: tl.constexpr, TAIL_M: tl.constexpr,
             USE_TMA: tl.constexpr, SWAP_AB: tl.constexpr, QUANT: tl.constexpr,
             GATHER: tl.constexpr, GLU: tl.constexpr, UPCAST: tl.constexpr,
             DOT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr, RUN_ORDER: tl.constexpr,
@@ -345,17 +384,17 @@ def _k_loop(acc, acc_u, acc_t, row0, w_row0, rows, row_ok, a_rows, w_rows, col_o
         k0 = 0
         while k0 < K:
             acc, acc_u, acc_t = _k_step(
-                acc, acc_u, acc_t, k0, row0, w_row0, rows, row_ok, a_rows, w_rows, col_ok,
+                acc, acc_u, acc_t, k0, row0, w_row0, w_n0, rows, row_ok, a_rows, w_rows, col_ok,
                 ws_rows, row_t0, rows_t, row_ok_t, a_rows_t, x_ptr, w_ptr, x_desc, x_tail_desc,
-                w_desc, x_scale_ptr, w_scale_ptr, K, KB, N_OUT, BLOCK_N, BLOCK_K, TAIL_M, USE_TMA,
+                w_desc, x_scale_ptr, w_scale_ptr, K, KB, N_OUT, BLOCK_K, TAIL_M, USE_TMA,
                 SWAP_AB, QUANT, GATHER, GLU, UPCAST, DOT_PRECISION, RUN_ORDER, STEP_K)
             k0 += STEP_K
     else:
         for k0 in range(0, K, STEP_K):
             acc, acc_u, acc_t = _k_step(
-                acc, acc_u, acc_t, k0, row0, w_row0, rows, row_ok, a_rows, w_rows, col_ok,
+                acc, acc_u, acc_t, k0, row0, w_row0, w_n0, rows, row_ok, a_rows, w_rows, col_ok,
                 ws_rows, row_t0, rows_t, row_ok_t, a_rows_t, x_ptr, w_ptr, x_desc, x_tail_desc,
-                w_desc, x_scale_ptr, w_scale_ptr, K, KB, N_OUT, BLOCK_N, BLOCK_K, TAIL_M, USE_TMA,
+                w_desc, x_scale_ptr, w_scale_ptr, K, KB, N_OUT, BLOCK_K, TAIL_M, USE_TMA,
                 SWAP_AB, QUANT, GATHER, GLU, UPCAST, DOT_PRECISION, RUN_ORDER, STEP_K)
     return acc, acc_u, acc_t
 
@@ -407,7 +446,8 @@ def _grouped_gemm_kernel(
     out_ptr,  # [M, N], or [T, N] accumulated into (SCATTER != "none")
     x_host_desc,  # TensorDescriptor over x [M, K] (TMA == "host"), else None
     x_tail_host_desc,  # the same with TAIL_M-row boxes (TMA == "host" and TAIL_M), else None
-    w_host_desc,  # TensorDescriptor over w [W*N, K] (or [W*N, K/2]) (TMA == "host"), else None
+    w_host_desc,  # TensorDescriptor over w [W*N, K] (or [W*N, K/2]; unswapped GLU [2W, N/2, *])
+    # (TMA == "host"), else None
     M, N, K, G, W,
     NB, KB,  # fp8_block: scale blocks per weight matrix along N, along K
     SPLIT,  # fp8_block: output rows restart their scale blocks here (N: no restart)
@@ -457,11 +497,18 @@ def _grouped_gemm_kernel(
             x_desc = x_host_desc
             x_tail_desc = x_tail_host_desc
         if QUANT == "mxfp4":
-            w_desc = tl.make_tensor_descriptor(w_ptr, shape=[W * N, K // 2], strides=[K // 2, 1],
-                                               block_shape=[BLOCK_N, BLOCK_K // 2])
+            KW = K // 2
+            BLOCK_KW: tl.constexpr = BLOCK_K // 2
         else:
-            w_desc = tl.make_tensor_descriptor(w_ptr, shape=[W * N, K], strides=[K, 1],
-                                               block_shape=[BLOCK_N, BLOCK_K])
+            KW = K
+            BLOCK_KW: tl.constexpr = BLOCK_K
+        if GLU != "none" and not SWAP_AB:  # gate and up matrices alternate: one box, both
+            w_desc = tl.make_tensor_descriptor(w_ptr, shape=[W * 2, N_OUT, KW],
+                                               strides=[N_OUT * KW, KW, 1],
+                                               block_shape=[2, BLOCK_N, BLOCK_KW])
+        else:
+            w_desc = tl.make_tensor_descriptor(w_ptr, shape=[W * N, KW], strides=[KW, 1],
+                                               block_shape=[BLOCK_N, BLOCK_KW])
     else:
         x_desc = x_host_desc
         x_tail_desc = x_tail_host_desc
@@ -571,8 +618,13 @@ def _grouped_gemm_op(x: Tensor, w: Tensor, m_sizes: Tensor, x_scale: Optional[Te
             if cfg.tail_m:
                 x_tail_desc = TensorDescriptor(x, [M, K], [K, 1], [cfg.tail_m, block_k])
         Kw = w.shape[-1]  # K, or K / 2 packed mxfp4 bytes
-        w_desc = TensorDescriptor(w.view(W * N, Kw), [W * N, Kw], [Kw, 1],
-                                  [cfg.block_n, block_k * Kw // K])
+        box_k = block_k * Kw // K
+        if glu != "none" and not cfg.swap_ab:  # gate and up matrices alternate: one box, both
+            w_desc = TensorDescriptor(w.view(W * 2, N // 2, Kw), [W * 2, N // 2, Kw],
+                                      [N // 2 * Kw, Kw, 1], [2, cfg.block_n, box_k])
+        else:
+            w_desc = TensorDescriptor(w.view(W * N, Kw), [W * N, Kw], [Kw, 1],
+                                      [cfg.block_n, box_k])
     elif tma == "device" and not interpret:
         _ensure_allocator()
     # Tiles can number at most n_tiles * (M // BLOCK_M + nonempty groups): no idle programs.
