@@ -9,7 +9,14 @@ shared expert's gate_up (Scout's) is cuBLAS and silu_mul today; glu+shared also 
 grouped GEMM of one group with the GLU. Each case: the layer (CUDA-graph replays over rotated
 weights and inputs, the layer suite's _Case) as shipped (silu_mul past GLU_MAX_ROWS pairs an
 expert), with the GLU in GEMM13 at every row count (glu), glu+shared, and as shipped again,
-every variant checked against float64. Writes $OUT/probe_glu_prefill.json.
+every variant checked against float64.
+
+fold (Llama 4's top-1 prefill with a shared expert): the router's rows appended to the shared
+expert's gate_up weights, so the one cuBLAS GEMM that reads x for the shared expert also gives
+the logits (hT = [w13; router] @ x^T, [2 Is + E, T]), and the router GEMM's own read of x (~66 us
+at Scout T = 16384 on an H100, memory bound) goes; the shared silu_mul runs on hT's gate and up
+blocks as one flat row (elementwise), the down projection adds a^T's product into out as
+before. fold+glu: both. Writes $OUT/probe_glu_prefill.json.
 
     PYTHONPATH=src python benchmarks/probe_glu_prefill.py --out $OUT [--budget 400] [--reps 10]
 """
@@ -27,11 +34,13 @@ import torch
 from probe_fused_limit import new_case, rotated_layers, timed
 from shufflemoe import MoE, ops, preset
 from shufflemoe.bench.report import metadata
+from shufflemoe.ops import backend_for
 from shufflemoe.experts import shuffled
 
 CASES = (  # (model, tp, format, T values), most telling first
-    ("qwen3-30b-a3b", 1, "none", (2048, 512, 16384)),
     ("llama4-scout", 8, "none", (16384, 2048)),
+    ("llama4-maverick", 8, "none", (16384,)),
+    ("qwen3-30b-a3b", 1, "none", (2048, 512, 16384)),
     ("mixtral-8x7b", 2, "none", (2048, 512)),
     ("gpt-oss-120b", 1, "none", (2048,)),
 )
@@ -78,6 +87,37 @@ def glu_and_shared():
         MoE.shared_expert = _shipped_shared
 
 
+_shipped_forward = MoE._forward
+_FOLDED: dict[int, torch.Tensor] = {}  # id(layer) -> [shared_w13; router_weight]
+
+
+def _folded_forward(self, x, hot=None, out=None):
+    """MoE._forward with the router folded into the shared expert's gate_up GEMM where the
+    routed experts write out first (top-1 prefill with a plain shared expert); else shipped."""
+    hot = hot or self._hot()
+    if out is not None or not (self._routed_first(x) and self.shared_w13 is not None):
+        return _shipped_forward(self, x, hot, out)
+    Is = self.config.shared_intermediate_size
+    if id(self) not in _FOLDED:
+        _FOLDED[id(self)] = torch.cat([hot.shared_w13, hot.router_weight])
+    hT = torch.mm(_FOLDED[id(self)], x.t())  # [2 Is + E, T]: gate rows, up rows, logits
+    out = torch.empty_like(x)
+    self._route_and_run(hot, x, hT[2 * Is:].t().contiguous(), out, lambda: None, True)
+    aT = backend_for(hT).silu_mul(hT[:2 * Is].view(1, -1), None, False, None)  # a^T's values
+    return out.addmm_(aT.view(Is, -1).t(), hot.shared_w2.t())
+
+
+@contextlib.contextmanager
+def fold(glu: bool = False):
+    """The router folded into the shared gate_up (and, with glu, glu_everywhere)."""
+    MoE._forward = _folded_forward
+    try:
+        with glu_everywhere() if glu else contextlib.nullcontext():
+            yield
+    finally:
+        MoE._forward = _shipped_forward
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="/tmp/probe_glu_prefill")
@@ -88,7 +128,8 @@ def main() -> None:
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     variants = {"shipped": contextlib.nullcontext, "glu": glu_everywhere,
-                "glu+shared": glu_and_shared, "shipped again": contextlib.nullcontext}
+                "glu+shared": glu_and_shared, "fold": fold, "fold+glu": lambda: fold(True),
+                "shipped again": contextlib.nullcontext}
     rows = []
     for model, tp, fmt, Ts in CASES:
         name = f"{model}-tp{tp}"
@@ -104,10 +145,12 @@ def main() -> None:
                 continue
             case = new_case(layers, T)
             for v, context in variants.items():
+                if v.startswith("fold") and not cfg.shared_intermediate_size:
+                    continue  # no shared expert to fold the router into
                 row[v] = timed(case, context(), args.reps)
             shipped = [row[v]["us"] for v in ("shipped", "shipped again") if "us" in row[v]]
-            row["speedup"] = {v: round(min(shipped) / row[v]["us"], 3)
-                              for v in ("glu", "glu+shared") if shipped and "us" in row[v]}
+            row["speedup"] = {v: round(min(shipped) / row[v]["us"], 3) for v in variants
+                              if "shipped" not in v and shipped and "us" in row[v]}
             rows.append(row)
             print(json.dumps(row), flush=True)
         del layers
