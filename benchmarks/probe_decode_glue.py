@@ -27,15 +27,13 @@ $OUT/probe_decode_glue_gather.json.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
-import pathlib
 import time
 
 import torch
 
-from probe_fused_limit import new_case, rotated_layers, timed
+from probe_fused_limit import new_case, probe_start, rotated_layers, timed
 from shufflemoe import preset
 from shufflemoe.bench.report import metadata
 from shufflemoe.bench.suites.layer import PRESETS
@@ -98,15 +96,8 @@ _ROWS = [0]  # pairs an expert of the case being timed
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="/tmp/probe_decode_glue")
-    ap.add_argument("--budget", type=float, default=400.0)
-    ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--set", default="glue", choices=("glue", "gather", "tiles"))
-    args = ap.parse_args()
-    start = time.time()
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    args, start, out = probe_start("probe_decode_glue",
+                                   set=dict(default="glue", choices=("glue", "gather", "tiles")))
     by_name = {p.name: p for p in PRESETS}
     if args.set in ("gather", "tiles"):
         variants = (("shipped", "gather64", "gather128", "gather256", "shipped again")

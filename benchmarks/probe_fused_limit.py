@@ -47,6 +47,21 @@ CASES = (
 )
 
 
+def probe_start(name: str, budget: float = 400.0, reps: int = 20, **flags) -> tuple:
+    """The probes' command line, parsed: --out (default /tmp/<name>), --budget (seconds),
+    --reps, and ``flags`` (flag -> argparse keywords); (args, the start time, --out made)."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=f"/tmp/{name}")
+    ap.add_argument("--budget", type=float, default=budget)
+    ap.add_argument("--reps", type=int, default=reps)
+    for flag, keywords in flags.items():
+        ap.add_argument(f"--{flag}", **keywords)
+    args = ap.parse_args()
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    return args, time.time(), out
+
+
 def rotated_layers(cfg, most_tokens: int) -> list:
     """The layer (seed 0) and the weight copies the layer suite would rotate through for up to
     most_tokens tokens (one pass over their activated bytes reads more than twice L2)."""
@@ -77,15 +92,7 @@ def timed(case: _Case, context, reps: int, fn=_call) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="/tmp/probe_fused_limit")
-    ap.add_argument("--budget", type=float, default=400.0)
-    ap.add_argument("--presets", default="")
-    ap.add_argument("--reps", type=int, default=20)
-    args = ap.parse_args()
-    start = time.time()
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    args, start, out = probe_start("probe_fused_limit", presets=dict(default=""))
     ceil = measure_ceilings()
     by_name = {p.name: p for p in PRESETS}
     rows = []

@@ -20,10 +20,8 @@ against float64. Writes $OUT/probe_l2_warm.json.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
-import pathlib
 import time
 
 import torch
@@ -34,7 +32,7 @@ from shufflemoe.bench.ceilings import measure_ceilings
 from shufflemoe.bench.report import metadata
 from shufflemoe.bench.suites.layer import PRESETS
 
-from probe_fused_limit import new_case, rotated_layers, timed
+from probe_fused_limit import new_case, probe_start, rotated_layers, timed
 
 CASES = (  # (preset, format, T values), most telling first
     ("llama4-scout-tp8", "fp8_rowwise", (64, 128)),
@@ -92,14 +90,7 @@ def warmed_call(plan: tuple, side: torch.cuda.Stream):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="/tmp/probe_l2_warm")
-    ap.add_argument("--budget", type=float, default=400.0)
-    ap.add_argument("--reps", type=int, default=20)
-    args = ap.parse_args()
-    start = time.time()
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    args, start, out = probe_start("probe_l2_warm")
     ceil = measure_ceilings()
     by_name = {p.name: p for p in PRESETS}
     side = torch.cuda.Stream()

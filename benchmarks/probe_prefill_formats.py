@@ -23,13 +23,12 @@ $OUT/probe_prefill_formats.json.
 
 from __future__ import annotations
 
-import argparse
 import json
-import pathlib
 import time
 
 import torch
 
+from probe_fused_limit import probe_start
 from shufflemoe import MoE
 from shufflemoe.bench.ceilings import measure_ceilings
 from shufflemoe.bench.report import metadata
@@ -82,17 +81,10 @@ def routed(tile: TileConfig):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="/tmp/probe_prefill_formats")
-    ap.add_argument("--budget", type=float, default=520.0)
-    ap.add_argument("--presets", default="")
-    ap.add_argument("--formats", default=",".join(FORMATS))
-    ap.add_argument("--only", default="", help="candidate letters to time (default all)")
-    ap.add_argument("--reps", type=int, default=10)
-    args = ap.parse_args()
-    start = time.time()
-    out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    args, start, out = probe_start(
+        "probe_prefill_formats", budget=520.0, reps=10, presets=dict(default=""),
+        formats=dict(default=",".join(FORMATS)),
+        only=dict(default="", help="candidate letters to time (default all)"))
     ceil = measure_ceilings()
     by_name = {p.name: p for p in PRESETS}
     formats = args.formats.split(",")
