@@ -22,7 +22,8 @@ no longer the 128 x 128 tile at 33-48 rows.)
 TP2 and TP1, gpt-oss-120b in bf16), with the rows limit at 64, 128 and 256 (gather64, ...), into
 $OUT/probe_decode_glue_gather.json.
 
-    PYTHONPATH=src python benchmarks/probe_decode_glue.py --out $OUT [--budget 400] [--set gather|tiles]
+    PYTHONPATH=src python benchmarks/probe_decode_glue.py --out $OUT [--budget 400]
+        [--set gather|tiles]
 """
 
 from __future__ import annotations
@@ -130,7 +131,8 @@ def main() -> None:
         torch.cuda.empty_cache()
     meta = dict(metadata(), seconds=round(time.time() - start))
     suffix = "" if args.set == "glue" else f"_{args.set}"
-    (out / f"probe_decode_glue{suffix}.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+    (out / f"probe_decode_glue{suffix}.json").write_text(
+        json.dumps(dict(meta=meta, rows=rows), indent=1))
     for r in rows:
         print(r["preset"], r["format"], r.get("T"), r.get("rows_an_expert"),
               *(f"{v}={r.get(v, {}).get('us')}" for v in variants),
