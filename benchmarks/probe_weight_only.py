@@ -16,7 +16,7 @@ $OUT/probe_weight_only.json and prints a table.
 
     PYTHONPATH=src python benchmarks/probe_weight_only.py --out $OUT [--budget 540]
         [--formats fp8_w8a16] [--candidates none] [--gemm fp8_w8a16,mxfp4] [--ts 1,8,64]
-        [--tiles 4,5,10] [--presets llama4-scout-tp8,qwen3-30b-a3b]
+        [--tiles 4,5,10] [--gemm-tiles 0,6] [--presets llama4-scout-tp8,qwen3-30b-a3b]
 """
 
 from __future__ import annotations
@@ -48,17 +48,19 @@ CANDIDATES = ((64, 64, 16, 4, 3), (64, 128, 16, 4, 3), (32, 128, 16, 4, 4), (128
               (8, 1024, 1, 4, 2))
 
 
-# Weight-only grouped GEMM tiles for T > GEMV_T (block_m, block_n, block_k values, warps, stages),
-# weights on the wgmma M side (swap_ab: the converted tile is its register operand, no
-# shared-memory round trip), for the routed GEMMs only (G > 1; the shared expert keeps the
-# heuristic's).
+# Weight-only grouped GEMM tiles for T > GEMV_T (block_m, block_n, block_k values, warps, stages,
+# mxfp4's run order), weights on the wgmma M side (swap_ab: the converted tile is its register
+# operand, no shared-memory round trip), for the routed GEMMs only (G > 1; the shared expert keeps
+# the heuristic's).
 GEMM_CANDIDATES = ((16, 128, 128, 4, 3), (16, 128, 256, 4, 3), (16, 128, 256, 8, 3),
                    (16, 64, 256, 4, 4), (16, 64, 512, 4, 3), (16, 128, 512, 8, 2),
-                   (32, 128, 256, 4, 3))
+                   (32, 128, 256, 4, 3), (32, 128, 128, 4, 3), (32, 128, 256, 4, 3, True),
+                   (32, 128, 128, 4, 3, True), (32, 128, 256, 8, 3))
 
 
-def gemm_candidate(bm: int, bn: int, bk: int, warps: int, stages: int):
-    tile = gemm_configs.TileConfig(bm, bn, bk, warps, stages, swap_ab=True, ctas_per_sm=2)
+def gemm_candidate(bm: int, bn: int, bk: int, warps: int, stages: int, run_order: bool = False):
+    tile = gemm_configs.TileConfig(bm, bn, bk, warps, stages, swap_ab=True, ctas_per_sm=2,
+                                   run_order=run_order)
 
     def choose(key):
         M, N, K, G, dtype = key
@@ -98,6 +100,7 @@ def main() -> None:
                                                "T > GEMV_T")
     ap.add_argument("--ts", default=",".join(map(str, TS)), help="token counts")
     ap.add_argument("--tiles", default="", help="indices into CANDIDATES to time (default all)")
+    ap.add_argument("--gemm-tiles", default="", help="indices into GEMM_CANDIDATES (default all)")
     ap.add_argument("--presets", default="", help="layer presets (default all)")
     args = ap.parse_args()
     start = time.time()
@@ -106,6 +109,8 @@ def main() -> None:
     ceil = measure_ceilings()
     rows = []
     picked = [CANDIDATES[int(i)] for i in args.tiles.split(",")] if args.tiles else CANDIDATES
+    gemm_picked = ([GEMM_CANDIDATES[int(i)] for i in args.gemm_tiles.split(",")]
+                   if args.gemm_tiles else GEMM_CANDIDATES)
     for p in PRESETS:
         if args.presets and p.name not in args.presets.split(","):
             continue
@@ -133,8 +138,9 @@ def main() -> None:
                         name = f"{c[0]}x{c[1]}B {'gemv' if c[2] == 1 else 'mma'} w{c[3]} s{c[4]}"
                         variants[name] = configs.override(candidate(*c))
                 if T > GEMV_T and fmt in args.gemm.split(","):
-                    for c in GEMM_CANDIDATES:
-                        name = f"gemm {c[0]}x{c[1]}x{c[2]} w{c[3]} s{c[4]}"
+                    for c in gemm_picked:
+                        ro = " ro" if c[5:] == (True,) else ""
+                        name = f"gemm {c[0]}x{c[1]}x{c[2]} w{c[3]} s{c[4]}{ro}"
                         variants[name] = gemm_configs.override(gemm_candidate(*c))
                 for name, ctx in variants.items():
                     row = dict(preset=p.name, format=fmt, T=T, variant=name)
