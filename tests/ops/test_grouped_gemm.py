@@ -472,20 +472,21 @@ def test_part_filled_mid_bucket_takes_the_swapped_tile():
 
 
 def test_mxfp4_deep_k_takes_longer_k_steps():
-    # Mixtral TP2 gate_up at T = 64 (k = 2 over 8 experts: 16 rows a group): swapped 16 x 128 tiles.
-    bf16 = configs.select(128, 7168, 4096, 8, torch.bfloat16)
+    # Mixtral TP2 gate_up at T = 32 (k = 2 over 8 experts: 8 rows a group): swapped 16 x 128 tiles.
+    bf16 = configs.select(64, 7168, 4096, 8, torch.bfloat16)
     assert bf16.swap_ab and bf16.block_n == 128 and bf16.block_k == 128
-    assert configs.select(128, 7168, 4096, 8, torch.bfloat16, "mxfp4") == bf16.with_(
+    assert configs.select(64, 7168, 4096, 8, torch.bfloat16, "mxfp4") == bf16.with_(
         block_k=configs.MXFP4_DEEP_BLOCK_K, run_order=True, k_parts=2, ctas_per_sm=3)
-    # More tiles than two programs an SM (8 experts x 1.4 tiles expected x 56 columns here) -> two
+    # More tiles than two programs an SM (8 experts x 1 tile expected x 56 columns here) -> two
     # parts a step, three programs an SM (test_three_programs_an_sm); fewer (Llama 4 Scout TP8's
-    # gate_up: 16 x 16 tiles; on a 400-SM GPU, 642) -> one part.
+    # gate_up: 16 x 16 tiles; on a 400-SM GPU, 64-column tiles) -> one part.
     scout = configs.select(64, 2048, 5120, 16, torch.bfloat16)
     assert configs.select(64, 2048, 5120, 16, torch.bfloat16, "mxfp4") == scout.with_(
         block_k=configs.MXFP4_DEEP_BLOCK_K, run_order=True)
-    assert configs.select(128, 7168, 4096, 8, torch.bfloat16, "mxfp4", sms=400).k_parts == 1
-    shallow = configs.select(128, 7168, 2048, 8, torch.bfloat16, "mxfp4")
+    assert configs.select(64, 7168, 4096, 8, torch.bfloat16, "mxfp4", sms=400).k_parts == 1
+    shallow = configs.select(64, 7168, 2048, 8, torch.bfloat16, "mxfp4")
     assert shallow == bf16.with_(run_order=True, ctas_per_sm=3)  # shallow K: bf16's K step
+    # T = 64 (16 rows a group): configs.MXFP4_MID_TILE (test_mxfp4_takes_32_row_tiles_...)
     # T = 128 (32 rows a group): swapped 64-row tiles keep bf16's K step, 5 stages deep.
     wide = configs.select(256, 7168, 4096, 8, torch.bfloat16)
     assert wide.swap_ab and wide.block_m == 64 and wide.block_n == 128
@@ -519,7 +520,8 @@ def test_mxfp4_run_order_only_on_swapped_16_row_tiles_outside_batch_invariant_mo
     def run_order(M, quant="mxfp4"):
         return configs.select(M, 7168, 4096, 8, torch.bfloat16, quant).run_order
 
-    assert run_order(128) and run_order(1)  # swapped 16-row tiles
+    assert run_order(64) and run_order(1)  # swapped 16-row tiles
+    assert not run_order(128)  # 16 rows a group: MXFP4_MID_TILE, 32 rows in K's order
     assert not run_order(128, "none") and not run_order(128, "fp8_w8a16")
     mid = configs.select(256, 7168, 4096, 8, torch.bfloat16, "mxfp4")  # 32 rows a group
     assert mid.swap_ab and mid.block_m == 64 and not mid.run_order
@@ -542,7 +544,7 @@ def test_expected_tiles_counts_groups_that_get_rows_and_their_extra_tiles():
     ("mxfp4", 64, 1536, 2048, 128, 1),  # Qwen3-30B-A3B gate_up at T = 8: 50 x 12 tiles
     ("mxfp4", 64, 2880, 2880, 128, 1),  # gpt-oss-120b down at T = 16
     ("mxfp4", 16, 5120, 1024, 16, 1),  # Llama 4 Scout TP8 down at T = 16: 10 x 40
-    ("mxfp4", 128, 4096, 7168, 8, 2),  # Mixtral TP2 down at T = 64: 11.5 x 32, in two parts
+    ("mxfp4", 1024, 2048, 5120, 128, 2),  # Maverick TP8 gate_up at T = 1024: in two parts
     ("mxfp4", 64, 2048, 768, 128, 2),  # Qwen3-30B-A3B down at T = 8: 256-value steps, in parts
     ("fp8_w8a16", 64, 2048, 768, 128, 1),  # Qwen3-30B-A3B down at T = 8
     ("fp8_w8a16", 64, 5120, 1024, 128, 1),  # Maverick TP8 down at T = 64
@@ -585,6 +587,22 @@ def test_w8a16_takes_fp8_bytes_a_k_step_and_wider_tiles_for_full_groups():
             block_k=configs.W8A16_BLOCK_K, block_m=block_m)
     few = configs.select(1, 2048, 5120, 16, torch.bfloat16)  # one group: 64-wide deep tiles
     assert configs.select(1, 2048, 5120, 16, torch.bfloat16, "fp8_w8a16") == few
+
+
+@pytest.mark.parametrize("M, N, K, G, mid", [
+    (128, 14336, 4096, 8, True),  # Mixtral TP2 gate_up at T = 64: 16 rows a group
+    (2048, 1536, 2048, 128, True),  # Qwen3-30B-A3B gate_up at T = 256: 16
+    (256, 5120, 1024, 16, True),  # Llama 4 Scout TP8 down at T = 256: 16
+    (96, 5120, 1024, 16, False),  # 6 rows a group: the bucket of 128 holds 8 a group
+    (64, 2048, 5120, 16, False),  # Scout TP8 gate_up at T = 64: 4
+    (16, 2048, 5120, 1, False),  # one group (a shared expert): 16 rows in one tile
+])
+def test_mxfp4_takes_32_row_tiles_for_groups_of_9_to_16_rows(M, N, K, G, mid):
+    cfg = configs.select(M, N, K, G, torch.bfloat16, "mxfp4")
+    assert (cfg == configs.MXFP4_MID_TILE) == mid
+    assert cfg.swap_ab and cfg.block_m == (32 if mid else 16) and cfg.run_order != mid
+    with configs.batch_invariant():  # K's order: the same tile, no run order either way
+        assert configs.select(M, N, K, G, torch.bfloat16, "mxfp4").run_order is False
 
 
 @pytest.mark.parametrize("M,bucket", [(0, 1), (1, 1), (2, 2), (128, 128), (129, 256),

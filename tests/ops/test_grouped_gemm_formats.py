@@ -122,6 +122,7 @@ VARIANTS = {
     "swap_ab, run order, a step in two parts": configs.TileConfig(
         16, 32, 64, num_stages=2, swap_ab=True, run_order=True, k_parts=2),
     "block_k 64, 32-row tiles": configs.TileConfig(32, 16, 64, num_stages=2),
+    "swap_ab, 32-row tiles": configs.TileConfig(32, 32, 64, num_stages=2, swap_ab=True),
     "block_k 256 (capped)": configs.TileConfig(16, 32, 256, num_stages=2),
 }
 
@@ -366,12 +367,12 @@ def test_gpu_glu(fmt, variant):
 
 @needs_cuda
 @pytest.mark.parametrize("fmt", ["fp8_w8a16", "mxfp4"])
-@pytest.mark.parametrize("rows", [8, 128])
+@pytest.mark.parametrize("rows", [8, 16, 128])
 def test_gpu_register_operand_tiles_repeat(fmt, rows):
     """The weight-only formats' swapped tiles feed the converted weight tile to the wgmma from
     registers, and Triton 3.6 lets the next K step rewrite registers that in-flight wgmmas read
     (kernel.SWAP_MAX_ROWS: the 256-row form gave garbage on this shape, Qwen3-30B-A3B's down
-    GEMM). The tiles select() ships for about 8 and 128 rows a group, 12 runs each, every one
+    GEMM). The tiles select() ships for about 8, 16 and 128 rows a group, 12 runs each, every one
     against float64: a wrong run is this hazard."""
     N, K, G = 2048, 768, 128
     g = torch.Generator("cuda").manual_seed(rows)

@@ -171,6 +171,8 @@ def _for_format(M: int, N: int, K: int, G: int, dtype: torch.dtype, quant: str, 
             cfg = cfg.with_(num_stages=5)
     if quant == "mxfp4" and cfg.swap_ab and cfg.block_m == 16 and not invariant:
         cfg = cfg.with_(run_order=True)
+    if quant == "mxfp4" and cfg.swap_ab and cfg.block_m == 16 and rows > 8 and G > 1:
+        cfg = MXFP4_MID_TILE
     if quant == "fp8_w8a16" and cfg.swap_ab and cfg.block_n == 128:
         cfg = cfg.with_(block_k=W8A16_BLOCK_K, block_m=32 if rows > 8 else cfg.block_m)
     return _three_an_sm(cfg, M, N, K, G, quant, sms)
@@ -198,6 +200,18 @@ MXFP4_DEEP_BLOCK_K = 256
 # bytes' loads saved (Mixtral TP2 T = 128, swapped 64-row tiles, 403.0 -> 550.4 us; gpt-oss-120b
 # T = 4096, 128 x 128 tiles, 3757 -> 3913; _f46091c.json). Never in batch-invariant mode: the
 # k16 steps would group other products than the wide tile's (whose sums must match).
+
+
+# ... but where the average group holds 9 to 16 rows, one 32-row tile of 256-value steps in K's
+# order: a 16-row tile converts a group's weights again for each 16 rows it holds past the first,
+# and routing leaves many groups above the average. H200, the layer in CUDA graphs, the routed
+# GEMMs changed (results/probe_weight_only_mxfp4_30283d8.json; as shipped / this, us): Mixtral TP2
+# T = 64 332.3 / 285.6, Qwen3-30B-A3B T = 256 314.6 / 258.7, Llama 4 Scout TP8 T = 256 156.1 /
+# 133.5; in run order 1.02-1.10x slower, 128-value steps within 3%, 8 warps 1.08-1.23x slower; at
+# 4 rows a group (Scout and Qwen3 T = 64) the 16-row tiles win by 1.08-1.16x. One group (a shared
+# expert) fits 16 rows in its one tile.
+MXFP4_MID_TILE = TileConfig(32, 128, MXFP4_DEEP_BLOCK_K, num_warps=4, num_stages=3, swap_ab=True,
+                            ctas_per_sm=2)
 
 
 # fp8_w8a16 weights (a byte a value, x in bf16) on the memory-bound swapped 16 x 128 tiles: a K
