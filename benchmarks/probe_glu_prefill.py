@@ -123,6 +123,7 @@ def main() -> None:
     ap.add_argument("--out", default="/tmp/probe_glu_prefill")
     ap.add_argument("--budget", type=float, default=400.0)
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--models", nargs="*", help="only these presets (default: all)")
     args = ap.parse_args()
     start = time.time()
     out = pathlib.Path(args.out)
@@ -133,6 +134,8 @@ def main() -> None:
     rows = []
     for model, tp, fmt, Ts in CASES:
         name = f"{model}-tp{tp}"
+        if args.models and model not in args.models:
+            continue
         if time.time() - start > args.budget:
             rows.append(dict(preset=name, format=fmt, note="skipped: budget"))
             continue
@@ -150,7 +153,7 @@ def main() -> None:
                 row[v] = timed(case, context(), args.reps)
             shipped = [row[v]["us"] for v in ("shipped", "shipped again") if "us" in row[v]]
             row["speedup"] = {v: round(min(shipped) / row[v]["us"], 3) for v in variants
-                              if "shipped" not in v and shipped and "us" in row[v]}
+                              if "shipped" not in v and shipped and "us" in row.get(v, {})}
             rows.append(row)
             print(json.dumps(row), flush=True)
         del layers
