@@ -507,8 +507,9 @@ def test_format_prefill_tiles_past_64_rows_a_group(quant):
     assert configs.select(4096, 14336, 4096, 8, dtype, quant) == tile
     assert configs.select(16384, 1536, 2048, 128, dtype, quant) == tile
     assert configs.select(65 * 8, 14336, 4096, 8, dtype, quant) == tile  # bucket 1024: 128 rows
-    assert configs.select(512, 14336, 4096, 8, dtype, quant) == configs._heuristic(
-        512, 14336, 4096, 8, dtype)  # 64 rows a group
+    mid = configs.select(512, 14336, 4096, 8, dtype, quant)  # 64 rows a group
+    assert mid == configs._heuristic(512, 14336, 4096, 8, dtype) or (
+        quant in configs.WEIGHT_ONLY_MID_FORMATS and mid.swap_ab and mid.block_m == 64)
     assert configs.select(4096, 14336, 4096, 8, dtype) == configs._heuristic(
         4096, 14336, 4096, 8, dtype)
     assert tile.tail_m == 0 and (tile.swap_ab or tile.block_m * tile.block_n <= 64 * 128)
@@ -587,6 +588,30 @@ def test_w8a16_takes_fp8_bytes_a_k_step_and_wider_tiles_for_full_groups():
             block_k=configs.W8A16_BLOCK_K, block_m=block_m)
     few = configs.select(1, 2048, 5120, 16, torch.bfloat16)  # one group: 64-wide deep tiles
     assert configs.select(1, 2048, 5120, 16, torch.bfloat16, "fp8_w8a16") == few
+
+
+@pytest.mark.parametrize("quant", configs.WEIGHT_ONLY_MID_FORMATS)
+def test_weight_only_formats_keep_swapped_64_row_tiles_to_64_rows_a_group(quant):
+    """33 to 64 rows a group (Mixtral TP2 gate_up at T = 256, Qwen3-30B-A3B down at T = 1024):
+    the swapped 64-row tile where bf16 takes an unswapped one (mxfp4 with its 5 stages at deep
+    K); not for one group (a shared expert) nor past 64 rows."""
+    mixtral = configs.select(512, 14336, 4096, 8, torch.bfloat16)
+    assert (mixtral.block_m, mixtral.swap_ab) == (128, False)
+    tile = configs.WEIGHT_ONLY_MID_TILE
+    deep = tile.with_(num_stages=5) if quant == "mxfp4" else tile
+    assert configs.select(512, 14336, 4096, 8, torch.bfloat16, quant) == deep
+    assert configs.select(8192, 2048, 768, 128, torch.bfloat16, quant) == tile
+    assert not configs.select(8192, 2048, 768, 128, torch.bfloat16).swap_ab
+    assert configs.select(64, 2048, 5120, 1, torch.bfloat16, quant) != tile
+    assert configs.select(1024, 14336, 4096, 8, torch.bfloat16, quant) == (
+        configs.FORMAT_PREFILL_TILES[quant])
+
+
+def test_w8a16_keeps_the_swapped_64_row_tile_from_17_rows_a_group():
+    # Mixtral TP2 gate_up: T = 128 (32 rows a group) the heuristic's tile; T = 64 (16) 32 rows.
+    assert configs.select(256, 14336, 4096, 8, torch.bfloat16, "fp8_w8a16") == configs.select(
+        256, 14336, 4096, 8, torch.bfloat16) == configs.WEIGHT_ONLY_MID_TILE
+    assert configs.select(128, 14336, 4096, 8, torch.bfloat16, "fp8_w8a16").block_m == 32
 
 
 @pytest.mark.parametrize("M, N, K, G, mid", [

@@ -367,12 +367,12 @@ def test_gpu_glu(fmt, variant):
 
 @needs_cuda
 @pytest.mark.parametrize("fmt", ["fp8_w8a16", "mxfp4"])
-@pytest.mark.parametrize("rows", [8, 16, 128])
+@pytest.mark.parametrize("rows", [8, 16, 32, 64, 128])
 def test_gpu_register_operand_tiles_repeat(fmt, rows):
     """The weight-only formats' swapped tiles feed the converted weight tile to the wgmma from
     registers, and Triton 3.6 lets the next K step rewrite registers that in-flight wgmmas read
     (kernel.SWAP_MAX_ROWS: the 256-row form gave garbage on this shape, Qwen3-30B-A3B's down
-    GEMM). The tiles select() ships for about 8, 16 and 128 rows a group, 12 runs each, every one
+    GEMM). The tiles select() ships for about 8 to 128 rows a group, 12 runs each, every one
     against float64: a wrong run is this hazard."""
     N, K, G = 2048, 768, 128
     g = torch.Generator("cuda").manual_seed(rows)

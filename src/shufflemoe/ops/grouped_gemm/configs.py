@@ -164,17 +164,19 @@ def _for_format(M: int, N: int, K: int, G: int, dtype: torch.dtype, quant: str, 
     rows = -(-M // max(G, 1))  # average rows per group, an upper bound
     if quant in FORMAT_PREFILL_TILES and rows > 64:
         cfg = FORMAT_PREFILL_TILES[quant]
+    if quant in WEIGHT_ONLY_MID_FORMATS and 32 < rows <= 64 and G > 1:
+        cfg = WEIGHT_ONLY_MID_TILE
     if quant == "mxfp4" and cfg.swap_ab and cfg.block_n == 128 and K >= MXFP4_DEEP_K:
         if cfg.block_m == 16:
             cfg = cfg.with_(block_k=MXFP4_DEEP_BLOCK_K)
         else:
             cfg = cfg.with_(num_stages=5)
-    if quant == "mxfp4" and cfg.swap_ab and cfg.block_m == 16 and not invariant:
-        cfg = cfg.with_(run_order=True)
     if quant == "mxfp4" and cfg.swap_ab and cfg.block_m == 16 and rows > 8 and G > 1:
         cfg = MXFP4_MID_TILE
-    if quant == "fp8_w8a16" and cfg.swap_ab and cfg.block_n == 128:
-        cfg = cfg.with_(block_k=W8A16_BLOCK_K, block_m=32 if rows > 8 else cfg.block_m)
+    if quant == "mxfp4" and cfg.swap_ab and cfg.block_m == 16 and not invariant:
+        cfg = cfg.with_(run_order=True)
+    if quant == "fp8_w8a16" and cfg.swap_ab and cfg.block_n == 128 and cfg.block_m == 16:
+        cfg = cfg.with_(block_k=W8A16_BLOCK_K, block_m=32 if rows > 8 else 16)
     return _three_an_sm(cfg, M, N, K, G, quant, sms)
 
 
@@ -208,8 +210,10 @@ MXFP4_DEEP_BLOCK_K = 256
 # GEMMs changed (results/probe_weight_only_mxfp4_30283d8.json; as shipped / this, us): Mixtral TP2
 # T = 64 332.3 / 285.6, Qwen3-30B-A3B T = 256 314.6 / 258.7, Llama 4 Scout TP8 T = 256 156.1 /
 # 133.5; in run order 1.02-1.10x slower, 128-value steps within 3%, 8 warps 1.08-1.23x slower; at
-# 4 rows a group (Scout and Qwen3 T = 64) the 16-row tiles win by 1.08-1.16x. One group (a shared
-# expert) fits 16 rows in its one tile.
+# 4 rows a group (Scout and Qwen3 T = 64) the 16-row tiles win by 1.08-1.16x, at 8 rows by 1.09-
+# 1.13x, and at 32 rows the swapped 64-row tile wins by 1.27-1.30x
+# (results/probe_weight_only_mxfp4_edges_dbe9239.json). One group (a shared expert) fits 16 rows
+# in its one tile.
 MXFP4_MID_TILE = TileConfig(32, 128, MXFP4_DEEP_BLOCK_K, num_warps=4, num_stages=3, swap_ab=True,
                             ctas_per_sm=2)
 
@@ -220,8 +224,24 @@ MXFP4_MID_TILE = TileConfig(32, 128, MXFP4_DEEP_BLOCK_K, num_warps=4, num_stages
 # layer in CUDA graphs, 16 x 128 x 128 / 16 x 128 x 256 / 32 x 128 x 256, us
 # (results/probe_weight_only_118acea.json): Llama 4 Scout TP8 T = 16 110.2 / 90.9 / 95.9, T = 64
 # 136.6 / 125.2 / 127.5; Maverick TP8 T = 64 341.6 / 321.0 / 321.2; Qwen3-30B-A3B T = 64 277.1 /
-# 271.5 / 273.6; Mixtral TP2 (16 rows a group) T = 64 336.3 / 306.7 / 283.8.
+# 271.5 / 273.6; Mixtral TP2 (16 rows a group) T = 64 336.3 / 306.7 / 283.8. From 17 rows the
+# heuristic's swapped 64 x 128 x 128 tile: H200, the layer in CUDA graphs, routed GEMMs changed
+# (results/probe_weight_only_fp8_w8a16_rows_98f68a4.json and _mid_98f68a4.json; 32 x 128 x 256
+# / 64 x 128 x 128, us): at 16 rows a group Scout TP8 and Qwen3-30B-A3B T = 256 112.1 / 130.8 and
+# 219.4 / 254.4; at 32 rows Mixtral TP2 T = 128 299.8 / 288.0, Qwen3 T = 512 285.0 / 273.3, Scout
+# T = 512 158.1 / 145.1.
 W8A16_BLOCK_K = 256
+
+
+# The converted-weight formats (x in bf16) keep that swapped 64 x 128 x 128 tile to 64 rows a
+# group, where the heuristic's bf16 choice (128 x 128 with 8 warps, or 64 x 128 unswapped) would
+# store each converted weight tile to shared memory for the dot. H200, as above (_mid_98f68a4;
+# the heuristic's / this, us): 64 rows a group, fp8_w8a16 Mixtral TP2 T = 256 600.9 / 398.4,
+# Qwen3-30B-A3B T = 1024 587.3 / 386.3, Llama 4 Scout TP8 T = 1024 288.5 / 227.9; mxfp4 510.7 /
+# 488.3 (3 stages; the layer takes mxfp4's 5 at deep K), 507.0 / 422.5, 254.9 / 256.9. Routed
+# GEMMs only (G > 1), as measured.
+WEIGHT_ONLY_MID_FORMATS = ("fp8_w8a16", "mxfp4")
+WEIGHT_ONLY_MID_TILE = TileConfig(64, 128, 128, num_stages=3, swap_ab=True, ctas_per_sm=2)
 
 
 # Three programs an SM for the weight-only formats' swapped 16 x 128 tiles where they outnumber
