@@ -164,13 +164,13 @@ def _for_format(M: int, N: int, K: int, G: int, dtype: torch.dtype, quant: str, 
     rows = -(-M // max(G, 1))  # average rows per group, an upper bound
     if quant in FORMAT_PREFILL_TILES and rows > 64:
         cfg = FORMAT_PREFILL_TILES[quant]
-    if quant in WEIGHT_ONLY_MID_FORMATS and 32 < rows <= 64 and G > 1:
-        cfg = WEIGHT_ONLY_MID_TILE
     if quant == "mxfp4" and cfg.swap_ab and cfg.block_n == 128 and K >= MXFP4_DEEP_K:
         if cfg.block_m == 16:
             cfg = cfg.with_(block_k=MXFP4_DEEP_BLOCK_K)
         else:
             cfg = cfg.with_(num_stages=5)
+    if quant in WEIGHT_ONLY_MID_FORMATS and 32 < rows <= 64 and G > 1:
+        cfg = WEIGHT_ONLY_MID_TILE
     if quant == "mxfp4" and cfg.swap_ab and cfg.block_m == 16 and rows > 8 and G > 1:
         cfg = MXFP4_MID_TILE
     if quant == "mxfp4" and cfg.swap_ab and cfg.block_m == 16 and not invariant:
@@ -238,8 +238,9 @@ W8A16_BLOCK_K = 256
 # store each converted weight tile to shared memory for the dot. H200, as above (_mid_98f68a4;
 # the heuristic's / this, us): 64 rows a group, fp8_w8a16 Mixtral TP2 T = 256 600.9 / 398.4,
 # Qwen3-30B-A3B T = 1024 587.3 / 386.3, Llama 4 Scout TP8 T = 1024 288.5 / 227.9; mxfp4 510.7 /
-# 488.3 (3 stages; the layer takes mxfp4's 5 at deep K), 507.0 / 422.5, 254.9 / 256.9. Routed
-# GEMMs only (G > 1), as measured.
+# 488.3, 507.0 / 422.5, 254.9 / 256.9. mxfp4 keeps 3 stages here at deep K: with the 5 of its
+# 32-row rule the layer at baa04c7 gave Mixtral 489.4 and Scout 266.4 (0.96x;
+# results/probe_weight_only_mid_baa04c7.json). Routed GEMMs only (G > 1), as measured.
 WEIGHT_ONLY_MID_FORMATS = ("fp8_w8a16", "mxfp4")
 WEIGHT_ONLY_MID_TILE = TileConfig(64, 128, 128, num_stages=3, swap_ab=True, ctas_per_sm=2)
 
