@@ -507,9 +507,9 @@ def test_format_prefill_tiles_past_64_rows_a_group(quant):
     assert configs.select(4096, 14336, 4096, 8, dtype, quant) == tile
     assert configs.select(16384, 1536, 2048, 128, dtype, quant) == tile
     assert configs.select(65 * 8, 14336, 4096, 8, dtype, quant) == tile  # bucket 1024: 128 rows
-    mid = configs.select(512, 14336, 4096, 8, dtype, quant)  # 64 rows a group
-    assert mid == configs._heuristic(512, 14336, 4096, 8, dtype) or (
-        quant in configs.WEIGHT_ONLY_MID_FORMATS and mid.swap_ab and mid.block_m == 64)
+    mid = (configs.WEIGHT_ONLY_MID_TILE if quant in configs.WEIGHT_ONLY_MID_FORMATS
+           else configs._heuristic(512, 14336, 4096, 8, dtype))
+    assert configs.select(512, 14336, 4096, 8, dtype, quant) == mid  # 64 rows a group
     assert configs.select(4096, 14336, 4096, 8, dtype) == configs._heuristic(
         4096, 14336, 4096, 8, dtype)
     assert tile.tail_m == 0 and (tile.swap_ab or tile.block_m * tile.block_n <= 64 * 128)
