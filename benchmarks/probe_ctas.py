@@ -15,7 +15,12 @@ which GEMM shape wins or loses. The variants:
     stage) with three programs an SM (three), or four stages at two (four_stages);
     --set dense: bf16 and fp8_rowwise 16-row swapped tiles, whose stages (36 KB each) hold them
     to two programs an SM: half the K step four stages deep (half_k), or two stages (two_stages),
-    with ctas_per_sm=3.
+    with ctas_per_sm=3;
+    --set mid_mxfp4: mxfp4 at 33-64 rows a group, WEIGHT_ONLY_MID_TILE taken back to the
+    heuristic's tile for one GEMM (heuristic): which GEMM loses at Scout TP8 T = 1024;
+    --set waves: bf16 and fp8_rowwise swapped 16 x 128 tiles at two programs an SM made 16 x 64
+    (n64; twice the tiles: Scout TP8's down has 640 on 264 slots, 2.4 waves), or 16 x 64 at
+    three an SM (n64_three).
 
 The shipped layer is timed first and last (drift shows). Writes $OUT/probe_ctas[_<set>].json:
 
@@ -45,7 +50,7 @@ CASES = (("mxfp4", "qwen3-30b-a3b", 1, (8, 64)), ("mxfp4", "gpt-oss-120b", 1, (8
          ("fp8_w8a16", "llama4-maverick", 8, (8, 64)), ("fp8_w8a16", "mixtral-8x7b", 2, (8, 64)))
 
 
-def three_an_sm(cfg: gg.TileConfig, quant: str) -> gg.TileConfig:
+def three_an_sm(cfg: gg.TileConfig, quant: str, key=None) -> gg.TileConfig:
     """The variant of a shipped tile (itself where none applies)."""
     if not (cfg.swap_ab and cfg.block_m == 16 and cfg.block_n == 128) or cfg.ctas_per_sm == 3:
         return cfg
@@ -61,7 +66,7 @@ def three_an_sm(cfg: gg.TileConfig, quant: str) -> gg.TileConfig:
 def _swapped_16(change, block_n: int | None = None):
     """A variant: ``change`` on the swapped 16-row tiles at two programs an SM (of ``block_n``
     columns where given), the other tiles as shipped."""
-    def variant(cfg: gg.TileConfig, quant: str) -> gg.TileConfig:
+    def variant(cfg: gg.TileConfig, quant: str, key=None) -> gg.TileConfig:
         if not (cfg.swap_ab and cfg.block_m == 16 and cfg.ctas_per_sm == 2
                 and block_n in (None, cfg.block_n)):
             return cfg
@@ -75,7 +80,7 @@ DENSE_CASES = (("none", "llama4-scout", 8, (64, 128)), ("fp8_rowwise", "llama4-s
                ("fp8_rowwise", "mixtral-8x7b", 2, (64,)))
 
 
-def steps_256(cfg: gg.TileConfig, quant: str) -> gg.TileConfig:
+def steps_256(cfg: gg.TileConfig, quant: str, key=None) -> gg.TileConfig:
     """mxfp4 16-row tiles at 128-value steps: 256-value steps in two parts, three an SM (half
     the K loop's steps, as many registers: Qwen3-30B-A3B's down at K = 768 lost with three
     programs an SM at six steps)."""
@@ -84,7 +89,7 @@ def steps_256(cfg: gg.TileConfig, quant: str) -> gg.TileConfig:
     return cfg.with_(block_k=256, k_parts=2, ctas_per_sm=3)
 
 
-def two_at_128(cfg: gg.TileConfig, quant: str) -> gg.TileConfig:
+def two_at_128(cfg: gg.TileConfig, quant: str, key=None) -> gg.TileConfig:
     """steps_256's rule taken back (shipped at ce0962e for mxfp4 below K = 1024): 128-value
     steps in one part, two programs an SM."""
     if quant != "mxfp4" or not (cfg.swap_ab and cfg.block_m == 16 and cfg.k_parts == 2):
@@ -92,6 +97,19 @@ def two_at_128(cfg: gg.TileConfig, quant: str) -> gg.TileConfig:
     return cfg.with_(block_k=128, k_parts=1, ctas_per_sm=2)
 
 
+def mid_heuristic(cfg: gg.TileConfig, quant: str, key=None) -> gg.TileConfig:
+    """mxfp4's WEIGHT_ONLY_MID_TILE taken back: the heuristic's tile for the key (98f68a4's)."""
+    if quant != "mxfp4" or cfg != gg.WEIGHT_ONLY_MID_TILE:
+        return cfg
+    M, N, K, G, dtype = key
+    return gg._heuristic(gg.m_bucket(M), N, K, G, dtype)
+
+
+MID_CASES = (("mxfp4", "llama4-scout", 8, (1024,)), ("mxfp4", "qwen3-30b-a3b", 1, (1024,)),
+             ("mxfp4", "mixtral-8x7b", 2, (256,)))
+WAVE_CASES = (("none", "llama4-scout", 8, (64, 128)), ("fp8_rowwise", "llama4-scout", 8, (64, 128)),
+              ("fp8_rowwise", "llama4-maverick", 8, (64,)), ("fp8_rowwise", "mixtral-8x7b", 2, (64,)),
+              ("fp8_rowwise", "qwen3-30b-a3b", 1, (64, 128)))
 BLOCK_CASES = tuple(("fp8_block", name, tp, (8, 64)) for name, tp in (
     ("qwen3-30b-a3b", 1), ("llama4-scout", 8), ("llama4-maverick", 8), ("mixtral-8x7b", 2)))
 SETS = {"weight_only": (CASES, {"three": three_an_sm}),
@@ -110,7 +128,11 @@ SETS = {"weight_only": (CASES, {"three": three_an_sm}),
         "dense": (DENSE_CASES, {
             "half_k": _swapped_16(lambda c: c.with_(block_k=c.block_k // 2, num_stages=4,
                                                     ctas_per_sm=3)),
-            "two_stages": _swapped_16(lambda c: c.with_(num_stages=2, ctas_per_sm=3))})}
+            "two_stages": _swapped_16(lambda c: c.with_(num_stages=2, ctas_per_sm=3))}),
+        "mid_mxfp4": (MID_CASES, {"heuristic": mid_heuristic}),
+        "waves": (WAVE_CASES, {
+            "n64": _swapped_16(lambda c: c.with_(block_n=64), 128),
+            "n64_three": _swapped_16(lambda c: c.with_(block_n=64, ctas_per_sm=3), 128)})}
 
 
 def _patched(which: str, D: int, variant, changed: set):
@@ -119,7 +141,7 @@ def _patched(which: str, D: int, variant, changed: set):
     def select(M, N, K, G, dtype, quant="none", sms=gg.TUNED_SMS):
         cfg = shipped(M, N, K, G, dtype, quant, sms)
         mine = (which == "gate_up" and K == D and N != D) or (which == "down" and N == D)
-        new = variant(cfg, quant) if mine else cfg
+        new = variant(cfg, quant, key=(M, N, K, G, dtype)) if mine else cfg
         if new != cfg:
             changed.add(f"{N}x{K}: {cfg} -> {new}")
         return new
