@@ -16,7 +16,7 @@ which GEMM shape wins or loses. The variants:
     --set dense: bf16 and fp8_rowwise 16-row swapped tiles, whose stages (36 KB each) hold them
     to two programs an SM: half the K step four stages deep (half_k), or two stages (two_stages),
     with ctas_per_sm=3;
-    --set mid_mxfp4: mxfp4 at 33-64 rows a group, WEIGHT_ONLY_MID_TILE taken back to the
+    --set mid_mxfp4: mxfp4 (and fp8_w8a16) at 33-64 rows a group, WEIGHT_ONLY_MID_TILE taken back to the
     heuristic's tile for one GEMM (heuristic): which GEMM loses at Scout TP8 T = 1024;
     --set waves: bf16 and fp8_rowwise swapped 16 x 128 tiles at two programs an SM made 16 x 64
     (n64; twice the tiles: Scout TP8's down has 640 on 264 slots, 2.4 waves), or 16 x 64 at
@@ -98,15 +98,16 @@ def two_at_128(cfg: gg.TileConfig, quant: str, key=None) -> gg.TileConfig:
 
 
 def mid_heuristic(cfg: gg.TileConfig, quant: str, key=None) -> gg.TileConfig:
-    """mxfp4's WEIGHT_ONLY_MID_TILE taken back: the heuristic's tile for the key (98f68a4's)."""
-    if quant != "mxfp4" or cfg != gg.WEIGHT_ONLY_MID_TILE:
+    """WEIGHT_ONLY_MID_TILE taken back: the heuristic's tile for the key (98f68a4's)."""
+    if quant not in gg.WEIGHT_ONLY_MID_FORMATS or cfg != gg.WEIGHT_ONLY_MID_TILE:
         return cfg
     M, N, K, G, dtype = key
     return gg._heuristic(gg.m_bucket(M), N, K, G, dtype)
 
 
 MID_CASES = (("mxfp4", "llama4-scout", 8, (1024,)), ("mxfp4", "qwen3-30b-a3b", 1, (1024,)),
-             ("mxfp4", "mixtral-8x7b", 2, (256,)))
+             ("mxfp4", "mixtral-8x7b", 2, (256,)), ("fp8_w8a16", "llama4-scout", 8, (1024,)),
+             ("fp8_w8a16", "qwen3-30b-a3b", 1, (1024,)), ("fp8_w8a16", "mixtral-8x7b", 2, (256,)))
 WAVE_CASES = (("none", "llama4-scout", 8, (64, 128)), ("fp8_rowwise", "llama4-scout", 8, (64, 128)),
               ("fp8_rowwise", "llama4-maverick", 8, (64,)), ("fp8_rowwise", "mixtral-8x7b", 2, (64,)),
               ("fp8_rowwise", "qwen3-30b-a3b", 1, (64, 128)))
