@@ -108,6 +108,9 @@ def mid_heuristic(cfg: gg.TileConfig, quant: str, key=None) -> gg.TileConfig:
 MID_CASES = (("mxfp4", "llama4-scout", 8, (1024,)), ("mxfp4", "qwen3-30b-a3b", 1, (1024,)),
              ("mxfp4", "mixtral-8x7b", 2, (256,)), ("fp8_w8a16", "llama4-scout", 8, (1024,)),
              ("fp8_w8a16", "qwen3-30b-a3b", 1, (1024,)), ("fp8_w8a16", "mixtral-8x7b", 2, (256,)))
+# deep K with many tiles (Maverick's gate_up: K = 5120 like Scout's, 2048 tiles not 256)
+MID_WIDE_CASES = (("mxfp4", "llama4-maverick", 8, (8192,)), ("mxfp4", "deepseek-v3", 8, (2048,)),
+                  ("mxfp4", "gpt-oss-120b", 1, (2048,)))
 WAVE_CASES = (("none", "llama4-scout", 8, (64, 128)), ("fp8_rowwise", "llama4-scout", 8, (64, 128)),
               ("fp8_rowwise", "llama4-maverick", 8, (64,)), ("fp8_rowwise", "mixtral-8x7b", 2, (64,)),
               ("fp8_rowwise", "qwen3-30b-a3b", 1, (64, 128)))
@@ -131,6 +134,7 @@ SETS = {"weight_only": (CASES, {"three": three_an_sm}),
                                                     ctas_per_sm=3)),
             "two_stages": _swapped_16(lambda c: c.with_(num_stages=2, ctas_per_sm=3))}),
         "mid_mxfp4": (MID_CASES, {"heuristic": mid_heuristic}),
+        "mid_mxfp4_wide": (MID_WIDE_CASES, {"heuristic": mid_heuristic}),
         "waves": (WAVE_CASES, {
             "n64": _swapped_16(lambda c: c.with_(block_n=64), 128),
             "n64_three": _swapped_16(lambda c: c.with_(block_n=64, ctas_per_sm=3), 128)})}
