@@ -606,6 +606,26 @@ def test_weight_only_formats_keep_swapped_64_row_tiles_to_64_rows_a_group(quant)
         configs.FORMAT_PREFILL_TILES[quant])
 
 
+@pytest.mark.parametrize("M, N, K, G, mid", [
+    (1024, 2048, 5120, 16, False),  # Scout TP8 gate_up at T = 1024: 16 x 16 = 256 weight tiles
+    (512, 4096, 7168, 8, False),  # Mixtral TP2 down at T = 256: 8 x 32
+    (1024, 5120, 1024, 16, True),  # Scout's down: 640
+    (512, 14336, 4096, 8, True),  # Mixtral's gate_up: 896
+    (8192, 2048, 5120, 128, True),  # Maverick TP8 gate_up at T = 8192: 2048
+])
+def test_mxfp4_mid_tile_only_past_two_weight_tiles_an_sm(M, N, K, G, mid):
+    """mxfp4 at 33-64 rows a group keeps the heuristic's tile where the groups' weight tiles
+    fill no more than two programs an SM; fp8_w8a16 takes the mid tile either way."""
+    tile = configs.WEIGHT_ONLY_MID_TILE
+    got = configs.select(M, N, K, G, torch.bfloat16, "mxfp4")
+    assert (got == tile) == mid
+    if not mid:
+        assert got == configs.select(M, N, K, G, torch.bfloat16)
+    assert configs.select(M, N, K, G, torch.bfloat16, "fp8_w8a16") == tile
+    # the count scales with the GPU's SMs: fewer SMs, more tiles an SM
+    assert configs.select(M, N, K, G, torch.bfloat16, "mxfp4", sms=100) == tile
+
+
 def test_w8a16_keeps_the_swapped_64_row_tile_from_17_rows_a_group():
     # Mixtral TP2 gate_up: T = 128 (32 rows a group) the heuristic's tile; T = 64 (16) 32 rows.
     assert configs.select(256, 14336, 4096, 8, torch.bfloat16, "fp8_w8a16") == configs.select(

@@ -169,7 +169,8 @@ def _for_format(M: int, N: int, K: int, G: int, dtype: torch.dtype, quant: str, 
             cfg = cfg.with_(block_k=MXFP4_DEEP_BLOCK_K)
         else:
             cfg = cfg.with_(num_stages=5)
-    if quant in WEIGHT_ONLY_MID_FORMATS and 32 < rows <= 64 and G > 1:
+    if (quant in WEIGHT_ONLY_MID_FORMATS and 32 < rows <= 64 and G > 1
+            and (quant != "mxfp4" or min(G, M) * -(-N // WEIGHT_ONLY_MID_TILE.block_n) > 2 * sms)):
         cfg = WEIGHT_ONLY_MID_TILE
     if quant == "mxfp4" and cfg.swap_ab and cfg.block_m == 16 and rows > 8 and G > 1:
         cfg = MXFP4_MID_TILE
@@ -240,7 +241,15 @@ W8A16_BLOCK_K = 256
 # Qwen3-30B-A3B T = 1024 587.3 / 386.3, Llama 4 Scout TP8 T = 1024 288.5 / 227.9; mxfp4 510.7 /
 # 488.3, 507.0 / 422.5, 254.9 / 256.9. mxfp4 keeps 3 stages here at deep K: with the 5 of its
 # 32-row rule the layer at baa04c7 gave Mixtral 489.4 and Scout 266.4 (0.96x;
-# results/probe_weight_only_mid_baa04c7.json). Routed GEMMs only (G > 1), as measured.
+# results/probe_weight_only_mid_baa04c7.json). Routed GEMMs only (G > 1), as measured. mxfp4
+# only where its weight tiles (groups x column tiles) outnumber two programs an SM: with 256 (Scout
+# TP8's gate_up, Mixtral TP2's down) groups past 64 rows take a second row tile that the 128-row
+# one does not, a part-filled second wave. H200, the layer in CUDA graphs, one GEMM's tile taken
+# back to the heuristic's (results/probe_ctas_mid_mxfp4_61add82.json, _wide_f910872.json; the
+# layer's speed-up): Scout T = 1024 gate_up 1.055x, Mixtral T = 256 down 1.049x; with more tiles
+# the heuristic's lost: Qwen3-30B-A3B T = 1024 0.86 / 0.96x (gate_up / down), Mixtral's gate_up
+# 0.93x, Scout's down 0.99x, Maverick TP8 T = 8192 0.93 / 0.98x, DeepSeek-V3 TP8 T = 2048 0.91 /
+# 0.98x, gpt-oss-120b T = 2048 0.88 / 0.96x; and fp8_w8a16's everywhere (0.72-0.93x).
 WEIGHT_ONLY_MID_FORMATS = ("fp8_w8a16", "mxfp4")
 WEIGHT_ONLY_MID_TILE = TileConfig(64, 128, 128, num_stages=3, swap_ab=True, ctas_per_sm=2)
 
