@@ -18,6 +18,7 @@ which GEMM shape wins or loses. The variants:
     with ctas_per_sm=3;
     --set mid_mxfp4: mxfp4 (and fp8_w8a16) at 33-64 rows a group, WEIGHT_ONLY_MID_TILE taken back to the
     heuristic's tile for one GEMM (heuristic): which GEMM loses at Scout TP8 T = 1024;
+    --set mid_back: 5aac30c's rule (the heuristic's tile there) against 05ee44a's, in turns;
     --set waves: bf16 and fp8_rowwise swapped 16 x 128 tiles at two programs an SM made 16 x 64
     (n64; twice the tiles: Scout TP8's down has 640 on 264 slots, 2.4 waves), or 16 x 64 at
     three an SM (n64_three).
@@ -108,6 +109,15 @@ def mid_heuristic(cfg: gg.TileConfig, quant: str, key=None) -> gg.TileConfig:
 MID_CASES = (("mxfp4", "llama4-scout", 8, (1024,)), ("mxfp4", "qwen3-30b-a3b", 1, (1024,)),
              ("mxfp4", "mixtral-8x7b", 2, (256,)), ("fp8_w8a16", "llama4-scout", 8, (1024,)),
              ("fp8_w8a16", "qwen3-30b-a3b", 1, (1024,)), ("fp8_w8a16", "mixtral-8x7b", 2, (256,)))
+def mid_back(cfg: gg.TileConfig, quant: str, key=None) -> gg.TileConfig:
+    """5aac30c's rule taken back: mxfp4 at 33-64 rows a group of few weight tiles gets
+    WEIGHT_ONLY_MID_TILE again (05ee44a's choice)."""
+    M, N, K, G, dtype = key
+    if quant != "mxfp4" or G <= 1 or not 32 < -(-gg.m_bucket(M) // G) <= 64:
+        return cfg
+    return gg.WEIGHT_ONLY_MID_TILE
+
+
 # deep K with many tiles (Maverick's gate_up: K = 5120 like Scout's, 2048 tiles not 256)
 MID_WIDE_CASES = (("mxfp4", "llama4-maverick", 8, (8192,)), ("mxfp4", "deepseek-v3", 8, (2048,)),
                   ("mxfp4", "gpt-oss-120b", 1, (2048,)))
@@ -135,6 +145,7 @@ SETS = {"weight_only": (CASES, {"three": three_an_sm}),
             "two_stages": _swapped_16(lambda c: c.with_(num_stages=2, ctas_per_sm=3))}),
         "mid_mxfp4": (MID_CASES, {"heuristic": mid_heuristic}),
         "mid_mxfp4_wide": (MID_WIDE_CASES, {"heuristic": mid_heuristic}),
+        "mid_back": (MID_CASES[:3] + MID_CASES[:3:2], {"back": mid_back}),
         "waves": (WAVE_CASES, {
             "n64": _swapped_16(lambda c: c.with_(block_n=64), 128),
             "n64_three": _swapped_16(lambda c: c.with_(block_n=64, ctas_per_sm=3), 128)})}
