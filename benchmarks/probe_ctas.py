@@ -145,7 +145,7 @@ SETS = {"weight_only": (CASES, {"three": three_an_sm}),
             "two_stages": _swapped_16(lambda c: c.with_(num_stages=2, ctas_per_sm=3))}),
         "mid_mxfp4": (MID_CASES, {"heuristic": mid_heuristic}),
         "mid_mxfp4_wide": (MID_WIDE_CASES, {"heuristic": mid_heuristic}),
-        "mid_back": (MID_CASES[:3] + MID_CASES[:3:2], {"back": mid_back}),
+        "mid_back": ((MID_CASES[0], MID_CASES[2]) * 2, {"back": mid_back}),
         "waves": (WAVE_CASES, {
             "n64": _swapped_16(lambda c: c.with_(block_n=64), 128),
             "n64_three": _swapped_16(lambda c: c.with_(block_n=64, ctas_per_sm=3), 128)})}
