@@ -102,6 +102,14 @@ def test_readme_section_from_results(tmp_path):
     assert len(failed) == 1 and "m decode 64 o: logits rel L2 0.12" in failed[0]
     with pytest.raises(SystemExit):
         mod.main(["--results", str(tmp_path / "none"), "--readme", str(readme)])
+    # a second section of its own markers (another GPU's runs): the first stays as it was
+    begin, end = mod.markers("measured-h200")
+    readme.write_text(text + f"{begin}\nold\n{end}\n")
+    (results / "probe_x.json").write_text(json.dumps(dict(meta={}, rows=[])))  # not a suite's
+    mod.main(["--results", str(results), "--readme", str(readme), "--marker", "measured-h200"])
+    second = readme.read_text()
+    assert second.startswith(text) and "old" not in second and second.count("layer headline") == 2
+    assert f"`{results}/*.md`" in second.split(begin, 1)[1]
 
 
 def test_runner_judges_each_suite_against_its_start_and_end_ceilings(tmp_path, monkeypatch):
