@@ -21,10 +21,15 @@ SM, and the untuned choice (configs.untuned: the heuristic, or fp8_w8a16's rule)
    activates (planner.must_read_bytes), the bytes floor the layer suite uses; each row the layer
    ran with keeps PDL where that was faster, and is dropped unless the layer was faster with it
    than with the untuned tiles by KEEP_MARGIN (judge);
-4. writes $OUT/tune_decode.json, $OUT/tune_decode.md and $OUT/tuned.py (the table: copy it to
+4. writes $OUT/tune_decode.json, $OUT/tune_decode.md and $OUT/tuned.py (the tables: copy it to
    src/shufflemoe/ops/moe_decode/tuned.py). With --dtypes naming some of DTYPES, the other
    dtypes' rows stay as committed and the results are tune_decode_<dtypes>.json / .md. Rows of
    the run's formats that no case names any more are dropped (drop_stale).
+On tuned.BASE_DEVICE (and in a dry run) the run writes the base table, TABLE, against the
+heuristic; on any other GPU it writes that GPU's rows, BY_DEVICE[its name], and "untuned" is
+what that GPU runs without them (the base table's rows, else the heuristic): a row is kept only
+where the layer is faster with it than with the base table's. The other GPUs' rows stay.
+--results names the folder the results are committed to (tuned.py's provenance says it).
 --layer-only keeps the committed tiles and runs phase 3 alone (PDL and the verdict per row, a
 few minutes; writes tune_decode_pdl[_<dtypes>].json/.md).
 Phases stop at their share of --budget and say what they skipped.
@@ -109,11 +114,11 @@ def layer_config(name: str, dtype: str, dry: bool):
     return tiny(cfg) if dry else cfg  # dry: widths the interpreter gets through
 
 
-def candidates(gemm: str, A: int, cfg, w_dtype: torch.dtype, sms: int,
-               dry: bool) -> dict[str, configs.DecodeConfig]:
-    """label -> DecodeConfig changing one GEMM (the untuned choice first)."""
+def candidates(gemm: str, A: int, cfg, w_dtype: torch.dtype, sms: int, dry: bool,
+               gpu: str = "") -> dict[str, configs.DecodeConfig]:
+    """label -> DecodeConfig changing one GEMM (the untuned choice on the GPU ``gpu`` first)."""
     E, D, I = cfg.num_experts, cfg.hidden_size, cfg.intermediate_size
-    base = configs.untuned((A, E, D, I, w_dtype, sms), cfg.quantization)
+    base = configs.untuned((A, E, D, I, w_dtype, sms), cfg.quantization, gpu)
     N, K = (I, D) if gemm == "gate_up" else (D, I)
     size = w_dtype.itemsize
     out = {"untuned": base}
@@ -234,16 +239,17 @@ def time_us(fn, n: int, reps: int) -> float:
 
 # ------------------------------------------------------------------------------- compile phase
 
-def compile_job(job: tuple[str, str, int, bool]) -> dict:
+def compile_job(job: tuple[str, str, int, bool, str]) -> dict:
     """Run every candidate of one case once (fills Triton's cache); labels that fail."""
-    name, dtype, A, dry = job
+    name, dtype, A, dry, gpu = job
     failed, n = {}, 0
     try:
         torch.manual_seed(0)
         layers = layers_for(layer_config(name, dtype, dry), 1, "cpu" if dry else "cuda")
         case = Case(name, dtype, A, layers, "cpu" if dry else "cuda", 1)
         for gemm in ("gate_up", "down"):
-            for lab, cand in candidates(gemm, A, case.cfg, case.w_dtype, case.sms, dry).items():
+            for lab, cand in candidates(gemm, A, case.cfg, case.w_dtype, case.sms, dry,
+                                        gpu).items():
                 try:
                     with configs.override(cand):
                         case.fn(gemm)(0)
@@ -260,13 +266,13 @@ def compile_job(job: tuple[str, str, int, bool]) -> dict:
     return dict(case=[name, dtype, A], ran=n, failed=failed)
 
 
-def compile_all(jobs: list, workers: int, deadline: float, dry: bool) -> list[dict]:
+def compile_all(jobs: list, workers: int, deadline: float, dry: bool, gpu: str) -> list[dict]:
     if dry or workers <= 1:
-        return [compile_job(j + (dry,)) for j in jobs]
+        return [compile_job(j + (dry, gpu)) for j in jobs]
     ctx = multiprocessing.get_context("spawn")
     out = []
     with ctx.Pool(workers) as pool:
-        pending = [pool.apply_async(compile_job, (j + (dry,),)) for j in jobs]
+        pending = [pool.apply_async(compile_job, (j + (dry, gpu),)) for j in jobs]
         for j, p in zip(jobs, pending):
             left = deadline - time.monotonic()
             try:
@@ -289,22 +295,23 @@ def quant_at(k: tuple, cfg) -> str:
     return cfg.quantization if k[1] == cfg.num_experts else "none"
 
 
-def judged(key: tuple, cfg, variant: str):
-    """configs.select in a layer of ``cfg`` where the row for ``key`` (a table_key) alone is
-    ``variant``: "tuned" (PDL off), "tuned_pdl" or "untuned" (configs.untuned); every other
-    launch takes what the layer plans, so a verdict compares that row and nothing else."""
+def judged(key: tuple, cfg, variant: str, gpu: str = ""):
+    """configs.select in a layer of ``cfg`` on the GPU ``gpu`` where the row for ``key`` (a
+    table_key) alone is ``variant``: "tuned" (PDL off), "tuned_pdl" or "untuned"
+    (configs.untuned); every other launch takes what the layer plans, so a verdict compares
+    that row and nothing else."""
     def choose(k):
         quant = quant_at(k, cfg)
         if configs.table_key(*k, quant=quant) != key:
-            return configs.planned(k, quant)
+            return configs.planned(k, quant, gpu)
         if variant == "untuned":
-            return configs.untuned(k, quant)
-        return configs.planned(k, quant).with_(pdl=variant == "tuned_pdl")
+            return configs.untuned(k, quant, gpu)
+        return configs.planned(k, quant, gpu).with_(pdl=variant == "tuned_pdl")
     return choose
 
 
 def layer_rows(case_layers: list, name: str, dtype: str, T: int, device: str, dry: bool,
-               read_gbps: float, key_of) -> dict:
+               read_gbps: float, key_of, gpu: str = "") -> dict:
     """The layer at T tokens: fused with its table row (key_of(A), A the pairs its launches
     plan for) without and with PDL, fused with the untuned tiles, unfused. bf16 and fp8 rowwise
     take the fused path forced on (configs.ALWAYS), fp8_w8a16 the default switch (it has rows
@@ -322,7 +329,8 @@ def layer_rows(case_layers: list, name: str, dtype: str, T: int, device: str, dr
     nbytes = must_read_bytes(cfg, active)
     row = dict(preset=name, dtype=dtype, T=T, key=key, active_experts=active,
                must_read_mb=nbytes / 1e6)
-    for lab, plans in [(v, (fused, judged(key, cfg, v))) for v in ("tuned", "tuned_pdl", "untuned")
+    for lab, plans in [(v, (fused, judged(key, cfg, v, gpu)))
+                       for v in ("tuned", "tuned_pdl", "untuned")
                        ] + [("unfused", (configs.NEVER,))]:
         run = lambda i: case_layers[i % len(case_layers)](xs[i])  # noqa: E731
         with contextlib.ExitStack() as stack:
@@ -381,40 +389,52 @@ def drop_stale(table: dict, named: set, dropped: list) -> None:
 
 # ------------------------------------------------------------------------------------- main
 
-HEADER = ['"""The fused decode kernels\' tuning table: written by benchmarks/tune_decode.py, '
-          'not by hand.', "",
-          "TABLE maps configs.table_key(...) = (SMs, E, D, I, weight dtype or 'fp8_w8a16', A "
-          "rounded",
-          "up to a power of two) to (gate_up, down) GemmConfig fields (block_n, block_k, split_k,",
-          "num_warps, num_stages, block_m) and DecodeConfig.pdl (the layer was faster with",
-          "programmatic dependent launch)."]
+def header() -> list[str]:
+    """tuned.py's docstring up to the runs' provenance (what the tables are)."""
+    from shufflemoe.ops.moe_decode import tuned
+
+    doc = tuned.__doc__.strip().splitlines()
+    return doc[:next(i for i, ln in enumerate(doc) if ln.startswith("GPU, read first there"))
+               + 1]
 
 
-def table_source(table: dict, meta: dict, stem: str, dtypes: tuple[str, ...],
-                 layer_only: bool) -> str:
-    """tuned.py for ``table``. A run of every dtype states its own provenance; a --layer-only or
-    --dtypes run keeps the lines of the committed table's and adds (or replaces) its own."""
+def table_source(base: dict, by_device: dict, meta: dict, stem: str, dtypes: tuple[str, ...],
+                 layer_only: bool, own: str = "", results: str = "benchmarks/results") -> str:
+    """tuned.py for the tables ``base`` (TABLE) and ``by_device`` (BY_DEVICE), the run having
+    written ``own``'s rows ("": the base table's). Its provenance replaces the lines of the
+    runs it supersedes: a full run of the base table every base line, of a GPU's rows that
+    GPU's lines; a --layer-only or --dtypes run the lines of the same kind of run on the same
+    table. Every other line stays."""
     run = (f"{meta.get('device')} (torch {meta.get('torch')}, triton {meta.get('triton')}), "
-           f"commit {meta.get('commit')}, run {meta.get('run_id')}: "
-           f"benchmarks/results/{stem}.md.")
+           f"commit {meta.get('commit')}, run {meta.get('run_id')}: {results}/{stem}.md.")
+    prefix = f"BY_DEVICE[{own!r}]: " if own else ""
     if stem == "tune_decode":
-        measured = textwrap.wrap(f"Swept on {run}", 96, subsequent_indent="  ")
+        what, text = prefix, f"{prefix}{'s' if own else 'S'}wept on {run}"
     else:
-        from shufflemoe.ops.moe_decode import tuned
-
         rows = ", ".join(DTYPES[d] for d in dtypes) if dtypes != tuple(DTYPES) else "every format"
-        what = (f"Rows of {rows} judged in the layer (--layer-only)" if layer_only
-                else f"Rows of {rows} swept (--dtypes)")
-        kept, dropping = [], False
-        for ln in tuned.__doc__.strip().splitlines()[len(HEADER):]:
-            dropping = ln.startswith(what) or (dropping and ln.startswith("  "))
-            if not dropping:
-                kept.append(ln)
-        measured = kept + textwrap.wrap(f"{what} on {run}", 96, subsequent_indent="  ")
-    lines = [*HEADER, *measured, '"""', "",
-             "TABLE: dict[tuple, tuple[tuple[int, ...], tuple[int, ...], bool]] = {"]
-    for key in sorted(table, key=str):
-        lines.append(f"    {key!r}: {table[key]!r},")
+        what = prefix + (f"Rows of {rows} judged in the layer (--layer-only)" if layer_only
+                         else f"Rows of {rows} swept (--dtypes)")
+        text = f"{what} on {run}"
+    from shufflemoe.ops.moe_decode import tuned
+
+    head = header()
+    kept, dropping = [], False
+    for ln in tuned.__doc__.strip().splitlines()[len(head):]:
+        if not ln.startswith("  "):  # a run's first line; its continuations are indented
+            dropping = (not ln.startswith("BY_DEVICE[") if what == "" else ln.startswith(what))
+        if not dropping:
+            kept.append(ln)
+    measured = kept + textwrap.wrap(text, 96, subsequent_indent="  ")
+    row_type = "dict[tuple, tuple[tuple[int, ...], tuple[int, ...], bool]]"
+    lines = ['"""' + head[0], *head[1:], *measured, '"""', "", f"BASE_DEVICE = {tuned.BASE_DEVICE!r}", "",
+             f"TABLE: {row_type} = {{"]
+    lines += [f"    {key!r}: {base[key]!r}," for key in sorted(base, key=str)]
+    lines += ["}", "", f"BY_DEVICE: dict[str, {row_type}] = {{"]
+    for name in sorted(by_device):
+        lines.append(f"    {name!r}: {{")
+        lines += [f"        {key!r}: {by_device[name][key]!r},"
+                  for key in sorted(by_device[name], key=str)]
+        lines.append("    },")
     lines.append("}")
     return "\n".join(lines) + "\n"
 
@@ -434,6 +454,11 @@ def main(argv: list[str] | None = None) -> dict:
                    help="CPU, Triton interpreter, tiny shapes, no timing (CI)")
     p.add_argument("--dtypes", default=",".join(DTYPES),
                    help=f"which of {list(DTYPES)} to sweep; the others' rows stay as committed")
+    p.add_argument("--results", default="benchmarks/results",
+                   help="the folder the results are committed to (tuned.py names it)")
+    p.add_argument("--as-device", default=None,
+                   help="write the rows as this GPU's (BY_DEVICE; default: the GPU's own name, "
+                        "the base table on tuned.BASE_DEVICE and in a dry run)")
     args = p.parse_args(argv)
     dtypes = tuple(d for d in DTYPES if d in args.dtypes.split(","))
     if not dtypes or len(dtypes) != len(args.dtypes.split(",")):
@@ -447,6 +472,11 @@ def main(argv: list[str] | None = None) -> dict:
     from shufflemoe.bench.report import metadata
 
     meta = dict(metadata(), device="cpu (dry run)" if dry else torch.cuda.get_device_name())
+    from shufflemoe.ops.moe_decode import tuned
+
+    gpu = args.as_device if args.as_device is not None else "" if dry else meta["device"]
+    own = "" if gpu == tuned.BASE_DEVICE else gpu  # whose rows the run writes ("": TABLE's)
+    committed_base, committed_own = dict(configs.TABLE), dict(configs.BY_DEVICE.get(own, {}))
     rows: dict = {k: [] for k in ("compile", "sweep", "layer", "dropped", "skipped", "errors")}
     read_gbps = float("nan")
     if not dry:
@@ -461,12 +491,13 @@ def main(argv: list[str] | None = None) -> dict:
     if args.layer_only:  # the committed tiles, judged in the layer only
         deadline = {k: start + (0 if k != "layer" else args.budget) for k in SHARES}
     rows["compile"] = ([] if args.layer_only else
-                       compile_all(jobs, args.workers, deadline["compile"], dry))
+                       compile_all(jobs, args.workers, deadline["compile"], dry, own))
     failed = {tuple(r["case"]): r["failed"] for r in rows["compile"]}
     print(f"compiled {sum(r['ran'] for r in rows['compile'])} candidate runs in "
           f"{time.monotonic() - t0:.0f} s; failures: "
           f"{sum(len(f) for f in failed.values())}", flush=True)
-    table: dict = dict(configs.TABLE) if args.layer_only or partial else {}
+    committed = committed_own if own else committed_base
+    table: dict = dict(committed) if args.layer_only or partial else {}
     named: set = set()  # the keys of every case
     with use_impl("triton"):
         by_layer: dict = {}
@@ -493,11 +524,12 @@ def main(argv: list[str] | None = None) -> dict:
                     best = {}
                     for gemm in ("gate_up", "down"):
                         best[gemm] = sweep(case, gemm, failed.get((name, dtype, A), {}), dry,
-                                           rows)
+                                           rows, own)
                     table[key_of(A)] = (fields(best["gate_up"].gate_up),
                                         fields(best["down"].down), False)
                     del case
-                configs.TABLE.update(table)  # the layer rows below run with the new entries
+                # the layer rows below run with the new entries
+                (configs.BY_DEVICE.setdefault(own, {}) if own else configs.TABLE).update(table)
                 configs.table_changed()
                 if not name.startswith("llama4-shared"):
                     done = []
@@ -505,7 +537,8 @@ def main(argv: list[str] | None = None) -> dict:
                         if time.monotonic() > deadline["layer"]:
                             rows["skipped"].append(dict(phase="layer", case=[name, dtype, T]))
                             continue
-                        r = layer_rows(layers, name, dtype, T, device, dry, read_gbps, key_of)
+                        r = layer_rows(layers, name, dtype, T, device, dry, read_gbps, key_of,
+                                       own)
                         done.append(r)
                         print(f"layer {name} {dtype} T={T}: tuned {r['tuned_us']:.1f} us "
                               f"({r['tuned_pct_read']:.0f}%), with PDL {r['tuned_pdl_us']:.1f}, "
@@ -526,21 +559,26 @@ def main(argv: list[str] | None = None) -> dict:
     for r in rows["layer"]:
         r["key"] = str(r["key"])
     result = dict(meta=meta, ceilings=ceilings, table={str(k): v for k, v in table.items()},
-                  **rows)
+                  table_of=own or "base", **rows)
     args.out.mkdir(parents=True, exist_ok=True)
     stem = ("tune_decode_pdl" if args.layer_only else "tune_decode") + "".join(
         f"_{d}" for d in dtypes) * partial
     (args.out / f"{stem}.json").write_text(json.dumps(result, indent=1, default=str))
-    (args.out / "tuned.py").write_text(table_source(table, meta, stem, dtypes, args.layer_only))
+    by_device = {**{k: v for k, v in tuned.BY_DEVICE.items() if k != own},
+                 **({own: table} if own else {})}
+    (args.out / "tuned.py").write_text(table_source(
+        committed_base if own else table, by_device, meta, stem, dtypes, args.layer_only, own,
+        args.results))
     (args.out / f"{stem}.md").write_text(markdown(result))
     print(markdown(result), flush=True)
     return result
 
 
-def sweep(case: Case, gemm: str, failed: dict, dry: bool, rows: dict) -> configs.DecodeConfig:
+def sweep(case: Case, gemm: str, failed: dict, dry: bool, rows: dict,
+          gpu: str = "") -> configs.DecodeConfig:
     """Every candidate of one GEMM checked then timed; the 3 fastest timed again; the best."""
     fn, n = case.fn(gemm), case.n
-    cands = candidates(gemm, case.A, case.cfg, case.w_dtype, case.sms, dry)
+    cands = candidates(gemm, case.A, case.cfg, case.w_dtype, case.sms, dry, gpu)
     timed: list[tuple[float, str]] = []
     for lab, cand in cands.items():
         if f"{gemm} {lab}" in failed:
@@ -582,6 +620,10 @@ def markdown(result: dict) -> str:
            f"{m.get('device')}, torch {m.get('torch')}, triton {m.get('triton')}, commit "
            f"{m.get('commit')}, run {m.get('run_id')}, {m.get('date')}; read ceiling "
            f"{read} GB/s", "",
+           ("Rows written: TABLE (the base table); untuned = the heuristic." if
+            result.get("table_of", "base") == "base" else
+            f"Rows written: BY_DEVICE[{result['table_of']!r}]; untuned = what that GPU runs "
+            "without them (the base table's rows, else the heuristic)."), "",
            "## Each GEMM alone (CUDA-graph replays, median us; % of the read ceiling for its "
            "weight bytes)", "",
            "| preset | dtype | A | GEMM | best | us | % read | untuned us | % read | x |",

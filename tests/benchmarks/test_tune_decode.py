@@ -57,8 +57,30 @@ def test_one_dtype_keeps_the_other_rows(tmp_path):
     assert [k[4] for k in new] == ["fp8_w8a16"]
     assert {k: v for k, v in table["TABLE"].items() if k in configs.TABLE} == configs.TABLE
     doc = table["__doc__"]
-    assert tuned.__doc__.strip().splitlines()[6] in doc
+    assert tuned.__doc__.strip().splitlines()[9] in doc  # the committed provenance's first line
     assert "Rows of fp8_w8a16 swept (--dtypes)" in doc and "tune_decode_w8a16.md" in doc
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the script itself runs")
+def test_a_named_gpu_gets_rows_of_its_own(tmp_path):
+    """On a GPU other than the base table's (--as-device stands in for the name), a run writes
+    BY_DEVICE[name] and leaves the base table and its provenance as committed; --results names
+    the folder in the new provenance line."""
+    from shufflemoe.ops.moe_decode import configs, tuned
+
+    result = dry_run("tune_decode", tmp_path, "--dtypes", "bf16", "--as-device", "Fake GPU",
+                     "--results", "benchmarks/results/fake", result="tune_decode_bf16")
+    assert not result["errors"] and result["table_of"] == "Fake GPU"
+    table: dict = {}
+    exec((tmp_path / "tuned.py").read_text(), table)
+    assert table["TABLE"] == configs.TABLE and table["BASE_DEVICE"] == tuned.BASE_DEVICE
+    assert set(table["BY_DEVICE"]) == {"Fake GPU", *tuned.BY_DEVICE}
+    assert table["BY_DEVICE"]["Fake GPU"] and all(
+        k[4] == "bfloat16" for k in table["BY_DEVICE"]["Fake GPU"])
+    doc = table["__doc__"]
+    assert tuned.__doc__.strip() in doc.strip()  # every committed line kept
+    assert "BY_DEVICE['Fake GPU']: Rows of none swept (--dtypes) on" in doc
+    assert "benchmarks/results/fake/tune_decode_bf16.md" in doc
 
 
 def test_overrides_vary_the_judged_row_alone():

@@ -145,7 +145,8 @@ def test_switch_picks_the_path(fused_calls):
 
 # every distinct GEMM tiling of the tuning table's fp8_w8a16 rows (bf16 and fp8 rowwise's:
 # tests/ops/test_moe_decode.py)
-W8A16_TUNED = sorted({(gemm, fields) for key, rows in configs.TABLE.items()
+W8A16_TUNED = sorted({(gemm, fields) for table in (configs.TABLE, *configs.BY_DEVICE.values())
+                      for key, rows in table.items()
                       if key[4] == "fp8_w8a16" for gemm, fields in zip(("gate_up", "down"), rows)})
 W8A16_QWEN3 = CONFIGS["qwen3 (k=8 of 128)"].replace(quantization="fp8_w8a16")
 

@@ -375,9 +375,46 @@ def test_select_reads_the_table_then_the_heuristic(monkeypatch):
         configs.table_changed()
 
 
+def test_a_gpu_reads_its_own_rows_first(monkeypatch):
+    """BY_DEVICE[name]'s rows serve that GPU alone, before the base table's; where it has none
+    it takes the base table's row, and other GPUs (and no GPU: "") take the base table's.
+    tune_decode's baseline on such a GPU (untuned) is the base table's row; on the base GPU, the
+    heuristic."""
+    base = ((32, 64, 3, 8, 5), (128, 128, 1, 4, 2), True)
+    own = ((4, 2048, 1, 4, 2, 1), (16, 512, 1, 4, 2, 1), False)
+    as_config = lambda row: configs.DecodeConfig(  # noqa: E731
+        configs.GemmConfig(*row[0]), configs.GemmConfig(*row[1]), pdl=row[2])
+    monkeypatch.setitem(configs.TABLE, (132, 16, 640, 128, "bfloat16", 4), base)
+    monkeypatch.setitem(configs.TABLE, (132, 16, 640, 128, "bfloat16", 8), base)
+    monkeypatch.setitem(configs.BY_DEVICE, "Fake GPU", {(132, 16, 640, 128, "bfloat16", 4): own})
+    configs.table_changed()
+    try:
+        key = (4, 16, 640, 128, torch.bfloat16, 132)
+        other_bucket = (8, 16, 640, 128, torch.bfloat16, 132)
+        assert configs.select(*key, device="Fake GPU") == as_config(own)
+        assert configs.planned(key, device="Fake GPU") == as_config(own)
+        assert configs.select(*other_bucket, device="Fake GPU") == as_config(base)
+        for device in ("", "Another GPU", configs.BASE_DEVICE):
+            assert configs.select(*key, device=device) == as_config(base)
+        assert configs.untuned(key, device="Fake GPU") == as_config(base)
+        assert configs.untuned(key, device=configs.BASE_DEVICE) == configs.heuristic(key)
+        assert configs.untuned(key) == configs.heuristic(key)
+        # fp8_w8a16 without rows of its own borrows the GPU's fp8 one-pair rows
+        fp8 = (4, 16, 640, 128, FP8_DTYPE, 132)
+        configs.BY_DEVICE["Fake GPU"][(132, 16, 640, 128, "float8_e4m3fn", 4)] = own
+        configs.table_changed()
+        one_pair = configs.GemmConfig(*own[0])
+        assert configs.select(*fp8, "fp8_w8a16", "Fake GPU").gate_up == one_pair
+        assert configs.select(*fp8, "fp8_w8a16").gate_up != one_pair
+    finally:
+        configs.table_changed()
+
+
 # every distinct GEMM tiling of the tuning table's bf16 and fp8 rowwise rows, by weight dtype
 # (fp8_w8a16's: tests/experts/test_fused_decode.py)
-TUNED = sorted({(key[4], gemm, fields) for key, rows in configs.TABLE.items()
+TUNED = sorted({(key[4], gemm, fields)
+                for table in (configs.TABLE, *configs.BY_DEVICE.values())
+                for key, rows in table.items()
                 if key[4] != "fp8_w8a16" for gemm, fields in zip(("gate_up", "down"), rows)})
 
 

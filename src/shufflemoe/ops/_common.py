@@ -60,6 +60,19 @@ def device_sms(device: torch.device) -> int:
     return _sms(device.index if device.index is not None else torch.cuda.current_device())
 
 
+@functools.cache
+def _name(index: int) -> str:
+    return torch.cuda.get_device_properties(index).name
+
+
+def device_name(device: torch.device) -> str:
+    """A CUDA device's name (the current one when ``device`` has no index), read once; "" for
+    any other device."""
+    if device.type != "cuda":
+        return ""
+    return _name(device.index if device.index is not None else torch.cuda.current_device())
+
+
 _CURRENT = contextlib.nullcontext()
 _TRACED = (FakeTensor, FunctionalTensor)
 

@@ -13,9 +13,10 @@ Two choices, each a frozen dataclass that tests and benchmarks replace with ``ov
   experts a token at small A (Switch.fp8_min_top_k, fp8_max_pairs).
 - ``DecodeConfig``: tiles and split-K factors of the two fused GEMMs. The host knows A, E, D, I
   and the dtype, never the group sizes, so it plans for min(E, A) active experts: weight tiles =
-  active experts x cdiv(N, block_n). The choice comes from the tuning table (tuned.py, written by
-  benchmarks/tune_decode.py from a sweep on a GPU with that many SMs) for a shape it holds, A
-  rounded up to a power of two (fp8_w8a16 in rows of its own); else from the heuristic (for
+  active experts x cdiv(N, block_n). The choice comes from the tuning tables (tuned.py, written
+  by benchmarks/tune_decode.py from sweeps on GPUs: rows swept on the running GPU itself first,
+  then the base table's, swept on a GPU with as many SMs) for a shape they hold, A rounded up
+  to a power of two (fp8_w8a16 in rows of its own); else from the heuristic (for
   fp8_w8a16, ``w8a16_rule``): with fewer tiles than SMs, K is split until every SM streams
   weights (Llama 4 Scout TP8 at T = 1: one expert, 16 tiles of 64 gate + 64 up rows for 132
   SMs).
@@ -31,7 +32,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from .tuned import TABLE
+from .tuned import BASE_DEVICE, BY_DEVICE, TABLE
 
 
 @dataclass(frozen=True)
@@ -257,27 +258,30 @@ def use_fused(num_pairs: int, top_k: int = 1, quant: str = "none", num_experts: 
 
 
 def select(A: int, E: int, D: int, I: int, dtype: torch.dtype, sms: int,
-           quant: str = "none") -> DecodeConfig:
+           quant: str = "none", device: str = "") -> DecodeConfig:
     """Tiles for A pairs over E experts (w13 [E, 2I, D], w2 [E, D, I] stored in ``dtype``, in
-    the weight format ``quant``) on ``sms`` SMs."""
+    the weight format ``quant``) on ``sms`` SMs of the GPU named ``device`` ("": none named)."""
     key = (A, E, D, I, dtype, sms)
     chosen = _override.get()
     if chosen is not None:
         return chosen if isinstance(chosen, DecodeConfig) else chosen(key)
-    return planned(key, quant)
+    return planned(key, quant, device)
 
 
-def planned(key: Key, quant: str = "none") -> DecodeConfig:
-    """What ``select`` returns without an override: the tuning table's row for the key and
-    format, else ``untuned``."""
+def planned(key: Key, quant: str = "none", device: str = "") -> DecodeConfig:
+    """What ``select`` returns without an override: the row for the key and format that the
+    GPU ``device`` has of its own (BY_DEVICE), else the base table's (TABLE), else ``untuned``."""
     if quant == "fp8_w8a16":
-        return _w8a16(*key)
-    return _choose(*key)
+        return _w8a16(*key, device)
+    return _choose(*key, device)
 
 
-def untuned(key: Key, quant: str = "none") -> DecodeConfig:
-    """The tiles for a key the table does not hold (tune_decode's baseline): the heuristic, or
-    for fp8_w8a16 ``w8a16_rule``."""
+def untuned(key: Key, quant: str = "none", device: str = "") -> DecodeConfig:
+    """What the GPU ``device`` runs for a key without a row of its own (tune_decode's baseline):
+    the base table's row on a GPU other than BASE_DEVICE; else the heuristic, or for fp8_w8a16
+    ``w8a16_rule``."""
+    if device and device != BASE_DEVICE:
+        return planned(key, quant)
     return w8a16_rule(key) if quant == "fp8_w8a16" else heuristic(key)
 
 
@@ -296,36 +300,39 @@ def table_changed() -> None:
     _w8a16.cache_clear()
 
 
-def _row(key: tuple) -> DecodeConfig | None:
-    row = TABLE.get(key)
+def _row(key: tuple, device: str) -> DecodeConfig | None:
+    row = BY_DEVICE.get(device, {}).get(key) or TABLE.get(key)
     if row is None:
         return None
     return DecodeConfig(GemmConfig(*row[0]), GemmConfig(*row[1]), pdl=row[2])
 
 
 @functools.lru_cache(maxsize=None)
-def _choose(A: int, E: int, D: int, I: int, dtype: torch.dtype, sms: int) -> DecodeConfig:
-    return _row(table_key(A, E, D, I, dtype, sms)) or heuristic((A, E, D, I, dtype, sms))
+def _choose(A: int, E: int, D: int, I: int, dtype: torch.dtype, sms: int,
+            device: str = "") -> DecodeConfig:
+    key = (A, E, D, I, dtype, sms)
+    return _row(table_key(*key), device) or heuristic(key)
 
 
 @functools.lru_cache(maxsize=None)
-def _w8a16(A: int, E: int, D: int, I: int, dtype: torch.dtype, sms: int) -> DecodeConfig:
+def _w8a16(A: int, E: int, D: int, I: int, dtype: torch.dtype, sms: int,
+           device: str = "") -> DecodeConfig:
     key = (A, E, D, I, dtype, sms)
-    return _row(table_key(*key, quant="fp8_w8a16")) or w8a16_rule(key)
+    return _row(table_key(*key, quant="fp8_w8a16"), device) or w8a16_rule(key, device)
 
 
 # fp8_w8a16 without a one-pair row in the fp8 table: one pair a tile, 256 bytes of K a step.
 W8A16_GEMV = GemmConfig(32, 256, 1, 4, 2, block_m=1)
 
 
-def w8a16_rule(key: Key) -> DecodeConfig:
+def w8a16_rule(key: Key, device: str = "") -> DecodeConfig:
     """fp8_w8a16 shapes without a row of their own: fp8_w8a16 streams the bytes fp8 rowwise
     streams, and its one-pair tiles (block_m = 1) multiply the same way on the CUDA cores (e4m3
     to fp32), so it takes the fp8 table's one-pair tiles; in place of that table's 16-pair MMA
     tiles, tuned for fp8 dots, it takes W8A16_GEMV, split to fill the SMs (the rule before the
     format's own rows: results/probe_weight_only.json)."""
     A, E, D, I, dtype, sms = key
-    row = _choose(*key)
+    row = _choose(*key, device)
     gemms = []
     for g, (N, K) in ((row.gate_up, (I, D)), (row.down, (D, I))):
         if g.block_m != 1:

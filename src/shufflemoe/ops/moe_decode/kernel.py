@@ -69,7 +69,7 @@ import triton.language as tl
 from torch import Tensor
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from .._common import cdiv, device_sms, next_power_of_2, on_device, traced
+from .._common import cdiv, device_name, device_sms, next_power_of_2, on_device, traced
 from .._impl import interpreting, kernel_op
 from .._launch import launch, persistent_zeros
 from ..quantize.kernel import (cast_to, e2m1_f16, e4m3_bits, e4m3_to, e8m0_values, fp8_target,
@@ -974,7 +974,7 @@ def reserve_arrival_words(w13: Tensor, w2: Tensor, max_pairs: int, workspace: in
     D, I = D * k_per_element, I * k_per_element
     sms, need = sm_count(w13.device), 0
     for A in range(1, max_pairs + shared_tokens + 1):
-        plan = configs.select(A, E, D, I, w13.dtype, sms, quant)
+        plan = configs.select(A, E, D, I, w13.dtype, sms, quant, device_name(w13.device))
         up = max_m_tiles(A, E, plan.gate_up.block_m) + shared_tokens
         dn = max_m_tiles(A, E, plan.down.block_m) + shared_tokens
         need = max(need, up * cdiv(I, plan.gate_up.block_n) + up,
@@ -1030,7 +1030,7 @@ def _plan(A: int, E: int, D: int, I: int, w: Tensor, quant: str) -> configs.Deco
     """The tiles for A rows of a (configs.select). fp8_block's K steps hold whole 128-column
     scale blocks: one for MMA tiles (each block's product is scaled before the next is added),
     the tile's own multiple of 128 for one-pair tiles (summed per block on the CUDA cores)."""
-    plan = configs.select(A, E, D, I, w.dtype, sm_count(w.device), quant)
+    plan = configs.select(A, E, D, I, w.dtype, sm_count(w.device), quant, device_name(w.device))
     if quant != "fp8_block":
         return plan
     fit = [g.with_(block_k=128 if g.block_m > 1 else max(128, g.block_k // 128 * 128))

@@ -1,9 +1,11 @@
-"""The fused decode kernels' tuning table: written by benchmarks/tune_decode.py, not by hand.
+"""The fused decode kernels' tuning tables: written by benchmarks/tune_decode.py, not by hand.
 
 TABLE maps configs.table_key(...) = (SMs, E, D, I, weight dtype or 'fp8_w8a16', A rounded
 up to a power of two) to (gate_up, down) GemmConfig fields (block_n, block_k, split_k,
 num_warps, num_stages, block_m) and DecodeConfig.pdl (the layer was faster with
-programmatic dependent launch).
+programmatic dependent launch). TABLE was swept on BASE_DEVICE and serves every GPU of its
+SM count; BY_DEVICE[name] (the name torch.cuda.get_device_name gives) holds rows swept on that
+GPU, read first there (as vLLM keeps fused-MoE configs per device).
 Swept on NVIDIA H100 80GB HBM3 (torch 2.11.0+cu130, triton 3.6.0), commit 6b70ae2,
 run 20261126T123904Z-6bbe05; results: benchmarks/results/tune_decode.md.
 That run reached its time budget before Mixtral TP2 fp8 at A = 32 and 64: those two rows are
@@ -14,6 +16,8 @@ Rows of fp8_w8a16 judged in the layer (--layer-only) on NVIDIA H100 80GB HBM3 (t
   2.11.0+cu130, triton 3.6.0), commit 50ae953, run 20261127T085914Z-9be0c9:
   benchmarks/results/tune_decode_pdl_w8a16.md.
 """
+
+BASE_DEVICE = 'NVIDIA H100 80GB HBM3'
 
 TABLE: dict[tuple, tuple[tuple[int, ...], tuple[int, ...], bool]] = {
     (132, 1, 5120, 1024, 'bfloat16', 1): ((4, 2048, 1, 4, 2, 1), (16, 512, 1, 4, 2, 1), False),
@@ -78,4 +82,7 @@ TABLE: dict[tuple, tuple[tuple[int, ...], tuple[int, ...], bool]] = {
     (132, 8, 4096, 7168, 'float8_e4m3fn', 8): ((128, 256, 1, 8, 3, 16), (64, 256, 1, 4, 3, 16), False),
     (132, 8, 4096, 7168, 'fp8_w8a16', 2): ((4, 4096, 1, 4, 2, 1), (16, 1024, 1, 4, 2, 1), False),
     (132, 8, 4096, 7168, 'fp8_w8a16', 4): ((32, 256, 1, 4, 2, 1), (64, 512, 1, 8, 2, 1), True),
+}
+
+BY_DEVICE: dict[str, dict[tuple, tuple[tuple[int, ...], tuple[int, ...], bool]]] = {
 }
