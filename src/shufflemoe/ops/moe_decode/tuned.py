@@ -15,6 +15,9 @@ Rows of fp8_w8a16 swept (--dtypes) on NVIDIA H100 80GB HBM3 (torch 2.11.0+cu130,
 Rows of fp8_w8a16 judged in the layer (--layer-only) on NVIDIA H100 80GB HBM3 (torch
   2.11.0+cu130, triton 3.6.0), commit 50ae953, run 20261127T085914Z-9be0c9:
   benchmarks/results/tune_decode_pdl_w8a16.md.
+BY_DEVICE['NVIDIA H200']: Rows of none, fp8_rowwise swept (--dtypes) on NVIDIA H200 (torch
+  2.11.0+cu130, triton 3.6.0), commit 514b8d6, run 20261203T075349Z-1ed38e:
+  benchmarks/results/h200/tune_decode_bf16_fp8.md.
 """
 
 BASE_DEVICE = 'NVIDIA H100 80GB HBM3'
@@ -85,4 +88,18 @@ TABLE: dict[tuple, tuple[tuple[int, ...], tuple[int, ...], bool]] = {
 }
 
 BY_DEVICE: dict[str, dict[tuple, tuple[tuple[int, ...], tuple[int, ...], bool]]] = {
+    'NVIDIA H200': {
+        (132, 1, 5120, 1024, 'bfloat16', 1): ((8, 1024, 1, 8, 2, 1), (16, 512, 1, 4, 2, 1), False),
+        (132, 1, 5120, 1024, 'bfloat16', 16): ((64, 128, 8, 4, 3, 16), (64, 128, 1, 4, 4, 16), False),
+        (132, 1, 5120, 1024, 'bfloat16', 2): ((8, 1024, 1, 8, 2, 1), (64, 256, 1, 4, 3, 16), False),
+        (132, 1, 5120, 1024, 'bfloat16', 32): ((64, 64, 8, 4, 4, 16), (64, 128, 1, 4, 3, 16), False),
+        (132, 1, 5120, 1024, 'bfloat16', 4): ((64, 128, 8, 4, 3, 16), (64, 128, 1, 4, 4, 16), False),
+        (132, 1, 5120, 1024, 'bfloat16', 64): ((64, 128, 4, 4, 3, 16), (64, 64, 1, 4, 4, 16), False),
+        (132, 1, 5120, 1024, 'bfloat16', 8): ((64, 128, 8, 4, 3, 16), (64, 128, 1, 4, 4, 16), False),
+        (132, 128, 2048, 768, 'bfloat16', 8): ((16, 512, 1, 4, 2, 1), (64, 256, 1, 8, 2, 1), True),
+        (132, 128, 5120, 1024, 'bfloat16', 1): ((8, 1024, 1, 8, 2, 1), (64, 128, 1, 4, 4, 16), False),
+        (132, 128, 5120, 1024, 'bfloat16', 16): ((64, 128, 1, 4, 3, 16), (64, 128, 1, 4, 2, 1), False),
+        (132, 16, 5120, 1024, 'bfloat16', 1): ((8, 1024, 1, 8, 2, 1), (64, 128, 1, 4, 4, 16), False),
+        (132, 16, 5120, 1024, 'bfloat16', 4): ((4, 1024, 1, 4, 2, 1), (64, 64, 1, 4, 4, 16), True),
+    },
 }
