@@ -89,11 +89,13 @@ SHARES = {"compile": 0.3, "time": 0.85, "layer": 1.0}  # phases end at these par
 KEEP_MARGIN = 0.01  # a row stays only where the layer is this much faster with it (judge)
 
 
-def cases(dry: bool, dtypes=tuple(DTYPES)) -> list[tuple[str, str, int]]:
+def cases(dry: bool, dtypes=tuple(DTYPES), presets=tuple(PRESETS)) -> list[tuple[str, str, int]]:
     """(preset, dtype, A) in the order they are timed: bf16 first (the default path)."""
     out = []
     for dtype in dtypes:
         for name, cfg in PRESETS.items():
+            if name not in presets:
+                continue
             if name.startswith("llama4-shared") and dtype != "bf16":
                 continue  # a quantized layer runs its shared expert in x's dtype (bf16)
             k, A = cfg.top_k, 1
@@ -105,7 +107,7 @@ def cases(dry: bool, dtypes=tuple(DTYPES)) -> list[tuple[str, str, int]]:
     if dry:  # one shared-expert case (top-1, E = 1) and Qwen3 (top-8) in each dtype
         out = [("llama4-shared-tp8", "bf16", 1), ("qwen3-30b-a3b", "bf16", 8),
                ("qwen3-30b-a3b", "fp8", 8), ("qwen3-30b-a3b", "w8a16", 8)]
-        return [c for c in out if c[1] in dtypes]
+        return [c for c in out if c[1] in dtypes and c[0] in presets]
     return out
 
 
@@ -377,12 +379,13 @@ def judge(table: dict, layer: list[dict], dropped: list) -> None:
         r["row"], r["pdl"] = verdict[r["key"]]
 
 
-def drop_stale(table: dict, named: set, dropped: list) -> None:
-    """Rows of the formats this run covers (and of its GPU's SM count) that no case names: a
-    case the script no longer runs (the shared expert of a quantized layer, which runs in x's
-    dtype) leaves rows nothing judges."""
-    covered = {(k[0], k[4]) for k in named}
-    for key in [k for k in table if (k[0], k[4]) in covered and k not in named]:
+def drop_stale(table: dict, named: set, dropped: list, every_preset: bool = True) -> None:
+    """Rows of the formats this run covers (and of its GPU's SM count; with some presets only,
+    of their shapes) that no case names: a case the script no longer runs (the shared expert of
+    a quantized layer, which runs in x's dtype) leaves rows nothing judges."""
+    part = (lambda k: (k[0], k[4])) if every_preset else (lambda k: k[:5])  # noqa: E731
+    covered = {part(k) for k in named}
+    for key in [k for k in table if part(k) in covered and k not in named]:
         dropped.append(dict(key=str(key), T=[], tuned_us=math.nan, untuned_us=math.nan,
                             row=table.pop(key), why="no case"))
 
@@ -398,22 +401,42 @@ def header() -> list[str]:
                + 1]
 
 
+def skipped_text(skipped: list[dict]) -> str:
+    """What a run's deadlines left out, for its provenance line ("" when nothing)."""
+    parts = {"time": [], "layer": []}
+    for s in skipped:
+        name, dtype, which = s["case"]
+        unit = "T" if s["phase"] == "layer" else "A"
+        parts[s["phase"]].append(f"{name} {dtype}" + (
+            "" if isinstance(which, list) else f" {unit} = {which}"))
+    text = "; ".join(f"{what}: {', '.join(cases)}" for what, cases in (
+        ("not swept (out of time)", parts["time"]),
+        ("not judged in the layer (out of time)", parts["layer"])) if cases)
+    return f" {text[0].upper()}{text[1:]}." if text else ""
+
+
 def table_source(base: dict, by_device: dict, meta: dict, stem: str, dtypes: tuple[str, ...],
-                 layer_only: bool, own: str = "", results: str = "benchmarks/results") -> str:
+                 layer_only: bool, own: str = "", results: str = "benchmarks/results",
+                 presets: tuple[str, ...] = tuple(PRESETS), skipped: list[dict] = ()) -> str:
     """tuned.py for the tables ``base`` (TABLE) and ``by_device`` (BY_DEVICE), the run having
     written ``own``'s rows ("": the base table's). Its provenance replaces the lines of the
     runs it supersedes: a full run of the base table every base line, of a GPU's rows that
-    GPU's lines; a --layer-only or --dtypes run the lines of the same kind of run on the same
-    table. Every other line stays."""
+    GPU's lines; a --layer-only, --dtypes or --presets run the lines of the same kind of run
+    on the same table. Every other line stays."""
     run = (f"{meta.get('device')} (torch {meta.get('torch')}, triton {meta.get('triton')}), "
-           f"commit {meta.get('commit')}, run {meta.get('run_id')}: {results}/{stem}.md.")
+           f"commit {meta.get('commit')}, run {meta.get('run_id')}: {results}/{stem}.md."
+           + skipped_text(skipped))
     prefix = f"BY_DEVICE[{own!r}]: " if own else ""
     if stem == "tune_decode":
         what, text = prefix, f"{prefix}{'s' if own else 'S'}wept on {run}"
     else:
-        rows = ", ".join(DTYPES[d] for d in dtypes) if dtypes != tuple(DTYPES) else "every format"
+        rows = (", ".join("bf16" if d == "bf16" else DTYPES[d] for d in dtypes)
+                if dtypes != tuple(DTYPES) else "every format")
+        if presets != tuple(PRESETS):
+            rows += f" for {', '.join(presets)}"
+        flags = "--dtypes, --presets" if presets != tuple(PRESETS) else "--dtypes"
         what = prefix + (f"Rows of {rows} judged in the layer (--layer-only)" if layer_only
-                         else f"Rows of {rows} swept (--dtypes)")
+                         else f"Rows of {rows} swept ({flags})")
         text = f"{what} on {run}"
     from shufflemoe.ops.moe_decode import tuned
 
@@ -454,6 +477,9 @@ def main(argv: list[str] | None = None) -> dict:
                    help="CPU, Triton interpreter, tiny shapes, no timing (CI)")
     p.add_argument("--dtypes", default=",".join(DTYPES),
                    help=f"which of {list(DTYPES)} to sweep; the others' rows stay as committed")
+    p.add_argument("--presets", default=",".join(PRESETS),
+                   help=f"which of {list(PRESETS)} to sweep (the Llama 4 layers' rows use the "
+                        "shared expert's); the others' rows stay as committed")
     p.add_argument("--results", default="benchmarks/results",
                    help="the folder the results are committed to (tuned.py names it)")
     p.add_argument("--as-device", default=None,
@@ -463,7 +489,10 @@ def main(argv: list[str] | None = None) -> dict:
     dtypes = tuple(d for d in DTYPES if d in args.dtypes.split(","))
     if not dtypes or len(dtypes) != len(args.dtypes.split(",")):
         raise SystemExit(f"--dtypes must name some of {list(DTYPES)}, got {args.dtypes!r}")
-    partial = dtypes != tuple(DTYPES)
+    presets = tuple(n for n in PRESETS if n in args.presets.split(","))
+    if not presets or len(presets) != len(args.presets.split(",")):
+        raise SystemExit(f"--presets must name some of {list(PRESETS)}, got {args.presets!r}")
+    partial = dtypes != tuple(DTYPES) or presets != tuple(PRESETS)
     dry, start = args.dry_run, time.monotonic()
     if not dry and not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU (or --dry-run)")
@@ -486,7 +515,7 @@ def main(argv: list[str] | None = None) -> dict:
         read_gbps = ceilings["read_gbps"]
     else:
         ceilings = {}
-    jobs = cases(dry, dtypes)
+    jobs = cases(dry, dtypes, presets)
     t0 = time.monotonic()
     if args.layer_only:  # the committed tiles, judged in the layer only
         deadline = {k: start + (0 if k != "layer" else args.budget) for k in SHARES}
@@ -555,20 +584,21 @@ def main(argv: list[str] | None = None) -> dict:
             if not dry:
                 torch.cuda.empty_cache()
     if not rows["errors"] and not rows["skipped"]:
-        drop_stale(table, named, rows["dropped"])
+        drop_stale(table, named, rows["dropped"], presets == tuple(PRESETS))
     for r in rows["layer"]:
         r["key"] = str(r["key"])
     result = dict(meta=meta, ceilings=ceilings, table={str(k): v for k, v in table.items()},
                   table_of=own or "base", **rows)
     args.out.mkdir(parents=True, exist_ok=True)
     stem = ("tune_decode_pdl" if args.layer_only else "tune_decode") + "".join(
-        f"_{d}" for d in dtypes) * partial
+        f"_{d}" for d in dtypes) * partial + "".join(
+        f"_{n}" for n in presets) * (presets != tuple(PRESETS))
     (args.out / f"{stem}.json").write_text(json.dumps(result, indent=1, default=str))
     by_device = {**{k: v for k, v in tuned.BY_DEVICE.items() if k != own},
                  **({own: table} if own else {})}
     (args.out / "tuned.py").write_text(table_source(
         committed_base if own else table, by_device, meta, stem, dtypes, args.layer_only, own,
-        args.results))
+        args.results, presets, rows["skipped"]))
     (args.out / f"{stem}.md").write_text(markdown(result))
     print(markdown(result), flush=True)
     return result

@@ -65,22 +65,43 @@ def test_one_dtype_keeps_the_other_rows(tmp_path):
 def test_a_named_gpu_gets_rows_of_its_own(tmp_path):
     """On a GPU other than the base table's (--as-device stands in for the name), a run writes
     BY_DEVICE[name] and leaves the base table and its provenance as committed; --results names
-    the folder in the new provenance line."""
+    the folder in the new provenance line; --presets sweeps those presets alone."""
     from shufflemoe.ops.moe_decode import configs, tuned
 
-    result = dry_run("tune_decode", tmp_path, "--dtypes", "bf16", "--as-device", "Fake GPU",
-                     "--results", "benchmarks/results/fake", result="tune_decode_bf16")
+    result = dry_run("tune_decode", tmp_path, "--dtypes", "bf16", "--presets", "qwen3-30b-a3b",
+                     "--as-device", "Fake GPU", "--results", "benchmarks/results/fake",
+                     result="tune_decode_bf16_qwen3-30b-a3b")
+    assert {(r["preset"], r["dtype"]) for r in result["sweep"]} == {("qwen3-30b-a3b", "bf16")}
     assert not result["errors"] and result["table_of"] == "Fake GPU"
     table: dict = {}
     exec((tmp_path / "tuned.py").read_text(), table)
     assert table["TABLE"] == configs.TABLE and table["BASE_DEVICE"] == tuned.BASE_DEVICE
     assert set(table["BY_DEVICE"]) == {"Fake GPU", *tuned.BY_DEVICE}
-    assert table["BY_DEVICE"]["Fake GPU"] and all(
-        k[4] == "bfloat16" for k in table["BY_DEVICE"]["Fake GPU"])
+    assert [k[1:5] for k in table["BY_DEVICE"]["Fake GPU"]] == [(16, 64, 32, "bfloat16")]
     doc = table["__doc__"]
     assert tuned.__doc__.strip() in doc.strip()  # every committed line kept
-    assert "BY_DEVICE['Fake GPU']: Rows of none swept (--dtypes) on" in doc
-    assert "benchmarks/results/fake/tune_decode_bf16.md" in doc
+    line = " ".join(ln.strip() for ln in doc.splitlines())
+    assert ("BY_DEVICE['Fake GPU']: Rows of bf16 for qwen3-30b-a3b swept (--dtypes, --presets) on"
+            in line)
+    assert "benchmarks/results/fake/tune_decode_bf16_qwen3-30b-a3b.md" in line
+
+
+def test_skipped_cases_named_in_the_provenance():
+    """What the deadlines left out goes into tuned.py's provenance line: whole presets, single
+    A buckets, layer verdicts (T)."""
+    import pathlib
+    import sys
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks"))
+    import tune_decode
+
+    assert tune_decode.skipped_text([]) == ""
+    text = tune_decode.skipped_text([
+        dict(phase="time", case=["qwen3-30b-a3b", "bf16", 16]),
+        dict(phase="time", case=["mixtral-tp2", "fp8", [2, 4]]),
+        dict(phase="layer", case=["scout-tp8", "bf16", 64])])
+    assert text == (" Not swept (out of time): qwen3-30b-a3b bf16 A = 16, mixtral-tp2 fp8; not "
+                    "judged in the layer (out of time): scout-tp8 bf16 T = 64.")
 
 
 def test_overrides_vary_the_judged_row_alone():
@@ -162,3 +183,8 @@ def test_drop_stale_drops_rows_no_case_names():
     assert set(table) == {*named, (132, 1, 5120, 1024, "bfloat16", 1), (114, 1, 5120, 1024, "fp8_w8a16", 1)}
     assert [(d["key"], d["why"]) for d in dropped] == [(str((132, 1, 5120, 1024, "fp8_w8a16", 1)), "no case")]
     assert math.isnan(dropped[0]["tuned_us"])
+    # a run of some presets only: rows of other shapes of the same format stay
+    table = {k: row for k in [*named, (132, 1, 5120, 1024, "fp8_w8a16", 1),
+                              (132, 16, 5120, 1024, "fp8_w8a16", 2)]}
+    tune_decode.drop_stale(table, named, dropped, every_preset=False)
+    assert set(table) == {*named, (132, 1, 5120, 1024, "fp8_w8a16", 1)}
