@@ -15,11 +15,9 @@ Rows of fp8_w8a16 swept (--dtypes) on NVIDIA H100 80GB HBM3 (torch 2.11.0+cu130,
 Rows of fp8_w8a16 judged in the layer (--layer-only) on NVIDIA H100 80GB HBM3 (torch
   2.11.0+cu130, triton 3.6.0), commit 50ae953, run 20261127T085914Z-9be0c9:
   benchmarks/results/tune_decode_pdl_w8a16.md.
-BY_DEVICE['NVIDIA H200']: Rows of bf16, fp8_rowwise swept (--dtypes) on NVIDIA H200 (torch
+BY_DEVICE['NVIDIA H200']: Rows of none, fp8_rowwise swept (--dtypes) on NVIDIA H200 (torch
   2.11.0+cu130, triton 3.6.0), commit 514b8d6, run 20261203T075349Z-1ed38e:
-  benchmarks/results/h200/tune_decode_bf16_fp8.md. Not swept (out of time): qwen3-30b-a3b bf16 A
-  = 16, qwen3-30b-a3b bf16 A = 32, qwen3-30b-a3b bf16 A = 64, mixtral-tp2 bf16, scout-tp8 fp8,
-  maverick-tp8 fp8, qwen3-30b-a3b fp8, mixtral-tp2 fp8.
+  benchmarks/results/h200/tune_decode_bf16_fp8.md.
 """
 
 BASE_DEVICE = 'NVIDIA H100 80GB HBM3'
