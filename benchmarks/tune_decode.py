@@ -449,8 +449,8 @@ def table_source(base: dict, by_device: dict, meta: dict, stem: str, dtypes: tup
             kept.append(ln)
     measured = kept + textwrap.wrap(text, 96, subsequent_indent="  ")
     row_type = "dict[tuple, tuple[tuple[int, ...], tuple[int, ...], bool]]"
-    lines = ['"""' + head[0], *head[1:], *measured, '"""', "", f"BASE_DEVICE = {tuned.BASE_DEVICE!r}", "",
-             f"TABLE: {row_type} = {{"]
+    lines = ['"""' + head[0], *head[1:], *measured, '"""', "",
+             f"BASE_DEVICE = {tuned.BASE_DEVICE!r}", "", f"TABLE: {row_type} = {{"]
     lines += [f"    {key!r}: {base[key]!r}," for key in sorted(base, key=str)]
     lines += ["}", "", f"BY_DEVICE: dict[str, {row_type}] = {{"]
     for name in sorted(by_device):
