@@ -20,7 +20,8 @@ SM, and the untuned choice (configs.untuned: the heuristic, or fp8_w8a16's rule)
    fused with the untuned tiles, and unfused, as % of the read ceiling for the bytes the routing
    activates (planner.must_read_bytes), the bytes floor the layer suite uses; each row the layer
    ran with keeps PDL where that was faster, and is dropped unless the layer was faster with it
-   than with the untuned tiles by KEEP_MARGIN (judge);
+   than with the untuned tiles by KEEP_MARGIN (judge); the shared expert's rows in Llama 4
+   Scout's layer at the T it runs that expert in launches of its own (shared_judge);
 4. writes $OUT/tune_decode.json, $OUT/tune_decode.md and $OUT/tuned.py (the tables: copy it to
    src/shufflemoe/ops/moe_decode/tuned.py). With --dtypes naming some of DTYPES, the other
    dtypes' rows stay as committed and the results are tune_decode_<dtypes>.json / .md. Rows of
@@ -104,8 +105,9 @@ def cases(dry: bool, dtypes=tuple(DTYPES), presets=tuple(PRESETS)) -> list[tuple
                         A, k, DTYPES[dtype], cfg.num_experts)):
                     out.append((name, dtype, A))
                 A *= 2
-    if dry:  # one shared-expert case (top-1, E = 1) and Qwen3 (top-8) in each dtype
-        out = [("llama4-shared-tp8", "bf16", 1), ("qwen3-30b-a3b", "bf16", 8),
+    if dry:  # shared-expert cases (top-1, E = 1; merged at A = 1, judged at 4) and Qwen3 (top-8)
+        out = [("llama4-shared-tp8", "bf16", 1), ("llama4-shared-tp8", "bf16", 4),
+               ("qwen3-30b-a3b", "bf16", 8),
                ("qwen3-30b-a3b", "fp8", 8), ("qwen3-30b-a3b", "w8a16", 8)]
         return [c for c in out if c[1] in dtypes and c[0] in presets]
     return out
@@ -349,6 +351,24 @@ def layer_rows(case_layers: list, name: str, dtype: str, T: int, device: str, dr
     return row
 
 
+SHARED_JUDGE = "scout-tp8"  # the layer whose shared expert (E = 1 launches) judges its rows
+
+
+def shared_judge(dtype: str, dry: bool, device: str, As: list[int]) -> tuple[list, list[int]]:
+    """Layers of SHARED_JUDGE, and the T at which its shared expert runs in launches of its own
+    (A = T: one pair a token), not merged into the routed experts' under the layer phase's
+    switch: there the shared expert's rows (E = 1) decide part of the layer's time, and
+    layer_rows (its key_of giving the shared expert's keys) varies that row alone. Rows of
+    the T it merges at serve only layers that do not merge (quantized ones from T = 2) and
+    stay unjudged."""
+    cfg = layer_config(SHARED_JUDGE, dtype, dry)
+    with configs.override(configs.ALWAYS):
+        Ts = [A for A in As if not (cfg.shared_intermediate_size == cfg.intermediate_size and
+                                    configs.merges_shared(A, cfg.top_k, cfg.quantization,
+                                                          cfg.num_experts))]
+    return layers_for(cfg, 1 if dry else weight_sets(cfg, 1), device), Ts
+
+
 def judge(table: dict, layer: list[dict], dropped: list) -> None:
     """Each row of ``table`` that layer rows ran with: PDL where the layer was faster with it by
     more than the timing's noise (0.5%), and the row dropped (its bucket takes the untuned
@@ -560,23 +580,26 @@ def main(argv: list[str] | None = None) -> dict:
                 # the layer rows below run with the new entries
                 (configs.BY_DEVICE.setdefault(own, {}) if own else configs.TABLE).update(table)
                 configs.table_changed()
-                if not name.startswith("llama4-shared"):
-                    done = []
-                    for T in sorted({A // cfg.top_k for A in As}):
-                        if time.monotonic() > deadline["layer"]:
-                            rows["skipped"].append(dict(phase="layer", case=[name, dtype, T]))
-                            continue
-                        r = layer_rows(layers, name, dtype, T, device, dry, read_gbps, key_of,
-                                       own)
-                        done.append(r)
-                        print(f"layer {name} {dtype} T={T}: tuned {r['tuned_us']:.1f} us "
-                              f"({r['tuned_pct_read']:.0f}%), with PDL {r['tuned_pdl_us']:.1f}, "
-                              f"untuned {r['untuned_us']:.1f} "
-                              f"({r['untuned_pct_read']:.0f}%), unfused {r['unfused_us']:.1f} "
-                              f"({r['unfused_pct_read']:.0f}%)", flush=True)
-                    rows["layer"] += done
-                    judge(table, done, rows["dropped"])
-                del layers
+                judge_layers, Ts, label = layers, sorted({A // cfg.top_k for A in As}), name
+                if name.startswith("llama4-shared"):  # judged where a Llama 4 layer runs it
+                    judge_layers, Ts = shared_judge(dtype, dry, device, As)
+                    label = f"{name} in {SHARED_JUDGE}"
+                done = []
+                for T in Ts:
+                    if time.monotonic() > deadline["layer"]:
+                        rows["skipped"].append(dict(phase="layer", case=[name, dtype, T]))
+                        continue
+                    r = layer_rows(judge_layers, label, dtype, T, device, dry, read_gbps, key_of,
+                                   own)
+                    done.append(r)
+                    print(f"layer {label} {dtype} T={T}: tuned {r['tuned_us']:.1f} us "
+                          f"({r['tuned_pct_read']:.0f}%), with PDL {r['tuned_pdl_us']:.1f}, "
+                          f"untuned {r['untuned_us']:.1f} "
+                          f"({r['untuned_pct_read']:.0f}%), unfused {r['unfused_us']:.1f} "
+                          f"({r['unfused_pct_read']:.0f}%)", flush=True)
+                rows["layer"] += done
+                judge(table, done, rows["dropped"])
+                del layers, judge_layers
             except Exception as e:  # a failing preset must not cost the rest of the call
                 rows["errors"].append(dict(where=f"{name} {dtype}", error=f"{type(e).__name__}: "
                                            f"{e}"[:1000], trace=traceback.format_exc()[-1500:]))

@@ -18,9 +18,13 @@ def test_dry_run(tmp_path):
     assert {(r["preset"], r["gemm"]) for r in result["sweep"]} >= {
         ("llama4-shared-tp8", "gate_up"), ("qwen3-30b-a3b", "down")}
     assert {r["dtype"] for r in result["layer"]} == {"bf16", "fp8", "w8a16"}
+    # the shared expert's row at A = 4 judged in Scout's layer at T = 4 (unmerged), not A = 1's
+    # (Scout merges its shared expert at T = 1)
+    shared = [r for r in result["layer"] if r["preset"] == "llama4-shared-tp8 in scout-tp8"]
+    assert [(r["T"], eval(r["key"])[1:]) for r in shared] == [(4, (1, 64, 32, "bfloat16", 4))]
     table: dict = {}
     exec((tmp_path / "tuned.py").read_text(), table)  # the module configs imports
-    assert len(table["TABLE"]) == len(result["table"]) == 4
+    assert len(table["TABLE"]) == len(result["table"]) == 5
     assert sum(key[4] == "fp8_w8a16" for key in table["TABLE"]) == 1
     for key, (gate_up, down, pdl) in table["TABLE"].items():
         assert len(key) == 6 and len(gate_up) == len(down) == 6 and pdl in (True, False)
@@ -188,3 +192,30 @@ def test_drop_stale_drops_rows_no_case_names():
                               (132, 16, 5120, 1024, "fp8_w8a16", 2)]}
     tune_decode.drop_stale(table, named, dropped, every_preset=False)
     assert set(table) == {*named, (132, 1, 5120, 1024, "fp8_w8a16", 1)}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the script itself runs")
+def test_shared_judge_runs_the_shared_rows():
+    """shared_judge: Scout's layer at the T where its shared expert has launches of its own
+    (not T = 1, 2, merged under the layer phase's switch), and there the layer asks for the
+    shared expert's key (E = 1, A = T) beside the routed experts', so varying it times it."""
+    import pathlib
+    import sys
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks"))
+    import tune_decode
+    from decode_check import inputs
+
+    from shufflemoe.ops import use_impl
+    from shufflemoe.ops.moe_decode import configs
+
+    layers, Ts = tune_decode.shared_judge("bf16", True, "cpu", [1, 2, 4, 8])
+    assert Ts == [4, 8]
+    cfg, seen = layers[0].config, []
+
+    def record(k):
+        seen.append(k)
+        return configs.planned(k, tune_decode.quant_at(k, cfg))
+    with use_impl("triton"), configs.override(configs.ALWAYS), configs.override(record):
+        layers[0](inputs(cfg, 4, "cpu", 1)[0])
+    assert {(k[0], k[1]) for k in seen} == {(4, 1), (4, cfg.num_experts)}
