@@ -412,13 +412,7 @@ def drop_stale(table: dict, named: set, dropped: list, every_preset: bool = True
 
 # ------------------------------------------------------------------------------------- main
 
-def header() -> list[str]:
-    """tuned.py's docstring up to the runs' provenance (what the tables are)."""
-    from shufflemoe.ops.moe_decode import tuned
-
-    doc = tuned.__doc__.strip().splitlines()
-    return doc[:next(i for i, ln in enumerate(doc) if ln.startswith("GPU, read first there"))
-               + 1]
+PROVENANCE_AFTER = "GPU, read first there"  # tuned.py's docstring: what the tables are, then runs
 
 
 def skipped_text(skipped: list[dict]) -> str:
@@ -460,9 +454,10 @@ def table_source(base: dict, by_device: dict, meta: dict, stem: str, dtypes: tup
         text = f"{what} on {run}"
     from shufflemoe.ops.moe_decode import tuned
 
-    head = header()
-    kept, dropping = [], False
-    for ln in tuned.__doc__.strip().splitlines()[len(head):]:
+    doc = tuned.__doc__.strip().splitlines()
+    cut = next(i for i, ln in enumerate(doc) if ln.startswith(PROVENANCE_AFTER)) + 1
+    head, kept, dropping = doc[:cut], [], False
+    for ln in doc[cut:]:
         if not ln.startswith("  "):  # a run's first line; its continuations are indented
             dropping = (not ln.startswith("BY_DEVICE[") if what == "" else ln.startswith(what))
         if not dropping:
@@ -521,10 +516,8 @@ def main(argv: list[str] | None = None) -> dict:
     from shufflemoe.bench.report import metadata
 
     meta = dict(metadata(), device="cpu (dry run)" if dry else torch.cuda.get_device_name())
-    from shufflemoe.ops.moe_decode import tuned
-
     gpu = args.as_device if args.as_device is not None else "" if dry else meta["device"]
-    own = "" if gpu == tuned.BASE_DEVICE else gpu  # whose rows the run writes ("": TABLE's)
+    own = "" if gpu == configs.BASE_DEVICE else gpu  # whose rows the run writes ("": TABLE's)
     committed_base, committed_own = dict(configs.TABLE), dict(configs.BY_DEVICE.get(own, {}))
     rows: dict = {k: [] for k in ("compile", "sweep", "layer", "dropped", "skipped", "errors")}
     read_gbps = float("nan")
@@ -617,7 +610,7 @@ def main(argv: list[str] | None = None) -> dict:
         f"_{d}" for d in dtypes) * partial + "".join(
         f"_{n}" for n in presets) * (presets != tuple(PRESETS))
     (args.out / f"{stem}.json").write_text(json.dumps(result, indent=1, default=str))
-    by_device = {**{k: v for k, v in tuned.BY_DEVICE.items() if k != own},
+    by_device = {**{k: v for k, v in configs.BY_DEVICE.items() if k != own},
                  **({own: table} if own else {})}
     (args.out / "tuned.py").write_text(table_source(
         committed_base if own else table, by_device, meta, stem, dtypes, args.layer_only, own,
