@@ -15,9 +15,15 @@ Rows of fp8_w8a16 swept (--dtypes) on NVIDIA H100 80GB HBM3 (torch 2.11.0+cu130,
 Rows of fp8_w8a16 judged in the layer (--layer-only) on NVIDIA H100 80GB HBM3 (torch
   2.11.0+cu130, triton 3.6.0), commit 50ae953, run 20261127T085914Z-9be0c9:
   benchmarks/results/tune_decode_pdl_w8a16.md.
-BY_DEVICE['NVIDIA H200']: Rows of none, fp8_rowwise swept (--dtypes) on NVIDIA H200 (torch
-  2.11.0+cu130, triton 3.6.0), commit 514b8d6, run 20261203T075349Z-1ed38e:
+BY_DEVICE['NVIDIA H200']: Rows of bf16 (--dtypes bf16,fp8; its deadline came before Qwen3-30B-A3B
+  at A = 16..64, Mixtral TP2 and every fp8 case) swept on NVIDIA H200 (torch 2.11.0+cu130,
+  triton 3.6.0), commit 514b8d6, run 20261203T075349Z-1ed38e:
   benchmarks/results/h200/tune_decode_bf16_fp8.md.
+BY_DEVICE['NVIDIA H200']: Rows of fp8_rowwise for llama4-shared-tp8, scout-tp8, maverick-tp8,
+  mixtral-tp2 swept (--dtypes, --presets) on NVIDIA H200 (torch 2.11.0+cu130, triton 3.6.0),
+  commit c518e79, run 20261203T095638Z-b7f652:
+  benchmarks/results/h200/tune_decode_fp8_llama4-shared-tp8_scout-tp8_maverick-tp8_mixtral-
+  tp2.md.
 """
 
 BASE_DEVICE = 'NVIDIA H100 80GB HBM3'
@@ -99,7 +105,16 @@ BY_DEVICE: dict[str, dict[tuple, tuple[tuple[int, ...], tuple[int, ...], bool]]]
         (132, 128, 2048, 768, 'bfloat16', 8): ((16, 512, 1, 4, 2, 1), (64, 256, 1, 8, 2, 1), True),
         (132, 128, 5120, 1024, 'bfloat16', 1): ((8, 1024, 1, 8, 2, 1), (64, 128, 1, 4, 4, 16), False),
         (132, 128, 5120, 1024, 'bfloat16', 16): ((64, 128, 1, 4, 3, 16), (64, 128, 1, 4, 2, 1), False),
+        (132, 128, 5120, 1024, 'float8_e4m3fn', 1): ((4, 4096, 1, 8, 2, 1), (32, 512, 1, 4, 2, 1), False),
+        (132, 128, 5120, 1024, 'float8_e4m3fn', 16): ((128, 256, 1, 8, 3, 16), (64, 128, 1, 4, 4, 16), True),
+        (132, 128, 5120, 1024, 'float8_e4m3fn', 64): ((128, 128, 1, 4, 3, 16), (64, 128, 1, 4, 4, 16), False),
         (132, 16, 5120, 1024, 'bfloat16', 1): ((8, 1024, 1, 8, 2, 1), (64, 128, 1, 4, 4, 16), False),
         (132, 16, 5120, 1024, 'bfloat16', 4): ((4, 1024, 1, 4, 2, 1), (64, 64, 1, 4, 4, 16), True),
+        (132, 16, 5120, 1024, 'float8_e4m3fn', 1): ((4, 2048, 1, 4, 2, 1), (64, 256, 1, 4, 4, 16), False),
+        (132, 16, 5120, 1024, 'float8_e4m3fn', 32): ((128, 256, 1, 8, 3, 16), (64, 128, 1, 4, 4, 16), False),
+        (132, 16, 5120, 1024, 'float8_e4m3fn', 64): ((64, 128, 1, 4, 4, 16), (64, 128, 1, 4, 4, 16), True),
+        (132, 16, 5120, 1024, 'float8_e4m3fn', 8): ((32, 512, 1, 4, 2, 1), (64, 128, 1, 4, 4, 16), True),
+        (132, 8, 4096, 7168, 'float8_e4m3fn', 32): ((128, 256, 1, 8, 3, 16), (128, 256, 1, 8, 3, 16), True),
+        (132, 8, 4096, 7168, 'float8_e4m3fn', 4): ((64, 256, 1, 4, 2, 1), (64, 256, 1, 4, 4, 16), False),
     },
 }
