@@ -9,8 +9,13 @@ rotated weight copies and input sets, the suite's _Case) as shipped, then under 
 shipped again (drift shows), every variant checked against float64. Writes
 $OUT/probe_fused_limit.json.
 
+--set fp8: fp8 rowwise where the Switch keeps it unfused (top-k below fp8_min_top_k) but
+tune_decode's layer phase on an H200 had the fused path faster (Llama 4 TP8 at T = 2..8, one
+sample each), against Switch(fp8=True) alone (no other limit moved; its times are the rows'
+"always" column); writes $OUT/probe_fused_limit_fp8.json.
+
     PYTHONPATH=src python benchmarks/probe_fused_limit.py --out $OUT [--budget 400]
-        [--presets llama4-scout-tp8] [--reps 20]
+        [--presets llama4-scout-tp8] [--reps 20] [--set fp8]
 """
 
 from __future__ import annotations
@@ -45,6 +50,12 @@ CASES = (
     ("llama4-maverick-tp8", "fp8_w8a16", (64,)),
     ("qwen3-30b-a3b", "fp8_block", (8, 64)),
 )
+CASES_FP8 = (
+    ("llama4-scout-tp8", "fp8_rowwise", (2, 4, 8, 16)),
+    ("llama4-maverick-tp8", "fp8_rowwise", (2, 4, 8, 16)),
+)
+SETS = {"limit": (CASES, configs.ALWAYS, "probe_fused_limit.json"),
+        "fp8": (CASES_FP8, configs.Switch(fp8=True), "probe_fused_limit_fp8.json")}
 
 
 def probe_start(name: str, budget: float = 400.0, reps: int = 20, **flags) -> tuple:
@@ -92,11 +103,13 @@ def timed(case: _Case, context, reps: int, fn=_call) -> dict:
 
 
 def main() -> None:
-    args, start, out = probe_start("probe_fused_limit", presets=dict(default=""))
+    args, start, out = probe_start("probe_fused_limit", presets=dict(default=""),
+                                   set=dict(default="limit", choices=sorted(SETS)))
+    cases, switch, file = SETS[args.set]
     ceil = measure_ceilings()
     by_name = {p.name: p for p in PRESETS}
     rows = []
-    for name, fmt, Ts in CASES:
+    for name, fmt, Ts in cases:
         if args.presets and name not in args.presets.split(","):
             continue
         cfg = by_name[name].cfg.replace(quantization=fmt)
@@ -113,7 +126,7 @@ def main() -> None:
                 continue
             case = new_case(layers, T)
             for variant in ("shipped", "always", "shipped again"):
-                row[variant] = timed(case, configs.override(configs.ALWAYS) if variant == "always"
+                row[variant] = timed(case, configs.override(switch) if variant == "always"
                                      else contextlib.nullcontext(), args.reps)
             shipped = [row[v]["us"] for v in ("shipped", "shipped again") if "us" in row[v]]
             if shipped and "us" in row["always"]:
@@ -125,7 +138,7 @@ def main() -> None:
         del layers
         torch.cuda.empty_cache()
     meta = dict(metadata(), read_gbps=ceil.read_gbps, seconds=round(time.time() - start))
-    (out / "probe_fused_limit.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+    (out / file).write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
     for r in rows:
         print(r["preset"], r["format"], r.get("T"), r.get("fused_by_default"),
               r.get("shipped", {}).get("us"), r.get("always", {}).get("us"),
