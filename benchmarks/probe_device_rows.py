@@ -44,8 +44,8 @@ def cases(rows: dict, presets: list[str], dtypes: list[str]) -> list[tuple[str, 
     out = []
     for name in presets:
         cfg = PRESETS[name]
+        shape = (cfg.num_experts, cfg.hidden_size, cfg.intermediate_size)
         for dtype in dtypes:
-            shape = (cfg.num_experts, cfg.hidden_size, cfg.intermediate_size)
             weight = "float8_e4m3fn" if dtype == "fp8" else "bfloat16"
             if not any(k[1:4] == shape and k[4] in (weight, DTYPES[dtype]) for k in rows):
                 continue
