@@ -191,7 +191,8 @@ def decode_rows(run: Run, name: str, layers: list[MoE], dtype: str, T: int) -> N
     active = sum(int((layers[i % len(layers)].route(x).counts > 0).sum())
                  for i, x in enumerate(xs)) / len(xs)
     nbytes = must_read_bytes(cfg, active)
-    fused = configs.use_fused(T * cfg.top_k, cfg.top_k, cfg.quantization, cfg.num_experts)
+    fused = configs.use_fused(T * cfg.top_k, cfg.top_k, cfg.quantization, cfg.num_experts,
+                              device=torch.cuda.get_device_name())
     row = dict(preset=name, dtype=dtype, T=T, A=T * cfg.top_k, active_experts=active,
                must_read_mb=nbytes / 1e6, default="fused" if fused else "unfused")
     for label, switch in (("fused", FUSED), ("unfused", UNFUSED)):

@@ -9,10 +9,10 @@ rotated weight copies and input sets, the suite's _Case) as shipped, then under 
 shipped again (drift shows), every variant checked against float64. Writes
 $OUT/probe_fused_limit.json.
 
---set fp8: fp8 rowwise where the Switch keeps it unfused (top-k below fp8_min_top_k) but
-tune_decode's layer phase on an H200 had the fused path faster (Llama 4 TP8 at T = 2..8, one
-sample each), against Switch(fp8=True) alone (no other limit moved; its times are the rows'
-"always" column); writes $OUT/probe_fused_limit_fp8.json.
+--set fp8: fp8 rowwise top-1 (below fp8_min_top_k), where tune_decode's layer phase on an H200
+had the fused path faster (Llama 4 TP8 at T = 2..8, one sample each), against Switch(fp8=True)
+alone (no other limit moved; its times are the rows' "always" column). Its run at 2862b2b set
+Switch.fp8_top1_tokens for the H200; writes $OUT/probe_fused_limit_fp8.json.
 
     PYTHONPATH=src python benchmarks/probe_fused_limit.py --out $OUT [--budget 400]
         [--presets llama4-scout-tp8] [--reps 20] [--set fp8]
@@ -108,6 +108,7 @@ def main() -> None:
     cases, switch, file = SETS[args.set]
     ceil = measure_ceilings()
     by_name = {p.name: p for p in PRESETS}
+    gpu = torch.cuda.get_device_name()
     rows = []
     for name, fmt, Ts in cases:
         if args.presets and name not in args.presets.split(","):
@@ -120,7 +121,7 @@ def main() -> None:
         for T in Ts:
             row = dict(preset=name, format=fmt, T=T, pairs=T * cfg.top_k,
                        fused_by_default=configs.use_fused(T * cfg.top_k, cfg.top_k, fmt,
-                                                          cfg.num_experts))
+                                                          cfg.num_experts, device=gpu))
             if time.time() - start > args.budget:
                 rows.append(dict(row, note="skipped: budget"))
                 continue

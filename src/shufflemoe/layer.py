@@ -29,6 +29,7 @@ from .dispatch import Dispatch, LocalDispatch
 from .experts import EXPERTS, Experts
 from .experts.base import pair_weights
 from .ops import _launch, backend_for, moe_decode
+from .ops._common import device_name
 from .ops._impl import _default_impl
 from .ops.grouped_gemm import configs as gemm_configs
 from .ops.quantize.formats import FORMATS, weight_format
@@ -481,7 +482,7 @@ class MoE(nn.Module):
                 and backend_for(x).name == "triton"
                 and cfg.quantization in moe_decode.FORMATS
                 and moe_decode.configs.use_fused(T * cfg.top_k, cfg.top_k, cfg.quantization,
-                                                 cfg.num_experts))
+                                                 cfg.num_experts, device=device_name(x.device)))
 
     def _merges_shared(self, x: Tensor, hot: _Hot) -> bool:
         """A plain shared expert of the routed experts' width, in a layer whose routed experts

@@ -12,6 +12,7 @@ so that a few experts' weights stream through every SM."""
 from __future__ import annotations
 
 from ..ops import backend_for
+from ..ops._common import device_name
 from ..ops.grouped_gemm import configs as gemm_configs
 from ..ops.moe_decode import configs as decode_configs
 from ..ops.moe_decode import gate_up_outputs
@@ -36,7 +37,8 @@ class Shuffled(Experts):
         atomic = not cfg.deterministic and cfg.top_k > 1  # opt-in: any order of a token's adds
         if (x.shape[0] and ops.name == "triton" and not atomic and _fusable(x, w, cfg)
                 and decode_configs.use_fused(r.num_pairs, cfg.top_k, w.quantization,
-                                             r.num_experts, cfg.batch_invariant)):
+                                             r.num_experts, cfg.batch_invariant,
+                                             device_name(x.device))):
             # unchecked like the rest: the layer made every tensor
             a = ops.decode_gate_up(x, w.w13, w.w13_scale, r.counts, r.token_ids, w_in,
                                    gate_up_outputs(None, r.num_pairs, w.intermediate_size,

@@ -51,26 +51,26 @@ def next_power_of_2(n: int) -> int:
 
 
 @functools.cache
-def _sms(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
+def _properties(index: int):
+    return torch.cuda.get_device_properties(index)
+
+
+def _cuda_properties(device: torch.device):
+    """The properties of a CUDA device (the current one when ``device`` has no index), read
+    once."""
+    return _properties(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def device_sms(device: torch.device) -> int:
-    """The SMs of a CUDA device (the current one when ``device`` has no index), read once."""
-    return _sms(device.index if device.index is not None else torch.cuda.current_device())
+    """The SMs of a CUDA device (the current one when ``device`` has no index)."""
+    return _cuda_properties(device).multi_processor_count
 
 
-@functools.cache
-def _name(index: int) -> str:
-    return torch.cuda.get_device_properties(index).name
-
-
+@torch._dynamo.assume_constant_result
 def device_name(device: torch.device) -> str:
-    """A CUDA device's name (the current one when ``device`` has no index), read once; "" for
-    any other device."""
-    if device.type != "cuda":
-        return ""
-    return _name(device.index if device.index is not None else torch.cuda.current_device())
+    """A CUDA device's name (the current one when ``device`` has no index); "" for any other
+    device. A constant to torch.compile."""
+    return _cuda_properties(device).name if device.type == "cuda" else ""
 
 
 _CURRENT = contextlib.nullcontext()

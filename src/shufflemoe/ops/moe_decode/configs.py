@@ -10,7 +10,8 @@ Two choices, each a frozen dataclass that tests and benchmarks replace with ``ov
   Qwen3-30B-A3B (k = 8) 1.01-1.02x, Mixtral TP2 (k = 2) 0.99-1.03x, and the eager call costs the
   host less in 23 of 24 cases; fp8 rowwise 0.85-0.92x (its in-kernel quantization of a's rows costs more
   than the launches it saves). So the default fuses every bf16 layer, and fp8 ones only with many
-  experts a token at small A (Switch.fp8_min_top_k, fp8_max_pairs).
+  experts a token at small A (Switch.fp8_min_top_k, fp8_max_pairs), or on a GPU where top-1
+  layers measured faster fused (Switch.fp8_top1_tokens: the H200).
 - ``DecodeConfig``: tiles and split-K factors of the two fused GEMMs. The host knows A, E, D, I
   and the dtype, never the group sizes, so it plans for min(E, A) active experts: weight tiles =
   active experts x cdiv(N, block_n). The choice comes from the tuning tables (tuned.py, written
@@ -49,6 +50,14 @@ class Switch:
     # 68.3 / 64.8 (results/tune_decode.json).
     fp8_min_top_k: int = 4
     fp8_max_pairs: int = 32
+    # ... and, on a GPU named in fp8_top1_tokens, top-1 layers of at least fp8_top1_min_experts
+    # experts while T <= its entry. H200, CUDA graphs, the four-launch path / Switch(fp8=True), us
+    # (benchmarks/results/probe_fused_limit_fp8_2862b2b.json, p20-p80 apart at T = 2..8): Llama 4
+    # Scout TP8 T = 2 30.8 / 30.1, T = 4 39.7 / 37.6, T = 8 56.0 / 54.0, T = 16 1.004x; Maverick
+    # TP8 T = 2 33.6 / 32.2, T = 4 43.2 / 40.9, T = 8 63.6 / 59.9, T = 16 1.018x. The H100 has no
+    # entry: its numbers above (Scout T = 2 and 8) had the fused path slower.
+    fp8_top1_tokens: tuple[tuple[str, int], ...] = (("NVIDIA H200", 8),)
+    fp8_top1_min_experts: int = 16
     # Weight-only layers (fp8_w8a16, mxfp4) fuse while T <= weight_only_tokens, or while T <= 2 x
     # that with at most one pair per two experts (2A <= E): there one-pair tiles stream each
     # active expert once. Measured on an H100 (benchmarks/results/probe_weight_only.json, CUDA
@@ -190,6 +199,16 @@ def _fp8_max_pairs() -> int:
 
 
 @torch._dynamo.assume_constant_result
+def _fp8_top1_tokens(device: str) -> int:
+    return dict(_switch.get().fp8_top1_tokens).get(device, 0) if device else 0
+
+
+@torch._dynamo.assume_constant_result
+def _fp8_top1_min_experts() -> int:
+    return _switch.get().fp8_top1_min_experts
+
+
+@torch._dynamo.assume_constant_result
 def _weight_only_tokens() -> int:
     return _switch.get().weight_only_tokens
 
@@ -238,16 +257,19 @@ def merges_shared(T: int, top_k: int, quant: str, num_experts: int) -> bool:
 
 
 def use_fused(num_pairs: int, top_k: int = 1, quant: str = "none", num_experts: int = 0,
-              batch_invariant: bool = False) -> bool:
+              batch_invariant: bool = False, device: str = "") -> bool:
     """Whether ``shuffled`` runs A = num_pairs pairs of a top-``top_k`` layer of ``num_experts``
     experts in the weight format ``quant`` (one the fused kernels read) through the fused
-    decode kernels. Never in batch-invariant mode: the split-K factor follows A, and with it
-    the sum order."""
+    decode kernels on the GPU named ``device`` ("": none named). Never in batch-invariant mode:
+    the split-K factor follows A, and with it the sum order."""
     if batch_invariant or num_pairs > _max_pairs() or top_k > _max_top_k():
         return False
+    T = num_pairs // max(top_k, 1)
     if quant == "fp8_rowwise":
-        return _fp8() or (top_k >= _fp8_min_top_k() and num_pairs <= _fp8_max_pairs())
-    T, most = num_pairs // max(top_k, 1), _weight_only_tokens()
+        return (_fp8() or (top_k >= _fp8_min_top_k() and num_pairs <= _fp8_max_pairs())
+                or (top_k == 1 and num_experts >= _fp8_top1_min_experts()
+                    and T <= _fp8_top1_tokens(device)))
+    most = _weight_only_tokens()
     if quant == "mxfp4":
         return (top_k <= _mxfp4_max_top_k() or T == 1) and T <= 2 * most
     if quant == "fp8_w8a16":
