@@ -24,6 +24,9 @@ BY_DEVICE['NVIDIA H200']: Rows of fp8_rowwise for llama4-shared-tp8, scout-tp8, 
   commit c518e79, run 20261203T095638Z-b7f652:
   benchmarks/results/h200/tune_decode_fp8_llama4-shared-tp8_scout-tp8_maverick-tp8_mixtral-
   tp2.md.
+BY_DEVICE['NVIDIA H200']: Rows of bf16 for llama4-shared-tp8 swept (--dtypes, --presets) on
+  NVIDIA H200 (torch 2.11.0+cu130, triton 3.6.0), commit 18b41e6, run 20261203T115335Z-d2fc56:
+  benchmarks/results/h200/tune_decode_bf16_llama4-shared-tp8.md.
 """
 
 BASE_DEVICE = 'NVIDIA H100 80GB HBM3'
@@ -96,12 +99,8 @@ TABLE: dict[tuple, tuple[tuple[int, ...], tuple[int, ...], bool]] = {
 BY_DEVICE: dict[str, dict[tuple, tuple[tuple[int, ...], tuple[int, ...], bool]]] = {
     'NVIDIA H200': {
         (132, 1, 5120, 1024, 'bfloat16', 1): ((8, 1024, 1, 8, 2, 1), (16, 512, 1, 4, 2, 1), False),
-        (132, 1, 5120, 1024, 'bfloat16', 16): ((64, 128, 8, 4, 3, 16), (64, 128, 1, 4, 4, 16), False),
-        (132, 1, 5120, 1024, 'bfloat16', 2): ((8, 1024, 1, 8, 2, 1), (64, 256, 1, 4, 3, 16), False),
-        (132, 1, 5120, 1024, 'bfloat16', 32): ((64, 64, 8, 4, 4, 16), (64, 128, 1, 4, 3, 16), False),
-        (132, 1, 5120, 1024, 'bfloat16', 4): ((64, 128, 8, 4, 3, 16), (64, 128, 1, 4, 4, 16), False),
-        (132, 1, 5120, 1024, 'bfloat16', 64): ((64, 128, 4, 4, 3, 16), (64, 64, 1, 4, 4, 16), False),
-        (132, 1, 5120, 1024, 'bfloat16', 8): ((64, 128, 8, 4, 3, 16), (64, 128, 1, 4, 4, 16), False),
+        (132, 1, 5120, 1024, 'bfloat16', 2): ((8, 1024, 1, 8, 2, 1), (64, 128, 1, 4, 4, 16), False),
+        (132, 1, 5120, 1024, 'bfloat16', 8): ((64, 128, 8, 4, 3, 16), (64, 128, 1, 4, 4, 16), True),
         (132, 128, 2048, 768, 'bfloat16', 8): ((16, 512, 1, 4, 2, 1), (64, 256, 1, 8, 2, 1), True),
         (132, 128, 5120, 1024, 'bfloat16', 1): ((8, 1024, 1, 8, 2, 1), (64, 128, 1, 4, 4, 16), False),
         (132, 128, 5120, 1024, 'bfloat16', 16): ((64, 128, 1, 4, 3, 16), (64, 128, 1, 4, 2, 1), False),
