@@ -472,8 +472,8 @@ class MoE(nn.Module):
     def _fuses_shared(self, x: Tensor, hot: _Hot) -> bool:
         """A plain shared expert (no gate, not split in parts, contiguous weights) at decode
         sizes on the Triton backend, in a layer whose routed experts take the fused decode
-        kernels there too (configs.Switch: bf16 and the weight-only formats, not fp8 rowwise by
-        default): _fused_shared runs it.
+        kernels there too (configs.Switch: bf16 and the weight-only formats; fp8 rowwise top-1
+        only on a GPU it names): _fused_shared runs it.
         Beside the unfused fp8 path on a graph's side stream its kernels, which occupy every SM,
         cost 4-5 us a call more than cuBLAS (Llama 4 Scout TP8 fp8 at T = 1 and 8, H100,
         benchmarks/probe_timeline.py); beside the fused bf16 path they cost the same."""
