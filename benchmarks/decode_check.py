@@ -42,6 +42,7 @@ import torch  # noqa: E402
 from shufflemoe import MoE, naive_moe, preset  # noqa: E402
 from shufflemoe.ops import (decode_down, decode_gate_up, dequantize_fp8_rowwise,  # noqa: E402
                             use_impl)
+from shufflemoe.ops._common import device_name  # noqa: E402
 from shufflemoe.ops.grouped_gemm import configs as gg_configs  # noqa: E402
 from shufflemoe.ops.moe_decode import configs, kernel  # noqa: E402
 from shufflemoe.planner import must_read_bytes  # noqa: E402
@@ -192,7 +193,7 @@ def decode_rows(run: Run, name: str, layers: list[MoE], dtype: str, T: int) -> N
                  for i, x in enumerate(xs)) / len(xs)
     nbytes = must_read_bytes(cfg, active)
     fused = configs.use_fused(T * cfg.top_k, cfg.top_k, cfg.quantization, cfg.num_experts,
-                              device=torch.cuda.get_device_name())
+                              device=device_name(xs[0].device))
     row = dict(preset=name, dtype=dtype, T=T, A=T * cfg.top_k, active_experts=active,
                must_read_mb=nbytes / 1e6, default="fused" if fused else "unfused")
     for label, switch in (("fused", FUSED), ("unfused", UNFUSED)):
