@@ -5,7 +5,7 @@
 
 1. ceilings measured now: read bandwidth (the faster of a sum and a max over 2 GiB: bytes read only), device copy
    (read + write), dense cuBLAS bf16 / fp8 (bench.ceilings.measure_ceilings);
-2. checks: the layer with the fused path forced on (configs.ALWAYS) against the float64
+2. checks: the layer with the fused path forced on (FUSED) against the float64
    naive_moe, for Llama 4 Scout TP8, Maverick TP8, Qwen3-30B-A3B, Mixtral TP2, bf16 and fp8,
    T = 1, 2, 4, 8, 64 (T = 64 checks the kernels above the default switch too);
 3. decode: the layer per T, fused path vs the current seven-launch path (configs.NEVER),
@@ -32,7 +32,7 @@ import pathlib
 import sys
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 if "--dry-run" in sys.argv and not os.environ.get("TRITON_INTERPRET"):
     os.environ["TRITON_INTERPRET"] = "1"  # before triton decorates any kernel
@@ -57,7 +57,11 @@ PRESETS = {
 DECODE_T = (1, 2, 4, 8, 64)
 SWEEP_T = (1, 8)
 PREFILL_T = 16384
-FUSED = configs.ALWAYS
+# the fused path at every A and format, a shared expert merged where the default Switch merges
+# it (ALWAYS, for tests, also merges quantized layers' at T = 2: a second change at that T)
+FUSED = replace(configs.ALWAYS, **{
+    f: getattr(configs.Switch(), f) for f in ("shared_quantized_max_tokens",
+                                              "shared_quantized_formats")})
 UNFUSED = configs.NEVER
 N_INPUTS = 8  # input batches rotated through per timing (each routes differently)
 

@@ -56,7 +56,7 @@ if "--dry-run" in sys.argv and not os.environ.get("TRITON_INTERPRET"):
 import torch  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from decode_check import dequant, inputs, layers_for, tiny, weight_sets  # noqa: E402
+from decode_check import FUSED, dequant, inputs, layers_for, tiny, weight_sets  # noqa: E402
 
 from shufflemoe import preset  # noqa: E402
 from shufflemoe.ops import decode_down, decode_gate_up, use_impl  # noqa: E402
@@ -318,11 +318,11 @@ def layer_rows(case_layers: list, name: str, dtype: str, T: int, device: str, dr
                read_gbps: float, key_of, gpu: str = "") -> dict:
     """The layer at T tokens: fused with its table row (key_of(A), A the pairs its launches
     plan for) without and with PDL, fused with the untuned tiles, unfused. bf16 and fp8 rowwise
-    take the fused path forced on (configs.ALWAYS), fp8_w8a16 the default switch (it has rows
-    only where that fuses)."""
+    take the fused path forced on (decode_check.FUSED: a shared expert merged where the default
+    merges it), fp8_w8a16 the default switch (it has rows only where that fuses)."""
     cfg = case_layers[0].config
     quant = cfg.quantization
-    fused = configs.Switch() if quant == "fp8_w8a16" else configs.ALWAYS
+    fused = configs.Switch() if quant == "fp8_w8a16" else FUSED
     with configs.override(fused):  # a merged shared expert's T rows join the routed pairs
         merged = (cfg.shared_intermediate_size == cfg.intermediate_size
                   and configs.merges_shared(T, cfg.top_k, quant, cfg.num_experts))
@@ -362,7 +362,7 @@ def shared_judge(dtype: str, dry: bool, device: str, As: list[int]) -> tuple[lis
     the T it merges at serve only layers that do not merge (quantized ones from T = 2) and
     stay unjudged."""
     cfg = layer_config(SHARED_JUDGE, dtype, dry)
-    with configs.override(configs.ALWAYS):
+    with configs.override(FUSED):
         Ts = [A for A in As if not (cfg.shared_intermediate_size == cfg.intermediate_size and
                                     configs.merges_shared(A, cfg.top_k, cfg.quantization,
                                                           cfg.num_experts))]
