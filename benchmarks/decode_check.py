@@ -58,7 +58,7 @@ DECODE_T = (1, 2, 4, 8, 64)
 SWEEP_T = (1, 8)
 PREFILL_T = 16384
 # the fused path at every A and format, a shared expert merged where the default Switch merges
-# it (ALWAYS, for tests, also merges quantized layers' at T = 2: a second change at that T)
+# it (ALWAYS, for tests, also merges a quantized layer's at T = 2: a second change at that T)
 FUSED = replace(configs.ALWAYS, **{
     f: getattr(configs.Switch(), f) for f in ("shared_quantized_max_tokens",
                                               "shared_quantized_formats")})
