@@ -93,7 +93,8 @@ def sass(fn) -> str:
     consts = dict(SHARED=False, EARLY=False, BLOCK_E=16, BLOCK_M=1, BLOCK_N=ROWS, BLOCK_K=BLOCK_K,
                   SHARED_K=64, QUANT="mxfp4", ACT="silu", HAS_LIMIT=False, HAS_BIAS=False,
                   HAS_RW=False, UPCAST=False, W_TO_X=True, DOT_PRECISION="tf32",
-                  INTERPRET=False, PDL=False, QUANT_BLOCK=1024, ROW_BLOCK=4096, ROW_CHUNKS=2)
+                  INTERPRET=False, PDL=False, QUANT_BLOCK=1024, ROW_BLOCK=4096, ROW_CHUNKS=2,
+                  RUNS=False)
     built = compile_sm90(fn, sig, consts)  # 4 warps (WARPS)
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "k.cubin")
