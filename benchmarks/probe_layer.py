@@ -137,7 +137,8 @@ def prefill_targets(ceil) -> None:
         other = (6 * T * cfg.hidden_size * cfg.shared_intermediate_size
                  + 2 * T * cfg.hidden_size * cfg.num_experts)
         ours = (routed + other) / t / 1e6
-        dense_us = _dense(T, cfg.hidden_size, routed, quant != "none", reps=10).median_us + _dense(T, cfg.hidden_size, other, False, reps=10).median_us
+        dense_us = (_dense(T, cfg.hidden_size, routed, quant != "none", reps=10).median_us
+                    + _dense(T, cfg.hidden_size, other, False, reps=10).median_us)
         dense = (routed + other) / dense_us / 1e6
         print(f"scout TP8 T={T} {quant}: {t:.0f} us, {ours:.0f} TFLOP/s, dense cuBLAS {dense:.0f} "
               f"({100 * ours / dense:.0f}%)", flush=True)

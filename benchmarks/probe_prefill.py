@@ -60,7 +60,8 @@ def layer_rows(name: str, fmt: str, T: int, out: dict, deadline: float) -> None:
     cfg = PRESETS[name].replace(quantization=fmt)
     D, I, Is = cfg.hidden_size, cfg.intermediate_size, cfg.shared_intermediate_size
     routed, shared = 6.0 * T * D * I * cfg.top_k, 6.0 * T * D * Is
-    dense = _dense(T, D, routed, fmt == "fp8_rowwise", reps=10).median_us + _dense(T, D, shared, False, reps=10).median_us
+    dense = (_dense(T, D, routed, fmt == "fp8_rowwise", reps=10).median_us
+             + _dense(T, D, shared, False, reps=10).median_us)
     layer = MoE(cfg, device="cuda")
     g = torch.Generator(device="cuda").manual_seed(0)
     xs = [torch.randn(T, D, device="cuda", generator=g).to(cfg.dtype) for _ in range(2)]

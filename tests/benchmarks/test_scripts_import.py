@@ -1,6 +1,6 @@
 """Every script in benchmarks/ imports names that exist: a probe whose library name was renamed
-fails here, on the CPU, not in the one GPU call (probe_layer and probe_prefill named the layer
-suite's _dense_us for a week after it became _dense)."""
+fails here, on the CPU, not in the one GPU call (probe_layer and probe_prefill still named the
+layer suite's _dense_us five days after 97e43f6 made it _dense)."""
 
 from __future__ import annotations
 
