@@ -68,7 +68,11 @@ if [ "$MODE" != tests ]; then
   esac
   left=$(( CALL_LIMIT_S - ($(date +%s) - START) ))
   budget=${BENCH_BUDGET_S:-$(( left - 30 ))}
-  timeout $(( left - 10 )) python -m shufflemoe.cli bench "${args[@]}" --budget-s "$budget" 2>&1 \
+  # A case that stalls past the call (once, 2026-12-03: e2e_hf's Qwen3 torch.compile group on an
+  # H200, ~400 s, not repeated) is ended with SIGABRT, on which -X faulthandler writes every
+  # thread's Python stack into bench.log: where it stood.
+  timeout -s ABRT $(( left - 10 )) python -X faulthandler -m shufflemoe.cli bench "${args[@]}" \
+    --budget-s "$budget" 2>&1 \
     | tee "$OUT/bench.log" | grep -v "^|" | tail -80
   bench_status=${PIPESTATUS[0]}
   [ "$bench_status" -ne 0 ] && status=$bench_status
