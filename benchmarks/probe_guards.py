@@ -1,0 +1,103 @@
+"""What Dynamo's guards cost a compiled decode step, ours against transformers' (one GPU call, ~1 min)
+
+    PYTHONPATH=src python benchmarks/probe_guards.py --out $OUT [--shape qwen3-30b-a3b] [--device cuda]
+
+Every call of a torch.compile'd model first evaluates the guards of its cache entry ("TorchDynamo
+Cache Lookup" in a profile): in compiled generate at batch 1 the patched Qwen3-30B-A3B-shaped
+model's lookup took 279 us a step against transformers' 129 (probe_generate_host's profile, H200
+at dad0153), the difference between the two models' host time per compiled call. This probe
+compiles one decode step (static cache, batch 1, fullgraph, backend "eager": Dynamo's guards do
+not depend on the backend) of e2e_hf's model with transformers' default experts and of the
+patched model, keeps each entry's guard tree, and times its evaluation warm (best of REPS loops
+of LOOP checks). Writes $OUT/probe_guards.json and the trees, $OUT/guards_<model>.txt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import pathlib
+import re
+import time
+
+import torch
+import torch._dynamo.guards as dynamo_guards
+from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+from transformers import StaticCache
+
+from shufflemoe.bench.report import metadata
+from shufflemoe.bench.suites.e2e_hf import SHAPES
+from shufflemoe.integrations.transformers import patch
+from shufflemoe.integrations.transformers.models import build_model
+
+LOOP, REPS = 300, 7
+_built = []
+_profile = dynamo_guards.profile_guard_manager
+
+
+def _keep(root, scope, n_iters):
+    """Dynamo profiles each new entry's guards once at compile time: keep the tree and scope."""
+    _built.append((root, scope))
+    return _profile(root, scope, n_iters)
+
+
+def warm_us(root, scope) -> float:
+    assert root.check(scope), "the guards fail on the scope they were built from"
+    best = float("inf")
+    for _ in range(REPS):
+        t0 = time.perf_counter()
+        for _ in range(LOOP):
+            root.check(scope)
+        best = min(best, (time.perf_counter() - t0) / LOOP * 1e6)
+    return best
+
+
+def kinds(tree: str) -> dict:
+    return dict(collections.Counter(re.sub(r"^[ |+-]*", "", line).split(":")[0].split(" ")[0]
+                                    for line in tree.splitlines()).most_common(12))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True, type=pathlib.Path)
+    p.add_argument("--shape", default="qwen3-30b-a3b")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--layers", type=int, default=0, help="depth (0: e2e_hf's)")
+    args = p.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    dynamo_guards.profile_guard_manager = _keep
+    shape = next(s for s in SHAPES if s.name == args.shape)
+    config = shape.config(False)
+    if args.layers:
+        config.num_hidden_layers = args.layers
+    rows = {}
+    with torch.no_grad():
+        for name in ("transformers", "shufflemoe"):
+            model = build_model(config, torch.bfloat16, args.device)
+            if name == "shufflemoe":
+                patch(model)
+            cache = StaticCache(config=model.config, max_cache_len=160)
+            ids = torch.randint(2, config.vocab_size, (1, 128), device=args.device)
+            model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            step = torch.compile(model, fullgraph=True, backend="eager")
+            built = len(_built)
+            tok = ids[:, -1:]
+            for i in range(2):
+                step(tok, past_key_values=cache, use_cache=True, logits_to_keep=1,
+                     cache_position=torch.tensor([128 + i], device=args.device))
+            root, scope = _built[-1]
+            tree = str(_debug_get_cache_entry_list(model.forward.__code__)[0].guard_manager)
+            (args.out / f"guards_{name}.txt").write_text(tree)
+            rows[name] = dict(entries=len(_built) - built, lines=len(tree.splitlines()),
+                              warm_us=warm_us(root, scope), kinds=kinds(tree))
+            print(name, rows[name], flush=True)
+            del model, step, cache
+            torch._dynamo.reset()
+            _built.clear()
+    (args.out / "probe_guards.json").write_text(json.dumps(
+        dict(meta=metadata(), shape=args.shape, layers=config.num_hidden_layers, rows=rows), indent=1))
+
+
+if __name__ == "__main__":
+    main()
