@@ -9,7 +9,10 @@ at dad0153), the difference between the two models' host time per compiled call.
 compiles one decode step (static cache, batch 1, fullgraph, backend "eager": Dynamo's guards do
 not depend on the backend) of e2e_hf's model with transformers' default experts and of the
 patched model, keeps each entry's guard tree, and times its evaluation warm (best of REPS loops
-of LOOP checks). Writes $OUT/probe_guards.json and the trees, $OUT/guards_<model>.txt.
+of LOOP checks), then each leaf guard alone on the value its source evaluates to (an upper
+bound: a Python call each; the accessors between them are not timed). Writes
+$OUT/probe_guards.json, the trees ($OUT/guards_<model>.txt) and the slowest leaves
+($OUT/leaves_<model>.txt).
 """
 
 from __future__ import annotations
@@ -53,6 +56,52 @@ def warm_us(root, scope) -> float:
     return best
 
 
+def walk(wrapper, scope, n=200):
+    """(rows of (us, kind, source), failures): every leaf guard timed on the value its source gives."""
+    env = dict(wrapper.closure_vars)
+    env["G"] = wrapper.global_scope["G"]
+    env["L"] = scope
+    rows, fails = [], 0
+    stack = [wrapper.root]
+    while stack:
+        m = stack.pop()
+        stack.extend(m.get_child_managers())
+        leaves = m.get_leaf_guards()
+        if not leaves:
+            continue
+        src = m.get_source()
+        try:
+            value = eval(src, env) if src else scope
+        except Exception:
+            fails += len(leaves)
+            continue
+        for leaf in leaves:
+            try:
+                leaf(value)
+            except Exception:
+                fails += 1
+                continue
+            t0 = time.perf_counter()
+            for _ in range(n):
+                leaf(value)
+            us = (time.perf_counter() - t0) / n * 1e6
+            rows.append((us, type(leaf).__name__, src))
+    return rows, fails
+
+
+def report(rows, fails, top=25):
+    rows.sort(reverse=True)
+    tot = collections.defaultdict(float)
+    cnt = collections.Counter()
+    for us, kind, _ in rows:
+        tot[kind] += us
+        cnt[kind] += 1
+    out = [f"leaves timed {len(rows)}, not evaluable {fails}, sum {sum(r[0] for r in rows):.1f} us"]
+    out += [f"  {k}: {cnt[k]} leaves, {v:.1f} us" for k, v in sorted(tot.items(), key=lambda kv: -kv[1])]
+    out += [f"  {us:7.2f} us {kind} {src[:200]}" for us, kind, src in rows[:top]]
+    return "\n".join(out)
+
+
 def kinds(tree: str) -> dict:
     return dict(collections.Counter(re.sub(r"^[ |+-]*", "", line).split(":")[0].split(" ")[0]
                                     for line in tree.splitlines()).most_common(12))
@@ -87,7 +136,11 @@ def main() -> None:
                 step(tok, past_key_values=cache, use_cache=True, logits_to_keep=1,
                      cache_position=torch.tensor([128 + i], device=args.device))
             root, scope = _built[-1]
-            tree = str(_debug_get_cache_entry_list(model.forward.__code__)[0].guard_manager)
+            wrapper = _debug_get_cache_entry_list(model.forward.__code__)[0].guard_manager
+            tree = str(wrapper)
+            leaves = report(*walk(wrapper, scope))
+            (args.out / f"leaves_{name}.txt").write_text(leaves + "\n")
+            print(leaves, flush=True)
             (args.out / f"guards_{name}.txt").write_text(tree)
             rows[name] = dict(entries=len(_built) - built, lines=len(tree.splitlines()),
                               warm_us=warm_us(root, scope), kinds=kinds(tree))
