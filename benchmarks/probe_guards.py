@@ -10,7 +10,9 @@ compiles one decode step (static cache, batch 1, fullgraph, backend "eager": Dyn
 not depend on the backend) of e2e_hf's model with transformers' default experts and of the
 patched model, keeps each entry's guard tree, and times its evaluation warm (best of REPS loops
 of LOOP checks), then each leaf guard alone on the value its source evaluates to (an upper
-bound: a Python call each; the accessors between them are not timed). Writes
+bound: a Python call each; the accessors between them are not timed). --dict-tags on / off sets
+Dynamo's recursive dict-tag matching (the fast path that skips a module's subtree whose dicts
+are unchanged, for subtrees it finds safe). Writes
 $OUT/probe_guards.json, the trees ($OUT/guards_<model>.txt) and the slowest leaves
 ($OUT/leaves_<model>.txt).
 """
@@ -113,7 +115,11 @@ def main() -> None:
     p.add_argument("--shape", default="qwen3-30b-a3b")
     p.add_argument("--device", default="cuda")
     p.add_argument("--layers", type=int, default=0, help="depth (0: e2e_hf's)")
+    p.add_argument("--dict-tags", choices=("default", "on", "off"), default="default",
+                   help="torch._dynamo.config.use_recursive_dict_tags_for_guards")
     args = p.parse_args()
+    if args.dict_tags != "default":
+        torch._dynamo.config.use_recursive_dict_tags_for_guards = args.dict_tags == "on"
     args.out.mkdir(parents=True, exist_ok=True)
     dynamo_guards.profile_guard_manager = _keep
     shape = next(s for s in SHAPES if s.name == args.shape)
@@ -149,7 +155,8 @@ def main() -> None:
             torch._dynamo.reset()
             _built.clear()
     (args.out / "probe_guards.json").write_text(json.dumps(
-        dict(meta=metadata(), shape=args.shape, layers=config.num_hidden_layers, rows=rows), indent=1))
+        dict(meta=metadata(), shape=args.shape, layers=config.num_hidden_layers,
+             dict_tags=torch._dynamo.config.use_recursive_dict_tags_for_guards, rows=rows), indent=1))
 
 
 if __name__ == "__main__":
