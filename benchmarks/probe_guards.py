@@ -9,8 +9,9 @@ at dad0153), the difference between the two models' host time per compiled call.
 compiles one decode step (static cache, batch 1, fullgraph, backend "eager": Dynamo's guards do
 not depend on the backend) of e2e_hf's model with transformers' default experts and of the
 patched model, keeps each entry's guard tree, and times its evaluation warm (best of REPS loops
-of LOOP checks), then each leaf guard alone on the value its source evaluates to (an upper
-bound: a Python call each; the accessors between them are not timed). --dict-tags on / off sets
+of LOOP checks), then the leaf guards the walk reaches (get_child_managers: not the key and
+value managers of dict guards) alone, each on the value its source evaluates to (an upper bound:
+a Python call each; the accessors between them are not timed; the report counts what it timed). --dict-tags on / off sets
 Dynamo's recursive dict-tag matching (the fast path that skips a module's subtree whose dicts
 are unchanged, for subtrees it finds safe). Writes
 $OUT/probe_guards.json, the trees ($OUT/guards_<model>.txt) and the slowest leaves
@@ -59,7 +60,8 @@ def warm_us(root, scope) -> float:
 
 
 def walk(wrapper, scope, n=200):
-    """(rows of (us, kind, source), failures): every leaf guard timed on the value its source gives."""
+    """(rows of (us, kind, source), failures): the leaf guards under get_child_managers, each
+    timed on the value its source gives; those whose source or check raises count as failures."""
     env = dict(wrapper.closure_vars)
     env["G"] = wrapper.global_scope["G"]
     env["L"] = scope
