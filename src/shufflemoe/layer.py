@@ -49,6 +49,25 @@ def _frozen(t: Tensor | None) -> nn.Parameter | None:
 
 
 @dataclass(frozen=True)
+class _Paths:
+    """A layer's choices that are not tensors, one object shared by every layer that makes the
+    same ones (_shared): torch.compile guards an object once, wherever else it meets it again
+    (an identity check), instead of each of its attributes in every layer."""
+
+    route: Callable[[Tensor, MoEConfig, Tensor | None], Routing]
+    shared_fusable: bool  # a plain shared expert the fused decode kernels can run (_fuses_shared)
+    shared_merges: bool  # ... in the routed experts' launches (_merges_shared)
+
+
+_SHARED: dict = {}
+
+
+def _shared(value):
+    """The one object equal to ``value`` (a frozen MoEConfig, _Paths): see _Paths."""
+    return _SHARED.setdefault(value, value)
+
+
+@dataclass(frozen=True)
 class _Hot:
     """What forward reads, gathered once: a parameter read through nn.Module.__getattr__ costs
     ~0.4 us, a registry lookup more. Dropped on any attribute change and on .to()."""
@@ -60,9 +79,7 @@ class _Hot:
     shared_w13: Tensor | None
     shared_w2: Tensor | None
     shared_gate: Tensor | None
-    route: Callable[[Tensor, MoEConfig, Tensor | None], Routing]
-    shared_fusable: bool  # a plain shared expert the fused decode kernels can run (_fuses_shared)
-    shared_merges: bool  # ... in the routed experts' launches (_merges_shared)
+    paths: _Paths
     # [T] = (counts [1] = T, token ids [T], positions [T] = 0..T-1) int32 for T up to
     # SHARED_FUSED_MAX_TOKENS: the fused shared expert's routing, made once (no kernel makes
     # them in a call, a compiled graph or a capture); () when not fusable. Separate tensors,
@@ -93,6 +110,7 @@ SHARED_WORKSPACE = 1
 # Attributes _Hot does not depend on: setting them keeps it (torch.compile(layer) sets the first
 # two; a compiled call then reads the gathered _Hot, its tensors graph inputs, not made anew)
 _NOT_GATHERED = frozenset({"training", "_is_torch_compile", "_side_stream"})
+_LOCAL = LocalDispatch()  # stateless: one for every layer (see _Paths)
 # Recorded regions, shared by callers of the same signature and layouts (see run_planned).
 _TEMPLATES: dict[tuple, _launch.Template | None] = {}
 
@@ -122,7 +140,7 @@ class MoE(nn.Module):
         device: torch.device | str | None = None,
     ) -> None:
         super().__init__()
-        cfg = self.config = config
+        cfg = self.config = _shared(config)  # layers of one config share it (see _Paths)
         E, D, I, Is = (cfg.num_experts, cfg.hidden_size, cfg.intermediate_size,
                        cfg.shared_intermediate_size)
 
@@ -146,7 +164,7 @@ class MoE(nn.Module):
         if cfg.quantized:
             self._quantize_experts()
         self.shared_split = 0  # > 0: shared weights in two parts (see shared_expert)
-        self.dispatch = dispatch or LocalDispatch()
+        self.dispatch = dispatch or _LOCAL
         self.set_experts(experts)
         self._side_stream: torch.cuda.Stream | None = None
 
@@ -277,7 +295,7 @@ class MoE(nn.Module):
                       and (cfg.top_k == 1 or cfg.deterministic))
             hot = _Hot(self.expert_weights, self.router_weight, self.router_bias,
                        self.router_logits_bias, self.shared_w13, self.shared_w2, self.shared_gate,
-                       ROUTERS.get(cfg.router), fusable, merges, one)
+                       _shared(_Paths(ROUTERS.get(cfg.router), fusable, merges)), one)
             compiling = torch.compiler.is_compiling()
             if compiling or not (self.w13.is_cuda and torch.cuda.is_current_stream_capturing()):
                 # (captured, its routing tensors would hold values only in the graph)
@@ -478,7 +496,7 @@ class MoE(nn.Module):
         cost 4-5 us a call more than cuBLAS (Llama 4 Scout TP8 fp8 at T = 1 and 8, H100,
         benchmarks/probe_timeline.py); beside the fused bf16 path they cost the same."""
         cfg, T = self.config, x.shape[0]
-        return (hot.shared_fusable and 0 < T <= SHARED_FUSED_MAX_TOKENS
+        return (hot.paths.shared_fusable and 0 < T <= SHARED_FUSED_MAX_TOKENS
                 and backend_for(x).name == "triton"
                 and cfg.quantization in moe_decode.FORMATS
                 and moe_decode.configs.use_fused(T * cfg.top_k, cfg.top_k, cfg.quantization,
@@ -492,7 +510,7 @@ class MoE(nn.Module):
         routed experts shared_quantized_max_tokens): _merged runs both in two launches (in every
         mode: eager, CUDA graph, compiled)."""
         cfg, T = self.config, x.shape[0]
-        return (hot.shared_merges and 0 < T <= SHARED_FUSED_MAX_TOKENS
+        return (hot.paths.shared_merges and 0 < T <= SHARED_FUSED_MAX_TOKENS
                 and backend_for(x).name == "triton"
                 and moe_decode.configs.merges_shared(T, cfg.top_k, cfg.quantization,
                                                      cfg.num_experts))
@@ -524,7 +542,7 @@ class MoE(nn.Module):
         cfg, w, ops = self.config, hot.weights, backend_for(x)
         T, I, quant = x.shape[0], cfg.intermediate_size, cfg.quantization
         a = moe_decode.gate_up_outputs(None, T * cfg.top_k, I, x.dtype, quant, x.device, T)
-        r = hot.route(logits(), cfg, hot.router_bias)
+        r = hot.paths.route(logits(), cfg, hot.router_bias)
         w_in, w_out = pair_weights(r, cfg)
         ops.decode_gate_up(x, w.w13, w.w13_scale, r.counts, r.token_ids, w_in, a, 0, quant, None,
                            cfg.act, shared=hot.shared_w13, early=True)
@@ -597,7 +615,7 @@ class MoE(nn.Module):
                        join: Callable[[], None] = lambda: None, overwrite: bool = False) -> None:
         """out += the routed experts' output for router logits [T, E] (overwrite: out = it,
         local dispatch only, see _routed_first)."""
-        routing = hot.route(logits, self.config, hot.router_bias)
+        routing = hot.paths.route(logits, self.config, hot.router_bias)
         if overwrite:
             self.dispatch.run(self.experts, x, routing, hot.weights, out, self.config, join,
                               overwrite=True)
