@@ -39,9 +39,10 @@ class Shuffled(Experts):
                 and decode_configs.use_fused(r.num_pairs, cfg.top_k, w.quantization,
                                              r.num_experts, cfg.batch_invariant,
                                              device_name(x.device))):
-            # unchecked like the rest: the layer made every tensor
+            # unchecked like the rest: the layer made every tensor. I from w13's shape, not
+            # w.intermediate_size: torch.compile would guard that property in every layer
             a = ops.decode_gate_up(x, w.w13, w.w13_scale, r.counts, r.token_ids, w_in,
-                                   gate_up_outputs(None, r.num_pairs, w.intermediate_size,
+                                   gate_up_outputs(None, r.num_pairs, w.w13.shape[1] // 2,
                                                    x.dtype, w.quantization, x.device), 0,
                                    w.quantization, w.w13_bias, cfg.act)
             before_combine()
