@@ -9,7 +9,9 @@ at dad0153), the difference between the two models' host time per compiled call.
 compiles one decode step (static cache, batch 1, fullgraph, backend "eager": Dynamo's guards do
 not depend on the backend) of e2e_hf's model with transformers' default experts and of the
 patched model, keeps each entry's guard tree, and times its evaluation warm (best of REPS loops
-of LOOP checks; both models' trees in turns, --rounds times, once both are built), then the leaf guards the walk reaches (get_child_managers: not the key and
+of LOOP checks; both models' trees in turns, --rounds times, once both are built), and copies
+of each tree without one part (PARTS: the MoE blocks, the decoder layers, the module globals,
+the call's keyword arguments; clone_manager) in the same turns, a part's cost being the whole's time less the copy's, then the leaf guards the walk reaches (get_child_managers: not the key and
 value managers of dict guards) alone, each on the value its source evaluates to (an upper bound:
 a Python call each; the accessors between them are not timed; the report counts what it timed). --dict-tags on / off sets
 Dynamo's recursive dict-tag matching (the fast path that skips a module's subtree whose dicts
@@ -39,6 +41,16 @@ from shufflemoe.integrations.transformers import patch
 from shufflemoe.integrations.transformers.models import build_model
 
 LOOP, REPS, ROUNDS = 300, 7, 7
+_BLOCKS = ("_modules['mlp']", "_modules['feed_forward']")  # Qwen3's and Llama 4's MoE blocks
+# Parts of a tree, by the sources a copy without the part drops (and their subtrees)
+PARTS = {
+    "whole": None,
+    "moe_blocks": lambda m: not any(b in m.get_source() for b in _BLOCKS),
+    "decoder_layers": lambda m: "_modules['layers']._modules[" not in m.get_source(),
+    "globals": lambda m: not m.get_source().startswith("G["),
+    "shufflemoe_globals": lambda m: not m.get_source().startswith("G['__import_shufflemoe"),
+    "call_kwargs": lambda m: not m.get_source().startswith("L['kwargs']"),  # the static cache
+}
 _built = []
 _profile = dynamo_guards.profile_guard_manager
 
@@ -61,8 +73,9 @@ def warm_us(root, scope) -> float:
 
 
 def walk(wrapper, scope, n=200):
-    """(rows of (us, kind, source), failures): the leaf guards under get_child_managers, each
-    timed on the value its source gives; those whose source or check raises count as failures."""
+    """(rows of (us, kind, source), failures): every leaf guard of the tree (child managers and
+    the key and value managers of dict guards), each timed on the value its source gives; those
+    whose source or check raises count as failures."""
     env = dict(wrapper.closure_vars)
     env["G"] = wrapper.global_scope["G"]
     env["L"] = scope
@@ -71,6 +84,8 @@ def walk(wrapper, scope, n=200):
     while stack:
         m = stack.pop()
         stack.extend(m.get_child_managers())
+        if hasattr(m, "get_key_value_managers"):  # a dict guard: its keys' and values' managers
+            stack.extend(k for kv in m.get_key_value_managers().values() for k in kv if k)
         leaves = m.get_leaf_guards()
         if not leaves:
             continue
@@ -158,13 +173,19 @@ def main() -> None:
             # (a reset takes the names its guards read out of the model's module globals)
             kept[name] = (root, scope)
             _built.clear()
-        for name in kept:  # in turns, so that a slow spell of the host falls on both
-            rows[name]["warm_us"] = []
+        # the whole tree, then each copy without one part, in turns (a slow spell of the
+        # host falls on every variant): a part's cost = whole - without it
+        trees = {(name, part): root if keep is None else root.clone_manager(keep)
+                 for name, (root, _) in kept.items() for part, keep in PARTS.items()}
+        times = {key: [] for key in trees}
         for _ in range(args.rounds):
-            for name, (root, scope) in kept.items():
-                rows[name]["warm_us"].append(round(warm_us(root, scope), 2))
+            for (name, part), tree in trees.items():
+                times[name, part].append(round(warm_us(tree, kept[name][1]), 2))
         for name, row in rows.items():
-            row["warm_us_median"] = statistics.median(row["warm_us"])
+            row["warm_us"] = times[name, "whole"]
+            row["warm_us_median"] = whole = statistics.median(row["warm_us"])
+            row["part_us"] = {part: round(whole - statistics.median(times[name, part]), 2)
+                              for part in PARTS if part != "whole"}
             print(name, row, flush=True)
     (args.out / "probe_guards.json").write_text(json.dumps(
         dict(meta=metadata(), shape=args.shape, layers=config.num_hidden_layers,
