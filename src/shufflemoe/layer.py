@@ -63,8 +63,10 @@ _SHARED: dict = {}
 
 
 def _shared(value):
-    """The one object equal to ``value`` (a frozen MoEConfig, _Paths): see _Paths."""
-    return _SHARED.setdefault(value, value)
+    """The one object equal to ``value`` (a frozen MoEConfig, _Paths): see _Paths. Not while
+    torch.compile traces (a layer first called compiled): torch 2.11's Dynamo fails hashing a
+    dataclass it made in the trace."""
+    return value if torch.compiler.is_compiling() else _SHARED.setdefault(value, value)
 
 
 @dataclass(frozen=True)
