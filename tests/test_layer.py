@@ -246,3 +246,18 @@ def test_strategies_agree_with_each_other():
     first = outs.pop("shuffled").double()
     for n, y in outs.items():
         assert (y.double() - first).abs().max() < 0.05 * first.abs().max(), n
+
+
+def test_layers_of_one_config_share_what_is_not_a_tensor():
+    """Layers built from equal configs hold one MoEConfig, one _Paths and one local dispatcher
+    (torch.compile then guards them once for a whole model); a config equal in value but
+    written differently (1 for 1.0) keeps its own, and each layer keeps its own tensors."""
+    base = dict(hidden_size=24, intermediate_size=16, num_experts=8, top_k=2,
+                shared_intermediate_size=16)
+    a, b = (MoE(MoEConfig(**base), device=DEVICE) for _ in range(2))
+    assert a.config is b.config and a.dispatch is b.dispatch
+    assert a._hot().paths is b._hot().paths
+    assert a._hot().weights.w13 is not b._hot().weights.w13
+    c = MoE(MoEConfig(**base, routed_scaling_factor=1), device=DEVICE)
+    assert c.config == a.config and c.config is not a.config
+    assert type(c.config.routed_scaling_factor) is int

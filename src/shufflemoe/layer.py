@@ -63,10 +63,13 @@ _SHARED: dict = {}
 
 
 def _shared(value):
-    """The one object equal to ``value`` (a frozen MoEConfig, _Paths): see _Paths. Not while
+    """The one object equal to ``value`` (a frozen MoEConfig, _Paths) and written the same (1.0
+    and 1, or True and 1, are equal but not the same to every reader): see _Paths. Not while
     torch.compile traces (a layer first called compiled): torch 2.11's Dynamo fails hashing a
     dataclass it made in the trace."""
-    return value if torch.compiler.is_compiling() else _SHARED.setdefault(value, value)
+    if torch.compiler.is_compiling():
+        return value
+    return _SHARED.setdefault((value, repr(value)), value)
 
 
 @dataclass(frozen=True)
