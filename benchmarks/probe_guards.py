@@ -9,11 +9,14 @@ at dad0153), the difference between the two models' host time per compiled call.
 compiles one decode step (static cache, batch 1, fullgraph, backend "eager": Dynamo's guards do
 not depend on the backend) of e2e_hf's model with transformers' default experts and of the
 patched model, keeps each entry's guard tree, and times its evaluation warm (best of REPS loops
-of LOOP checks; both models' trees in turns, --rounds times, once both are built), and copies
-of each tree without one part (PARTS: the MoE blocks, the decoder layers, the module globals,
-the call's keyword arguments; clone_manager) in the same turns, a part's cost being the whole's time less the copy's, then the leaf guards the walk reaches (get_child_managers: not the key and
-value managers of dict guards) alone, each on the value its source evaluates to (an upper bound:
-a Python call each; the accessors between them are not timed; the report counts what it timed). --dict-tags on / off sets
+of LOOP checks; both models' trees in turns, --rounds times, once both are built). In the same
+turns it times copies of each tree without one part (PARTS: the MoE blocks, the decoder layers,
+the module globals, the call's keyword arguments; clone_manager): a part's cost is the whole's
+time less the copy's. Copies do not keep Dynamo's tag-safe marks, so with recursive dict tags on
+(torch 2.11's default) a copy can be slower than the whole, and the part costs then say how much
+the fast path saves, not what the part costs. Then every leaf guard (child managers and the key
+and value managers of dict guards) alone, each on the value its source evaluates to (an upper
+bound: a Python call each; the accessors between them are not timed). --dict-tags on / off sets
 Dynamo's recursive dict-tag matching (the fast path that skips a module's subtree whose dicts
 are unchanged, for subtrees it finds safe). Writes
 $OUT/probe_guards.json, the trees ($OUT/guards_<model>.txt) and the slowest leaves
@@ -62,7 +65,8 @@ def _keep(root, scope, n_iters):
 
 
 def warm_us(root, scope) -> float:
-    assert root.check(scope), f"the guards fail on the scope they were built from: {root.check_verbose(scope).verbose_code_parts}"
+    assert root.check(scope), ("the guards fail on the scope they were built from: "
+                               f"{root.check_verbose(scope).verbose_code_parts}")
     best = float("inf")
     for _ in range(REPS):
         t0 = time.perf_counter()
