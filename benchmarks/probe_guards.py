@@ -10,11 +10,12 @@ compiles one decode step (static cache, batch 1, fullgraph, backend "eager": Dyn
 not depend on the backend) of e2e_hf's model with transformers' default experts and of the
 patched model, keeps each entry's guard tree, and times its evaluation warm (best of REPS loops
 of LOOP checks; both models' trees in turns, --rounds times, once both are built). In the same
-turns it times copies of each tree without one part (PARTS: the MoE blocks, the decoder layers,
-the module globals, the call's keyword arguments; clone_manager): a part's cost is the whole's
-time less the copy's. Copies do not keep Dynamo's tag-safe marks, so with recursive dict tags on
-(torch 2.11's default) a copy can be slower than the whole, and the part costs then say how much
-the fast path saves, not what the part costs. Then every leaf guard (child managers and the key
+turns it times copies of each tree (clone_manager): one keeping everything and one without each
+part (PARTS: the MoE blocks, the decoder layers, the module globals, the call's keyword
+arguments; with --by-global each module global alone); a part's cost is the first copy's time
+less the second's. Copies do not keep Dynamo's tag-safe marks: they run without the recursive
+dict-tag fast path (torch 2.11's default; the whole tree's time has it), so a part's cost is
+what it costs without that path. Then every leaf guard (child managers and the key
 and value managers of dict guards) alone, each on the value its source evaluates to (an upper
 bound: a Python call each; the accessors between them are not timed). --dict-tags on / off sets
 Dynamo's recursive dict-tag matching (the fast path that skips a module's subtree whose dicts
@@ -48,6 +49,7 @@ _BLOCKS = ("_modules['mlp']", "_modules['feed_forward']")  # Qwen3's and Llama 4
 # Parts of a tree, by the sources a copy without the part drops (and their subtrees)
 PARTS = {
     "whole": None,
+    "copy": lambda m: True,  # the baseline of the parts: a copy keeping everything
     "moe_blocks": lambda m: not any(b in m.get_source() for b in _BLOCKS),
     "decoder_layers": lambda m: "_modules['layers']._modules[" not in m.get_source(),
     "globals": lambda m: not m.get_source().startswith("G["),
@@ -126,6 +128,20 @@ def report(rows, fails, top=25):
     return "\n".join(out)
 
 
+def module_globals(root) -> list[str]:
+    """The sources G['<module>'] of the module globals a tree reads."""
+    found, stack = set(), [root]
+    while stack:
+        m = stack.pop()
+        src = m.get_source()
+        hit = re.match(r"G\['__import_[^']*'\]", src)
+        if hit:
+            found.add(hit.group(0))
+            continue
+        stack.extend(m.get_child_managers())
+    return sorted(found)
+
+
 def kinds(tree: str) -> dict:
     return dict(collections.Counter(re.sub(r"^[ |+-]*", "", line).split(":")[0].split(" ")[0]
                                     for line in tree.splitlines()).most_common(12))
@@ -140,6 +156,9 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=ROUNDS, help="warm timings of each, in turns")
     p.add_argument("--dict-tags", choices=("default", "on", "off"), default="default",
                    help="torch._dynamo.config.use_recursive_dict_tags_for_guards")
+    p.add_argument("--by-global", action="store_true",
+                   help="also time a copy without each module global the trees read (fair with "
+                        "--dict-tags off)")
     args = p.parse_args()
     if args.dict_tags != "default":
         torch._dynamo.config.use_recursive_dict_tags_for_guards = args.dict_tags == "on"
@@ -179,17 +198,24 @@ def main() -> None:
             _built.clear()
         # the whole tree, then each copy without one part, in turns (a slow spell of the
         # host falls on every variant): a part's cost = whole - without it
+        parts = {name: dict(PARTS) for name in kept}
+        if args.by_global:
+            for name, (root, _) in kept.items():
+                for g in module_globals(root):
+                    parts[name]["G:" + g] = (lambda g: lambda m: not m.get_source().startswith(g))(g)
         trees = {(name, part): root if keep is None else root.clone_manager(keep)
-                 for name, (root, _) in kept.items() for part, keep in PARTS.items()}
+                 for name, (root, _) in kept.items() for part, keep in parts[name].items()}
         times = {key: [] for key in trees}
         for _ in range(args.rounds):
             for (name, part), tree in trees.items():
                 times[name, part].append(round(warm_us(tree, kept[name][1]), 2))
         for name, row in rows.items():
             row["warm_us"] = times[name, "whole"]
-            row["warm_us_median"] = whole = statistics.median(row["warm_us"])
-            row["part_us"] = {part: round(whole - statistics.median(times[name, part]), 2)
-                              for part in PARTS if part != "whole"}
+            row["warm_us_median"] = statistics.median(row["warm_us"])
+            copy = statistics.median(times[name, "copy"])
+            row["copy_us_median"] = copy
+            row["part_us"] = {part: round(copy - statistics.median(times[name, part]), 2)
+                              for part in parts[name] if part not in ("whole", "copy")}
             print(name, row, flush=True)
     (args.out / "probe_guards.json").write_text(json.dumps(
         dict(meta=metadata(), shape=args.shape, layers=config.num_hidden_layers,

@@ -232,3 +232,47 @@ def test_compiled_fused_shared_expert_makes_no_routing():
     assert any("decode" in c for c in calls), "the fused decode kernels were not traced"
     assert not [c for c in calls if "arange" in c or "full" in c], calls
     assert torch.equal(got, want)
+
+
+def _managers(root):
+    """Every guard manager of a Dynamo guard tree (child managers and dict guards' keys and
+    values)."""
+    stack = [root]
+    while stack:
+        m = stack.pop()
+        yield m
+        stack.extend(m.get_child_managers())
+        if hasattr(m, "get_key_value_managers"):
+            stack.extend(k for kv in m.get_key_value_managers().values() for k in kv if k)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("name", ["qwen2-fp32", "llama4-fp8"])
+def test_compiled_layers_of_one_config_are_guarded_once(name, impl):
+    """Compiled, a layer reads its config and strategies through the module global _PATHS (one
+    entry guarded once for every layer of a config) and only tensors and numbers through its
+    module. With Dynamo's recursive dict tags on (torch 2.11's default) each layer's subtree is
+    then tag safe, skipped while its dicts are unchanged; and no guard calls
+    Python (RouteConfig's default, read through dataclasses.fields() in every check, cost
+    ~20 us a step on an H200 host)."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    def run(model, x):
+        for layer in model:
+            x = layer(x)
+        return x
+
+    model = torch.nn.ModuleList(make_layer(CONFIGS[name], device=DEV) for _ in range(3))
+    x = make_input(CONFIGS[name], 2, device=DEV)
+    torch._dynamo.reset()
+    with use_impl(impl), torch._dynamo.config.patch(use_recursive_dict_tags_for_guards=True):
+        want = run(model, x)  # gathered for real first, as an eager call or patch() does
+        compiled = torch.compile(run, fullgraph=True, backend="eager")
+        for _ in range(2):
+            assert torch.equal(compiled(model, x), want)
+        guards = _debug_get_cache_entry_list(run.__code__)[0].guard_manager
+    assert "PythonLambdaGuardAccessor" not in str(guards)
+    safe = {m.get_source(): m.is_tag_safe() for m in _managers(guards.root)}
+    layers = [f"L['model']._modules['{i}']" for i in range(3)]
+    assert all(safe[s] for s in layers), {s: safe[s] for s in layers}
+    assert safe["L['model']"]  # (the list of them the root whose tag is checked)

@@ -30,7 +30,7 @@ from .experts import EXPERTS, Experts
 from .experts.base import pair_weights
 from .ops import _launch, backend_for, moe_decode
 from .ops._common import device_name
-from .ops._impl import _default_impl
+from .ops._impl import _default_impl, _is_compiling
 from .ops.grouped_gemm import configs as gemm_configs
 from .ops.quantize.formats import FORMATS, weight_format
 from .ops.router import uses_kernel as router_uses_kernel
@@ -50,16 +50,22 @@ def _frozen(t: Tensor | None) -> nn.Parameter | None:
 
 @dataclass(frozen=True)
 class _Paths:
-    """A layer's choices that are not tensors, one object shared by every layer that makes the
-    same ones (_shared): torch.compile guards an object once, wherever else it meets it again
-    (an identity check), instead of each of its attributes in every layer."""
+    """What a layer's forward reads that is not a tensor: its config, strategies and the choices
+    made from them. Layers that make the same ones share one object (_shared), which a compiled
+    forward reads from _PATHS by the number the layer holds (``_paths_key``): torch.compile then
+    guards it once, at one place, and each layer's module holds only tensors and numbers, whose
+    guards its recursive dict-tag check skips while the module's dicts are unchanged."""
 
+    config: MoEConfig
+    experts: Experts
+    dispatch: Dispatch
     route: Callable[[Tensor, MoEConfig, Tensor | None], Routing]
     shared_fusable: bool  # a plain shared expert the fused decode kernels can run (_fuses_shared)
     shared_merges: bool  # ... in the routed experts' launches (_merges_shared)
 
 
 _SHARED: dict = {}
+_PATHS: dict[int, _Paths] = {}  # _paths_key -> the shared _Paths (local dispatch only)
 
 
 def _shared(value):
@@ -70,6 +76,14 @@ def _shared(value):
     if torch.compiler.is_compiling():
         return value
     return _SHARED.setdefault((value, repr(value)), value)
+
+
+def _paths_key(paths: _Paths) -> int:
+    """The number under which _PATHS holds ``paths`` (a shared one), registered at its first
+    use: layers that share it share the number."""
+    key = _SHARED.setdefault(("key", id(paths)), len(_PATHS))
+    _PATHS.setdefault(key, paths)
+    return key
 
 
 @dataclass(frozen=True)
@@ -279,14 +293,17 @@ class MoE(nn.Module):
     def __setattr__(self, name: str, value) -> None:
         super().__setattr__(name, value)
         if name not in _NOT_GATHERED:
-            self.__dict__["_hot_parts"] = None
+            self.__dict__["_hot_parts"] = self.__dict__["_paths_key"] = None
 
     def _apply(self, fn, recurse=True):
-        self.__dict__["_hot_parts"] = None  # .to() / .cuda(): new devices and dtypes
+        # .to() / .cuda(): new devices and dtypes
+        self.__dict__["_hot_parts"] = self.__dict__["_paths_key"] = None
         return super()._apply(fn, recurse)
 
     def _hot(self) -> _Hot:
-        hot = self._hot_parts  # plain attribute lookup: torch.compile sees the gathered one
+        if _is_compiling() and self._paths_key is not None:
+            return self._traced_hot()
+        hot = self._hot_parts  # plain attribute lookup
         if hot is None:
             cfg = self.config
             fusable = (self.shared_w13 is not None and self.shared_gate is None
@@ -298,13 +315,19 @@ class MoE(nn.Module):
                       and isinstance(self.dispatch, LocalDispatch)
                       and self.experts.name == "shuffled"
                       and (cfg.top_k == 1 or cfg.deterministic))
+            paths = _Paths(cfg, self.experts, self.dispatch, ROUTERS.get(cfg.router), fusable,
+                           merges)
+            local = isinstance(self.dispatch, LocalDispatch)  # (a parallel one is per layer)
+            paths = _shared(paths) if local else paths
             hot = _Hot(self.expert_weights, self.router_weight, self.router_bias,
                        self.router_logits_bias, self.shared_w13, self.shared_w2, self.shared_gate,
-                       _shared(_Paths(ROUTERS.get(cfg.router), fusable, merges)), one)
+                       paths, one)
             compiling = torch.compiler.is_compiling()
             if compiling or not (self.w13.is_cuda and torch.cuda.is_current_stream_capturing()):
                 # (captured, its routing tensors would hold values only in the graph)
                 self.__dict__["_hot_parts"] = hot
+                if local and not compiling:
+                    self.__dict__["_paths_key"] = _paths_key(paths)
             if not compiling:  # compiled: gathered for real by an eager call or patch() first
                 moe_decode.reserve(self.w13, self.w2, quantization=cfg.quantization,
                                    shared_tokens=SHARED_FUSED_MAX_TOKENS if merges else 0)
@@ -313,6 +336,16 @@ class MoE(nn.Module):
                     moe_decode.reserve(self.shared_w13.view(1, 2 * Is, D),
                                        self.shared_w2.view(1, D, Is), SHARED_WORKSPACE)
         return hot
+
+    def _traced_hot(self) -> _Hot:
+        """_Hot as a compiled forward reads it (the layer gathered for real before): the layer's
+        tensors through its module, the rest from _PATHS (see _Paths)."""
+        paths = _PATHS[self._paths_key]
+        one = _every_token_on_one_expert(self.shared_w13.device) if paths.shared_fusable else ()
+        weights = ExpertWeights(self.w13, self.w2, self.w13_scale, self.w2_scale, self.w13_bias,
+                                self.w2_bias, paths.config.quantization)
+        return _Hot(weights, self.router_weight, self.router_bias, self.router_logits_bias,
+                    self.shared_w13, self.shared_w2, self.shared_gate, paths, one)
 
     @property
     def expert_weights(self) -> ExpertWeights:
@@ -336,8 +369,10 @@ class MoE(nn.Module):
         split): every product through batch_invariant.linear. At decode sizes, a plain shared
         expert runs in the fused decode kernels (_fused_shared). accumulate (a plain shared
         expert, not split): out += the output, in the down projection's epilogue."""
-        hot, h, Is = self._hot(), self.shared_split, self.config.shared_intermediate_size
-        if self.config.batch_invariant:
+        hot, h = self._hot(), self.shared_split
+        cfg = hot.paths.config
+        Is = cfg.shared_intermediate_size
+        if cfg.batch_invariant:
             return batch_invariant.shared_expert(x, hot.shared_w13, hot.shared_w2,
                                                  hot.shared_gate, out)
         if part is None and not accumulate and self._fuses_shared(x, hot):
@@ -392,9 +427,8 @@ class MoE(nn.Module):
         H100: ~600 us of host time for ~185 us of GPU work, benchmarks/results/host_cost.md), so
         the overlap gains nothing there and the stream switch and its waits cost ~40 us a call.
         Compiled, the compiler schedules."""
-        return (x.is_cuda and self.shared_w13 is not None
+        return (not torch.compiler.is_compiling() and x.is_cuda and self.shared_w13 is not None
                 and x.shape[0] <= self.config.shared_stream_max_tokens
-                and not torch.compiler.is_compiling()
                 and torch.cuda.is_current_stream_capturing())
 
     def input_error(self, x: object) -> Exception | None:
@@ -410,15 +444,15 @@ class MoE(nn.Module):
         return None
 
     def forward(self, x: Tensor) -> Tensor:
-        cfg = self.config
-        if self.dispatch.mesh is not None:
+        hot = self._hot()
+        cfg, dispatch = hot.paths.config, hot.paths.dispatch
+        if dispatch.mesh is not None:
             # A parallel dispatcher agrees on sizes with the other ranks before any collective,
             # and raises the same error on every rank when one of them got a bad input.
-            sizes = self.dispatch.admit(self, x, self.input_error(x))
+            sizes = dispatch.admit(self, x, self.input_error(x))
             with torch.no_grad(), batch_invariant.scope(cfg, x):
                 flat = x.reshape(-1, cfg.hidden_size).contiguous()
-                return self.dispatch.forward(self, flat, sizes).view(x.shape)
-        hot = self._hot()
+                return dispatch.forward(self, flat, sizes).view(x.shape)
         w13 = hot.weights.w13
         if not (isinstance(x, Tensor) and x.dtype == cfg.dtype and x.device == w13.device
                 and x.dim() in (2, 3) and x.shape[-1] == cfg.hidden_size):
@@ -449,7 +483,7 @@ class MoE(nn.Module):
         if (not given and self._fuses_shared(x, hot) and not torch.compiler.is_compiling()
                 and not (x.is_cuda and torch.cuda.is_current_stream_capturing())):
             return self._fused_shared_forward(x, hot)  # eager decode: one launch plan
-        first = self._routed_first(x)
+        first = self._routed_first(x, hot)
         if first:  # the routed experts write every row of out, the shared expert adds after
             out, join = (torch.empty_like(x) if out is None else out), _noop
         else:  # decode: shared expert first, overlapping routing and GEMM13 on its own stream
@@ -469,7 +503,7 @@ class MoE(nn.Module):
             self.shared_expert(x, out, accumulate=True)
         return out
 
-    def _routed_first(self, x: Tensor) -> bool:
+    def _routed_first(self, x: Tensor, hot: _Hot | None = None) -> bool:
         """Whether the routed experts write every row of out (overwrite), every pair routed (no
         capacity) on one device through a strategy that can overwrite, and either
         - no shared expert: nothing else writes out, so it is not zero-filled first (one launch
@@ -482,9 +516,10 @@ class MoE(nn.Module):
           (Llama 4 Scout TP8 at T = 16384 on an H100: the read made GEMM2 1.28x slower in bf16,
           2.34x in fp8; benchmarks/results/probe_prefill.json).
         Out is rounded once either way, so every path of one T keeps the same bits."""
-        cfg = self.config
-        if not (cfg.capacity_factor is None and self.experts.overwrites
-                and isinstance(self.dispatch, LocalDispatch)):
+        paths = (hot or self._hot()).paths
+        cfg = paths.config
+        if not (cfg.capacity_factor is None and paths.experts.overwrites
+                and isinstance(paths.dispatch, LocalDispatch)):
             return False
         if self.shared_w13 is None:
             return cfg.top_k == 1 or cfg.deterministic
@@ -500,7 +535,7 @@ class MoE(nn.Module):
         Beside the unfused fp8 path on a graph's side stream its kernels, which occupy every SM,
         cost 4-5 us a call more than cuBLAS (Llama 4 Scout TP8 fp8 at T = 1 and 8, H100,
         benchmarks/probe_timeline.py); beside the fused bf16 path they cost the same."""
-        cfg, T = self.config, x.shape[0]
+        cfg, T = hot.paths.config, x.shape[0]
         return (hot.paths.shared_fusable and 0 < T <= SHARED_FUSED_MAX_TOKENS
                 and backend_for(x).name == "triton"
                 and cfg.quantization in moe_decode.FORMATS
@@ -514,7 +549,7 @@ class MoE(nn.Module):
         where configs.merges_shared says (T <= Switch.shared_max_tokens, or for quantized
         routed experts shared_quantized_max_tokens): _merged runs both in two launches (in every
         mode: eager, CUDA graph, compiled)."""
-        cfg, T = self.config, x.shape[0]
+        cfg, T = hot.paths.config, x.shape[0]
         return (hot.paths.shared_merges and 0 < T <= SHARED_FUSED_MAX_TOKENS
                 and backend_for(x).name == "triton"
                 and moe_decode.configs.merges_shared(T, cfg.top_k, cfg.quantization,
@@ -544,7 +579,7 @@ class MoE(nn.Module):
         launched with PDL they start while the router and index_shuffle run, so ``a`` is
         allocated before those launch (no later allocation can hand them memory those kernels
         still use)."""
-        cfg, w, ops = self.config, hot.weights, backend_for(x)
+        cfg, w, ops = hot.paths.config, hot.weights, backend_for(x)
         T, I, quant = x.shape[0], cfg.intermediate_size, cfg.quantization
         a = moe_decode.gate_up_outputs(None, T * cfg.top_k, I, x.dtype, quant, x.device, T)
         r = hot.paths.route(logits(), cfg, hot.router_bias)
@@ -560,7 +595,7 @@ class MoE(nn.Module):
         """out [T, D] = the shared expert of x [T, D], as a routing of every token to one expert
         through the fused decode kernels (decode_down writes out): two launches that spread its
         weights over every SM, instead of two cuBLAS GEMMs and a SwiGLU launch."""
-        cfg, T = self.config, x.shape[0]
+        cfg, T = hot.paths.config, x.shape[0]
         D, Is = cfg.hidden_size, cfg.shared_intermediate_size
         counts, ids, positions = hot.one_expert[T]
         ops = backend_for(x)
@@ -590,7 +625,7 @@ class MoE(nn.Module):
 
     def _logits(self, hot: _Hot, x: Tensor) -> Tensor:
         """The router logits [T, E] of x [T, D]."""
-        cfg = self.config
+        cfg = hot.paths.config
         return router_logits(x, hot.router_weight, cfg.router_logits_dtype,
                              hot.router_logits_bias, cfg.batch_invariant)
 
@@ -620,12 +655,13 @@ class MoE(nn.Module):
                        join: Callable[[], None] = lambda: None, overwrite: bool = False) -> None:
         """out += the routed experts' output for router logits [T, E] (overwrite: out = it,
         local dispatch only, see _routed_first)."""
-        routing = hot.paths.route(logits, self.config, hot.router_bias)
+        paths = hot.paths
+        routing = paths.route(logits, paths.config, hot.router_bias)
         if overwrite:
-            self.dispatch.run(self.experts, x, routing, hot.weights, out, self.config, join,
-                              overwrite=True)
+            paths.dispatch.run(paths.experts, x, routing, hot.weights, out, paths.config, join,
+                               overwrite=True)
         else:
-            self.dispatch.run(self.experts, x, routing, hot.weights, out, self.config, join)
+            paths.dispatch.run(paths.experts, x, routing, hot.weights, out, paths.config, join)
 
     def _planned(self, hot: _Hot, name: str, region: Callable[[], None],
                  dynamic: tuple[Tensor, ...], fixed: tuple[Tensor | None, ...]) -> None:
@@ -711,7 +747,10 @@ _ONE_EXPERT: dict[tuple[torch.device, int], tuple[tuple[Tensor, ...], ...]] = {}
 
 def _every_token_on_one_expert(device: torch.device) -> tuple[tuple[Tensor, ...], ...]:
     """_Hot.one_expert for layers on ``device``: made once and shared (made afresh, not kept,
-    while compiling or capturing: their values would exist only in that graph)."""
+    while compiling or capturing: their values would exist only in that graph). Kept ones are
+    static addresses: a compiled forward reads them from this module (_traced_hot), and
+    CUDA-graph trees (compile's reduce-overhead) would otherwise copy them in, or, as inputs
+    Inductor counts written by the decode kernels, skip the graph."""
     key = (device, SHARED_FUSED_MAX_TOKENS)  # (a test may lower the limit for a while)
     made = _ONE_EXPERT.get(key)
     if made is None:
@@ -720,6 +759,9 @@ def _every_token_on_one_expert(device: torch.device) -> tuple[tuple[Tensor, ...]
                      for T in range(SHARED_FUSED_MAX_TOKENS + 1))
         if not (torch.compiler.is_compiling()
                 or (device.type == "cuda" and torch.cuda.is_current_stream_capturing())):
+            if device.type == "cuda":
+                for t in (t for per_T in made for t in per_T):
+                    torch._dynamo.mark_static_address(t)
             _ONE_EXPERT[key] = made
     return made
 

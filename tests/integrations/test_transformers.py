@@ -439,6 +439,36 @@ def test_patched_llama4_compiles():
         assert_close(compiled(ids).logits, ref, torch.float32, "compiled logits")
 
 
+@pytest.mark.parametrize("model_type", ["qwen3_moe", "llama4_text"])
+def test_compiled_patched_blocks_are_tag_safe(model_type):
+    """Compiled, a patched block reads its layer from its own __dict__ (a module holding tensors
+    and numbers; the config and strategies come from the module global _PATHS): with Dynamo's
+    recursive dict tags on (torch 2.11's default) every block after the first is a tag-safe
+    subtree, whose guards are skipped while its dicts are unchanged, as transformers' own
+    blocks are. Through the block's state object (not a module) they were checked every call."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    model = patch(build_model(tiny_config(model_type), torch.float32))
+    ids = _prompt()[:1, :4]
+    torch._dynamo.reset()
+    with torch.no_grad(), torch._dynamo.config.patch(use_recursive_dict_tags_for_guards=True):
+        want = model(ids).logits
+        compiled = torch.compile(model, fullgraph=True, backend="eager")
+        for _ in range(2):
+            assert torch.equal(compiled(ids).logits, want)
+    guards = _debug_get_cache_entry_list(model.forward.__code__)[0].guard_manager
+    stack, safe = [guards.root], {}
+    while stack:
+        m = stack.pop()
+        safe[m.get_source()] = m.is_tag_safe()
+        stack.extend(m.get_child_managers())
+        if hasattr(m, "get_key_value_managers"):  # a dict's: its keys' and values' managers
+            stack.extend(k for kv in m.get_key_value_managers().values() for k in kv if k)
+    blocks = [s for s in safe if s.endswith(("_modules['mlp']", "_modules['feed_forward']"))]
+    assert len(blocks) == model.config.num_hidden_layers >= 2, blocks
+    assert all(safe[b] for b in sorted(blocks)[1:]), {b: safe[b] for b in blocks}
+
+
 def test_model_built_patched_compiles_on_its_first_call():
     """A patch_model_type'd class builds its layers lazily; the first call being a compiled one
     builds them while tracing (_prepare_all), with no graph break."""

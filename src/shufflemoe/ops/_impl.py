@@ -110,13 +110,16 @@ def inplace_op(name: str, mutates_args: tuple[str, ...], kernels: bool = False):
                 traced_op = torch.library.triton_op(f"shufflemoe::{name}_kernels",
                                                     static_sizes_only, mutates_args=mutates_args)
 
+        # Compiled, call runs the ops' overloads (what CustomOpDef.__call__ runs): Dynamo then
+        # guards one object a op, not the CustomOpDef, its __dict__ and its type's __call__
+        opaque = op._opoverload
+        traced = opaque if traced_op is None else traced_op._opoverload
+
         def call(*args) -> None:
             if not _is_compiling():
                 fn(*args)
-            elif traced_op is None:
-                op(*args)
             else:
-                traced_op(*args)
+                traced(*args)
 
         call.__name__ = call.__qualname__ = fn.__name__
         call.__doc__ = fn.__doc__

@@ -25,7 +25,7 @@ from torch import nn
 from ...dispatch import DISPATCHERS
 from ...dispatch.mesh import as_mesh
 from ...parallel import parallelize
-from .patch import DEFAULT_EXPERTS, ShuffleMoEBlock, patch
+from .patch import DEFAULT_EXPERTS, ShuffleMoEBlock, drop_layer, patch
 
 MODEL_DISPATCHERS = ("tp", "ep_alltoall", "ep_allgather")
 
@@ -45,7 +45,6 @@ def patch_distributed(model: nn.Module, dispatch: str, mesh=None, *,
     transform = functools.partial(parallelize, dispatch=dispatch, mesh=mesh, **options)
     for module in model.modules():
         if isinstance(module, ShuffleMoEBlock):
-            state = module.__dict__["_shufflemoe"]
-            state.transform = transform
-            state.layer = state.run = None  # rebuilt, sharded, at the next forward
+            module.__dict__["_shufflemoe"].transform = transform
+            drop_layer(module)  # rebuilt, sharded, at the next forward
     return model

@@ -188,6 +188,12 @@ def _build(block: nn.Module, state: _State) -> MoE:
     return layer if state.transform is None else state.transform(layer)
 
 
+def drop_layer(block: nn.Module) -> None:
+    """Drop a patched block's layer: rebuilt at its next forward (or trace)."""
+    state: _State = block.__dict__["_shufflemoe"]
+    state.layer = state.run = block.__dict__["_shufflemoe_layer"] = None
+
+
 def _graph_buckets(state: _State, layer: MoE) -> tuple[int, ...] | None:
     """The token buckets to capture per layer: given ones on CUDA; "auto": DEFAULT_BUCKETS
     (decode sizes) on CUDA when the layer can be captured; else none."""
@@ -214,6 +220,9 @@ def _built(block: nn.Module) -> _State:
         _BLOCKS.add(block)
         state.key = _key(block, state)  # after the build, which may have re-pointed parameters
         layer._hot()  # gathered now, not while torch.compile traces the first call
+        # what a compiled forward reads: a module in the block's dict (not a submodule), whose
+        # guards Dynamo's dict-tag check can skip, unlike those of an object holding it
+        block.__dict__["_shufflemoe_layer"] = layer
         buckets = _graph_buckets(state, layer)
         if buckets is None:
             state.run = layer.forward  # an internal module: no hooks to run
@@ -281,16 +290,17 @@ class ShuffleMoEBlock(nn.Module):
         spec: BlockSpec = self._shufflemoe_spec
         if torch.compiler.is_compiling():
             _prepare_all()
-            state: _State = self.__dict__["_shufflemoe"]
-            out = state.layer(hidden_states)  # traced: no graphs of its own inside a compile
+            layer: MoE = self._shufflemoe_layer
+            out = layer(hidden_states)  # traced: no graphs of its own inside a compile
         else:
             state = _built(self)
+            layer = state.layer
             out = state.run(hidden_states)  # same shape as hidden_states
         extra = None  # Llama 4: router logits [T, E]; gpt-oss: router scores [T, k]
         if _recording_router_logits():
             x = hidden_states.reshape(-1, hidden_states.shape[-1])  # [T, D]
             if spec.returns == "out_and_logits":
-                extra = F.linear(x, state.layer.router_weight)  # [T, E], as the HF router does
+                extra = F.linear(x, layer.router_weight)  # [T, E], as the HF router does
             else:  # the HF router's forward hook records its logits
                 routed = get(self, spec.router_module)(x)
                 if spec.returns == "out_and_scores":
@@ -304,9 +314,8 @@ class ShuffleMoEBlock(nn.Module):
     def _apply(self, fn, recurse=True):
         # .to() / .cuda() replace the parameters; drop the layer's views of the old ones now so
         # that their memory is freed (the next forward rebuilds from the new ones).
-        state = self.__dict__.get("_shufflemoe")
-        if state is not None:
-            state.layer = state.run = None
+        if "_shufflemoe" in self.__dict__:
+            drop_layer(self)
         return super()._apply(fn, recurse)
 
 
@@ -347,6 +356,7 @@ def attach(block: ShuffleMoEBlock, options: dict, experts: str, graph_buckets: G
     spec = block._shufflemoe_spec
     block.__dict__["_shufflemoe"] = _State(spec, options, experts, graph_buckets, pools,
                                            _source(block, spec.experts))
+    block.__dict__["_shufflemoe_layer"] = None
     _BLOCKS.add(block)
 
 
@@ -396,7 +406,7 @@ def unpatch(model: nn.Module) -> nn.Module:
     for module in model.modules():
         if isinstance(module, ShuffleMoEBlock):
             module.__class__ = module._shufflemoe_base
-            del module.__dict__["_shufflemoe"]
+            del module.__dict__["_shufflemoe"], module.__dict__["_shufflemoe_layer"]
             _BLOCKS.discard(module)
     return model
 

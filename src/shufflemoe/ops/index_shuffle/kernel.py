@@ -297,6 +297,12 @@ def _num_buckets(E: int, from_scores: bool) -> int:
     return max(32, next_power_of_2(E if from_scores else E + 1))
 
 
+# At most this many place programs: one wave on 132 SMs. The heuristics pass it (a compiled
+# call that constructs the config with a default would make Dynamo guard the default through
+# dataclasses.fields(), a Python call per guard check: ~20 us a step on an H200 host).
+PLACE_PROGRAMS = 128
+
+
 @dataclass(frozen=True)
 class RouteConfig:
     """Tiling of one index_shuffle / sort_by_expert call (see route_config)."""
@@ -305,7 +311,7 @@ class RouteConfig:
     expert_chunk: int  # BEC: experts per score tile in top-k
     single: bool  # one program does everything (block_tokens >= T)
     num_warps: int
-    place_programs: int = 128  # at most this many place programs: one wave on 132 SMs
+    place_programs: int = PLACE_PROGRAMS
 
 
 def route_config(T: int, E: int, k: int, from_scores: bool = True, single_pairs: int = 64,
@@ -333,7 +339,7 @@ def route_config(T: int, E: int, k: int, from_scores: bool = True, single_pairs:
         pairs = max(min_block_pairs, next_power_of_2(cdiv(T * kp, 128)), kp)
         bt = min(pairs, max_block_pairs) // kp
     bec = min(be, max(16, score_tile // bt))
-    return RouteConfig(bt, bec, single, 8 if bt * kp >= 128 else 4)
+    return RouteConfig(bt, bec, single, 8 if bt * kp >= 128 else 4, PLACE_PROGRAMS)
 
 
 def invariant_route_config(T: int, E: int, k: int, block_pairs: int = 64) -> RouteConfig:
@@ -347,7 +353,7 @@ def invariant_route_config(T: int, E: int, k: int, block_pairs: int = 64) -> Rou
     kp = next_power_of_2(k)
     bt = max(1, block_pairs // kp)
     bec = min(max(16, next_power_of_2(E)), max(16, 2048 // bt))
-    return RouteConfig(bt, bec, T <= bt, 8)
+    return RouteConfig(bt, bec, T <= bt, 8, PLACE_PROGRAMS)
 
 
 @kernel_op(
