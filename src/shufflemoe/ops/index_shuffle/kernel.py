@@ -297,9 +297,10 @@ def _num_buckets(E: int, from_scores: bool) -> int:
     return max(32, next_power_of_2(E if from_scores else E + 1))
 
 
-# At most this many place programs: one wave on 132 SMs. The heuristics pass it (a compiled
-# call that constructs the config with a default would make Dynamo guard the default through
-# dataclasses.fields(), a Python call per guard check: ~20 us a step on an H200 host).
+# At most this many place programs: one wave on 132 SMs. The heuristics pass it: a dataclass
+# built in a compiled call with a field left to its default makes torch 2.11's Dynamo guard the
+# default through dataclasses.fields(), a Python call at every guard check (RouteConfig's cost
+# ~20 us a step on an H200 host; benchmarks/probe_guard_lambdas.py finds them).
 PLACE_PROGRAMS = 128
 
 
@@ -434,7 +435,8 @@ def _route(src: Tensor, topk_weights: Tensor | None, E: int, k: int, from_scores
         scratch_w, hist, E, k, from_scores, SCORING_IDS[scoring], renormalize, float(scaling),
         capacity, cfg.block_tokens, cfg.expert_chunk, cfg.single, cfg.num_warps,
         cfg.place_programs)
-    return Routing(counts, token_ids, expert_ids, weights, num_valid, positions)
+    # all_routed passed, not left to its default: see PLACE_PROGRAMS
+    return Routing(counts, token_ids, expert_ids, weights, num_valid, positions, False)
 
 
 def index_shuffle(scores: Tensor, top_k: int, scoring: str, renormalize: bool, scaling: float,
