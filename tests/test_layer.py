@@ -258,6 +258,12 @@ def test_layers_of_one_config_share_what_is_not_a_tensor():
     assert a.config is b.config and a.dispatch is b.dispatch
     assert a._hot().paths is b._hot().paths
     assert a._hot().weights.w13 is not b._hot().weights.w13
+    # a compiled forward reads the shared _Paths by this number (MoE._traced_hot)
+    assert a._paths_key == b._paths_key is not None
     c = MoE(MoEConfig(**base, routed_scaling_factor=1), device=DEVICE)
     assert c.config == a.config and c.config is not a.config
     assert type(c.config.routed_scaling_factor) is int
+    assert c._hot().paths is not a._hot().paths and c._paths_key != a._paths_key
+    c.set_experts("sliced")  # a new strategy: gathered again, under its own number
+    assert c._paths_key is None and c._hot().paths.experts.name == "sliced"
+    assert c._paths_key not in (None, a._paths_key)

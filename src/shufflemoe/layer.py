@@ -65,7 +65,8 @@ class _Paths:
 
 
 _SHARED: dict = {}
-_PATHS: dict[int, _Paths] = {}  # _paths_key -> the shared _Paths (local dispatch only)
+_PATHS: dict[int, _Paths] = {}  # _paths_key -> a shared _Paths (local dispatch only)
+_PATHS_KEYS: dict[int, int] = {}  # id of a shared _Paths (_SHARED keeps it) -> its _paths_key
 
 
 def _shared(value):
@@ -81,7 +82,7 @@ def _shared(value):
 def _paths_key(paths: _Paths) -> int:
     """The number under which _PATHS holds ``paths`` (a shared one), registered at its first
     use: layers that share it share the number."""
-    key = _SHARED.setdefault(("key", id(paths)), len(_PATHS))
+    key = _PATHS_KEYS.setdefault(id(paths), len(_PATHS))
     _PATHS.setdefault(key, paths)
     return key
 

@@ -110,8 +110,8 @@ def inplace_op(name: str, mutates_args: tuple[str, ...], kernels: bool = False):
                 traced_op = torch.library.triton_op(f"shufflemoe::{name}_kernels",
                                                     static_sizes_only, mutates_args=mutates_args)
 
-        # Compiled, call runs the ops' overloads (what CustomOpDef.__call__ runs): Dynamo then
-        # guards one object a op, not the CustomOpDef, its __dict__ and its type's __call__
+        # Compiled, call runs the op's overload (what CustomOpDef.__call__ runs): Dynamo then
+        # guards one object per op, not the CustomOpDef, its __dict__ and its type's __call__
         opaque = op._opoverload
         traced = opaque if traced_op is None else traced_op._opoverload
 
