@@ -267,3 +267,27 @@ def test_layers_of_one_config_share_what_is_not_a_tensor():
     c.set_experts("sliced")  # a new strategy: gathered again, under its own number
     assert c._paths_key is None and c._hot().paths.experts.name == "sliced"
     assert c._paths_key not in (None, a._paths_key)
+
+
+def test_a_copied_layer_gathers_anew():
+    """deepcopy and pickle drop what belongs to the original (its launch plans, which replay its
+    own tensors' addresses; its number in this process's _PATHS): the copy gathers its own,
+    and changing its weights changes only its output."""
+    import copy
+    import io
+
+    cfg = MoEConfig(hidden_size=24, intermediate_size=16, num_experts=8, top_k=2,
+                    shared_intermediate_size=16)
+    layer = MoE(cfg, device=DEVICE)
+    x = make_input(cfg, 3, device=DEVICE)
+    want = layer(x)
+    assert layer._paths_key is not None
+    buf = io.BytesIO()
+    torch.save(layer, buf)
+    buf.seek(0)
+    for twin in (copy.deepcopy(layer), torch.load(buf, weights_only=False)):
+        assert twin._hot_parts is None and twin._paths_key is None
+        assert torch.equal(twin(x), want)
+        with torch.no_grad():
+            twin.w2.mul_(2)
+        assert not torch.equal(twin(x), want) and torch.equal(layer(x), want)

@@ -296,6 +296,14 @@ class MoE(nn.Module):
         if name not in _NOT_GATHERED:
             self.__dict__["_hot_parts"] = self.__dict__["_paths_key"] = None
 
+    def __getstate__(self) -> dict:
+        """A copy (copy.deepcopy, pickle) gathers anew: _Hot holds this layer's launch plans
+        (replays of its own tensors' addresses), _paths_key a number of this process's _PATHS,
+        _side_stream a CUDA stream."""
+        state = dict(self.__dict__)
+        state["_hot_parts"] = state["_paths_key"] = state["_side_stream"] = None
+        return state
+
     def _apply(self, fn, recurse=True):
         # .to() / .cuda(): new devices and dtypes
         self.__dict__["_hot_parts"] = self.__dict__["_paths_key"] = None
