@@ -353,8 +353,10 @@ class MoE(nn.Module):
         one = _every_token_on_one_expert(self.shared_w13.device) if paths.shared_fusable else ()
         weights = ExpertWeights(self.w13, self.w2, self.w13_scale, self.w2_scale, self.w13_bias,
                                 self.w2_bias, paths.config.quantization)
+        # every field given: see index_shuffle.kernel.PLACE_PROGRAMS (no plans: compiled, the
+        # launches are Inductor's)
         return _Hot(weights, self.router_weight, self.router_bias, self.router_logits_bias,
-                    self.shared_w13, self.shared_w2, self.shared_gate, paths, one)
+                    self.shared_w13, self.shared_w2, self.shared_gate, paths, one, {})
 
     @property
     def expert_weights(self) -> ExpertWeights:
