@@ -207,3 +207,12 @@ class MoEConfig:
 
 
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(MoEConfig)}
+_OPTIONAL = {name: value for name, value in _DEFAULTS.items() if value is not dataclasses.MISSING}
+
+
+def traced_config(**fields) -> MoEConfig:
+    """MoEConfig(**fields) with every other field passed at its default, for a config built
+    under torch.compile: torch 2.11's Dynamo guards each dataclass default a trace reads through
+    dataclasses.fields(), a Python call at every check of the compiled entry (torch 2.13 reads
+    them in C++). Passed explicitly, the defaults are guarded as this module's dict, in C++."""
+    return MoEConfig(**{**_OPTIONAL, **fields})

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 from transformers.integrations.moe import ExpertsInterface
 
-from ...config import MoEConfig
+from ...config import MoEConfig, traced_config
 from ...dispatch import LocalDispatch
 from ...experts import EXPERTS
 from ...layer import run_planned
@@ -66,8 +66,8 @@ def _key(module: nn.Module, top_k: int, dtype: torch.dtype) -> tuple:
 def _config(module: nn.Module, w13: Tensor, w2: Tensor, top_k: int) -> MoEConfig:
     _check(module)
     E, D, I = w2.shape
-    cfg = MoEConfig(hidden_size=D, intermediate_size=I, num_experts=E, top_k=top_k,
-                    dtype=w13.dtype)
+    cfg = traced_config(hidden_size=D, intermediate_size=I, num_experts=E, top_k=top_k,
+                        dtype=w13.dtype)
     ok, why = EXPERTS.get(STRATEGY).supports(cfg, w13.device)
     if not ok:
         raise ValueError(f"experts_implementation={NAME!r}: {why}")
@@ -84,7 +84,10 @@ def _state(module: nn.Module, x: Tensor, top_k: int) -> _Cached:
             w13, w2 = p13.transpose(1, 2).contiguous(), p2.transpose(1, 2).contiguous()
         else:
             w13, w2 = p13.contiguous(), p2.contiguous()
-        return _Cached((), _config(module, w13, w2, top_k), ExpertWeights(w13, w2))
+        # every field passed (see traced_config)
+        weights = ExpertWeights(w13, w2, w13_scale=None, w2_scale=None, w13_bias=None,
+                                w2_bias=None, quantization="none")
+        return _Cached((), _config(module, w13, w2, top_k), weights)
     cached = module.__dict__.get("_shufflemoe_experts")
     if cached is None or cached.key != _key(module, top_k, x.dtype):
         w13, w2 = canonical_experts(module.gate_up_proj, module.down_proj, module.is_transposed)
