@@ -9,7 +9,8 @@ then one pinned to each CPU core set it finds (the GPU's NUMA-local cores from
 `nvidia-smi topo -m`, the rest, and single cores of each), and in each times the host's work of
 a decode step's kinds, median of ROUNDS rounds: a Python loop, a CPU aten op, a CUDA aten launch
 (no sync), a Triton launch (no sync), and the CPU the process ran on. Writes
-$OUT/probe_host_modes.json and prints a table.
+$OUT/probe_host_modes.json (with the run's metadata: set SHUFFLEMOE_COMMIT) and prints each
+process's line.
 """
 
 from __future__ import annotations
@@ -118,8 +119,10 @@ def main() -> None:
         print(json.dumps(res), flush=True)
     topo = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True).stdout
     lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    from shufflemoe.bench.report import metadata
     (args.out / "probe_host_modes.json").write_text(json.dumps(
-        dict(allowed=allowed, gpu_local=local, runs=runs, topo=topo, lscpu=lscpu), indent=1))
+        dict(meta=metadata(), allowed=allowed, gpu_local=local, runs=runs, topo=topo, lscpu=lscpu),
+        indent=1))
 
 
 if __name__ == "__main__":
