@@ -25,6 +25,7 @@ import sys
 import time
 
 STEPS, REPEATS = 16, 9
+WARMUP, HOST_CALLS = 3, 20
 
 
 def child(shape_name: str, out: pathlib.Path, tag: str) -> dict:
@@ -44,8 +45,9 @@ def child(shape_name: str, out: pathlib.Path, tag: str) -> dict:
         decs, host = {}, {}
         for name, m in models.items():
             call = torch.compile(m)
-            decs[name] = e2e_paths.Decoder(m, 1, STEPS * (REPEATS + 2) + 6, graph=False, step_call=call)
-            for _ in range(3):
+            steps = WARMUP + REPEATS * STEPS + HOST_CALLS + STEPS  # the last STEPS: ours profiled
+            decs[name] = e2e_paths.Decoder(m, 1, steps, graph=False, step_call=call)
+            for _ in range(WARMUP):
                 decs[name].advance()
         dyn = {k: dict(v) for k, v in counters.items() if k in ("graph_break", "recompiles", "stats")}
         samples = {name: [] for name in models}
@@ -55,7 +57,7 @@ def child(shape_name: str, out: pathlib.Path, tag: str) -> dict:
         for name, dec in decs.items():
             torch.cuda.synchronize()
             t = []
-            for _ in range(20):
+            for _ in range(HOST_CALLS):
                 t0 = time.perf_counter()
                 dec.advance()
                 t.append((time.perf_counter() - t0) * 1e6)

@@ -5,8 +5,8 @@
 e2e_hf's host-bound rows on the H200 host are one process's draw: the Scout compile row gave
 1.19-1.82x (ours against transformers, interleaved in the process) over four processes of two
 source trees (probe_compile_ab, notes/e2e_hf.md). This probe starts --procs processes unpinned,
-then one pinned to each CPU core set it finds (the GPU's NUMA-local cores from
-`nvidia-smi topo -m`, the rest, and single cores of each), and in each times the host's work of
+then one pinned to the GPU's local cores (the CPU affinity of `nvidia-smi topo -m`) and one
+pinned to each of 8 single cores spread over the allowed ones, and in each times the host's work of
 a decode step's kinds, median of ROUNDS rounds: a Python loop, a CPU aten op, a CUDA aten launch
 (no sync), a Triton launch (no sync), and the CPU the process ran on. Writes
 $OUT/probe_host_modes.json (with the run's metadata: set SHUFFLEMOE_COMMIT) and prints each
@@ -74,20 +74,15 @@ def child() -> dict:
     return dict({k: statistics.median(v) for k, v in samples.items()}, cpus=sorted(set(cpus)))
 
 
-def _gpu_local_cpus() -> str | None:
-    """The GPU's CPU affinity column of `nvidia-smi topo -m` (e.g. "0-15"), if it has one."""
-    try:
-        out = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True).stdout
-    except OSError:
-        return None
-    lines = re.sub(r"\x1b\[[0-9;]*m", "", out).splitlines()
-    head = next((ln for ln in lines if "CPU Affinity" in ln), None)
-    row = next((ln for ln in lines if ln.startswith("GPU0")), None)
+def _gpu_local_cpus(topo: str) -> str | None:
+    """GPU 0's CPU affinity column of `nvidia-smi topo -m`'s output (e.g. "0-15"), if it has one."""
+    lines = re.sub(r"\x1b\[[0-9;]*m", "", topo).splitlines()  # (its header is underlined)
+    head = next((ln.split("\t") for ln in lines if "CPU Affinity" in ln), None)
+    row = next((ln.split("\t") for ln in lines if ln.startswith("GPU0")), None)
     if head is None or row is None:
         return None
-    col = head.split("\t").index(next(c for c in head.split("\t") if "CPU Affinity" in c))
-    cells = row.split("\t")
-    return cells[col].strip() if col < len(cells) else None
+    col = next(i for i, c in enumerate(head) if "CPU Affinity" in c)
+    return row[col].strip() if col < len(row) else None
 
 
 def main() -> None:
@@ -101,7 +96,8 @@ def main() -> None:
         return
     args.out.mkdir(parents=True, exist_ok=True)
     allowed = sorted(os.sched_getaffinity(0))
-    local = _gpu_local_cpus()
+    topo = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True).stdout
+    local = _gpu_local_cpus(topo)
     pins = [None] * args.procs
     if local:
         pins += [local]
@@ -117,7 +113,6 @@ def main() -> None:
         res["pin"] = pin
         runs.append(res)
         print(json.dumps(res), flush=True)
-    topo = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True).stdout
     lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     from shufflemoe.bench.report import metadata
     (args.out / "probe_host_modes.json").write_text(json.dumps(
