@@ -37,6 +37,8 @@ def child() -> dict:
     import triton
     import triton.language as tl
 
+    from shufflemoe.bench.ceilings import python_loop_ms  # the suites' host_loop_ms, one round
+
     @triton.jit
     def _noop(x_ptr, n, BLOCK: tl.constexpr):
         offs = tl.arange(0, BLOCK)
@@ -55,14 +57,7 @@ def child() -> dict:
         torch.cuda.synchronize()
         return us
 
-    def python_loop() -> float:
-        t0 = time.perf_counter()
-        s = 0
-        for i in range(200_000):
-            s += i
-        return (time.perf_counter() - t0) * 1e3
-
-    kinds = dict(python_ms=python_loop, cpu_aten_us=lambda: per_call_us(lambda: x_cpu.add_(1)),
+    kinds = dict(python_ms=python_loop_ms, cpu_aten_us=lambda: per_call_us(lambda: x_cpu.add_(1)),
                  cuda_aten_us=lambda: per_call_us(lambda: x_gpu.add_(1)),
                  triton_us=lambda: per_call_us(lambda: _noop[(1,)](x_gpu, 16, BLOCK=16)))
     samples = {k: [] for k in kinds}

@@ -76,7 +76,22 @@ def section(docs: list[dict], begin: str = BEGIN, end: str = END,
             lines.append(f"| {d['suite']} | {h['what']} | {h['result']} |")
         if d.get("targets"):
             lines.append(f"| {d['suite']} | targets | {tally(d['targets'])} |")
-    return "\n".join(lines + ["", end])
+    return "\n".join(lines + host_speed(docs) + ["", end])
+
+
+def host_speed(docs: list[dict]) -> list[str]:
+    """A line naming each suite's host speed (a 200k-step Python loop at its start and end, ms;
+    runs before 2026-12-04 did not record it): host-bound rows follow it."""
+    speeds = []
+    for d in docs:
+        c = d.get("ceilings", {})
+        ms = [c.get(when, {}).get("host_loop_ms") for when in ("start", "end")]
+        if all(ms):
+            speeds.append(f"{d['suite']} {ms[0]:.1f} / {ms[1]:.1f}")
+    if not speeds:
+        return []
+    return ["", "Host speed, a 200k-step Python loop at each suite's start / end, ms (rows bound by "
+            "the host, eager, torch.compile and per-layer graphs, follow it): " + "; ".join(speeds) + "."]
 
 
 def main(argv: list[str] | None = None) -> None:

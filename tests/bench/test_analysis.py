@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from shufflemoe.bench.analysis import apply_ceilings, ratios, select, span, tally, target
+from shufflemoe.bench import ceilings
 from shufflemoe.bench.ceilings import (Ceilings, parse_clocks, raised, shown, stricter,
                                        write_ns_per_byte)
 from shufflemoe.bench.timing import L2_BYTES, _settle, rotations, summarize
@@ -86,6 +87,15 @@ def test_parse_clocks():
         "power.draw": 120.5}
     assert parse_clocks("1980, [N/A], 1980, 41, 120.5")["clocks.mem"] is None
     assert parse_clocks("garbage") == {}
+
+
+def test_host_speed_is_the_median_python_loop(monkeypatch):
+    assert 0 < ceilings.python_loop_ms(1000) < ceilings.python_loop_ms(400_000)
+    timings = iter([5.0, 1.0, 9.0, 3.0, 7.0, 100.0])
+    monkeypatch.setattr(ceilings, "python_loop_ms", lambda: next(timings))
+    assert ceilings.host_loop_ms() == 5.0  # the median of five rounds, the sixth never taken
+    # a speed, not a rate to judge rows against: the stricter ceilings do not carry it
+    assert stricter(C, Ceilings(1.0, 1.0, 1.0, 1.0, host_loop_ms=6.0)).host_loop_ms is None
 
 
 def test_ratios_pair_only_the_same_mode():

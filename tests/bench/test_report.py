@@ -84,7 +84,8 @@ def test_readme_section_from_results(tmp_path):
         d["headlines"] = [dict(what=f"{suite} headline", result="1.20-1.50x")]
         d["targets"] = [dict(target="a: >= 1x", measured=2.0, met=True),
                         dict(target="b: >= 1x", measured=0.5, met=False)]
-        if suite == "e2e_hf":
+        if suite == "e2e_hf":  # the host's speed, recorded since 2026-12-04 (layer's run: not)
+            d["ceilings"]["start"]["host_loop_ms"], d["ceilings"]["end"]["host_loop_ms"] = 6.4, 11.9
             d["rows"].append(dict(model="m", phase="decode", batch=64, impl="o", us=5.0,
                                   check="logits rel L2 0.12"))
         (results / f"{suite}.json").write_text(json.dumps(d))
@@ -98,6 +99,8 @@ def test_readme_section_from_results(tmp_path):
     assert text.startswith("intro\n") and text.endswith("rest\n") and "old" not in text
     assert "layer headline" in text and "e2e_hf headline" in text and "stale" not in text
     assert "met 1 of 2; missed: b" in text  # misses listed next to hits
+    speed = [line for line in text.splitlines() if line.startswith("Host speed")]
+    assert len(speed) == 1 and speed[0].endswith(": e2e_hf 6.4 / 11.9.")
     failed = [line for line in text.splitlines() if "failed checks" in line]
     assert len(failed) == 1 and "m decode 64 o: logits rel L2 0.12" in failed[0]
     with pytest.raises(SystemExit):
@@ -121,8 +124,8 @@ def test_runner_judges_each_suite_against_its_start_and_end_ceilings(tmp_path, m
     from shufflemoe.bench.ceilings import Ceilings
     from shufflemoe.bench.suites import Analysis, Suite, SuiteResult
 
-    measured = iter([Ceilings(3000.0, 2900.0, 700.0, 1300.0, {"clocks.sm": 1980.0}),
-                     Ceilings(3200.0, 2800.0, 750.0, 1200.0, {"clocks.sm": 1755.0})])
+    measured = iter([Ceilings(3000.0, 2900.0, 700.0, 1300.0, {"clocks.sm": 1980.0}, 6.5),
+                     Ceilings(3200.0, 2800.0, 750.0, 1200.0, {"clocks.sm": 1755.0}, 12.25)])
 
     def fake(ctx):
         rows = [dict(case="c", impl="ours", side="ours", mode="graph", us=100.0, us_lo=99.0, us_hi=101.0,
@@ -142,8 +145,13 @@ def test_runner_judges_each_suite_against_its_start_and_end_ceilings(tmp_path, m
     d = json.loads((tmp_path / "fake.json").read_text())
     assert d["ceilings"]["start"]["read_gbps"] == 3000.0 and d["ceilings"]["end"]["read_gbps"] == 3200.0
     assert d["ceilings"]["used"] == dict(read_gbps=3200.0, copy_gbps=2900.0, bf16_tflops=750.0,
-                                         fp8_tflops=1300.0, clocks={})
+                                         fp8_tflops=1300.0, clocks={}, host_loop_ms=None)
     assert d["ceilings"]["end"]["clocks"]["clocks.sm"] == 1755.0
+    # the host's speed at each measurement, in the json and in the markdown's ceilings table
+    assert (d["ceilings"]["start"]["host_loop_ms"], d["ceilings"]["end"]["host_loop_ms"]) == (6.5, 12.2)
+    table = (tmp_path / "fake.md").read_text().split("## Ceilings", 1)[1].split("\n\n", 2)[1]
+    assert "host_loop_ms" in table.splitlines()[0]
+    assert table.splitlines()[2].endswith("| 6.5 |") and table.splitlines()[3].endswith("| 12.2 |")
     assert d["rows"][0]["pct_read"] == pytest.approx(100.0)  # 320 MB in 100 us at the stricter 3.2 TB/s
     assert d["ratios"][0]["ratio"] == 1.5 and d["ratios"][0]["like_for_like"]
     assert len((tmp_path / "history" / "fake.jsonl").read_text().splitlines()) == 1

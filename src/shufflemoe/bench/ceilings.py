@@ -7,6 +7,10 @@ the end of every suite), and the GPU clocks at the time of each measurement.
   write as much as they read (gather, SwiGLU, scatter).
 - bf16_tflops / fp8_tflops: 8192^3 cuBLAS GEMMs; fp8 is torch._scaled_mm rowwise with fast
   accumulation, the accumulation mode shufflemoe's fp8 kernels use.
+- host_loop_ms: the host's speed, not a ceiling: a 200k-step Python loop (median of 5). Rows that
+  the host bounds (eager, torch.compile, per-layer graphs at small T) scale with it, and some
+  hosts run a whole process ~1.8x slower than another (the H200 VM: 6.2-7.6 ms against
+  11.2-13.0, benchmarks/probe_host_modes.py); it says which draw a run's host-bound rows had.
 
 A suite's rows are judged against the higher of its start and end measurements, raised to the
 fastest read and copy rates its own rows showed (``shown``): a measurement below what the device
@@ -15,7 +19,9 @@ did in the same run is a slow measurement, and would flatter every row.
 
 from __future__ import annotations
 
+import statistics
 import subprocess
+import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 
@@ -33,6 +39,7 @@ class Ceilings:
     bf16_tflops: float
     fp8_tflops: float  # 0 when the device has no fp8 GEMM
     clocks: dict = field(default_factory=dict)  # nvidia-smi fields at the measurement
+    host_loop_ms: float | None = None  # host_loop_ms() at the measurement
 
     RATES = ("read_gbps", "copy_gbps", "bf16_tflops", "fp8_tflops")
 
@@ -76,6 +83,20 @@ def raised(c: Ceilings, best: dict) -> Ceilings:
     """c with its read and copy rates raised to what rows showed (``shown``)."""
     return replace(c, read_gbps=max(c.read_gbps, best["read_gbps"]),
                    copy_gbps=max(c.copy_gbps, best["copy_gbps"]))
+
+
+def python_loop_ms(steps: int = 200_000) -> float:
+    """One timing of a ``steps``-step Python loop, ms."""
+    t0 = time.perf_counter()
+    s = 0
+    for i in range(steps):
+        s += i
+    return (time.perf_counter() - t0) * 1e3
+
+
+def host_loop_ms(rounds: int = 5) -> float:
+    """The host's speed for Python work: the median of ``rounds`` python_loop_ms() timings."""
+    return statistics.median(python_loop_ms() for _ in range(rounds))
 
 
 def write_ns_per_byte(c: Ceilings) -> float:
@@ -138,4 +159,4 @@ def measure_ceilings(n: int = 8192) -> Ceilings:
     copy = 2 * src.numel() * src.element_size() / (best * 1e-6) / 1e9
     del src, dst
     torch.cuda.empty_cache()
-    return Ceilings(read, copy, bf16, fp8, read_clocks())
+    return Ceilings(read, copy, bf16, fp8, read_clocks(), host_loop_ms())

@@ -110,7 +110,8 @@ def _ceilings_table(ceilings: dict) -> str:
     rows = [dict(when=when, **{k: ceilings[when].get(k) for k in rates},
                  sm_mhz=ceilings[when].get("clocks", {}).get("clocks.sm"),
                  temp_c=ceilings[when].get("clocks", {}).get("temperature.gpu"),
-                 power_w=ceilings[when].get("clocks", {}).get("power.draw"))
+                 power_w=ceilings[when].get("clocks", {}).get("power.draw"),
+                 host_loop_ms=ceilings[when].get("host_loop_ms"))
             for when in ("start", "end", "shown", "used") if when in ceilings]
     return markdown_table(rows)
 
@@ -124,7 +125,9 @@ def render_markdown(doc: dict, columns: list[str] | None = None) -> str:
     if doc.get("ceilings"):
         md += ["## Ceilings (measured at the start and the end of this suite; 'shown': the fastest "
                "rates rows of this suite moving 200 MB or more reached, bytes over time; 'used' is "
-               "the highest of the three, against which every % and floor below is computed)", "",
+               "the highest of the three, against which every % and floor below is computed; "
+               "host_loop_ms: a 200k-step Python loop at the measurement, the host's speed, which "
+               "rows bound by the host follow)", "",
                _ceilings_table(doc["ceilings"])]
     if doc.get("notes"):
         md += [doc["notes"], ""]
