@@ -77,6 +77,11 @@ from ..quantize.kernel import (cast_to, e2m1_f16, e4m3_bits, e4m3_to, e8m0_value
 from ..quantize.reference import FP8_DTYPE
 from ..silu_mul.kernel import glu_f32
 from . import configs
+
+# Timing probe only (branch probe-fp8-parts, never main): 1 skips gate_up's row amax of x (inv =
+# 1), 2 skips the m-tile's quantization of a (down then reads stale q): wrong numbers, the
+# parts' cost in probe_timeline.py.
+_PROBE = tl.constexpr(int(__import__("os").environ.get("SHUFFLEMOE_PROBE_FP8", "0")))
 from .reference import SILU, W8A8, WEIGHT_ONLY, Act, format_of
 
 _INTERPRETER_SMS = 8  # the SM count the heuristic plans for under the interpreter
@@ -560,8 +565,12 @@ def _gate_up_kernel(
             n_rows = tl.minimum(row_stop - row0, BLOCK_M)
             if SHARED:  # the shared expert's rows stay in x's dtype
                 n_rows = tl.where(shared, 0, n_rows)
-            inv, x_scale = row_scales(_row_amax(x_ptr, ids_ptr, rw_ptr, row0, n_rows, D, HAS_RW,
-                                                BLOCK_M, ROW_BLOCK, ROW_CHUNKS))
+            if _PROBE == 1:
+                inv = tl.full([BLOCK_M], 1.0, tl.float32)
+                x_scale = inv
+            else:
+                inv, x_scale = row_scales(_row_amax(x_ptr, ids_ptr, rw_ptr, row0, n_rows, D,
+                                                    HAS_RW, BLOCK_M, ROW_BLOCK, ROW_CHUNKS))
         cols = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
         col_ok = cols < I
         gate_rows = g.to(tl.int64) * (2 * I) + cols  # [BN] rows of w viewed as [E*2I, D]
@@ -648,12 +657,13 @@ def _store_quantized(a, a_ptr, a_at, mask, q_ptr, scale_ptr, words_ptr, word, n_
     """w8a8: store this tile's fp32 rows of a; the m-tile's last tile quantizes them (per row,
     or for fp8_block per 128-column group)."""
     tl.store(a_ptr + a_at, a, mask=mask)
-    if _arrive(words_ptr + word, n_tiles):
-        if QUANT == "fp8_block":
-            _quantize_groups(a_ptr, q_ptr, scale_ptr, rows, row_ok, I, BLOCK_M, INTERPRET)
-        else:
-            _quantize_rows(a_ptr, q_ptr, scale_ptr, rows, row_ok, I, BLOCK_M, QUANT_BLOCK,
-                           INTERPRET)
+    if _PROBE != 2:
+        if _arrive(words_ptr + word, n_tiles):
+            if QUANT == "fp8_block":
+                _quantize_groups(a_ptr, q_ptr, scale_ptr, rows, row_ok, I, BLOCK_M, INTERPRET)
+            else:
+                _quantize_rows(a_ptr, q_ptr, scale_ptr, rows, row_ok, I, BLOCK_M, QUANT_BLOCK,
+                               INTERPRET)
 
 
 @triton.jit
