@@ -676,7 +676,8 @@ def markdown(result: dict) -> str:
            "|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["sweep"]:
         b, h = r["best_us"], r["untuned_us"]
-        pct = (lambda us: 100 * r["weight_mb"] / us / read if us and read else float("nan"))
+        # MB per us is 1000 GB/s
+        pct = (lambda us: 1e5 * r["weight_mb"] / us / read if us and read else float("nan"))
         out.append(f"| {r['preset']} | {r['dtype']} | {r['A']} | {r['gemm']} | {r['best']} | "
                    f"{b or float('nan'):.1f} | {pct(b):.0f} | {h or float('nan'):.1f} | "
                    f"{pct(h):.0f} | {(h / b) if b and h else float('nan'):.2f} |")

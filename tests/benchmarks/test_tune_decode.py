@@ -219,3 +219,20 @@ def test_shared_judge_runs_the_shared_rows():
     with use_impl("triton"), configs.override(configs.ALWAYS), configs.override(record):
         layers[0](inputs(cfg, 4, "cpu", 1)[0])
     assert {(k[0], k[1]) for k in seen} == {(4, 1), (4, cfg.num_experts)}
+
+
+def test_markdown_gives_the_weights_share_of_the_read_ceiling():
+    """A GEMM streaming 40 MB in 10 us reads at 4000 GB/s: 100% of a 4000 GB/s ceiling (the
+    renderer once divided MB per us by GB/s and printed 0 in every row)."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "tune_decode.py"
+    spec = importlib.util.spec_from_file_location("tune_decode_md", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    row = dict(preset="p", dtype="fp8", A=8, gemm="gate_up", best="b", best_us=10.0,
+               untuned_us=20.0, weight_mb=40.0)
+    md = mod.markdown(dict(meta={}, ceilings=dict(read_gbps=4000.0), sweep=[row], layer=[],
+                           dropped=[], errors=[], skipped=[]))
+    assert "| p | fp8 | 8 | gate_up | b | 10.0 | 100 | 20.0 | 50 | 2.00 |" in md
