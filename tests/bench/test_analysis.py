@@ -4,8 +4,8 @@ pairing, spreads, targets that can fail."""
 import pytest
 import torch
 
-from shufflemoe.bench.analysis import apply_ceilings, ratios, select, span, tally, target
 from shufflemoe.bench import ceilings
+from shufflemoe.bench.analysis import apply_ceilings, ratios, select, span, tally, target
 from shufflemoe.bench.ceilings import (Ceilings, parse_clocks, raised, shown, stricter,
                                        write_ns_per_byte)
 from shufflemoe.bench.timing import L2_BYTES, _settle, rotations, summarize
