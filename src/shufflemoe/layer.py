@@ -592,7 +592,10 @@ class MoE(nn.Module):
         still use)."""
         cfg, w, ops = hot.paths.config, hot.weights, backend_for(x)
         T, I, quant = x.shape[0], cfg.intermediate_size, cfg.quantization
-        a = moe_decode.gate_up_outputs(None, T * cfg.top_k, I, x.dtype, quant, x.device, T)
+        E, D = w.w2.shape[:2]
+        fp32 = moe_decode.configs.down_quantizes(T * cfg.top_k + T, E, D, I, w.w2.dtype, x.device,
+                                                 quant)
+        a = moe_decode.gate_up_outputs(None, T * cfg.top_k, I, x.dtype, quant, x.device, T, fp32)
         r = hot.paths.route(logits(), cfg, hot.router_bias)
         w_in, w_out = pair_weights(r, cfg)
         ops.decode_gate_up(x, w.w13, w.w13_scale, r.counts, r.token_ids, w_in, a, 0, quant, None,

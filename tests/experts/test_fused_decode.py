@@ -187,3 +187,32 @@ def test_fused_and_unfused_paths_agree(name):
         with configs.override(configs.NEVER):
             unfused = layer(x)
     assert_close(fused, unfused.double(), tolerance_key(cfg), magnitude=mag)
+
+
+@pytest.mark.parametrize("name,T", [("llama4 fp8", 1), ("llama4 fp8", 5), ("mixtral fp8", 1),
+                                    ("mixtral fp8", 5), ("llama4 fp8 + shared", 1),
+                                    ("llama4 fp8 + shared", 2)])
+def test_fp8_rows_quantized_in_down(name, T, monkeypatch):
+    """Where down's tiles hold one pair (configs.down_quantizes), gate_up leaves fp8 rowwise's
+    rows of a in float32 and down quantizes them in its loads: bit for bit the layer's output
+    with gate_up quantizing them (q, scale), and against float64 (+ shared: the shared expert
+    merged into the same launches, its rows in sa)."""
+    cfg = CONFIGS[name.removesuffix(" + shared")]
+    if name.endswith("+ shared"):
+        cfg = cfg.replace(shared_intermediate_size=cfg.intermediate_size)
+    layer = make_layer(cfg, seed=T, device=DEV)
+    x = make_input(cfg, T, seed=T + 1, device=DEV)
+    ref, mag = naive_moe(layer, x, layer.route(x), with_magnitude=True)
+    bk = 32 if DEV == "cuda" else 16
+    tiles = configs.DecodeConfig(configs.GemmConfig(8, bk, 2, block_m=1),
+                                 configs.GemmConfig(8, bk, 3, block_m=1))
+    asked, real = [], configs.down_quantizes
+    with use_impl("triton"), configs.override(tiles), configs.override(configs.ALWAYS):
+        monkeypatch.setattr(configs, "down_quantizes",
+                            lambda *args: asked.append(real(*args)) or asked[-1])
+        in_down = layer(x)
+        monkeypatch.setattr(configs, "down_quantizes", lambda *args: False)
+        in_gate_up = layer(x)
+    assert asked and all(asked), "the layer did not leave a's rows to down"
+    assert torch.equal(in_down, in_gate_up)
+    assert_close(in_down, ref, tolerance_key(cfg), name=f"{name} T={T}", magnitude=mag)

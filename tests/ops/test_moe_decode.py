@@ -243,6 +243,84 @@ def test_one_pair_runs(case, dtype, monkeypatch):
     run_down(case, DTYPES[dtype], cfg, on_output=False)
 
 
+
+FP32_ROWS_TILES = {
+    "one pair, split 3": configs.DecodeConfig(small(2, True).gate_up.with_(block_m=1),
+                                              small(3, True).down.with_(block_m=1)),
+    "one pair, wide": configs.DecodeConfig(configs.GemmConfig(4, 64, 1, block_m=1),
+                                           configs.GemmConfig(8, 32, 1, block_m=1)),
+    "16-pair tiles, split 2": small(2, True),
+}
+
+
+@pytest.mark.parametrize("impl", ["triton", "torch"])
+@pytest.mark.parametrize("tiles_name", list(FP32_ROWS_TILES))
+@pytest.mark.parametrize("case", ONE_PAIR + ["T=0", "most experts empty"])
+def test_fp8_rows_quantized_in_down(case, tiles_name, impl):
+    """fp8 rowwise with a's rows in float32 (out=(a, None)): gate_up writes them unquantized
+    (against float64; rows past num_valid untouched) and down quantizes them in its loads with
+    ops.quantize's formula: bit for bit what it gives for quantize_fp8_rowwise's (q, scale),
+    itself against float64 (rows past num_valid NaN, never read)."""
+    cfg = FP32_ROWS_TILES[tiles_name]
+    r, T, E = routing(case, 3)
+    (w13, w2, s13, s2), (w13_64, w2_64) = weights(E, FP8_DTYPE, 0)
+    n, experts = pairs(r)
+    A = r.num_pairs
+    x = torch.randn(T, D, generator=gen(1)).to(DEV, torch.bfloat16)
+    a = poisoned(A, I, dtype=torch.float32, device=DEV)
+    with configs.override(cfg):
+        got = decode_gate_up(x, w13, r.counts, r.token_ids, r.weights, w13_scale=s13,
+                             out=(a, None), impl=impl)
+    assert got[0] is a and got[1] is None
+    assert_close(a[:n], gate_up64(x, r, w13_64, True, True), tol(torch.float32))
+    assert torch.isnan(a[n:]).all(), "rows past num_valid were written"
+
+    rows = (torch.randn(A, I, generator=gen(2)) * 2).to(DEV)
+    rows[n:] = float("nan")
+    q, s = quantize_fp8_rowwise(rows)
+    base = torch.randn(T, D, generator=gen(4)).to(DEV, torch.bfloat16)
+    outs = []
+    for inp in ((q, s), (rows, None)):
+        out = base.clone()
+        with configs.override(cfg):
+            outs.append(decode_down(inp, w2, r.counts, r.token_ids, r.positions, out, r.weights,
+                                    w2_scale=s2, impl=impl))
+    assert torch.equal(outs[0], outs[1])
+    y = torch.einsum("pi,pdi->pd", (q.double() * s.double()[:, None]).cpu()[:n], w2_64[experts])
+    ref = base.double().cpu().index_add_(0, r.token_ids[:n].long().cpu(),
+                                         y * r.weights[:n].double().cpu()[:, None])
+    assert_close(outs[1], ref, tol(torch.bfloat16))
+
+
+def test_down_quantizes_where_its_tiles_hold_one_pair():
+    """configs.down_quantizes: fp8 rowwise with one-pair down tiles only."""
+    key, cpu = (3, 16, 640, 128, FP8_DTYPE), torch.device("cpu")
+    with configs.override(FP32_ROWS_TILES["one pair, wide"]):
+        assert configs.down_quantizes(*key, cpu, "fp8_rowwise")
+        assert not configs.down_quantizes(*key, cpu, "fp8_block")
+        assert not configs.down_quantizes(*key[:4], torch.bfloat16, cpu, "none")
+    with configs.override(small(1, True)):
+        assert not configs.down_quantizes(*key, cpu, "fp8_rowwise")
+
+
+def test_fp8_rows_bad_input_raises():
+    """(a, None) is fp8 rowwise's only: float32 rows, not with fp8_block or bf16 weights."""
+    r, T, E = routing("odd T=9 k=3 E=7")
+    (w13, w2, s13, s2), _ = weights(E, FP8_DTYPE, 0)
+    x = torch.randn(T, D).to(DEV, torch.bfloat16)
+    out = torch.zeros(T, D, dtype=torch.bfloat16, device=DEV)
+    A = r.num_pairs
+    with pytest.raises(TypeError, match="out\\[0\\] must have dtype"):
+        decode_gate_up(x, w13, r.counts, r.token_ids, w13_scale=s13,
+                       out=(torch.zeros(A, I, dtype=torch.bfloat16, device=DEV), None))
+    with pytest.raises(TypeError, match="a must have dtype"):
+        decode_down((torch.zeros(A, I, dtype=torch.bfloat16, device=DEV), None), w2, r.counts,
+                    r.token_ids, r.positions, out, w2_scale=s2)
+    (_, w2b, _, _), _ = weights(E, torch.bfloat16, 0)
+    with pytest.raises(TypeError, match="fp8_rowwise and fp8_block need"):
+        decode_down((torch.zeros(A, I, device=DEV), None), w2b, r.counts, r.token_ids,
+                    r.positions, out)
+
 @pytest.mark.parametrize("dtype", ["bf16", "fp8", "fp32"])
 def test_reference_matches_float64(dtype):
     for case in ("odd T=9 k=3 E=7", "capacity drops", "T=0"):

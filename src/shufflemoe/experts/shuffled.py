@@ -41,9 +41,12 @@ class Shuffled(Experts):
                                              device_name(x.device))):
             # unchecked like the rest: the layer made every tensor. I from w13's shape, not
             # w.intermediate_size: torch.compile would guard that property in every layer
+            (E, D), I = w.w2.shape[:2], w.w13.shape[1] // 2
+            fp32 = decode_configs.down_quantizes(r.num_pairs, E, D, I, w.w2.dtype, x.device,
+                                                 w.quantization)
             a = ops.decode_gate_up(x, w.w13, w.w13_scale, r.counts, r.token_ids, w_in,
-                                   gate_up_outputs(None, r.num_pairs, w.w13.shape[1] // 2,
-                                                   x.dtype, w.quantization, x.device), 0,
+                                   gate_up_outputs(None, r.num_pairs, I, x.dtype, w.quantization,
+                                                   x.device, fp32=fp32), 0,
                                    w.quantization, w.w13_bias, cfg.act)
             before_combine()
             ops.decode_down(*(a if isinstance(a, tuple) else (a, None)), w.w2, w.w2_scale,

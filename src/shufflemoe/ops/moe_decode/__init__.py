@@ -95,28 +95,35 @@ def _check_workspace(workspace: int) -> None:
 
 
 def gate_up_outputs(out, A: int, I: int, dtype: torch.dtype, quant: str, dev: torch.device,
-                    shared_rows: int | None = None):
+                    shared_rows: int | None = None, fp32: bool = False):
     """decode_gate_up's outputs for weights in the format ``quant``: a [A, I] in x's dtype, or
-    for w8a8 (q [A, I], scale [A] (fp8 rowwise) or [A, ceil(I / 128)] (fp8_block)); with a
-    shared expert of shared_rows (T) rows, a [T + A, I], or (q, scale, sa [T, I] in x's dtype);
-    checked when given, else allocated (the shuffled strategy's unchecked call allocates them
-    here)."""
+    for w8a8 (q [A, I], scale [A] (fp8 rowwise) or [A, ceil(I / 128)] (fp8_block)), or for fp8
+    rowwise also (a [A, I] float32, None): a's rows unquantized, for decode_down to quantize
+    (allocated so with ``fp32``: where configs.down_quantizes); with a shared expert of
+    shared_rows (T) rows, a [T + A, I], or (q, scale, sa [T, I] in x's dtype); checked when
+    given, else allocated (the shuffled strategy's unchecked call allocates them here)."""
     shared = shared_rows is not None
     if quant in W8A8:
-        scale_shape = [A] if activation_of(quant) == "rowwise" else [A, -(-I // FP8_BLOCK)]
+        rowwise = activation_of(quant) == "rowwise"
+        scale_shape = [A] if rowwise else [A, -(-I // FP8_BLOCK)]
         if out is None:
-            out = (torch.empty(A, I, dtype=FP8_DTYPE, device=dev),
-                   torch.empty(scale_shape, dtype=torch.float32, device=dev))
+            out = ((torch.empty(A, I, dtype=torch.float32, device=dev), None) if fp32 else
+                   (torch.empty(A, I, dtype=FP8_DTYPE, device=dev),
+                    torch.empty(scale_shape, dtype=torch.float32, device=dev)))
             return out + (torch.empty(shared_rows, I, dtype=dtype, device=dev),) if shared \
                 else out
         if not isinstance(out, tuple) or len(out) != 2 + shared:
             raise TypeError(f"out must be a (q, scale, sa) tuple for {quant} w13 and a shared "
                             f"expert" if shared else
                             f"out must be a (q, scale) tuple for {quant} w13")
-        check_tensor("out[0]", out[0], shape=[A, I], dtypes=(FP8_DTYPE,), device=dev,
-                     contiguous=True)
-        check_tensor("out[1]", out[1], shape=scale_shape, dtypes=(torch.float32,), device=dev,
-                     contiguous=True)
+        if out[1] is None and rowwise:  # a's rows in float32, quantized by decode_down
+            check_tensor("out[0]", out[0], shape=[A, I], dtypes=(torch.float32,), device=dev,
+                         contiguous=True)
+        else:
+            check_tensor("out[0]", out[0], shape=[A, I], dtypes=(FP8_DTYPE,), device=dev,
+                         contiguous=True)
+            check_tensor("out[1]", out[1], shape=scale_shape, dtypes=(torch.float32,),
+                         device=dev, contiguous=True)
         if shared:
             check_tensor("out[2]", out[2], shape=[shared_rows, I], dtypes=(dtype,), device=dev,
                          contiguous=True)
@@ -155,7 +162,9 @@ def decode_gate_up(
     "none"): "fp8_rowwise" (w13_scale [E, 2I] float32) returns (q [A, I] e4m3, scale [A]
     float32), x quantized per row first; "fp8_block" (w13_scale [E, 2 ceil(I / 128),
     ceil(D / 128)] float32: the gate rows' 128 x 128 blocks, then the up rows') returns (q,
-    scale [A, ceil(I / 128)]), x and a quantized per 128-column group; "fp8_w8a16" (e4m3 w13, w13_scale [E, 2I]) and "mxfp4"
+    scale [A, ceil(I / 128)]), x and a quantized per 128-column group (fp8_rowwise: out=(a
+    [A, I] float32, None) leaves a's rows unquantized, for decode_down to quantize in its
+    loads; configs.down_quantizes says where that is faster); "fp8_w8a16" (e4m3 w13, w13_scale [E, 2I]) and "mxfp4"
     (uint8 w13 [E, 2I, D/2], e8m0 w13_scale [E, 2I, D/32]) keep x and a in x's dtype. Rows past
     sum(counts) are not written (out: preallocated outputs). workspace: which buffer of split-K
     arrival words the kernel uses (0, 1, ...): calls that may run at the same time on two
@@ -207,7 +216,8 @@ def decode_down(
     shared_w2: Tensor | None = None,
     impl: str | None = None,
 ) -> Tensor:
-    """a [A, I] (or the w8a8 (q, scale[, sa]) from decode_gate_up), w2 [E, D, I], counts [E],
+    """a [A, I] (or the w8a8 (q, scale[, sa]) from decode_gate_up; fp8_rowwise also (a float32,
+    None[, sa]), quantized per row here as ops.quantize does), w2 [E, D, I], counts [E],
     token_ids [A], positions [A = T * k] of a Routing; out [T, D] += for each token the sum of
     its routed pairs' a @ w2[e]^T plus w2_bias[e] ([E, D], gpt-oss; times row_weights [A]
     float32, the output weights), in
@@ -219,19 +229,22 @@ def decode_down(
     (q, scale, sa [T, I]) (as decode_gate_up's shared_w13 makes them), each token's added before
     its pairs'. Returns out."""
     q, a_scale, sa = a, None, None
-    if isinstance(a, tuple):
+    packed = isinstance(a, tuple)  # w8a8's (q, scale[, sa]) or fp8 rowwise's (a, None[, sa])
+    if packed:
         if len(a) not in (2, 3):
             raise TypeError(f"a must be a tensor, (q, scale) or (q, scale, sa), got a tuple of "
                             f"{len(a)}")
         q, a_scale, sa = (*a, None)[:3]
-    check_tensor("a", q, dim=2, dtypes=X_DTYPES + (FP8_DTYPE,), contiguous=True)
+    fp32_rows = packed and a_scale is None  # fp8 rowwise's rows, quantized here
+    check_tensor("a", q, dim=2, dtypes=(torch.float32,) if fp32_rows else
+                 X_DTYPES + (FP8_DTYPE,), contiguous=True)
     check_tensor("w2", w2, dim=3, contiguous=True)
     E, D = w2.shape[:2]
     A = _check_routing(counts, token_ids, E)
     check_tensor("out", out, dim=2, dtypes=X_DTYPES, contiguous=True)
-    act = out.dtype if q.dtype == FP8_DTYPE else q.dtype  # the activations' dtype
+    act = out.dtype if packed else q.dtype  # the activations' dtype
     shared = _check_shared(shared_w2, "shared_w2", [D, q.shape[1]], act, w2_bias)
-    if (sa is not None) != (q.dtype == FP8_DTYPE and shared):
+    if (sa is not None) != (packed and bool(shared)):
         raise TypeError("a = (q, scale, sa) goes with w8a8 weights (fp8_rowwise, fp8_block) and "
                         "shared_w2 only")
     if sa is not None:
@@ -243,9 +256,10 @@ def decode_down(
                          f"{'token, then one per ' if s_rows else ''}pair), got {list(q.shape)}")
     quant = _check_weights(w2, w2_scale, "w2", act, quantization, q.shape[1])
     w8a8 = quant in W8A8
-    if (q.dtype == FP8_DTYPE) != w8a8 or (a_scale is not None) != w8a8:
-        raise TypeError("fp8_rowwise and fp8_block need a = (q, scale) with e4m3 q, and other "
-                        "formats a in the model dtype")
+    if (packed and not fp32_rows and q.dtype != FP8_DTYPE) or packed != w8a8 or (
+            fp32_rows and quant != "fp8_rowwise"):
+        raise TypeError("fp8_rowwise and fp8_block need a = (q, scale) with e4m3 q (fp8_rowwise "
+                        "also (a, None) with a float32), and other formats a in the model dtype")
     if a_scale is not None:
         groups = activation_of(quant) == "groups"
         check_tensor("a scale", a_scale, shape=[A, -(-q.shape[1] // FP8_BLOCK)] if groups else [A],

@@ -33,6 +33,8 @@ from typing import Callable, Iterator
 
 import torch
 
+from .._common import device_name as _device_name
+from .._common import device_sms as _device_sms
 from .tuned import BASE_DEVICE, BY_DEVICE, TABLE
 
 
@@ -277,6 +279,27 @@ def use_fused(num_pairs: int, top_k: int = 1, quant: str = "none", num_experts: 
     if quant == "fp8_block":
         return T <= _fp8_block_tokens() and num_experts >= _fp8_block_min_experts()
     return True
+
+
+INTERPRETER_SMS = 8  # the SM count plans are made for under the interpreter
+
+
+@torch._dynamo.assume_constant_result
+def down_quantizes(rows: int, E: int, D: int, I: int, dtype: torch.dtype, device: torch.device,
+                   quant: str) -> bool:
+    """Whether the fused decode's down quantizes fp8 rowwise rows of a itself: where its tiles
+    for ``rows`` rows of a (pairs, plus a merged shared expert's tokens) over E experts of w2
+    [E, D, I] (stored in ``dtype``) on ``device`` hold one pair. There gate_up stores a in
+    float32 and no program of it waits for its m-tile's others to quantize their rows (H200,
+    CUDA graphs, fp8 rowwise, down's one-pair tiles, us, quantized by gate_up / by down:
+    Maverick TP8 T = 1 24.9 / 23.0, Qwen3-30B-A3B T = 2 35.3 / 34.2, T = 4 51.6 / 50.9; equal at
+    Maverick T = 4; results/probe_a_in_down.json). MMA tiles keep (q, scale): quantized in
+    registers, their a operand lost its pipelined loads (Qwen3 T = 1 27.4 -> 31.3). A constant
+    to torch.compile."""
+    if quant != "fp8_rowwise":
+        return False
+    sms = _device_sms(device) if device.type == "cuda" else INTERPRETER_SMS
+    return select(rows, E, D, I, dtype, sms, quant, _device_name(device)).down.block_m == 1
 
 
 def select(A: int, E: int, D: int, I: int, dtype: torch.dtype, sms: int,

@@ -21,9 +21,13 @@ interpreter runs programs one after another; the same code is then trivially ord
 
 fp8 rowwise keeps the layer's w8a8 contract (activations quantized per row with the formula of
 ops.quantize, as gather_scale and silu_mul do): gate_up quantizes its rows of x in the K loop
-from the rows' amax (a pass over the rows before the loop); its epilogue stores a in fp32, and
-the last tile of each m-tile (a second arrival word) quantizes the m-tile's whole rows of a into
-(q, scale), which down reads like any fp8 GEMM input.
+from the rows' amax (a pass over the rows before the loop); its epilogue stores a in fp32. Where
+down's tiles hold one pair (configs.down_quantizes), down quantizes those rows itself (A_F32):
+each program takes its rows' amax (a pass before its K loop) and quantizes each K step's tile in
+registers, the formula of ops.quantize, so no gate_up program waits for the rest of its m-tile.
+Else the last tile of each m-tile (a second arrival word) quantizes the m-tile's whole rows of a
+into (q, scale), which down's MMA tiles read like any fp8 GEMM input (a tile quantized in
+registers would cost them the pipelined fp8 operand).
 
 fp8_block (w8a8 in 128-column groups, DeepSeek-V3 / Qwen3 FP8 checkpoints) takes K steps of whole
 128-column scale blocks (one a step on MMA tiles, the tile's multiple of 128 on one-pair tiles):
@@ -79,7 +83,6 @@ from ..silu_mul.kernel import glu_f32
 from . import configs
 from .reference import SILU, W8A8, WEIGHT_ONLY, Act, format_of
 
-_INTERPRETER_SMS = 8  # the SM count the heuristic plans for under the interpreter
 _COMBINE_TOKENS = 16  # tokens per step of down's token-major combine
 
 
@@ -507,7 +510,8 @@ def _gate_up_kernel(
     counts_ptr,  # [E] pairs per expert
     ids_ptr,  # [A] token of each pair
     rw_ptr,  # [A] fp32 input weight of each pair (HAS_RW)
-    a_ptr,  # [A, I] SwiGLU output: x's dtype, or fp32 (w8a8: the last m-tile quantizes);
+    a_ptr,  # [A, I] SwiGLU output: x's dtype, or fp32 (w8a8: the last m-tile quantizes, or
+    # with QUANT_A off down does);
     # SHARED: [T + A, I], the shared expert's rows first (w8a8: [A, I], see sa_ptr)
     sa_ptr,  # [T, I] x's dtype: the shared expert's rows of a (SHARED with w8a8)
     q_ptr,  # [A, I] e4m3 output (w8a8; uint8 view under the interpreter)
@@ -535,6 +539,7 @@ def _gate_up_kernel(
     SHARED_K: tl.constexpr,
     RUNS: tl.constexpr,  # one-pair tiles sum runs of a weight row per thread (_runs)
     QUANT_BLOCK: tl.constexpr,  # columns per step when the last m-tile quantizes rows of a
+    QUANT_A: tl.constexpr,  # w8a8: quantize a's rows here (else a stays fp32, down quantizes)
     ROW_BLOCK: tl.constexpr, ROW_CHUNKS: tl.constexpr,  # fp8_rowwise: lanes and loads a row of x
 ):
     s, tile, u, n_tile, shared, exists, g, row0, row_stop, _, _ = _program(
@@ -627,14 +632,18 @@ def _gate_up_kernel(
                         tl.store(sa_ptr + a_at, cast_to(a, sa_ptr.dtype.element_ty, INTERPRET),
                                  mask=mask)
                         _release_shared(flag_ptr, EARLY)
-                    else:
+                    elif QUANT_A:
                         _store_quantized(a, a_ptr, a_at, mask, q_ptr, scale_ptr, words_ptr,
                                          words_rows + u, n_tiles, rows, row_ok, I, BLOCK_M,
                                          QUANT_BLOCK, QUANT, INTERPRET)
-                else:
+                    else:
+                        tl.store(a_ptr + a_at, a, mask=mask)
+                elif QUANT_A:
                     _store_quantized(a, a_ptr, a_at, mask, q_ptr, scale_ptr, words_ptr,
                                      words_rows + u, n_tiles, rows, row_ok, I, BLOCK_M,
                                      QUANT_BLOCK, QUANT, INTERPRET)
+                else:
+                    tl.store(a_ptr + a_at, a, mask=mask)
             else:
                 tl.store(a_ptr + a_at, cast_to(a, a_ptr.dtype.element_ty, INTERPRET), mask=mask)
                 if shared:
@@ -707,9 +716,31 @@ def _quantize_groups(a_ptr, q_ptr, scale_ptr, rows, row_ok, I, BLOCK_M: tl.const
 
 
 @triton.jit
+def _a_amax(a_ptr, row0, n_rows, I, BLOCK_M: tl.constexpr, ROW_BLOCK: tl.constexpr,
+            ROW_CHUNKS: tl.constexpr):
+    """max |a| of each of the tile's n_rows rows from row0 (fp32, written by gate_up); [BLOCK_M],
+    0 past n_rows. Row by row, each in ROW_CHUNKS independent loads: one round trip a row."""
+    lanes = tl.arange(0, BLOCK_M)
+    offs = tl.arange(0, ROW_BLOCK)
+    amax = tl.zeros([BLOCK_M], tl.float32)
+    r = 0
+    while r < n_rows:
+        src = a_ptr + (row0 + r).to(tl.int64) * I
+        m = 0.0
+        for c in tl.static_range(ROW_CHUNKS):
+            cols = c * ROW_BLOCK + offs
+            v = tl.load(src + cols, mask=cols < I, other=0.0, cache_modifier=".cg")
+            m = tl.maximum(m, tl.max(tl.abs(v), 0))
+        amax = tl.where(lanes == r, m, amax)
+        r += 1
+    return amax
+
+
+@triton.jit
 def _down_step(acc, k0, k_hi, a_ptr, as_ptr, w_ptr, ws_ptr, rows, row_ok, w_rows, col_ok, blocks,
-               I, BLOCK_K: tl.constexpr, QUANT: tl.constexpr, UPCAST: tl.constexpr,
-               W_TO_X: tl.constexpr, DOT_PRECISION: tl.constexpr):
+               inv, I, BLOCK_K: tl.constexpr, QUANT: tl.constexpr, UPCAST: tl.constexpr,
+               W_TO_X: tl.constexpr, DOT_PRECISION: tl.constexpr, A_F32: tl.constexpr,
+               INTERPRET: tl.constexpr):
     """One K step of down: acc += w2 rows [BN, BK] @ a^T [BK, BM] (fp8_block: times the step's
     block scales, blocks [BN] the rows' scale rows of w_scale viewed as [E * NB, KB], as_ptr
     a's group scales [A, KB])."""
@@ -737,33 +768,40 @@ def _down_step(acc, k0, k_hi, a_ptr, as_ptr, w_ptr, ws_ptr, rows, row_ok, w_rows
         at = tl.load(a_ptr + rows.to(tl.int64)[:, None] * I + kk[None, :],
                      mask=row_ok[:, None] & (kk < k_hi)[None, :], other=0.0,
                      cache_modifier=".cg")  # (EARLY: rows other programs of gate_up wrote)
+        if A_F32:  # fp32 rows of a quantized here, exactly as _quantize_rows would
+            y = tl.clamp(at * inv[:, None], -448.0, 448.0, propagate_nan=tl.PropagateNan.ALL)
+            at = _fp8_value(y, INTERPRET)
         acc = _dot(acc, w, _x_cols(at, QUANT), UPCAST, W_TO_X, DOT_PRECISION)
     return acc
 
 
 @triton.jit
 def _down_loop(k_lo, k_hi, a_ptr, as_ptr, w_ptr, ws_ptr, rows, row_ok, w_rows, col_ok, blocks,
-               I, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+               inv, I, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
                QUANT: tl.constexpr, UPCAST: tl.constexpr, W_TO_X: tl.constexpr,
-               DOT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr, RUNS: tl.constexpr):
+               DOT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr, RUNS: tl.constexpr,
+               A_F32: tl.constexpr):
     """down's K loop over [k_lo, k_hi): the accumulator [BN, BM] in float32."""
     acc = _acc0(BLOCK_N, BLOCK_M, BLOCK_K, QUANT, RUNS)
     if INTERPRET:  # range() over a tensor bound fails in the interpreter
         k0 = k_lo
         while k0 < k_hi:
             acc = _down_step(acc, k0, k_hi, a_ptr, as_ptr, w_ptr, ws_ptr, rows, row_ok, w_rows,
-                             col_ok, blocks, I, BLOCK_K, QUANT, UPCAST, W_TO_X, DOT_PRECISION)
+                             col_ok, blocks, inv, I, BLOCK_K, QUANT, UPCAST, W_TO_X,
+                             DOT_PRECISION, A_F32, INTERPRET)
             k0 += BLOCK_K
     else:
         for k0 in range(k_lo, k_hi, BLOCK_K):
             acc = _down_step(acc, k0, k_hi, a_ptr, as_ptr, w_ptr, ws_ptr, rows, row_ok, w_rows,
-                             col_ok, blocks, I, BLOCK_K, QUANT, UPCAST, W_TO_X, DOT_PRECISION)
+                             col_ok, blocks, inv, I, BLOCK_K, QUANT, UPCAST, W_TO_X,
+                             DOT_PRECISION, A_F32, INTERPRET)
     return _acc_sum(acc, BLOCK_M)
 
 
 @triton.jit
 def _down_kernel(
-    a_ptr,  # [A, I] activations (x's dtype, or e4m3 with a_scale); SHARED: [T + A, I]
+    a_ptr,  # [A, I] activations (x's dtype, or e4m3 with a_scale, or fp32 with A_F32);
+    # SHARED: [T + A, I]
     # (w8a8: [A, I], the shared expert's rows in sa_ptr)
     sa_ptr,  # [T, I] the shared expert's rows of a in x's dtype (SHARED with a quantized QUANT:
     # sa_ptr is a_ptr itself but for w8a8)
@@ -799,6 +837,9 @@ def _down_kernel(
     # not for all of gate_up, and for the rest only before their epilogue
     SHARED_K: tl.constexpr,  # as in _gate_up_kernel
     RUNS: tl.constexpr,  # as in _gate_up_kernel
+    A_F32: tl.constexpr,  # fp8_rowwise: a's routed rows in fp32, quantized here (one pair a
+    # tile: see the module's docstring)
+    ROW_BLOCK: tl.constexpr, ROW_CHUNKS: tl.constexpr,  # A_F32: lanes and loads a row of a
 ):
     s, tile, u, n_tile, shared, exists, g, row0, row_stop, total_tiles, num_valid = _program(
         counts_ptr, E, n_tiles, split, T, BLOCK_E, BLOCK_M, SHARED, PDL, EARLY)
@@ -823,19 +864,28 @@ def _down_kernel(
             blocks = g.to(tl.int64) * tl.cdiv(D, 128) + cols // 128
         k_lo = s * k_split
         k_hi = tl.minimum(k_lo + k_split, I)
+        if A_F32:  # the routed rows' scales from their fp32 values
+            n_rows = tl.where(shared, 0, tl.minimum(row_stop - row0, BLOCK_M))
+            inv, a_sc = row_scales(_a_amax(a_ptr, row0, n_rows, I, BLOCK_M, ROW_BLOCK,
+                                           ROW_CHUNKS))
+        else:
+            inv = tl.zeros([BLOCK_M], tl.float32)
+            a_sc = inv
         if MIXED:
             if shared:  # the shared expert's weights and rows of a in the activations' dtype
                 acc = _down_loop(k_lo, k_hi, sa_ptr, a_scale_ptr, sw_ptr, w_scale_ptr, a_rows,
-                                 row_ok, w_rows, col_ok, blocks, I, BLOCK_N, BLOCK_M, SHARED_K,
-                                 "none", UPCAST, False, DOT_PRECISION, INTERPRET, RUNS)
+                                 row_ok, w_rows, col_ok, blocks, inv, I, BLOCK_N, BLOCK_M,
+                                 SHARED_K, "none", UPCAST, False, DOT_PRECISION, INTERPRET, RUNS,
+                                 False)
             else:
                 acc = _down_loop(k_lo, k_hi, a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, a_rows,
-                                 row_ok, w_rows, col_ok, blocks, I, BLOCK_N, BLOCK_M, BLOCK_K,
-                                 QUANT, UPCAST, W_TO_X, DOT_PRECISION, INTERPRET, RUNS)
+                                 row_ok, w_rows, col_ok, blocks, inv, I, BLOCK_N, BLOCK_M,
+                                 BLOCK_K, QUANT, UPCAST, W_TO_X, DOT_PRECISION, INTERPRET, RUNS,
+                                 A_F32)
         else:
             acc = _down_loop(k_lo, k_hi, a_ptr, a_scale_ptr, wd_ptr, w_scale_ptr, a_rows,
-                             row_ok, w_rows, col_ok, blocks, I, BLOCK_N, BLOCK_M, BLOCK_K,
-                             QUANT, UPCAST, W_TO_X, DOT_PRECISION, INTERPRET, RUNS)
+                             row_ok, w_rows, col_ok, blocks, inv, I, BLOCK_N, BLOCK_M, BLOCK_K,
+                             QUANT, UPCAST, W_TO_X, DOT_PRECISION, INTERPRET, RUNS, A_F32)
         if EARLY:
             if shared:  # the routing and all of a, for the combine: as the other programs
                 if PDL:
@@ -856,7 +906,9 @@ def _down_kernel(
         if last:
             if QUANT == "fp8_rowwise" or QUANT == "fp8_w8a16":
                 scale = tl.load(w_scale_ptr + w_rows, mask=col_ok, other=0.0)[:, None]
-                if QUANT == "fp8_rowwise":
+                if A_F32:
+                    scale = scale * a_sc[None, :]
+                elif QUANT == "fp8_rowwise":
                     scale = scale * tl.load(a_scale_ptr + rows, mask=row_ok & (shared == 0),
                                             other=0.0)[None, :]
                 if MIXED:  # the shared expert's weights and rows carry no scales
@@ -919,7 +971,7 @@ def _combine(out_ptr, y_ptr, pos_ptr, cols, col_ok, num_valid, T, D, K: tl.const
 
 def sm_count(device: torch.device) -> int:
     """SMs the plan spreads weights over (a small number under the interpreter)."""
-    return device_sms(device) if device.type == "cuda" else _INTERPRETER_SMS
+    return device_sms(device) if device.type == "cuda" else configs.INTERPRETER_SMS
 
 
 _WORDS: dict[tuple[torch.device, int], list[Tensor]] = {}
@@ -1079,7 +1131,8 @@ def _gate_up_op(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Ten
                 alpha: float, limit: Optional[float], words: Optional[Tensor],
                 shared: Optional[Tensor], early: bool) -> None:
     """a [A, I] (x's dtype), or for w8a8 w13 (q [A, I], scale [A], fp8_block's [A, I / 128])
-    <- the GLU (activation, alpha, limit: as ops.silu_mul's) of the gathered rows' products plus
+    (fp8 rowwise: or q [A, I] float32 and no scale, a's rows left for down to quantize) <- the
+    GLU (activation, alpha, limit: as ops.silu_mul's) of the gathered rows' products plus
     their expert's bias [E, 2I]; with the shared expert's w13 ``shared`` [2I, D] (x's dtype), a
     [T + A, I] holds its rows first, or for w8a8 sa [T, I] holds them (early: with PDL
     its programs do not wait for the routing, see _program). words: held_words (left zero).
@@ -1096,12 +1149,15 @@ def _gate_up_op(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Ten
     m_tiles = max_m_tiles(A, E, cfg.block_m) + cdiv(s_rows, cfg.block_m)
     _check_block_k(quant, cfg)
     fp8 = quant in W8A8
+    quant_a = fp8 and q.dtype != torch.float32  # else "q" is a's fp32 rows: down quantizes
     # arrival words only where read (split-K, w8a8's quantization of a's rows)
     words = (arrival_words(x, m_tiles * n_tiles + m_tiles, workspace, words)
-             if split > 1 or fp8 else None)
+             if split > 1 or quant_a else None)
     part = (torch.empty(split, A + s_rows, 2 * I, dtype=torch.float32, device=x.device)
             if split > 1 else None)
-    if fp8:  # a in fp32 first; each m-tile's last program quantizes its rows into (q, scale)
+    if fp8 and not quant_a:
+        a, q = q, None
+    elif fp8:  # a in fp32 first; each m-tile's last program quantizes its rows into (q, scale)
         a = torch.empty(A, I, dtype=torch.float32, device=x.device)  # (the shared rows: sa)
     interpret = interpreting()
     early = _early(early, shared, split, x)
@@ -1111,7 +1167,7 @@ def _gate_up_op(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Ten
     with on_device(x):
         launch(_gate_up_kernel, (m_tiles * n_tiles * split,),
             x, w13, shared, w13_scale, bias, counts, token_ids, row_weights, a, sa,
-            fp8_target(q)[0] if fp8 else None, scale, part, words,
+            fp8_target(q)[0] if quant_a else None, scale, part, words,
             arrival_words(x, 2, FLAG_WORKSPACE) if early else None, E, D, I, n_tiles, k_split,
             split, A + s_rows, T, m_tiles * n_tiles, alpha, 0.0 if limit is None else limit,
             BLOCK_E=next_power_of_2(E), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
@@ -1122,7 +1178,7 @@ def _gate_up_op(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Ten
             DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", INTERPRET=interpret,
             PDL=pdl, SHARED=shared is not None, EARLY=early,
             SHARED_K=_shared_k(cfg, w13, x.dtype, quant), RUNS=_runs(cfg, k_split, quant),
-            QUANT_BLOCK=min(1024, next_power_of_2(I)),
+            QUANT_BLOCK=min(1024, next_power_of_2(I)), QUANT_A=quant_a,
             ROW_BLOCK=row_block, ROW_CHUNKS=cdiv(D, row_block),
             **_launch_options(cfg, pdl))
 
@@ -1134,7 +1190,8 @@ def _down_op(a: Tensor, a_scale: Optional[Tensor], sa: Optional[Tensor], w2: Ten
              quant: str, bias: Optional[Tensor], words: Optional[Tensor],
              shared: Optional[Tensor], early: bool) -> None:
     """out [T, D] (+)= the routed rows of a [A, I] through w2 [E, D, I] plus their expert's
-    bias [E, D] (times the row weights), token-major; with the shared expert's w2 ``shared``
+    bias [E, D] (times the row weights), token-major (fp8 rowwise: a e4m3 with a_scale [A], or
+    float32 without, quantized here); with the shared expert's w2 ``shared``
     [D, I] (a's dtype), a [T + A, I] holds its rows first (for w8a8, a [A, I] and sa
     [T, I] in out's dtype), added first (early: as the gate_up call that wrote a; its shared
     programs wait only for gate_up's). words: held_words (left zero)."""
@@ -1158,6 +1215,7 @@ def _down_op(a: Tensor, a_scale: Optional[Tensor], sa: Optional[Tensor], w2: Ten
     part = (torch.empty(split, rows, D, dtype=torch.float32, device=a.device)
             if split > 1 else None)
     y = torch.empty(rows, D, dtype=torch.float32, device=a.device) if not top1 else None
+    a_f32 = quant == "fp8_rowwise" and a.dtype == torch.float32
     gu = plan.gate_up  # the gate_up call's tiles: how many shared programs stored rows of a
     early = _early(early, shared, _k_split(D, gu)[1], a)
     interpret = interpreting()
@@ -1179,6 +1237,8 @@ def _down_op(a: Tensor, a_scale: Optional[Tensor], sa: Optional[Tensor], w2: Ten
             DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32", INTERPRET=interpret,
             PDL=pdl, SHARED=shared is not None, EARLY=early,
             SHARED_K=_shared_k(cfg, w2, out.dtype, quant), RUNS=_runs(cfg, k_split, quant),
+            A_F32=a_f32, ROW_BLOCK=min(1024, next_power_of_2(I)),
+            ROW_CHUNKS=cdiv(I, min(1024, next_power_of_2(I))),
             **_launch_options(cfg, pdl))
 
 

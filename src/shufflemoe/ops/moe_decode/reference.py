@@ -15,7 +15,7 @@ from .._impl import inplace_op
 from ..gather_scale.reference import gather_scale
 from ..grouped_gemm.reference import grouped_gemm
 from ..quantize.formats import FORMATS as ALL_FORMATS
-from ..quantize.reference import FP8_DTYPE
+from ..quantize.reference import FP8_DTYPE, quantize_fp8_rowwise
 from ..scatter_add.reference import token_sum
 from ..silu_mul.reference import Act, silu_mul
 
@@ -60,7 +60,8 @@ def _gate_up(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Tensor
              limit: Optional[float], words: Optional[Tensor] = None,
              shared: Optional[Tensor] = None, early: bool = False) -> None:
     # words: the kernel's, unused; shared [2I, D]: a's first T rows are the shared expert's
-    # (fp8 rowwise: sa's); early: the kernel's launch detail
+    # (fp8 rowwise: sa's); early: the kernel's launch detail; fp8 rowwise's q may be a's
+    # float32 rows (scale None), for down to quantize
     act = (activation, alpha, limit)
     if shared is not None:
         T = x.shape[0]
@@ -78,8 +79,10 @@ def _gate_up(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Tensor
     h = grouped_gemm(xq, w13, counts, x_scale, w13_scale, None, None, None, None,
                      torch.float32, quantization=quant, bias=bias,
                      scale_split=w13_split(quant, w13))  # [A, 2I]
-    # rows past num_valid keep their values
-    silu_mul(h, nv, mode, (q, scale) if mode != "none" else a, act)
+    # rows past num_valid keep their values; fp8 rowwise with no scale: q holds a in float32
+    fp32_rows = mode != "none" and scale is None
+    silu_mul(h, nv, "none" if fp32_rows else mode, a if mode == "none" else q if fp32_rows
+             else (q, scale), act)
 
 
 @inplace_op("decode_down_ref", mutates_args=("out",))
@@ -92,6 +95,8 @@ def _down(a: Tensor, a_scale: Optional[Tensor], sa: Optional[Tensor], w2: Tensor
     # added first; early: the kernel's launch detail
     if shared is not None and sa is None:
         sa, a = a[:out.shape[0]], a[out.shape[0]:]
+    if quant == "fp8_rowwise" and a_scale is None:  # a's rows in float32: quantized here
+        a, a_scale = quantize_fp8_rowwise(a)
     y = grouped_gemm(a, w2, counts, a_scale, w2_scale, None, None, None, None,
                      torch.float32, quantization=quant, bias=bias)  # [A, D]
     nv = _num_valid(counts)
