@@ -67,9 +67,10 @@ def _format(fp8: bool | str) -> tuple[str, bool]:
 
 def gate_up(fp8: bool | str, split: int, rw: bool, pdl: bool, block_m: int = 16,
             oai: bool = False, shared: bool = False, block_k: int | None = None,
-            runs: bool = False):
+            runs: bool = False, quant_a: bool = True):
     """oai: gpt-oss's expert bias and clamped swiglu_oai GLU; shared: a shared expert's tiles
-    first, not waiting for the routing (EARLY); runs: a one-pair tile's per-thread runs."""
+    first, not waiting for the routing (EARLY); runs: a one-pair tile's per-thread runs;
+    quant_a False: w8a8's rows of a left in fp32 (for down to quantize)."""
     from shufflemoe.ops.moe_decode import kernel
 
     quant, fp8 = _format(fp8)
@@ -77,9 +78,12 @@ def gate_up(fp8: bool | str, split: int, rw: bool, pdl: bool, block_m: int = 16,
     sig = dict(x_ptr="*bf16", w_ptr=w, w_scale_ptr=ws, bias_ptr="*bf16" if oai else None,
                counts_ptr="*i32", alpha="fp32", limit="fp32",
                ids_ptr="*i32", rw_ptr="*fp32" if rw else None,
-               a_ptr="*fp32" if fp8 else "*bf16", q_ptr="*fp8e4nv" if fp8 else None,
-               scale_ptr="*fp32" if fp8 else None, part_ptr="*fp32" if split > 1 else None,
-               words_ptr="*i32" if split > 1 or fp8 else None, E="i32", D="i32", I="i32",
+               a_ptr="*fp32" if fp8 else "*bf16",
+               q_ptr="*fp8e4nv" if fp8 and quant_a else None,
+               scale_ptr="*fp32" if fp8 and quant_a else None,
+               part_ptr="*fp32" if split > 1 else None,
+               words_ptr="*i32" if split > 1 or (fp8 and quant_a) else None, E="i32", D="i32",
+               I="i32",
                n_tiles="i32", k_split="i32", A="i32", words_rows="i32",
                sw_ptr="*bf16" if shared else None, T="i32",
                sa_ptr="*bf16" if shared and fp8 else None,
@@ -89,19 +93,22 @@ def gate_up(fp8: bool | str, split: int, rw: bool, pdl: bool, block_m: int = 16,
                   **_split_const(split), QUANT=quant, ACT="swiglu_oai" if oai else "silu",
                   HAS_LIMIT=oai, HAS_BIAS=oai, HAS_RW=rw, UPCAST=False,
                   W_TO_X=quant in ("fp8_w8a16", "mxfp4"), DOT_PRECISION="tf32", INTERPRET=False,
-                  PDL=pdl, RUNS=runs, QUANT_BLOCK=1024, ROW_BLOCK=4096, ROW_CHUNKS=2)
+                  PDL=pdl, RUNS=runs, QUANT_BLOCK=1024, QUANT_A=quant_a, ROW_BLOCK=4096,
+                  ROW_CHUNKS=2)
     return compile_sm90(kernel._gate_up_kernel, sig, consts,
                         **({"launch_pdl": True} if pdl else {}))
 
 
 def down(fp8: bool | str, split: int, k: int, pdl: bool, accumulate: bool = True,
          block_m: int = 16, bias: bool = False, shared: bool = False,
-         block_k: int | None = None, runs: bool = False):
+         block_k: int | None = None, runs: bool = False, a_f32: bool = False):
+    """a_f32: fp8 rowwise's rows of a in fp32, quantized in the K loop."""
     from shufflemoe.ops.moe_decode import kernel
 
     quant, fp8 = _format(fp8)
     w, ws = WEIGHTS[quant]
-    sig = dict(a_ptr="*fp8e4nv" if fp8 else "*bf16", a_scale_ptr="*fp32" if fp8 else None,
+    sig = dict(a_ptr="*fp32" if a_f32 else "*fp8e4nv" if fp8 else "*bf16",
+               a_scale_ptr="*fp32" if fp8 and not a_f32 else None,
                w_ptr=w, w_scale_ptr=ws, bias_ptr="*bf16" if bias else None, counts_ptr="*i32",
                ids_ptr="*i32",
                pos_ptr="*i32", rw_ptr="*fp32", out_ptr="*bf16", y_ptr="*fp32" if k > 1 else None,
@@ -118,7 +125,8 @@ def down(fp8: bool | str, split: int, k: int, pdl: bool, accumulate: bool = True
                   **_split_const(split),
                   QUANT=quant, HAS_BIAS=bias, HAS_RW=True, UPCAST=False,
                   W_TO_X=quant in ("fp8_w8a16", "mxfp4"),
-                  DOT_PRECISION="tf32", INTERPRET=False, PDL=pdl, RUNS=runs)
+                  DOT_PRECISION="tf32", INTERPRET=False, PDL=pdl, RUNS=runs, A_F32=a_f32,
+                  ROW_BLOCK=1024, ROW_CHUNKS=1)
     return compile_sm90(kernel._down_kernel, sig, consts, **({"launch_pdl": True} if pdl else {}))
 
 
@@ -235,6 +243,13 @@ GEMV = {  # one pair a tile: no MMA
                                                                block_k=256, runs=True),
     "down fp8_w8a16 one-pair tiles split-K, runs a thread": lambda: down(
         "fp8_w8a16", 2, 2, False, block_m=1, block_k=512, runs=True),
+    "gate_up fp8 one-pair tiles leaving a in fp32, with a bf16 shared expert, early, PDL":
+        lambda: gate_up(True, 1, True, True, block_m=1, shared=True, quant_a=False),
+    "down fp8 one-pair tiles quantizing a's fp32 rows, k=8 split-K PDL": lambda: down(
+        True, 2, 8, True, block_m=1, a_f32=True),
+    "down fp8 one-pair tiles quantizing a's fp32 rows, a bf16 shared expert, runs": lambda: down(
+        True, 1, 1, True, accumulate=False, block_m=1, shared=True, block_k=512, runs=True,
+        a_f32=True),
 }
 
 
