@@ -15,7 +15,9 @@ SM, and the untuned choice (configs.untuned: the heuristic, or fp8_w8a16's rule)
    process only loads kernels;
 2. time: each candidate checked against the torch reference on the first input, then timed in
    CUDA-graph replays over rotated weight sets and routings (every call routes differently; one
-   pass reads over 2x the L2); the 3 fastest timed again with more replays, the best kept;
+   pass reads over 2x the L2); the 3 fastest timed again with more replays, the best kept.
+   fp8 rowwise's down candidates with one-pair tiles take a's rows in fp32 and quantize them
+   (configs.down_quantizes), as the layer runs them; the others take gate_up's (q, scale);
 3. layer: the whole layer (graph replays) at each T, fused with the new table (PDL off and on),
    fused with the untuned tiles, and unfused, as % of the read ceiling for the bytes the routing
    activates (planner.must_read_bytes), the bytes floor the layer suite uses; each row the layer
@@ -133,7 +135,9 @@ def candidates(gemm: str, A: int, cfg, w_dtype: torch.dtype, sms: int, dry: bool
     for (bn, k_bytes, warps, stages), bm in tilings:
         bk = k_bytes // size
         if bk > 1 << (K - 1).bit_length():  # wider than K: the same steps, more masked lanes
-            continue
+            if not (dry and bm == 1):
+                continue
+            bk = 1 << (K - 1).bit_length()  # dry: a one-pair tile a GEMM at the tiny widths
         tiles, steps = min(E, A) * -(-N // bn), -(-K // bk)
         for f in (0,) + PROGRAMS_PER_SM:
             want = 1 if f == 0 else max(1, min(steps, round(f * sms / tiles)))
@@ -163,19 +167,33 @@ class Case:
         self.w_dtype = self.ws[0].w13.dtype
         self.sms = kernel.sm_count(self.xs[0].device)
         self.acts = [self.gate_up(i) for i in range(n)]
+        # fp8 rowwise: also a's rows in fp32, what down takes where it quantizes them itself
+        # (configs.down_quantizes: one-pair tiles), so each candidate is timed as the layer
+        # would run it
+        A, I = self.routes[0].num_pairs, cfg.intermediate_size
+        self.rows32 = ([self.gate_up(i, out=(torch.empty(A, I, device=device), None))
+                        for i in range(n)] if cfg.quantization == "fp8_rowwise" else None)
         self.outs = [torch.zeros_like(x) for x in self.xs]
         self.active = sum(int((r.counts > 0).sum()) for r in self.routes) / n
         self.want: dict = {}  # gemm -> the torch reference's output on input 0 (float64)
 
-    def gate_up(self, i: int, impl: str | None = None):
+    def gate_up(self, i: int, impl: str | None = None, out=None):
         r, w = self.routes[i], self.ws[i]
         return decode_gate_up(self.xs[i], w.w13, r.counts, r.token_ids,
                               r.weights if self.on_input else None, w13_scale=w.w13_scale,
-                              quantization=self.cfg.quantization, impl=impl)
+                              quantization=self.cfg.quantization, out=out, impl=impl)
+
+    def quantizes_in_down(self) -> bool:
+        """Whether the plan in force has down quantize a's rows (configs.down_quantizes)."""
+        w2 = self.ws[0].w2
+        return self.rows32 is not None and configs.down_quantizes(
+            self.A, *w2.shape, w2.dtype, w2.device, self.cfg.quantization)
 
     def down(self, i: int, a=None, out=None, impl: str | None = None):
         r, w = self.routes[i], self.ws[i]
-        decode_down(self.acts[i] if a is None else a, w.w2, r.counts, r.token_ids, r.positions,
+        if a is None:
+            a = self.rows32[i] if self.quantizes_in_down() else self.acts[i]
+        decode_down(a, w.w2, r.counts, r.token_ids, r.positions,
                     self.outs[i] if out is None else out, None if self.on_input else r.weights,
                     w2_scale=w.w2_scale, quantization=self.cfg.quantization, impl=impl)
 
@@ -626,12 +644,15 @@ def sweep(case: Case, gemm: str, failed: dict, dry: bool, rows: dict,
     fn, n = case.fn(gemm), case.n
     cands = candidates(gemm, case.A, case.cfg, case.w_dtype, case.sms, dry, gpu)
     timed: list[tuple[float, str]] = []
+    fp32_rows = []  # down's candidates that quantize a's fp32 rows themselves
     for lab, cand in cands.items():
         if f"{gemm} {lab}" in failed:
             continue
         try:
             case.check(gemm, cand)
             with configs.override(cand):
+                if gemm == "down" and case.quantizes_in_down():
+                    fp32_rows.append(lab)
                 us = 0.0 if dry else time_us(fn, n, 10)
                 if dry:
                     fn(0)
@@ -651,7 +672,7 @@ def sweep(case: Case, gemm: str, failed: dict, dry: bool, rows: dict,
     rows["sweep"].append(dict(
         preset=case.name, dtype=case.dtype, A=case.A, gemm=gemm, best=best,
         best_us=final.get(best), untuned_us=base, retimed=final,
-        first_pass={lab: round(us, 2) for lab, us in first.items()},
+        first_pass={lab: round(us, 2) for lab, us in first.items()}, a_fp32=fp32_rows,
         weight_mb=nbytes / 1e6, active_experts=case.active))
     if not dry:
         print(f"{case.name} {case.dtype} A={case.A} {gemm}: best {best} {final.get(best)} us, "

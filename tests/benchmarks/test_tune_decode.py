@@ -18,6 +18,12 @@ def test_dry_run(tmp_path):
     assert {(r["preset"], r["gemm"]) for r in result["sweep"]} >= {
         ("llama4-shared-tp8", "gate_up"), ("qwen3-30b-a3b", "down")}
     assert {r["dtype"] for r in result["layer"]} == {"bf16", "fp8", "w8a16"}
+    # fp8 rowwise's one-pair down candidates (and only they) run on a's fp32 rows, as the layer
+    # runs them (configs.down_quantizes)
+    fp8_down = [r for r in result["sweep"] if r["dtype"] == "fp8" and r["gemm"] == "down"]
+    assert fp8_down and all(r["a_fp32"] and all(lab.endswith(" gemv") for lab in r["a_fp32"])
+                            for r in fp8_down)
+    assert not any(r["a_fp32"] for r in result["sweep"] if r["dtype"] != "fp8")
     # the shared expert's row at A = 4 judged in Scout's layer at T = 4 (unmerged), not A = 1's
     # (Scout merges its shared expert at T = 1)
     shared = [r for r in result["layer"] if r["preset"] == "llama4-shared-tp8 in scout-tp8"]
