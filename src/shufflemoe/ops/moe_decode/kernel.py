@@ -81,7 +81,7 @@ from ..quantize.kernel import (cast_to, e2m1_f16, e4m3_bits, e4m3_to, e8m0_value
 from ..quantize.reference import FP8_DTYPE
 from ..silu_mul.kernel import glu_f32
 from . import configs
-from .reference import SILU, W8A8, WEIGHT_ONLY, Act, format_of
+from .reference import SILU, W8A8, WEIGHT_ONLY, Act, format_of, unpack_outputs
 
 _COMBINE_TOKENS = 16  # tokens per step of down's token-major combine
 
@@ -282,24 +282,33 @@ def _tile_rows(rows, shared, T, SHARED: tl.constexpr, QUANT: tl.constexpr):
 
 
 @triton.jit
-def _row_amax(x_ptr, ids_ptr, rw_ptr, row0, n_rows, D, HAS_RW: tl.constexpr,
-              BLOCK_M: tl.constexpr, ROW_BLOCK: tl.constexpr, ROW_CHUNKS: tl.constexpr):
-    """max |x[token] * w| of each of the m-tile's n_rows rows (float32, as gather_scale's fp8
-    path); [BLOCK_M], 0 past n_rows. Row by row (decode tiles hold a few), each row in
-    ROW_CHUNKS independent loads of ROW_BLOCK lanes: one round trip a row, not one per K step."""
+def _row_amax(ptr, ids_ptr, rw_ptr, row0, n_rows, D, GATHER: tl.constexpr,
+              HAS_RW: tl.constexpr, BLOCK_M: tl.constexpr, ROW_BLOCK: tl.constexpr,
+              ROW_CHUNKS: tl.constexpr):
+    """max |row * w| of each of the m-tile's n_rows rows of D values (float32); [BLOCK_M], 0
+    past n_rows. GATHER: the rows are x[token] of the pairs from row0 (times their input weight
+    with HAS_RW, as gather_scale's fp8 path); else a's fp32 rows row0, row0 + 1, ... (written by
+    gate_up: read past L1). Row by row (decode tiles hold a few), each row in ROW_CHUNKS
+    independent loads of ROW_BLOCK lanes: one round trip a row, not one per K step."""
     lanes = tl.arange(0, BLOCK_M)
     offs = tl.arange(0, ROW_BLOCK)
     amax = tl.zeros([BLOCK_M], tl.float32)
     r = 0
     while r < n_rows:
-        src = x_ptr + tl.load(ids_ptr + row0 + r).to(tl.int64) * D
+        if GATHER:
+            src = ptr + tl.load(ids_ptr + row0 + r).to(tl.int64) * D
+        else:
+            src = ptr + (row0 + r).to(tl.int64) * D
         w = 1.0
         if HAS_RW:
             w = tl.load(rw_ptr + row0 + r)
         m = 0.0
         for c in tl.static_range(ROW_CHUNKS):
             cols = c * ROW_BLOCK + offs
-            v = tl.load(src + cols, mask=cols < D, other=0.0)
+            if GATHER:
+                v = tl.load(src + cols, mask=cols < D, other=0.0)
+            else:
+                v = tl.load(src + cols, mask=cols < D, other=0.0, cache_modifier=".cg")
             m = tl.maximum(m, tl.max(tl.abs(v.to(tl.float32) * w), 0))
         amax = tl.where(lanes == r, m, amax)
         r += 1
@@ -565,7 +574,8 @@ def _gate_up_kernel(
             n_rows = tl.minimum(row_stop - row0, BLOCK_M)
             if SHARED:  # the shared expert's rows stay in x's dtype
                 n_rows = tl.where(shared, 0, n_rows)
-            inv, x_scale = row_scales(_row_amax(x_ptr, ids_ptr, rw_ptr, row0, n_rows, D, HAS_RW,
+            inv, x_scale = row_scales(_row_amax(x_ptr, ids_ptr, rw_ptr, row0, n_rows, D, True,
+                                                HAS_RW,
                                                 BLOCK_M, ROW_BLOCK, ROW_CHUNKS))
         cols = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
         col_ok = cols < I
@@ -716,27 +726,6 @@ def _quantize_groups(a_ptr, q_ptr, scale_ptr, rows, row_ok, I, BLOCK_M: tl.const
 
 
 @triton.jit
-def _a_amax(a_ptr, row0, n_rows, I, BLOCK_M: tl.constexpr, ROW_BLOCK: tl.constexpr,
-            ROW_CHUNKS: tl.constexpr):
-    """max |a| of each of the tile's n_rows rows from row0 (fp32, written by gate_up); [BLOCK_M],
-    0 past n_rows. Row by row, each in ROW_CHUNKS independent loads: one round trip a row."""
-    lanes = tl.arange(0, BLOCK_M)
-    offs = tl.arange(0, ROW_BLOCK)
-    amax = tl.zeros([BLOCK_M], tl.float32)
-    r = 0
-    while r < n_rows:
-        src = a_ptr + (row0 + r).to(tl.int64) * I
-        m = 0.0
-        for c in tl.static_range(ROW_CHUNKS):
-            cols = c * ROW_BLOCK + offs
-            v = tl.load(src + cols, mask=cols < I, other=0.0, cache_modifier=".cg")
-            m = tl.maximum(m, tl.max(tl.abs(v), 0))
-        amax = tl.where(lanes == r, m, amax)
-        r += 1
-    return amax
-
-
-@triton.jit
 def _down_step(acc, k0, k_hi, a_ptr, as_ptr, w_ptr, ws_ptr, rows, row_ok, w_rows, col_ok, blocks,
                inv, I, BLOCK_K: tl.constexpr, QUANT: tl.constexpr, UPCAST: tl.constexpr,
                W_TO_X: tl.constexpr, DOT_PRECISION: tl.constexpr, A_F32: tl.constexpr,
@@ -866,8 +855,8 @@ def _down_kernel(
         k_hi = tl.minimum(k_lo + k_split, I)
         if A_F32:  # the routed rows' scales from their fp32 values
             n_rows = tl.where(shared, 0, tl.minimum(row_stop - row0, BLOCK_M))
-            inv, a_sc = row_scales(_a_amax(a_ptr, row0, n_rows, I, BLOCK_M, ROW_BLOCK,
-                                           ROW_CHUNKS))
+            inv, a_sc = row_scales(_row_amax(a_ptr, ids_ptr, rw_ptr, row0, n_rows, I, False,
+                                             False, BLOCK_M, ROW_BLOCK, ROW_CHUNKS))
         else:
             inv = tl.zeros([BLOCK_M], tl.float32)
             a_sc = inv
@@ -1131,7 +1120,7 @@ def _gate_up_op(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Ten
                 alpha: float, limit: Optional[float], words: Optional[Tensor],
                 shared: Optional[Tensor], early: bool) -> None:
     """a [A, I] (x's dtype), or for w8a8 w13 (q [A, I], scale [A], fp8_block's [A, I / 128])
-    (fp8 rowwise: or q [A, I] float32 and no scale, a's rows left for down to quantize) <- the
+    (fp8 rowwise: or a [A, I] float32 and no q, the rows left for down to quantize) <- the
     GLU (activation, alpha, limit: as ops.silu_mul's) of the gathered rows' products plus
     their expert's bias [E, 2I]; with the shared expert's w13 ``shared`` [2I, D] (x's dtype), a
     [T + A, I] holds its rows first, or for w8a8 sa [T, I] holds them (early: with PDL
@@ -1149,15 +1138,13 @@ def _gate_up_op(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Ten
     m_tiles = max_m_tiles(A, E, cfg.block_m) + cdiv(s_rows, cfg.block_m)
     _check_block_k(quant, cfg)
     fp8 = quant in W8A8
-    quant_a = fp8 and q.dtype != torch.float32  # else "q" is a's fp32 rows: down quantizes
+    quant_a = fp8 and q is not None  # else a holds the rows in fp32: down quantizes them
     # arrival words only where read (split-K, w8a8's quantization of a's rows)
     words = (arrival_words(x, m_tiles * n_tiles + m_tiles, workspace, words)
              if split > 1 or quant_a else None)
     part = (torch.empty(split, A + s_rows, 2 * I, dtype=torch.float32, device=x.device)
             if split > 1 else None)
-    if fp8 and not quant_a:
-        a, q = q, None
-    elif fp8:  # a in fp32 first; each m-tile's last program quantizes its rows into (q, scale)
+    if quant_a:  # a in fp32 first; each m-tile's last program quantizes its rows into (q, scale)
         a = torch.empty(A, I, dtype=torch.float32, device=x.device)  # (the shared rows: sa)
     interpret = interpreting()
     early = _early(early, shared, split, x)
@@ -1251,10 +1238,9 @@ def gate_up(x: Tensor, w13: Tensor, w13_scale: Tensor | None, counts: Tensor, to
     for w8a8 w13 (fp8_block: scale [A, I / 128]; quant: the weight format, see format_of);
     bias [E, 2I]; act: (activation, alpha, limit) as ops.silu_mul's; shared [2I, D]: a [T + A,
     I], the shared expert's rows first, or for w8a8 out = (q, scale, sa [T, I]) with them in sa
-    (early: see _program's EARLY). Arguments were checked by the public function."""
-    a, q, scale, sa = out, None, None, None
-    if isinstance(out, tuple):  # w8a8: (q, scale), with a shared expert (q, scale, sa)
-        a, (q, scale, sa) = None, (*out, None)[:3]
+    (early: see _program's EARLY); fp8 rowwise's (a [A, I] float32, None[, sa]) leaves the rows
+    for down to quantize. Arguments were checked by the public function."""
+    a, q, scale, sa = unpack_outputs(out)
     _gate_up_op(x, w13, w13_scale, counts, token_ids, row_weights, a, q, scale, sa, workspace,
                 format_of(w13, quant), bias, *act, held_words(x, workspace), shared, early)
     return out

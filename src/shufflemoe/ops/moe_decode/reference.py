@@ -60,8 +60,8 @@ def _gate_up(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Tensor
              limit: Optional[float], words: Optional[Tensor] = None,
              shared: Optional[Tensor] = None, early: bool = False) -> None:
     # words: the kernel's, unused; shared [2I, D]: a's first T rows are the shared expert's
-    # (fp8 rowwise: sa's); early: the kernel's launch detail; fp8 rowwise's q may be a's
-    # float32 rows (scale None), for down to quantize
+    # (fp8 rowwise: sa's); early: the kernel's launch detail; fp8 rowwise without q: a holds
+    # the rows in float32, for down to quantize
     act = (activation, alpha, limit)
     if shared is not None:
         T = x.shape[0]
@@ -79,10 +79,8 @@ def _gate_up(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Tensor
     h = grouped_gemm(xq, w13, counts, x_scale, w13_scale, None, None, None, None,
                      torch.float32, quantization=quant, bias=bias,
                      scale_split=w13_split(quant, w13))  # [A, 2I]
-    # rows past num_valid keep their values; fp8 rowwise with no scale: q holds a in float32
-    fp32_rows = mode != "none" and scale is None
-    silu_mul(h, nv, "none" if fp32_rows else mode, a if mode == "none" else q if fp32_rows
-             else (q, scale), act)
+    # rows past num_valid keep their values
+    silu_mul(h, nv, mode if q is not None else "none", (q, scale) if q is not None else a, act)
 
 
 @inplace_op("decode_down_ref", mutates_args=("out",))
@@ -119,6 +117,16 @@ def _down(a: Tensor, a_scale: Optional[Tensor], sa: Optional[Tensor], w2: Tensor
     out[routed] = fresh[routed]
 
 
+def unpack_outputs(out: Tensor | tuple) -> tuple:
+    """decode_gate_up's out (see gate_up_outputs) as the ops take it: (a, q, scale, sa). a: the
+    rows in x's dtype, or fp8 rowwise's in float32 ((a, None[, sa]): down quantizes them); q,
+    scale: w8a8's quantized rows; sa: a merged shared expert's rows beside w8a8 ones."""
+    if not isinstance(out, tuple):
+        return out, None, None, None
+    q, scale, sa = (*out, None)[:3]
+    return (q, None, None, sa) if scale is None else (None, q, scale, sa)
+
+
 def gate_up(x: Tensor, w13: Tensor, w13_scale: Tensor | None, counts: Tensor, token_ids: Tensor,
             row_weights: Tensor | None, out: Tensor | tuple[Tensor, Tensor],
             workspace: int = 0, quant: str | None = None, bias: Tensor | None = None,
@@ -126,9 +134,7 @@ def gate_up(x: Tensor, w13: Tensor, w13_scale: Tensor | None, counts: Tensor, to
             early: bool = False) -> Tensor | tuple[Tensor, Tensor]:
     """As ops.decode_gate_up (out allocated by the public function; no workspace here; early:
     the kernels' launch detail)."""
-    a, q, scale, sa = out, None, None, None
-    if isinstance(out, tuple):  # w8a8: (q, scale), with a shared expert (q, scale, sa)
-        a, (q, scale, sa) = None, (*out, None)[:3]
+    a, q, scale, sa = unpack_outputs(out)
     _gate_up(x, w13, w13_scale, counts, token_ids, row_weights, a, q, scale, sa, workspace,
              format_of(w13, quant), bias, *act, None, shared)
     return out
