@@ -17,13 +17,18 @@ SM, and the untuned choice (configs.untuned: the heuristic, or fp8_w8a16's rule)
    CUDA-graph replays over rotated weight sets and routings (every call routes differently; one
    pass reads over 2x the L2); the 3 fastest timed again with more replays, the best kept.
    fp8 rowwise's down candidates with one-pair tiles take a's rows in fp32 and quantize them
-   (configs.down_quantizes), as the layer runs them; the others take gate_up's (q, scale);
+   (configs.down_quantizes), as the layer runs them; the others take gate_up's (q, scale).
+   Where down's best is an MMA tile, its fastest one-pair tile is kept too (the alt row): with
+   it gate_up stores a unquantized and skips its m-tile's arrival, which down's own timing
+   cannot see;
 3. layer: the whole layer (graph replays) at each T, fused with the new table (PDL off and on),
-   fused with the untuned tiles, and unfused, as % of the read ceiling for the bytes the routing
-   activates (planner.must_read_bytes), the bytes floor the layer suite uses; each row the layer
-   ran with keeps PDL where that was faster, and is dropped unless the layer was faster with it
-   than with the untuned tiles by KEEP_MARGIN (judge); the shared expert's rows in Llama 4
-   Scout's layer at the T it runs that expert in launches of its own (shared_judge);
+   with the alt row where there is one (PDL off and on), fused with the untuned tiles, and
+   unfused, as % of the read ceiling for the bytes the routing activates
+   (planner.must_read_bytes), the bytes floor the layer suite uses; each row the layer ran with
+   keeps PDL where that was faster, gives way to its alt row where the layer was faster with
+   that, and is dropped unless the layer was faster with it than with the untuned tiles by
+   KEEP_MARGIN (judge); the shared expert's rows in Llama 4 Scout's layer at the T it runs that
+   expert in launches of its own (shared_judge);
 4. writes $OUT/tune_decode.json, $OUT/tune_decode.md and $OUT/tuned.py (the tables: copy it to
    src/shufflemoe/ops/moe_decode/tuned.py). With --dtypes naming some of DTYPES, the other
    dtypes' rows stay as committed and the results are tune_decode_<dtypes>.json / .md. Rows of
@@ -317,27 +322,31 @@ def quant_at(k: tuple, cfg) -> str:
     return cfg.quantization if k[1] == cfg.num_experts else "none"
 
 
-def judged(key: tuple, cfg, variant: str, gpu: str = ""):
+def judged(key: tuple, cfg, variant: str, gpu: str = "", alt: tuple | None = None):
     """configs.select in a layer of ``cfg`` on the GPU ``gpu`` where the row for ``key`` (a
-    table_key) alone is ``variant``: "tuned" (PDL off), "tuned_pdl" or "untuned"
-    (configs.untuned); every other launch takes what the layer plans, so a verdict compares
-    that row and nothing else."""
+    table_key) alone is ``variant``: "tuned" (PDL off), "tuned_pdl", "untuned"
+    (configs.untuned), or "alt" / "alt_pdl" (the row ``alt``, in the table's form); every other
+    launch takes what the layer plans, so a verdict compares that row and nothing else."""
     def choose(k):
         quant = quant_at(k, cfg)
         if configs.table_key(*k, quant=quant) != key:
             return configs.planned(k, quant, gpu)
         if variant == "untuned":
             return configs.untuned(k, quant, gpu)
+        if variant.startswith("alt"):
+            return configs.DecodeConfig(configs.GemmConfig(*alt[0]), configs.GemmConfig(*alt[1]),
+                                        pdl=variant == "alt_pdl")
         return configs.planned(k, quant, gpu).with_(pdl=variant == "tuned_pdl")
     return choose
 
 
 def layer_rows(case_layers: list, name: str, dtype: str, T: int, device: str, dry: bool,
-               read_gbps: float, key_of, gpu: str = "") -> dict:
+               read_gbps: float, key_of, gpu: str = "", alts: dict | None = None) -> dict:
     """The layer at T tokens: fused with its table row (key_of(A), A the pairs its launches
-    plan for) without and with PDL, fused with the untuned tiles, unfused. bf16 and fp8 rowwise
-    take the fused path forced on (decode_check.FUSED: a shared expert merged where the default
-    merges it), fp8_w8a16 the default switch (it has rows only where that fuses)."""
+    plan for) without and with PDL, with the key's row in ``alts`` if it has one (without and
+    with PDL), fused with the untuned tiles, unfused. bf16 and fp8 rowwise take the fused path
+    forced on (decode_check.FUSED: a shared expert merged where the default merges it),
+    fp8_w8a16 the default switch (it has rows only where that fuses)."""
     cfg = case_layers[0].config
     quant = cfg.quantization
     fused = configs.Switch() if quant == "fp8_w8a16" else FUSED
@@ -351,8 +360,9 @@ def layer_rows(case_layers: list, name: str, dtype: str, T: int, device: str, dr
     nbytes = must_read_bytes(cfg, active)
     row = dict(preset=name, dtype=dtype, T=T, key=key, active_experts=active,
                must_read_mb=nbytes / 1e6)
-    for lab, plans in [(v, (fused, judged(key, cfg, v, gpu)))
-                       for v in ("tuned", "tuned_pdl", "untuned")
+    alt = (alts or {}).get(key)
+    variants = ("tuned", "tuned_pdl", "untuned") + ("alt", "alt_pdl") * (alt is not None)
+    for lab, plans in [(v, (fused, judged(key, cfg, v, gpu, alt))) for v in variants
                        ] + [("unfused", (configs.NEVER,))]:
         run = lambda i: case_layers[i % len(case_layers)](xs[i])  # noqa: E731
         with contextlib.ExitStack() as stack:
@@ -387,32 +397,42 @@ def shared_judge(dtype: str, dry: bool, device: str, As: list[int]) -> tuple[lis
     return layers_for(cfg, 1 if dry else weight_sets(cfg, 1), device), Ts
 
 
-def judge(table: dict, layer: list[dict], dropped: list) -> None:
+def judge(table: dict, layer: list[dict], dropped: list, alts: dict | None = None) -> None:
     """Each row of ``table`` that layer rows ran with: PDL where the layer was faster with it by
-    more than the timing's noise (0.5%), and the row dropped (its bucket takes the untuned
-    tiles) unless the layer was faster with it, PDL as chosen, by over KEEP_MARGIN; a row
-    several T share (a merged shared expert's T + 1 pairs) is judged on their sums. A GEMM
-    alone can be faster under a tile that makes the layer slower (the kernels overlap under
-    PDL, and the router runs before them)."""
+    more than the timing's noise (0.5%); the key's row in ``alts`` (layer rows "alt_us",
+    "alt_pdl_us") in its place where the layer was faster with it, PDL as chosen, by over that
+    noise; and the row dropped (its bucket takes the untuned tiles) unless the layer was faster
+    with the row kept, PDL as chosen, by over KEEP_MARGIN. A row several T share (a merged
+    shared expert's T + 1 pairs) is judged on their sums. A GEMM alone can be faster under a
+    tile that makes the layer slower (the kernels overlap under PDL, and the router runs
+    before them), or slower under one that makes it faster (fp8 rowwise's one-pair down on
+    fp32 rows spares gate_up its m-tile's arrival)."""
+    labels = ("tuned", "tuned_pdl", "untuned", "alt", "alt_pdl")
     sums: dict = {}
     for r in layer:
-        acc = sums.setdefault(r["key"], [0.0, 0.0, 0.0, []])
-        for i, lab in enumerate(("tuned", "tuned_pdl", "untuned")):
-            acc[i] += r[f"{lab}_us"]
-        acc[3].append(r["T"])
+        acc = sums.setdefault(r["key"], dict.fromkeys(labels, 0.0) | dict(Ts=[]))
+        for lab in labels:
+            acc[lab] += r.get(f"{lab}_us", math.nan if lab.startswith("alt") else 0.0)
+        acc["Ts"].append(r["T"])
     verdict = {}
-    for key, (plain, pdl, untuned, Ts) in sums.items():
+    for key, acc in sums.items():
         if key not in table:
             verdict[key] = ("no row", False)
             continue
-        use_pdl = bool(pdl < 0.995 * plain)
-        if min(plain, pdl) > (1 - KEEP_MARGIN) * untuned:  # NaN (dry run): kept
-            dropped.append(dict(key=str(key), T=Ts, tuned_us=min(plain, pdl), untuned_us=untuned,
-                                row=table.pop(key)))
+        row, kind = table[key], "kept"
+        use_pdl = bool(acc["tuned_pdl"] < 0.995 * acc["tuned"])
+        best = min(acc["tuned"], acc["tuned_pdl"])
+        alt_best = min(acc["alt"], acc["alt_pdl"])  # NaN without an alt row: never taken
+        if key in (alts or {}) and alt_best < 0.995 * best:
+            row, kind, best = alts[key], "kept: alt", alt_best
+            use_pdl = bool(acc["alt_pdl"] < 0.995 * acc["alt"])
+        if best > (1 - KEEP_MARGIN) * acc["untuned"]:  # NaN (dry run): kept
+            dropped.append(dict(key=str(key), T=acc["Ts"], tuned_us=best,
+                                untuned_us=acc["untuned"], row=table.pop(key)))
             verdict[key] = ("dropped", False)
         else:
-            table[key] = (*table[key][:2], use_pdl)
-            verdict[key] = ("kept", use_pdl)
+            table[key] = (*row[:2], use_pdl)
+            verdict[key] = (kind, use_pdl)
     for r in layer:
         r["row"], r["pdl"] = verdict[r["key"]]
 
@@ -559,6 +579,7 @@ def main(argv: list[str] | None = None) -> dict:
     committed = committed_own if own else committed_base
     table: dict = dict(committed) if args.layer_only or partial else {}
     named: set = set()  # the keys of every case
+    alts: dict = {}  # key -> a second row the layer judges: down one-pair on fp32 rows (sweep)
     with use_impl("triton"):
         by_layer: dict = {}
         for name, dtype, A in jobs:
@@ -581,12 +602,14 @@ def main(argv: list[str] | None = None) -> dict:
                             rows["skipped"].append(dict(phase="time", case=[name, dtype, A]))
                         continue
                     case = Case(name, dtype, A, layers, device, 2 if dry else N_INPUTS)
-                    best = {}
+                    best, alt = {}, {}
                     for gemm in ("gate_up", "down"):
-                        best[gemm] = sweep(case, gemm, failed.get((name, dtype, A), {}), dry,
-                                           rows, own)
+                        best[gemm], alt[gemm] = sweep(case, gemm, failed.get((name, dtype, A), {}),
+                                                      dry, rows, own)
                     table[key_of(A)] = (fields(best["gate_up"].gate_up),
                                         fields(best["down"].down), False)
+                    if alt["down"] is not None:
+                        alts[key_of(A)] = (table[key_of(A)][0], fields(alt["down"].down), False)
                     del case
                 # the layer rows below run with the new entries
                 (configs.BY_DEVICE.setdefault(own, {}) if own else configs.TABLE).update(table)
@@ -601,7 +624,7 @@ def main(argv: list[str] | None = None) -> dict:
                         rows["skipped"].append(dict(phase="layer", case=[name, dtype, T]))
                         continue
                     r = layer_rows(judge_layers, label, dtype, T, device, dry, read_gbps, key_of,
-                                   own)
+                                   own, alts)
                     done.append(r)
                     print(f"layer {label} {dtype} T={T}: tuned {r['tuned_us']:.1f} us "
                           f"({r['tuned_pct_read']:.0f}%), with PDL {r['tuned_pdl_us']:.1f}, "
@@ -609,7 +632,7 @@ def main(argv: list[str] | None = None) -> dict:
                           f"({r['untuned_pct_read']:.0f}%), unfused {r['unfused_us']:.1f} "
                           f"({r['unfused_pct_read']:.0f}%)", flush=True)
                 rows["layer"] += done
-                judge(table, done, rows["dropped"])
+                judge(table, done, rows["dropped"], alts)
                 del layers, judge_layers
             except Exception as e:  # a failing preset must not cost the rest of the call
                 rows["errors"].append(dict(where=f"{name} {dtype}", error=f"{type(e).__name__}: "
@@ -653,7 +676,8 @@ def sweep(case: Case, gemm: str, failed: dict, dry: bool, rows: dict,
             with configs.override(cand):
                 if gemm == "down" and case.quantizes_in_down():
                     fp32_rows.append(lab)
-                us = 0.0 if dry else time_us(fn, n, 10)
+                # dry run: the one-pair tiles on fp32 rows rank last, so an alt row is judged
+                us = float(lab in fp32_rows) if dry else time_us(fn, n, 10)
                 if dry:
                     fn(0)
             timed.append((us, lab))
@@ -668,16 +692,22 @@ def sweep(case: Case, gemm: str, failed: dict, dry: bool, rows: dict,
                 final[lab] = time_us(fn, n, 40)
     best = min(final, key=final.get) if final else "untuned"
     base = final.get("untuned", first.get("untuned"))
+    # the fastest one-pair candidate on fp32 rows, where the best is an MMA tile: its gate_up
+    # stores a unquantized and skips the m-tile's arrival, which this GEMM's timing cannot see,
+    # so the layer judges it beside the best (layer_rows' "alt")
+    alt = (min((lab for lab in fp32_rows if lab in first), key=first.get)
+           if best not in fp32_rows and any(lab in first for lab in fp32_rows) else None)
     nbytes = case.nbytes(gemm)
     rows["sweep"].append(dict(
         preset=case.name, dtype=case.dtype, A=case.A, gemm=gemm, best=best,
         best_us=final.get(best), untuned_us=base, retimed=final,
         first_pass={lab: round(us, 2) for lab, us in first.items()}, a_fp32=fp32_rows,
-        weight_mb=nbytes / 1e6, active_experts=case.active))
+        alt=alt, weight_mb=nbytes / 1e6, active_experts=case.active))
     if not dry:
         print(f"{case.name} {case.dtype} A={case.A} {gemm}: best {best} {final.get(best)} us, "
-              f"untuned {base} us ({len(timed)} candidates)", flush=True)
-    return cands[best]
+              f"untuned {base} us ({len(timed)} candidates)"
+              + (f"; one-pair on fp32 rows {alt} {first[alt]} us" if alt else ""), flush=True)
+    return cands[best], (cands[alt] if alt else None)
 
 
 def markdown(result: dict) -> str:
@@ -704,16 +734,20 @@ def markdown(result: dict) -> str:
                    f"{pct(h):.0f} | {(h / b) if b and h else float('nan'):.2f} |")
     out += ["", "## The layer (CUDA-graph replays, median us; % of the read ceiling for the "
             "bytes the routing activates)", "",
-            "| preset | dtype | T | fused, table | % | with PDL | % | row | PDL | fused, untuned "
-            "| % | unfused | % |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "| preset | dtype | T | fused, table | % | with PDL | % | alt (with PDL) | row | "
+            "PDL | fused, untuned | % | unfused | % |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["layer"]:
+        alt = (f"{r['alt_us']:.1f} ({r['alt_pdl_us']:.1f})" if "alt_us" in r else "")
         out.append(f"| {r['preset']} | {r['dtype']} | {r['T']} | {r['tuned_us']:.1f} | "
                    f"{r['tuned_pct_read']:.1f} | {r['tuned_pdl_us']:.1f} | "
-                   f"{r['tuned_pdl_pct_read']:.1f} | {r['row']} | {r['pdl']} | "
+                   f"{r['tuned_pdl_pct_read']:.1f} | {alt} | {r['row']} | {r['pdl']} | "
                    f"{r['untuned_us']:.1f} | "
                    f"{r['untuned_pct_read']:.1f} | {r['unfused_us']:.1f} | "
                    f"{r['unfused_pct_read']:.1f} |")
+    out += ["", "alt: the key's best down among the one-pair tiles on a's fp32 rows, with the "
+            "best gate_up (fp8 rowwise, where the best down alone is an MMA tile); row "
+            "'kept: alt' took it."]
     out += ["", f"Rows dropped (the layer was not {KEEP_MARGIN:.0%} faster with them than with "
             "the untuned tiles, or no case names them): "
             + ("; ".join(d.get("why") and f"{d['key']}: {d['why']}" or

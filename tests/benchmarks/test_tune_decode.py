@@ -24,6 +24,12 @@ def test_dry_run(tmp_path):
     assert fp8_down and all(r["a_fp32"] and all(lab.endswith(" gemv") for lab in r["a_fp32"])
                             for r in fp8_down)
     assert not any(r["a_fp32"] for r in result["sweep"] if r["dtype"] != "fp8")
+    # ... and where the best down is an MMA tile (the dry run ranks those tiles last), the
+    # fastest of them is judged in the layer as the alt row
+    assert all(r["alt"] in r["a_fp32"] and r["best"] not in r["a_fp32"] for r in fp8_down)
+    fp8_layer = [r for r in result["layer"] if r["dtype"] == "fp8"]
+    assert fp8_layer and all("alt_us" in r and "alt_pdl_us" in r for r in fp8_layer)
+    assert not any("alt_us" in r for r in result["layer"] if r["dtype"] != "fp8")
     # the shared expert's row at A = 4 judged in Scout's layer at T = 4 (unmerged), not A = 1's
     # (Scout merges its shared expert at T = 1)
     shared = [r for r in result["layer"] if r["preset"] == "llama4-shared-tp8 in scout-tp8"]
@@ -172,6 +178,37 @@ def test_judge_keeps_rows_the_layer_is_faster_with():
     assert [(r["row"], r["pdl"]) for r in layer] == [
         ("kept", False), ("kept", False), ("dropped", False), ("kept", True), ("kept", False),
         ("no row", False)]
+
+
+def test_judge_takes_the_alt_row_where_the_layer_is_faster_with_it():
+    """judge with alt rows (fp8 rowwise's one-pair down on fp32 rows): the alt row replaces the
+    swept row where the layer was faster with it, PDL as chosen, by over 0.5% on the sums over
+    its T; it must still beat the untuned tiles by KEEP_MARGIN; keys without layer alt times
+    keep the swept row."""
+    import pathlib
+    import sys
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks"))
+    import tune_decode
+
+    g = ((4, 2048, 1, 4, 2, 1), (64, 256, 1, 4, 3, 16))
+    a = (g[0], (32, 512, 1, 4, 2, 1))
+    table = {k: (*g, False) for k in ("merged", "close", "both lose", "no alt times")}
+    alts = {k: (*a, False) for k in table}
+    t = dict(tuned_pdl_us=100.0, untuned_us=100.0)
+    layer = [dict(key="merged", T=1, tuned_us=24.3, alt_us=21.0, alt_pdl_us=20.5, **t),
+             dict(key="merged", T=2, tuned_us=32.0, alt_us=33.1, alt_pdl_us=33.0, **t),
+             dict(key="close", T=1, tuned_us=30.0, alt_us=29.9, alt_pdl_us=29.95, **t),
+             dict(key="both lose", T=1, tuned_us=99.5, alt_us=99.4, alt_pdl_us=99.6, **t),
+             dict(key="no alt times", T=1, tuned_us=50.0, **t)]
+    dropped: list = []
+    tune_decode.judge(table, layer, dropped, alts)
+    # merged: 53.5 (alt, PDL) against 56.3 over T = 1, 2, though T = 2 alone was slower with it
+    assert table == {"merged": (*a, True), "close": (*g, False), "no alt times": (*g, False)}
+    assert [(d["key"], d["tuned_us"]) for d in dropped] == [("both lose", 99.5)]
+    assert [(r["row"], r["pdl"]) for r in layer] == [
+        ("kept: alt", True), ("kept: alt", True), ("kept", False), ("dropped", False),
+        ("kept", False)]
 
 
 def test_drop_stale_drops_rows_no_case_names():
