@@ -427,8 +427,9 @@ def judge(table: dict, layer: list[dict], dropped: list, alts: dict | None = Non
             row, kind, best = alts[key], "kept: alt", alt_best
             use_pdl = bool(acc["alt_pdl"] < 0.995 * acc["alt"])
         if best > (1 - KEEP_MARGIN) * acc["untuned"]:  # NaN (dry run): kept
+            table.pop(key)
             dropped.append(dict(key=str(key), T=acc["Ts"], tuned_us=best,
-                                untuned_us=acc["untuned"], row=table.pop(key)))
+                                untuned_us=acc["untuned"], row=row))
             verdict[key] = ("dropped", False)
         else:
             table[key] = (*row[:2], use_pdl)

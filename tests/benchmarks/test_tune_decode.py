@@ -205,7 +205,8 @@ def test_judge_takes_the_alt_row_where_the_layer_is_faster_with_it():
     tune_decode.judge(table, layer, dropped, alts)
     # merged: 53.5 (alt, PDL) against 56.3 over T = 1, 2, though T = 2 alone was slower with it
     assert table == {"merged": (*a, True), "close": (*g, False), "no alt times": (*g, False)}
-    assert [(d["key"], d["tuned_us"]) for d in dropped] == [("both lose", 99.5)]
+    assert [(d["key"], d["tuned_us"], d["row"]) for d in dropped] == [
+        ("both lose", 99.5, (*g, False))]
     assert [(r["row"], r["pdl"]) for r in layer] == [
         ("kept: alt", True), ("kept: alt", True), ("kept", False), ("dropped", False),
         ("kept", False)]
