@@ -292,6 +292,44 @@ def test_fp8_rows_quantized_in_down(case, tiles_name, impl):
     assert_close(outs[1], ref, tol(torch.bfloat16))
 
 
+@pytest.mark.parametrize("out_rows", ["q, scale", "fp32"])
+@pytest.mark.parametrize("tiles_name", list(FP32_ROWS_TILES))
+@pytest.mark.parametrize("on_input", [True, False])
+def test_fp8_one_token_gives_a_batch_of_its_copies_bits(on_input, tiles_name, out_rows):
+    """fp8 rowwise gate_up at T = 1 takes x[0]'s amax once, before the routing is known (times
+    each pair's |input weight|), where T > 1 takes each pair's gathered row's: a token alone
+    gives bit for bit its rows in a batch of its copies routed alike (the same tiles), so the
+    one-token amax is the gathered one. Against float64 too. (The torch reference's einsum
+    sums in an order that follows the batch, so only the kernel can be held to this.)"""
+    cfg = FP32_ROWS_TILES[tiles_name]
+    E, experts, T2 = 16, torch.tensor([5, 0, 11, 3, 14, 8, 1, 9]), 3
+    (w13, _, s13, _), (w13_64, _) = weights(E, FP8_DTYPE, 0)
+    w = torch.rand(1, len(experts), generator=gen(5)) + 0.25
+    x = (torch.randn(1, D, generator=gen(1)) * 3).to(DEV, torch.bfloat16)
+    got = []
+    for T in (1, T2):
+        r = sort_by_expert(experts.expand(T, -1).to(DEV), E, w.expand(T, -1).to(DEV),
+                           impl="torch")
+        A = r.num_pairs
+        out = ((poisoned(A, I, dtype=torch.uint8, device=DEV).view(FP8_DTYPE),
+                poisoned(A, dtype=torch.float32, device=DEV)) if out_rows == "q, scale"
+               else (poisoned(A, I, dtype=torch.float32, device=DEV), None))
+        with configs.override(cfg):
+            decode_gate_up(x.expand(T, -1).contiguous(), w13, r.counts, r.token_ids,
+                           r.weights if on_input else None, w13_scale=s13, out=out,
+                           impl="triton")
+        if T == 1:
+            a = out[0].double() * out[1].double()[:, None] if out[1] is not None else out[0]
+            assert_close(a, gate_up64(x, r, w13_64, on_input, True),
+                         tol(torch.float32 if out[1] is None else FP8_DTYPE))
+        got.append([o for o in out if o is not None])
+    for one, batch in zip(*got):  # pairs sorted by expert, each expert's T2 copies in a row
+        for t in range(T2):
+            assert torch.equal(one.view(torch.uint8) if one.dtype == FP8_DTYPE else one,
+                               (batch[t::T2].view(torch.uint8) if batch.dtype == FP8_DTYPE
+                                else batch[t::T2]))
+
+
 def test_down_quantizes_where_its_tiles_hold_one_pair():
     """configs.down_quantizes: fp8 rowwise with one-pair down tiles only."""
     key, cpu = (3, 16, 640, 128, FP8_DTYPE), torch.device("cpu")

@@ -67,10 +67,11 @@ def _format(fp8: bool | str) -> tuple[str, bool]:
 
 def gate_up(fp8: bool | str, split: int, rw: bool, pdl: bool, block_m: int = 16,
             oai: bool = False, shared: bool = False, block_k: int | None = None,
-            runs: bool = False, quant_a: bool = True):
+            runs: bool = False, quant_a: bool = True, one_token: bool = False):
     """oai: gpt-oss's expert bias and clamped swiglu_oai GLU; shared: a shared expert's tiles
     first, not waiting for the routing (EARLY); runs: a one-pair tile's per-thread runs;
-    quant_a False: w8a8's rows of a left in fp32 (for down to quantize)."""
+    quant_a False: w8a8's rows of a left in fp32 (for down to quantize); one_token: T = 1, a
+    constant as the JIT specializes it (fp8 rowwise: x's amax before the PDL wait)."""
     from shufflemoe.ops.moe_decode import kernel
 
     quant, fp8 = _format(fp8)
@@ -85,10 +86,11 @@ def gate_up(fp8: bool | str, split: int, rw: bool, pdl: bool, block_m: int = 16,
                words_ptr="*i32" if split > 1 or (fp8 and quant_a) else None, E="i32", D="i32",
                I="i32",
                n_tiles="i32", k_split="i32", A="i32", words_rows="i32",
-               sw_ptr="*bf16" if shared else None, T="i32",
+               sw_ptr="*bf16" if shared else None,
                sa_ptr="*bf16" if shared and fp8 else None,
-               flag_ptr="*i32" if shared else None, **_split_arg(split))
-    consts = dict(SHARED=shared, EARLY=shared, BLOCK_E=16, BLOCK_M=block_m, BLOCK_N=64,
+               flag_ptr="*i32" if shared else None, **_split_arg(split),
+               **({} if one_token else {"T": "i32"}))
+    consts = dict(**({"T": 1} if one_token else {}), SHARED=shared, EARLY=shared, BLOCK_E=16, BLOCK_M=block_m, BLOCK_N=64,
                   BLOCK_K=block_k or _block_k(quant), SHARED_K=_shared_k(quant),
                   **_split_const(split), QUANT=quant, ACT="swiglu_oai" if oai else "silu",
                   HAS_LIMIT=oai, HAS_BIAS=oai, HAS_RW=rw, UPCAST=False,
@@ -161,6 +163,7 @@ def grouped(quant: str, tma: str, swap_ab: bool, block_m: int = 64, block_k: int
 BUILDS = {
     "gate_up bf16 split-K input weights": lambda: gate_up(False, 8, True, False),
     "gate_up fp8 PDL": lambda: gate_up(True, 1, False, True),
+    "gate_up fp8 PDL one token": lambda: gate_up(True, 1, True, True, one_token=True),
     "gate_up bf16 no split, no arrival words": lambda: gate_up(False, 1, True, False),
     "down fp8 split-K k=8": lambda: down(True, 3, 8, False),
     "down bf16 top-1 PDL": lambda: down(False, 1, 1, True),
@@ -245,6 +248,9 @@ GEMV = {  # one pair a tile: no MMA
         "fp8_w8a16", 2, 2, False, block_m=1, block_k=512, runs=True),
     "gate_up fp8 one-pair tiles leaving a in fp32, with a bf16 shared expert, early, PDL":
         lambda: gate_up(True, 1, True, True, block_m=1, shared=True, quant_a=False),
+    "gate_up fp8 one-pair tiles, a bf16 shared expert, one token, a in fp32, PDL":
+        lambda: gate_up(True, 1, True, True, block_m=1, shared=True, quant_a=False,
+                        one_token=True),
     "down fp8 one-pair tiles quantizing a's fp32 rows, k=8 split-K PDL": lambda: down(
         True, 2, 8, True, block_m=1, a_f32=True),
     "down fp8 one-pair tiles quantizing a's fp32 rows, a bf16 shared expert, runs": lambda: down(
@@ -278,6 +284,9 @@ if __name__ == "__main__":
                 # tiles in mxfp4_run_order read a thread's bytes of a run as one matrix load
                 if "run order" in name or not name.startswith("grouped"):
                     assert ("ldmatrix" in ptx) == (name in BUILDS), "single-byte loads"
+            if "one token" in name:  # fp8 rowwise at T = 1: x's row (past L1) before the wait
+                ptx = compiled.asm["ptx"]
+                assert "ld.global.cg" in ptx[:ptx.index("griddepcontrol.wait")], "x's amax late"
             if name in BUILDS and not name.startswith("grouped"):
                 assert "async_copy_global_to_local" in ttgir, "the K loop is not pipelined"
                 assert "warp_group_dot" in ttgir, "no wgmma"

@@ -21,10 +21,13 @@ interpreter runs programs one after another; the same code is then trivially ord
 
 fp8 rowwise keeps the layer's w8a8 contract (activations quantized per row with the formula of
 ops.quantize, as gather_scale and silu_mul do): gate_up quantizes its rows of x in the K loop
-from the rows' amax (a pass over the rows before the loop); its epilogue stores a in fp32. Where
-down's tiles hold one pair (configs.down_quantizes), down quantizes those rows itself (A_F32):
-each program takes its rows' amax (a pass before its K loop) and quantizes each K step's tile in
-registers, the formula of ops.quantize, so no gate_up program waits for the rest of its m-tile.
+from the rows' amax (a pass over the rows before the loop; at T = 1, where every routed row is
+x[0] times its input weight, max |x[0]| times |w|, taken before the PDL wait: the layer's input
+is written before the kernels the launch overlaps, and rounding is monotone, so the same bits);
+its epilogue stores a in fp32. Where down's tiles hold one pair (configs.down_quantizes), down
+quantizes those rows itself (A_F32): each program takes its rows' amax (a pass before its K
+loop) and quantizes each K step's tile in registers, the formula of ops.quantize, so no gate_up
+program waits for the rest of its m-tile.
 Else the last tile of each m-tile (a second arrival word) quantizes the m-tile's whole rows of a
 into (q, scale), which down's MMA tiles read like any fp8 GEMM input (a tile quantized in
 registers would cost them the pipelined fp8 operand).
@@ -287,9 +290,10 @@ def _row_amax(ptr, ids_ptr, rw_ptr, row0, n_rows, D, GATHER: tl.constexpr,
               ROW_CHUNKS: tl.constexpr):
     """max |row * w| of each of the m-tile's n_rows rows of D values (float32); [BLOCK_M], 0
     past n_rows. GATHER: the rows are x[token] of the pairs from row0 (times their input weight
-    with HAS_RW, as gather_scale's fp8 path); else a's fp32 rows row0, row0 + 1, ... (written by
-    gate_up: read past L1). Row by row (decode tiles hold a few), each row in ROW_CHUNKS
-    independent loads of ROW_BLOCK lanes: one round trip a row, not one per K step."""
+    with HAS_RW, as gather_scale's fp8 path); else rows row0, row0 + 1, ... of ptr, read past L1
+    (a's fp32 rows, written by gate_up; x's row 0 at T = 1). Row by row (decode tiles hold a
+    few), each row in ROW_CHUNKS independent loads of ROW_BLOCK lanes: one round trip a row,
+    not one per K step."""
     lanes = tl.arange(0, BLOCK_M)
     offs = tl.arange(0, ROW_BLOCK)
     amax = tl.zeros([BLOCK_M], tl.float32)
@@ -551,6 +555,15 @@ def _gate_up_kernel(
     QUANT_A: tl.constexpr,  # w8a8: quantize a's rows here (else a stays fp32, down quantizes)
     ROW_BLOCK: tl.constexpr, ROW_CHUNKS: tl.constexpr,  # fp8_rowwise: lanes and loads a row of x
 ):
+    x0_amax = 0.0
+    if QUANT == "fp8_rowwise":
+        if T == 1:  # (Triton specializes 1) every routed row is x[0]: its amax before the wait
+            first_routed = 0
+            if SHARED:
+                first_routed = 1  # the shared expert's m-tile quantizes nothing
+            if tl.program_id(0) // split // n_tiles >= first_routed:
+                x0_amax = tl.max(_row_amax(x_ptr, ids_ptr, rw_ptr, 0, 1, D, False, False,
+                                           BLOCK_M, ROW_BLOCK, ROW_CHUNKS), 0)
     s, tile, u, n_tile, shared, exists, g, row0, row_stop, _, _ = _program(
         counts_ptr, E, n_tiles, split, T, BLOCK_E, BLOCK_M, SHARED, PDL, EARLY)
     if exists:
@@ -574,9 +587,12 @@ def _gate_up_kernel(
             n_rows = tl.minimum(row_stop - row0, BLOCK_M)
             if SHARED:  # the shared expert's rows stay in x's dtype
                 n_rows = tl.where(shared, 0, n_rows)
-            inv, x_scale = row_scales(_row_amax(x_ptr, ids_ptr, rw_ptr, row0, n_rows, D, True,
-                                                HAS_RW,
-                                                BLOCK_M, ROW_BLOCK, ROW_CHUNKS))
+            if T == 1:  # |x[0] * w| rounds monotonically: max |x[0]| * |w| is the same bits
+                amax = tl.where(tl.arange(0, BLOCK_M) < n_rows, x0_amax * tl.abs(rw), 0.0)
+            else:
+                amax = _row_amax(x_ptr, ids_ptr, rw_ptr, row0, n_rows, D, True, HAS_RW,
+                                 BLOCK_M, ROW_BLOCK, ROW_CHUNKS)
+            inv, x_scale = row_scales(amax)
         cols = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
         col_ok = cols < I
         gate_rows = g.to(tl.int64) * (2 * I) + cols  # [BN] rows of w viewed as [E*2I, D]
