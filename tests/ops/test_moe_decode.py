@@ -296,11 +296,14 @@ def test_fp8_rows_quantized_in_down(case, tiles_name, impl):
 @pytest.mark.parametrize("tiles_name", list(FP32_ROWS_TILES))
 @pytest.mark.parametrize("on_input", [True, False])
 def test_fp8_one_token_gives_a_batch_of_its_copies_bits(on_input, tiles_name, out_rows):
-    """fp8 rowwise gate_up at T = 1 takes x[0]'s amax once, before the routing is known (times
-    each pair's |input weight|), where T > 1 takes each pair's gathered row's: a token alone
-    gives bit for bit its rows in a batch of its copies routed alike (the same tiles), so the
-    one-token amax is the gathered one. Against float64 too. (The torch reference's einsum
-    sums in an order that follows the batch, so only the kernel can be held to this.)"""
+    """fp8 rowwise gate_up at T = 1 with x ready before the launch (the layer's early) takes
+    x[0]'s amax once, before the routing is known (times each pair's |input weight|), where
+    T > 1 takes each pair's gathered row's: a token alone gives bit for bit its rows in a batch
+    of its copies routed alike (the same tiles), so the one-token amax is the gathered one.
+    Against float64 too. (The torch reference's einsum sums in an order that follows the
+    batch, so only the kernel can be held to this.)"""
+    from shufflemoe.ops._impl import ops_for
+
     cfg = FP32_ROWS_TILES[tiles_name]
     E, experts, T2 = 16, torch.tensor([5, 0, 11, 3, 14, 8, 1, 9]), 3
     (w13, _, s13, _), (w13_64, _) = weights(E, FP8_DTYPE, 0)
@@ -315,9 +318,10 @@ def test_fp8_one_token_gives_a_batch_of_its_copies_bits(on_input, tiles_name, ou
                 poisoned(A, dtype=torch.float32, device=DEV)) if out_rows == "q, scale"
                else (poisoned(A, I, dtype=torch.float32, device=DEV), None))
         with configs.override(cfg):
-            decode_gate_up(x.expand(T, -1).contiguous(), w13, r.counts, r.token_ids,
-                           r.weights if on_input else None, w13_scale=s13, out=out,
-                           impl="triton")
+            ops_for("triton").decode_gate_up(
+                x.expand(T, -1).contiguous(), w13, s13, r.counts, r.token_ids,
+                r.weights if on_input else None, out, 0, "fp8_rowwise", None,
+                ("silu", 1.0, None), early=True)
         if T == 1:
             a = out[0].double() * out[1].double()[:, None] if out[1] is not None else out[0]
             assert_close(a, gate_up64(x, r, w13_64, on_input, True),

@@ -71,7 +71,8 @@ def gate_up(fp8: bool | str, split: int, rw: bool, pdl: bool, block_m: int = 16,
     """oai: gpt-oss's expert bias and clamped swiglu_oai GLU; shared: a shared expert's tiles
     first, not waiting for the routing (EARLY); runs: a one-pair tile's per-thread runs;
     quant_a False: w8a8's rows of a left in fp32 (for down to quantize); one_token: T = 1, a
-    constant as the JIT specializes it (fp8 rowwise: x's amax before the PDL wait)."""
+    constant as the JIT specializes it, and x ready before the launch (the layer's early: fp8
+    rowwise takes x's amax before the PDL wait)."""
     from shufflemoe.ops.moe_decode import kernel
 
     quant, fp8 = _format(fp8)
@@ -96,7 +97,7 @@ def gate_up(fp8: bool | str, split: int, rw: bool, pdl: bool, block_m: int = 16,
                   HAS_LIMIT=oai, HAS_BIAS=oai, HAS_RW=rw, UPCAST=False,
                   W_TO_X=quant in ("fp8_w8a16", "mxfp4"), DOT_PRECISION="tf32", INTERPRET=False,
                   PDL=pdl, RUNS=runs, QUANT_BLOCK=1024, QUANT_A=quant_a, ROW_BLOCK=4096,
-                  ROW_CHUNKS=2)
+                  ROW_CHUNKS=2, X_READY=one_token)
     return compile_sm90(kernel._gate_up_kernel, sig, consts,
                         **({"launch_pdl": True} if pdl else {}))
 

@@ -22,8 +22,9 @@ interpreter runs programs one after another; the same code is then trivially ord
 fp8 rowwise keeps the layer's w8a8 contract (activations quantized per row with the formula of
 ops.quantize, as gather_scale and silu_mul do): gate_up quantizes its rows of x in the K loop
 from the rows' amax (a pass over the rows before the loop; at T = 1, where every routed row is
-x[0] times its input weight, max |x[0]| times |w|, taken before the PDL wait: the layer's input
-is written before the kernels the launch overlaps, and rounding is monotone, so the same bits);
+x[0] times its input weight, max |x[0]| times |w|, the same bits as rounding is monotone, and
+where the caller says x was written before the launches gate_up overlaps (early: the layer's
+merged call) taken before the PDL wait);
 its epilogue stores a in fp32. Where down's tiles hold one pair (configs.down_quantizes), down
 quantizes those rows itself (A_F32): each program takes its rows' amax (a pass before its K
 loop) and quantizes each K step's tile in registers, the formula of ops.quantize, so no gate_up
@@ -554,10 +555,15 @@ def _gate_up_kernel(
     QUANT_BLOCK: tl.constexpr,  # columns per step when the last m-tile quantizes rows of a
     QUANT_A: tl.constexpr,  # w8a8: quantize a's rows here (else a stays fp32, down quantizes)
     ROW_BLOCK: tl.constexpr, ROW_CHUNKS: tl.constexpr,  # fp8_rowwise: lanes and loads a row of x
+    X_READY: tl.constexpr,  # x was written before the launches this one overlaps (the layer's
+    # input): fp8 rowwise at T = 1 takes its amax before the PDL wait
 ):
+    one_row = False  # fp8 rowwise, T = 1 (Triton specializes 1): every routed row is x[0]
+    if X_READY:
+        one_row = T == 1
     x0_amax = 0.0
     if QUANT == "fp8_rowwise":
-        if T == 1:  # (Triton specializes 1) every routed row is x[0]: its amax before the wait
+        if one_row:  # x[0]'s amax before the wait, beside index_shuffle's tail
             first_routed = 0
             if SHARED:
                 first_routed = 1  # the shared expert's m-tile quantizes nothing
@@ -587,7 +593,7 @@ def _gate_up_kernel(
             n_rows = tl.minimum(row_stop - row0, BLOCK_M)
             if SHARED:  # the shared expert's rows stay in x's dtype
                 n_rows = tl.where(shared, 0, n_rows)
-            if T == 1:  # |x[0] * w| rounds monotonically: max |x[0]| * |w| is the same bits
+            if one_row:  # |x[0] * w| rounds monotonically: max |x[0]| * |w| is the same bits
                 amax = tl.where(tl.arange(0, BLOCK_M) < n_rows, x0_amax * tl.abs(rw), 0.0)
             else:
                 amax = _row_amax(x_ptr, ids_ptr, rw_ptr, row0, n_rows, D, True, HAS_RW,
@@ -1139,8 +1145,10 @@ def _gate_up_op(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Ten
     (fp8 rowwise: or a [A, I] float32 and no q, the rows left for down to quantize) <- the
     GLU (activation, alpha, limit: as ops.silu_mul's) of the gathered rows' products plus
     their expert's bias [E, 2I]; with the shared expert's w13 ``shared`` [2I, D] (x's dtype), a
-    [T + A, I] holds its rows first, or for w8a8 sa [T, I] holds them (early: with PDL
-    its programs do not wait for the routing, see _program). words: held_words (left zero).
+    [T + A, I] holds its rows first, or for w8a8 sa [T, I] holds them. early: x was written
+    before the launches this one overlaps (the layer's input), so with PDL the shared programs
+    do not wait for the routing (see _program) and fp8 rowwise at T = 1 takes x's amax before
+    the wait. words: held_words (left zero).
     The tiles are planned here, inside the op, so torch.compile never traces the host logic."""
     (T, D), (E, two_i, _), A = x.shape, w13.shape, token_ids.shape[0]
     I = two_i // 2
@@ -1163,6 +1171,7 @@ def _gate_up_op(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Ten
     if quant_a:  # a in fp32 first; each m-tile's last program quantizes its rows into (q, scale)
         a = torch.empty(A, I, dtype=torch.float32, device=x.device)  # (the shared rows: sa)
     interpret = interpreting()
+    x_ready = early and quant == "fp8_rowwise"  # early: x predates the launches this overlaps
     early = _early(early, shared, split, x)
     # early: PDL whatever the table says, as the overlap with the routing is the point
     pdl = _pdl(plan.with_(pdl=plan.pdl or early), x, interpret)
@@ -1182,7 +1191,7 @@ def _gate_up_op(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Ten
             PDL=pdl, SHARED=shared is not None, EARLY=early,
             SHARED_K=_shared_k(cfg, w13, x.dtype, quant), RUNS=_runs(cfg, k_split, quant),
             QUANT_BLOCK=min(1024, next_power_of_2(I)), QUANT_A=quant_a,
-            ROW_BLOCK=row_block, ROW_CHUNKS=cdiv(D, row_block),
+            ROW_BLOCK=row_block, ROW_CHUNKS=cdiv(D, row_block), X_READY=x_ready,
             **_launch_options(cfg, pdl))
 
 
@@ -1253,9 +1262,10 @@ def gate_up(x: Tensor, w13: Tensor, w13_scale: Tensor | None, counts: Tensor, to
     """x [T, D], w13 [E, 2I, D] -> out: a [A, I] in x's dtype, or (q [A, I] e4m3, scale [A])
     for w8a8 w13 (fp8_block: scale [A, I / 128]; quant: the weight format, see format_of);
     bias [E, 2I]; act: (activation, alpha, limit) as ops.silu_mul's; shared [2I, D]: a [T + A,
-    I], the shared expert's rows first, or for w8a8 out = (q, scale, sa [T, I]) with them in sa
-    (early: see _program's EARLY); fp8 rowwise's (a [A, I] float32, None[, sa]) leaves the rows
-    for down to quantize. Arguments were checked by the public function."""
+    I], the shared expert's rows first, or for w8a8 out = (q, scale, sa [T, I]) with them in sa;
+    early: x was written before the launches this one overlaps (see _gate_up_op); fp8
+    rowwise's (a [A, I] float32, None[, sa]) leaves the rows for down to quantize. Arguments
+    were checked by the public function."""
     a, q, scale, sa = unpack_outputs(out)
     _gate_up_op(x, w13, w13_scale, counts, token_ids, row_weights, a, q, scale, sa, workspace,
                 format_of(w13, quant), bias, *act, held_words(x, workspace), shared, early)
