@@ -21,14 +21,13 @@ interpreter runs programs one after another; the same code is then trivially ord
 
 fp8 rowwise keeps the layer's w8a8 contract (activations quantized per row with the formula of
 ops.quantize, as gather_scale and silu_mul do): gate_up quantizes its rows of x in the K loop
-from the rows' amax (a pass over the rows before the loop; at T = 1, where every routed row is
-x[0] times its input weight, max |x[0]| times |w|, the same bits as rounding is monotone, and
-where the caller says x was written before the launches gate_up overlaps (early: the layer's
-merged call) taken before the PDL wait);
-its epilogue stores a in fp32. Where down's tiles hold one pair (configs.down_quantizes), down
-quantizes those rows itself (A_F32): each program takes its rows' amax (a pass before its K
-loop) and quantizes each K step's tile in registers, the formula of ops.quantize, so no gate_up
-program waits for the rest of its m-tile.
+from the rows' amax (a pass over the rows before the loop); its epilogue stores a in fp32. At
+T = 1 every routed row is x[0] times its input weight, so the amax is max |x[0]| times |w| (the
+same bits: rounding is monotone), and where the caller says x was written before the launches
+gate_up overlaps (early: the layer's merged call) it is taken before the PDL wait. Where down's
+tiles hold one pair (configs.down_quantizes), down quantizes those rows itself (A_F32): each
+program takes its rows' amax (a pass before its K loop) and quantizes each K step's tile in
+registers, the formula of ops.quantize, so no gate_up program waits for the rest of its m-tile.
 Else the last tile of each m-tile (a second arrival word) quantizes the m-tile's whole rows of a
 into (q, scale), which down's MMA tiles read like any fp8 GEMM input (a tile quantized in
 registers would cost them the pipelined fp8 operand).
