@@ -554,21 +554,20 @@ def _gate_up_kernel(
     QUANT_BLOCK: tl.constexpr,  # columns per step when the last m-tile quantizes rows of a
     QUANT_A: tl.constexpr,  # w8a8: quantize a's rows here (else a stays fp32, down quantizes)
     ROW_BLOCK: tl.constexpr, ROW_CHUNKS: tl.constexpr,  # fp8_rowwise: lanes and loads a row of x
-    X_READY: tl.constexpr,  # x was written before the launches this one overlaps (the layer's
-    # input): fp8 rowwise at T = 1 takes its amax before the PDL wait
+    X_READY: tl.constexpr,  # fp8 rowwise only: x was written before the launches this one
+    # overlaps (the layer's input), so at T = 1 its amax is taken before the PDL wait
 ):
-    one_row = False  # fp8 rowwise, T = 1 (Triton specializes 1): every routed row is x[0]
+    one_row = False  # T = 1 (Triton specializes 1): every routed row is x[0]
     if X_READY:
         one_row = T == 1
     x0_amax = 0.0
-    if QUANT == "fp8_rowwise":
-        if one_row:  # x[0]'s amax before the wait, beside index_shuffle's tail
-            first_routed = 0
-            if SHARED:
-                first_routed = 1  # the shared expert's m-tile quantizes nothing
-            if tl.program_id(0) // split // n_tiles >= first_routed:
-                x0_amax = tl.max(_row_amax(x_ptr, ids_ptr, rw_ptr, 0, 1, D, False, False,
-                                           BLOCK_M, ROW_BLOCK, ROW_CHUNKS), 0)
+    if one_row:  # x[0]'s amax before the wait, beside index_shuffle's tail
+        first_routed = 0
+        if SHARED:
+            first_routed = 1  # the shared expert's m-tile quantizes nothing
+        if tl.program_id(0) // split // n_tiles >= first_routed:
+            x0_amax = tl.max(_row_amax(x_ptr, ids_ptr, rw_ptr, 0, 1, D, False, False,
+                                       BLOCK_M, ROW_BLOCK, ROW_CHUNKS), 0)
     s, tile, u, n_tile, shared, exists, g, row0, row_stop, _, _ = _program(
         counts_ptr, E, n_tiles, split, T, BLOCK_E, BLOCK_M, SHARED, PDL, EARLY)
     if exists:
