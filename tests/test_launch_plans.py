@@ -31,6 +31,11 @@ CONFIGS = {  # every decode flavour: fused (k = 1, k > 1, fp8, a shared expert) 
                              renormalize=True, quantization="fp8_rowwise",
                              dtype=torch.bfloat16),
     "gpt-oss-like": gpt_oss_config(hidden_size=32, intermediate_size=32, dtype=torch.bfloat16),
+    "deepseek-like": MoEConfig(hidden_size=32, intermediate_size=16, num_experts=16, top_k=4,
+                               router="group_limited", scoring="sigmoid", n_group=4,
+                               topk_group=2, correction_bias=True, renormalize=True,
+                               routed_scaling_factor=2.5, shared_intermediate_size=16,
+                               dtype=torch.bfloat16),
 }
 
 
@@ -94,14 +99,6 @@ def test_no_plan_where_the_region_computes_with_torch():
     with torch.no_grad():
         with use_impl("torch"):  # the references: torch ops throughout
             layer(make_input(cfg, 1, device=DEVICE))
-        assert planned_tokens(layer) == []
-        grouped = MoEConfig(hidden_size=32, intermediate_size=16, num_experts=8, top_k=2,
-                            router="group_limited", n_group=2, topk_group=1,
-                            dtype=torch.bfloat16)
-        layer = make_layer(grouped, device=DEVICE)
-        with use_impl("triton"):  # DeepSeek's selection runs torch ops before the kernels
-            x = make_input(grouped, 1, device=DEVICE)
-            assert torch.equal(layer(x), unplanned(layer, x))
         assert planned_tokens(layer) == []
 
 

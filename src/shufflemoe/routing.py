@@ -36,6 +36,7 @@ from torch import Tensor
 from ._registry import Registry
 from .config import MoEConfig
 from .ops import backend_for
+from .ops.index_shuffle.reference import DEEPSEEK_EPS
 from .ops.router.kernel import invariant_router_logits
 from .types import Routing
 
@@ -96,46 +97,18 @@ def _llama4(logits: Tensor, cfg: MoEConfig, bias: Tensor | None) -> Routing:
                                              batch_invariant=cfg.batch_invariant)
 
 
-def group_limited_topk(
-    logits: Tensor, cfg: MoEConfig, bias: Tensor | None, raw: bool = False
-) -> tuple[Tensor, Tensor]:
-    """DeepSeek-V3 selection -> (topk_ids [T, k] int64, topk_weights [T, k] float32): the chosen
-    affinities, renormalized if cfg.renormalize and scaled (raw: neither)."""
-    T, E = logits.shape
-    scores = torch.softmax(logits.float(), -1) if cfg.scoring == "softmax" else logits.float().sigmoid()
-    choice = scores if bias is None else scores + bias.float()  # the bias steers selection only
-    per_group = choice.view(T, cfg.n_group, E // cfg.n_group)
-    # A group scores the sum of its two best experts (its best one when a group has one expert).
-    group_score = per_group.topk(min(2, E // cfg.n_group), dim=-1).values.sum(-1)
-    groups = group_score.topk(cfg.topk_group, dim=-1, sorted=False).indices  # [T, topk_group]
-    drop = torch.ones_like(group_score, dtype=torch.bool).scatter_(1, groups, False)  # [T, n_group]
-    drop = drop[:, :, None].expand_as(per_group).reshape(T, E)
-    ids = choice.masked_fill(drop, float("-inf")).topk(cfg.top_k, dim=-1, sorted=False).indices
-    if cfg.batch_invariant:  # unsorted top-k's order may follow T; the weights' sum needs one
-        ids = ids.sort(dim=-1).values
-    weights = scores.gather(1, ids)
-    if raw:
-        return ids, weights
-    if cfg.renormalize:
-        # batch_invariant: the k columns added left to right, not in an order a reduction picks
-        total = (sum(weights.unbind(1)).unsqueeze(1) if cfg.batch_invariant
-                 else weights.sum(-1, keepdim=True))
-        weights = weights / (total + _DEEPSEEK_EPS)
-    return ids, weights * cfg.routed_scaling_factor
-
-
-_DEEPSEEK_EPS = 1e-20  # DeepSeek-V3's renormalization epsilon (HF transformers)
-
-
 @ROUTERS.register("group_limited")
 def _group_limited(logits: Tensor, cfg: MoEConfig, bias: Tensor | None) -> Routing:
+    ops = backend_for(logits)
     capacity = cfg.capacity(logits.shape[0])
+    groups = (cfg.n_group, cfg.topk_group)
     if drops_before_normalizing(cfg):
-        ids, weights = group_limited_topk(logits, cfg, bias, raw=True)
-        r = backend_for(ids).sort_by_expert(ids, cfg.num_experts, weights, capacity, True)
-        return _renormalize_kept(r, cfg.top_k, cfg.routed_scaling_factor, _DEEPSEEK_EPS)
-    ids, weights = group_limited_topk(logits, cfg, bias)
-    return backend_for(ids).sort_by_expert(ids, cfg.num_experts, weights, capacity, True)
+        r = ops.index_shuffle(logits, cfg.top_k, cfg.scoring, False, 1.0, capacity,
+                              batch_invariant=cfg.batch_invariant, groups=groups, bias=bias)
+        return _renormalize_kept(r, cfg.top_k, cfg.routed_scaling_factor, DEEPSEEK_EPS)
+    return ops.index_shuffle(logits, cfg.top_k, cfg.scoring, cfg.renormalize,
+                             cfg.routed_scaling_factor, capacity,
+                             batch_invariant=cfg.batch_invariant, groups=groups, bias=bias)
 
 
 def route(logits: Tensor, cfg: MoEConfig, bias: Tensor | None = None) -> Routing:

@@ -119,6 +119,51 @@ def test_sort_reference_matches_loop(T, E, k, capacity, seed):
     assert fast.all_routed == (capacity is None)
 
 
+def loop_groups(scores: torch.Tensor, bias: torch.Tensor | None, k: int, n_group: int,
+                topk_group: int, renormalize: bool, scaling: float):
+    """DeepSeek-V3's selection per token in float64, on the scores themselves (scoring "none"):
+    the choice is score + bias, a group scores its two best choices (its one), the topk_group
+    best groups stay (ties to the lower group), then the k best choices in them (ties to the
+    lower id); weights are the scores, renormalized with 1e-20."""
+    E = scores.shape[1]
+    size = E // n_group
+    b = [0.0] * E if bias is None else bias.double().tolist()
+    ids, weights = [], []
+    for row in scores.double().tolist():
+        choice = [v + bv for v, bv in zip(row, b)]
+        group_score = [sum(sorted(choice[g * size:(g + 1) * size], reverse=True)[:2])
+                       for g in range(n_group)]
+        kept = sorted(range(n_group), key=lambda g: (-group_score[g], g))[:topk_group]
+        allowed = [e for g in sorted(kept) for e in range(g * size, (g + 1) * size)]
+        best = sorted(allowed, key=lambda e: (-choice[e], e))[:k]
+        w = [row[e] for e in best]
+        if renormalize:
+            total = sum(w) + 1e-20
+            w = [v / total for v in w]
+        ids.append(best)
+        weights.append([v * scaling for v in w])
+    return ids, weights
+
+
+@given(T=st.integers(0, 30), n_group=st.integers(1, 8), size=st.integers(1, 6),
+       data=st.data(), biased=st.booleans(), renormalize=st.booleans(),
+       capacity=st.one_of(st.none(), st.integers(0, 5)), seed=st.integers(0, 2**16))
+def test_grouped_reference_matches_loop(T, n_group, size, data, biased, renormalize, capacity,
+                                        seed):
+    """bf16 scores, positive, and a bias in eighths: every sum is exact in float32, and ties
+    (between experts and between groups) are many."""
+    E = n_group * size
+    topk_group = data.draw(st.integers(1, n_group))
+    k = data.draw(st.integers(1, min(8, topk_group * size)))
+    g = torch.Generator().manual_seed(seed)
+    scores = torch.randn(T, E, generator=g).abs().add(0.125).to(torch.bfloat16)
+    bias = torch.randint(-4, 5, (E,), generator=g).float() / 8 if biased else None
+    r = index_shuffle(scores, k, renormalize=renormalize, scaling=1.5, capacity=capacity,
+                      groups=(n_group, topk_group), bias=bias, impl="torch")
+    ids, weights = loop_groups(scores, bias, k, n_group, topk_group, renormalize, 1.5)
+    check_against_loop(r, loop_sort(ids, weights, E, capacity))
+
+
 # ---- the kernel against the reference ------------------------------------------------------------
 
 KERNEL_CASES = [
@@ -139,6 +184,84 @@ def test_kernel_matches_reference(T, E, k, dtype, scoring, renormalize, scaling,
     scores = scores_for(T, E, dtype, seed=T + E)
     kw = dict(scoring=scoring, renormalize=renormalize, scaling=scaling, capacity=capacity)
     check_same(index_shuffle(scores, k, impl="triton", **kw), index_shuffle(scores, k, impl="torch", **kw))
+
+
+GROUPED_CASES = [
+    # T, E, k, (n_group, topk_group), dtype, scoring, renormalize, capacity, bias
+    (1, 256, 8, (8, 4), torch.bfloat16, "sigmoid", True, None, True),  # DeepSeek-V3 decode
+    (8, 256, 8, (8, 4), torch.float32, "sigmoid", True, None, True),  # its last one-program T
+    (300, 256, 8, (8, 4), torch.bfloat16, "sigmoid", True, None, True),  # blocks (two launches)
+    (33, 160, 6, (8, 3), torch.float32, "softmax", True, None, False),  # 20 experts a group
+    (5, 384, 8, (1, 1), torch.bfloat16, "sigmoid", True, None, True),  # one group (Kimi K2)
+    (45, 12, 3, (3, 2), torch.float16, "softmax", False, 4, True),  # odd sizes, capacity
+    (17, 8, 1, (8, 3), torch.float32, "none", False, None, True),  # groups of one expert
+    (0, 64, 4, (4, 2), torch.bfloat16, "sigmoid", True, None, True),
+]
+
+
+@pytest.mark.parametrize("T,E,k,groups,dtype,scoring,renormalize,capacity,biased",
+                         GROUPED_CASES, ids=lambda v: str(v).replace("torch.", ""))
+def test_grouped_kernel_matches_reference(T, E, k, groups, dtype, scoring, renormalize,
+                                          capacity, biased):
+    scores = scores_for(T, E, dtype, seed=T + E)
+    bias = scores_for(1, E, torch.float32, seed=E)[0] * 0.2 if biased else None
+    kw = dict(scoring=scoring, renormalize=renormalize, scaling=2.5, capacity=capacity,
+              groups=groups, bias=bias)
+    got = index_shuffle(scores, k, impl="triton", **kw)
+    check_same(got, index_shuffle(scores, k, impl="torch", **kw))
+    if T:  # every token's experts lie in at most topk_group groups
+        size = E // groups[0]
+        chosen = torch.zeros(T, groups[0], dtype=torch.bool, device=DEV)
+        chosen[got.token_ids.long(), got.expert_ids.long() // size] = True
+        assert int(chosen.sum(1).max()) <= groups[1]
+
+
+def test_grouped_kernel_ties():
+    """Equal group scores go to the lower group, equal choices to the lower expert, and the bias
+    steers the choice but not the weight."""
+    s = torch.tensor([[1.0, 2.0, 2.0, 1.0, 1.5, 1.5, 0.0, -4.0],
+                      [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0],
+                      [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]], device=DEV)
+    bias = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -3.0, 4.0], device=DEV)
+    kw = dict(groups=(4, 2), bias=bias)
+    got = index_shuffle(s, 3, impl="triton", **kw)
+    check_same(got, index_shuffle(s, 3, impl="torch", **kw))
+    chosen = sorted(zip(got.token_ids.tolist(), got.expert_ids.tolist(), got.weights.tolist()))
+    # row 0: groups {0,1}, {2,3} and {4,5} tie at 3 ({6,7}: -3): the first two stay, so the
+    # third expert is 0 (1.0, tied with 3), not 4 (1.5); rows 1 and 2: the bias lifts {6,7}
+    # (5 - 2 = 3 against 2, and 4 - 3 = 1 against 0) above the rest, then {0,1}: experts 7, 0
+    # and 1, at their unbiased scores
+    assert chosen == [(0, 0, 1.0), (0, 1, 2.0), (0, 2, 2.0), (1, 0, 1.0), (1, 1, 1.0),
+                      (1, 7, 1.0), (2, 0, 0.0), (2, 1, 0.0), (2, 7, 0.0)]
+
+
+def test_grouped_batch_invariant_weights():
+    """batch_invariant with groups: a row's weights are the same bits alone and among 16 (the
+    interpreter sums rows alike at any tiling; on the GPU the tiling decides)."""
+    scores = scores_for(16, 256, torch.float32)
+    kw = dict(scoring="softmax", renormalize=True, groups=(8, 4), impl="triton",
+              batch_invariant=True)
+    full = index_shuffle(scores, 8, **kw).dense_weights(16)
+    rows = [0, 7, 15]
+    alone = torch.cat([index_shuffle(scores[t:t + 1], 8, **kw).dense_weights(1) for t in rows])
+    assert torch.equal(alone, full[rows])
+
+
+def test_grouped_config_holds_rows_whole():
+    """One program to DeepSeek-V3's T = 8 (64 pairs); blocks never past GROUPED_TILE scores."""
+    from shufflemoe.ops.index_shuffle.kernel import GROUPED_TILE, grouped_config
+
+    assert grouped_config(8, 256, 8, 8).single and not grouped_config(9, 256, 8, 8).single
+    for T, E, k, n_group in ((1, 256, 8, 8), (4096, 256, 8, 8), (65536, 384, 8, 1),
+                             (5000, 160, 6, 8), (700, 8, 1, 8)):
+        for invariant in (False, True):
+            cfg = grouped_config(T, E, k, n_group, invariant)
+            width = next_pow2(n_group) * next_pow2(E // n_group)
+            assert cfg.block_tokens * width <= max(GROUPED_TILE, 16 * width), (T, E, invariant)
+
+
+def next_pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
 
 
 @pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # the all -inf row, on purpose
@@ -305,6 +428,12 @@ def test_positions_are_the_inverse_permutation(T, E, k, capacity):
     (lambda s: index_shuffle(s, 1, capacity=-1), "capacity"),
     (lambda s: index_shuffle(s[0], 1), "scores"),
     (lambda s: index_shuffle(s.int(), 1), "scores"),
+    (lambda s: index_shuffle(s, 1, groups=(3, 1)), "n_group"),
+    (lambda s: index_shuffle(s, 1, groups=(4, 5)), "topk_group"),
+    (lambda s: index_shuffle(s, 5, groups=(4, 1)), "top_k"),
+    (lambda s: index_shuffle(s, 1, groups=[4, 1]), "groups"),
+    (lambda s: index_shuffle(s, 1, bias=s[0]), "bias"),
+    (lambda s: index_shuffle(s, 1, groups=(4, 1), bias=s[0, :8]), "bias"),
     (lambda s: sort_by_expert(s, 4), "topk_ids"),
     (lambda s: sort_by_expert(s.long(), 0), "num_experts"),
     (lambda s: sort_by_expert(s.long(), 4, s[:, :3]), "topk_weights"),

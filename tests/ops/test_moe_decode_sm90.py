@@ -1,8 +1,9 @@
-"""The fused decode kernels (and the grouped GEMM's mxfp4, gather and GLU paths) compile for
-Hopper (sm_90) on any machine: Triton's bundled ptxas builds them without a GPU, so an error
-that only the GPU compiler sees (types, layouts, the fp8, PDL and PTX-dequantization paths the interpreter never
-takes) fails CI rather than the one GPU call. Also checks the decode K loop is
-software-pipelined (cp.async copies) and multiplies on wgmma.
+"""The fused decode kernels (and the grouped GEMM's mxfp4, gather and GLU paths, and the
+routing's grouped selection) compile for Hopper (sm_90) on any machine: Triton's bundled ptxas
+builds them without a GPU, so an error that only the GPU compiler sees (types, layouts, the fp8,
+PDL and PTX-dequantization paths the interpreter never takes) fails CI rather than the one GPU
+call. Also checks the decode K loop is software-pipelined (cp.async copies) and multiplies on
+wgmma.
 
 The compiles run in a child process (this file as a script): the tests' TRITON_INTERPRET=1
 replaces triton.jit, and only real JIT functions compile."""
@@ -161,6 +162,35 @@ def grouped(quant: str, tma: str, swap_ab: bool, block_m: int = 64, block_k: int
                         num_stages=num_stages)
 
 
+def route(E: int, k: int, groups: tuple[int, int], block_tokens: int, single: bool,
+          scoring: int = 2, bias: bool = True, pdl: bool = True):
+    """index_shuffle's route kernel with DeepSeek-V3's grouped selection (its rows whole: the
+    [tokens, groups, experts] reshapes and reductions)."""
+    from shufflemoe.ops._common import next_power_of_2
+    from shufflemoe.ops.index_shuffle import kernel
+
+    n_group, topk_group = groups
+    scratch = None if single else "*i32"
+    sig = dict(src_ptr="*bf16", src_stride="i32", win_ptr="*bf16", win_stride="i32",
+               bias_ptr="*fp32" if bias else None, counts_ptr="*i32", tok_ptr="*i32",
+               exp_ptr="*i32", w_ptr="*fp32", nv_ptr="*i32", pos_ptr="*i32", skey_ptr=scratch,
+               sid_ptr=scratch, sw_ptr=None if single else "*fp32", hist_ptr=scratch, T="i32",
+               cap="i32", scaling="fp32")
+    consts = dict(E=E, K=k, KP=next_power_of_2(k), BT=block_tokens, BEC=16,
+                  NB=max(32, next_power_of_2(E)), FROM_SCORES=True, SCORING=scoring, RENORM=True,
+                  HAS_W=False, HAS_CAP=False, GROUPED=True, G=n_group, EG=E // n_group,
+                  GP=next_power_of_2(n_group), EGP=next_power_of_2(E // n_group),
+                  TOPG=topk_group, HAS_BIAS=bias, SINGLE=single, PDL=pdl)
+    return compile_sm90(kernel._route_kernel, sig, consts, num_warps=4 if single else 8)
+
+
+ROUTES = {  # no GEMM: no pipelining or wgmma to check
+    "route DeepSeek-V3 groups, one program, PDL": lambda: route(256, 8, (8, 4), 2, True),
+    "route 8 groups of 20 experts, softmax, blocks": lambda: route(160, 6, (8, 3), 16, False,
+                                                                  scoring=1, bias=False,
+                                                                  pdl=False),
+    "route one group of 384 experts, one program": lambda: route(384, 8, (1, 1), 8, True),
+}
 BUILDS = {
     "gate_up bf16 split-K input weights": lambda: gate_up(False, 8, True, False),
     "gate_up fp8 PDL": lambda: gate_up(True, 1, False, True),
@@ -267,13 +297,13 @@ def test_compiles_for_sm90():
     done = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    for name in {**BUILDS, **GEMV}:
+    for name in {**BUILDS, **GEMV, **ROUTES}:
         assert f"ok {name}" in done.stdout, done.stdout
 
 
 if __name__ == "__main__":
     failed = False
-    for name, build in {**BUILDS, **GEMV}.items():
+    for name, build in {**BUILDS, **GEMV, **ROUTES}.items():
         try:
             compiled = build()
             ttgir = compiled.asm["ttgir"]

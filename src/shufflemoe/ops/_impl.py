@@ -174,7 +174,8 @@ class Ops:
     public functions of the same name, which check them)."""
 
     name: str  # "triton" | "torch"
-    # (scores, top_k, scoring, renormalize, scaling, capacity, batch_invariant=False) -> Routing
+    # (scores, top_k, scoring, renormalize, scaling, capacity, batch_invariant=False,
+    #  groups=None, bias=None) -> Routing
     index_shuffle: Callable
     # (topk_ids, num_experts, topk_weights, capacity[, ids_valid]) -> Routing
     sort_by_expert: Callable

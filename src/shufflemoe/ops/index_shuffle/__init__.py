@@ -26,6 +26,8 @@ def index_shuffle(
     renormalize: bool = False,
     scaling: float = 1.0,
     capacity: int | None = None,
+    groups: tuple[int, int] | None = None,
+    bias: Tensor | None = None,
     batch_invariant: bool = False,
     impl: str | None = None,
 ) -> Routing:
@@ -35,9 +37,12 @@ def index_shuffle(
     "softmax": softmax over all E, "sigmoid"); renormalize: divide by the sum of the k weights
     (before capacity dropping: routing.py renormalizes over the kept pairs itself); scaling:
     multiply the weights; capacity: keep at most this many pairs per expert (in token order),
-    the rest move past ``num_valid``. batch_invariant: the kernel tiles a row's reductions the
-    same way whatever T, so a row's weights are the same bits in any batch (the reference
-    computes row by row already).
+    the rest move past ``num_valid``. Experts are chosen on the raw scores, or with ``groups``
+    = (n_group, topk_group) as DeepSeek-V3 chooses: on the weights' score plus ``bias`` [E] (a
+    correction bias, selection only; None: 0), among the topk_group groups (of E / n_group
+    experts) whose two best such choices sum highest; renormalizing then adds DeepSeek's 1e-20.
+    batch_invariant: the kernel tiles a row's reductions the same way whatever T, so a row's
+    weights are the same bits in any batch (the reference computes row by row already).
     """
     check_tensor("scores", scores, dim=2, dtypes=SCORE_DTYPES)
     T, E = scores.shape
@@ -48,9 +53,29 @@ def index_shuffle(
     if scoring not in SCORINGS:
         raise ValueError(f"scoring must be one of {SCORINGS}, got {scoring!r}")
     _check_capacity(capacity)
+    if groups is not None:
+        _check_groups(groups, E, top_k)
+    if bias is not None:
+        if groups is None:
+            raise ValueError("bias steers DeepSeek-V3's grouped selection: pass groups with it")
+        check_tensor("bias", bias, shape=[E], dtypes=SCORE_DTYPES, device=scores.device)
     return ops_for(resolve(impl, scores)).index_shuffle(
         scores, top_k, scoring, renormalize, float(scaling), capacity,
-        batch_invariant=batch_invariant)
+        batch_invariant=batch_invariant, groups=groups, bias=bias)
+
+
+def _check_groups(groups: tuple[int, int], E: int, top_k: int) -> None:
+    if (not isinstance(groups, tuple) or len(groups) != 2
+            or not all(isinstance(v, int) for v in groups)):
+        raise TypeError(f"groups must be a tuple (n_group, topk_group) of ints, got {groups!r}")
+    n_group, topk_group = groups
+    if n_group < 1 or E % n_group:
+        raise ValueError(f"groups: n_group must divide E={E}, got {n_group}")
+    if not 1 <= topk_group <= n_group:
+        raise ValueError(f"groups: topk_group must be in 1..n_group={n_group}, got {topk_group}")
+    if top_k > topk_group * (E // n_group):
+        raise ValueError(f"top_k={top_k} exceeds the {topk_group * (E // n_group)} experts in "
+                         f"groups={groups}'s kept groups")
 
 
 def sort_by_expert(

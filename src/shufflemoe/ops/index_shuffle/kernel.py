@@ -4,7 +4,8 @@ is deterministic and the kernels also run, one program after another, in the int
 
 Pairs are handled in blocks of BT tokens (P = BT * KP pairs, KP = k rounded up to a power of
 two). For each block, program ``_route_kernel``:
-  1. picks each token's top-k experts (or loads precomputed ids) and computes the pair weights;
+  1. picks each token's top-k experts (DeepSeek-V3's grouped top-k with ``groups``, or loads
+     precomputed ids) and computes the pair weights;
   2. sorts the block's pairs by (bucket, pair index) with ``tl.sort`` (bucket = expert id, or E for
      an id outside [0, E)), and finds where each bucket starts and ends in the sorted keys by a
      binary search (``tl.gather``), which gives the block's histogram;
@@ -35,10 +36,12 @@ from ...types import Routing
 from .._common import cdiv, next_power_of_2, traced
 from .._impl import interpreting, kernel_op
 from .._launch import launch
+from .reference import DEEPSEEK_EPS
 
 SCORING_IDS = {"none": 0, "softmax": 1, "sigmoid": 2}
 # Below the key of every float (canonical NaN aside): marks taken experts and padding columns.
 _SENTINEL = tl.constexpr(-(2**31) + 1)
+_EPS = tl.constexpr(DEEPSEEK_EPS)
 
 
 @triton.jit
@@ -121,6 +124,69 @@ def _topk(s_ptr, stride, t, tmask, scaling, E: tl.constexpr, K: tl.constexpr, KP
 
 
 @triton.jit
+def _grouped_topk(s_ptr, stride, bias_ptr, t, tmask, scaling, K: tl.constexpr, KP: tl.constexpr,
+                  BT: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, EG: tl.constexpr,
+                  EGP: tl.constexpr, TOPG: tl.constexpr, SCORING: tl.constexpr,
+                  RENORM: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """DeepSeek-V3's selection, each row whole: (ids [BT, KP] int32, weights [BT, KP] float32).
+    A row's G groups of EG experts lie in GP * EGP columns (powers of two), group g in columns
+    [g * EGP, g * EGP + EG). The choice is the score (softmax or sigmoid of the row, or the row)
+    plus the bias; a group scores its two best choices summed (its one when EG = 1); the TOPG
+    best groups are kept, then the top K choices in them; a weight is the chosen expert's score,
+    renormalized with DeepSeek's epsilon. Ties go to the lower group, then the lower expert."""
+    W: tl.constexpr = GP * EGP
+    c = tl.arange(0, W)
+    ing = c % EGP
+    ok = (c // EGP < G) & (ing < EG)
+    expert = (c // EGP) * EG + ing
+    s = tl.load(s_ptr + t.to(tl.int64)[:, None] * stride + expert[None, :],
+                mask=tmask[:, None] & ok[None, :], other=float("-inf")).to(tl.float32)
+    if SCORING == 1:
+        rmax = tl.where(tmask, tl.max(s, 1), 0.0)
+        p = tl.exp(s - rmax[:, None])
+        score = tl.math.div_rn(p, tl.where(tmask, tl.sum(p, 1), 1.0)[:, None])
+    elif SCORING == 2:
+        score = tl.math.div_rn(tl.full([BT, W], 1.0, tl.float32), 1.0 + tl.exp(-s))
+    else:
+        score = s
+    choice = score
+    if HAS_BIAS:
+        choice += tl.load(bias_ptr + expert, mask=ok, other=0.0).to(tl.float32)[None, :]
+    key = tl.where(ok[None, :], _score_keys(choice), _SENTINEL)
+    key3 = tl.reshape(key, [BT, GP, EGP])
+    ing3 = tl.arange(0, EGP)[None, None, :]
+    best = tl.max(key3, 2)  # [BT, GP]
+    group_score = _key_value(best)
+    if EG > 1:
+        first = tl.min(tl.where(key3 == best[:, :, None], ing3, EGP), 2)
+        group_score += _key_value(tl.max(tl.where(ing3 == first[:, :, None], _SENTINEL, key3), 2))
+    gcol = tl.arange(0, GP)[None, :]
+    gkey = tl.where(gcol < G, _score_keys(group_score), _SENTINEL)
+    kept = tl.zeros([BT, GP], tl.int32)
+    for _ in tl.static_range(TOPG):
+        m = tl.max(gkey, 1)
+        hit = gcol == tl.min(tl.where(gkey == m[:, None], gcol, GP), 1)[:, None]
+        kept = tl.where(hit, 1, kept)
+        gkey = tl.where(hit, _SENTINEL, gkey)
+    kept = tl.reshape(tl.broadcast_to(kept[:, :, None], [BT, GP, EGP]), [BT, W])
+    key = tl.where(kept != 0, key, _SENTINEL)
+    jj = tl.arange(0, KP)[None, :]
+    ids = tl.zeros([BT, KP], tl.int32)
+    w = tl.zeros([BT, KP], tl.float32)
+    for j in tl.static_range(K):
+        m = tl.max(key, 1)
+        col = tl.min(tl.where(key == m[:, None], c[None, :], W), 1)
+        hit = c[None, :] == col[:, None]
+        key = tl.where(hit, _SENTINEL, key)
+        ids = tl.where(jj == j, ((col // EGP) * EG + col % EGP)[:, None], ids)
+        w = tl.where(jj == j, tl.sum(tl.where(hit, score, 0.0), 1)[:, None], w)
+    if RENORM:
+        total = tl.where(tmask, tl.sum(tl.where(jj < K, w, 0.0), 1) + _EPS, 1.0)
+        w = tl.math.div_rn(w, total[:, None])
+    return ids, w * tl.cast(scaling, tl.float32)
+
+
+@triton.jit
 def _lower_bound(skey, target, P: tl.constexpr):
     """For each target: how many of the P (a power of two) sorted keys are below it; a
     branch-free binary search, log2(P) + 1 gathers."""
@@ -169,6 +235,7 @@ def _route_kernel(
     src_stride,  # row stride of src
     win_ptr,  # topk_weights [T, K] (HAS_W only)
     win_stride,
+    bias_ptr,  # the choice's bias [E] (GROUPED with HAS_BIAS only)
     counts_ptr, tok_ptr, exp_ptr, w_ptr, nv_ptr, pos_ptr,  # outputs: [E], [A] x3, [1], [A]
     skey_ptr, sid_ptr, sw_ptr, hist_ptr,  # scratch (None when SINGLE): [nb*P] x3, [nb, NB]
     T,  # tokens
@@ -185,6 +252,13 @@ def _route_kernel(
     RENORM: tl.constexpr,
     HAS_W: tl.constexpr,
     HAS_CAP: tl.constexpr,
+    GROUPED: tl.constexpr,  # DeepSeek-V3's selection (_grouped_topk) of G groups of EG experts,
+    G: tl.constexpr,  # the TOPG best kept; GP and EGP: G and EG rounded up to powers of two
+    EG: tl.constexpr,
+    GP: tl.constexpr,
+    EGP: tl.constexpr,
+    TOPG: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
     SINGLE: tl.constexpr,  # one block: place the pairs here (no scratch, no second launch)
     PDL: tl.constexpr,  # launched with programmatic dependent launch: let the next kernel
     # launch at once (its programs wait for this one, or read none of its outputs), then wait
@@ -198,7 +272,11 @@ def _route_kernel(
     t = blk * BT + tl.arange(0, BT)
     jj = tl.arange(0, KP)
     pair_ok = (t < T)[:, None] & (jj < K)[None, :]
-    if FROM_SCORES:
+    if GROUPED:
+        raw2, w2 = _grouped_topk(src_ptr, src_stride, bias_ptr, t, t < T, scaling, K, KP, BT, G,
+                                 GP, EG, EGP, TOPG, SCORING, RENORM, HAS_BIAS)
+        bucket2 = raw2
+    elif FROM_SCORES:
         raw2, w2 = _topk(src_ptr, src_stride, t, t < T, scaling, E, K, KP, BT, BEC, SCORING,
                          RENORM)
         bucket2 = raw2
@@ -357,17 +435,37 @@ def invariant_route_config(T: int, E: int, k: int, block_pairs: int = 64) -> Rou
     return RouteConfig(bt, bec, T <= bt, 8, PLACE_PROGRAMS)
 
 
+# Scores one block of the grouped selection holds (its rows whole, groups padded to powers of two)
+GROUPED_TILE = 4096
+
+
+def grouped_config(T: int, E: int, k: int, n_group: int, batch_invariant: bool = False
+                   ) -> RouteConfig:
+    """The tiling of a grouped selection (DeepSeek-V3): route_config's, or with batch_invariant
+    invariant_route_config's, for rows W = pow2(n_group) * pow2(E / n_group) wide, with at most
+    GROUPED_TILE // W tokens a block (at least one; one program keeps route_config's floor of
+    16 pairs), since _grouped_topk holds each row whole.
+    DeepSeek-V3 (E = 256, 8 groups, top-8): one program to T = 8, then blocks of 4 to 16
+    tokens."""
+    W = next_power_of_2(n_group) * next_power_of_2(E // n_group)
+    pairs = next_power_of_2(k) * max(1, GROUPED_TILE // W)
+    if batch_invariant:
+        return invariant_route_config(T, W, k, block_pairs=min(64, pairs))
+    return route_config(T, W, k, single_pairs=min(64, pairs), single_scores=GROUPED_TILE,
+                        max_block_pairs=min(1024, pairs))
+
+
 @kernel_op(
     "route",
     mutates_args=("counts", "token_ids", "expert_ids", "weights", "num_valid", "positions",
                   "scratch_i", "scratch_w", "hist"))
-def _route_op(src: Tensor, topk_weights: Optional[Tensor], counts: Tensor, token_ids: Tensor,
-              expert_ids: Tensor, weights: Tensor, num_valid: Tensor, positions: Tensor,
-              scratch_i: Optional[Tensor], scratch_w: Optional[Tensor], hist: Optional[Tensor],
-              num_experts: int, top_k: int,
+def _route_op(src: Tensor, topk_weights: Optional[Tensor], bias: Optional[Tensor],
+              counts: Tensor, token_ids: Tensor, expert_ids: Tensor, weights: Tensor,
+              num_valid: Tensor, positions: Tensor, scratch_i: Optional[Tensor],
+              scratch_w: Optional[Tensor], hist: Optional[Tensor], num_experts: int, top_k: int,
               from_scores: bool, scoring: int, renormalize: bool, scaling: float,
-              capacity: Optional[int], block_tokens: int, expert_chunk: int, single: bool,
-              num_warps: int, place_programs: int) -> None:
+              capacity: Optional[int], n_group: int, topk_group: int, block_tokens: int,
+              expert_chunk: int, single: bool, num_warps: int, place_programs: int) -> None:
     T = src.shape[0]
     if T == 0:
         counts.zero_()
@@ -380,16 +478,20 @@ def _route_op(src: Tensor, topk_weights: Optional[Tensor], counts: Tensor, token
     cap = 0 if capacity is None else capacity
     meta = dict(E=E, NB=nbins, FROM_SCORES=from_scores, HAS_CAP=capacity is not None)
     win = topk_weights if topk_weights is not None else src
+    groups = dict(GROUPED=n_group > 0, G=max(n_group, 1), EG=E // max(n_group, 1),
+                  GP=next_power_of_2(max(n_group, 1)),
+                  EGP=next_power_of_2(E // max(n_group, 1)), TOPG=topk_group,
+                  HAS_BIAS=bias is not None)
     # One program (decode): with PDL the next kernel launches as this one starts, so its
     # programs that need no routing (the fused decode kernels' shared expert) run beside it.
     pdl = single and src.is_cuda and not interpreting() and not traced((src,))
     skey, sid = (None, None) if scratch_i is None else (scratch_i[0], scratch_i[1])
     launch(_route_kernel, (nb,),
-        src, src.stride(0), win, win.stride(0), counts, token_ids, expert_ids, weights, num_valid,
-        positions, skey, sid, scratch_w, hist, T, cap, scaling,
+        src, src.stride(0), win, win.stride(0), bias, counts, token_ids, expert_ids, weights,
+        num_valid, positions, skey, sid, scratch_w, hist, T, cap, scaling,
         K=k, KP=kp, BT=block_tokens, BEC=expert_chunk, SCORING=scoring, RENORM=renormalize,
         HAS_W=topk_weights is not None, SINGLE=single, PDL=pdl, num_warps=num_warps, **meta,
-        **({"launch_pdl": True} if pdl else {}))
+        **groups, **({"launch_pdl": True} if pdl else {}))
     if not single:
         # At most one wave of place programs; each reads the histogram table once.
         per_prog = cdiv(nb, min(nb, place_programs))
@@ -402,7 +504,8 @@ def _route_op(src: Tensor, topk_weights: Optional[Tensor], counts: Tensor, token
 
 def _route(src: Tensor, topk_weights: Tensor | None, E: int, k: int, from_scores: bool,
            scoring: str, renormalize: bool, scaling: float, capacity: int | None,
-           config: RouteConfig | None) -> Routing:
+           config: RouteConfig, groups: tuple[int, int] | None = None,
+           bias: Tensor | None = None) -> Routing:
     T = src.shape[0]
     A, dev = T * k, src.device
     if A >= 2**31:
@@ -412,7 +515,9 @@ def _route(src: Tensor, topk_weights: Tensor | None, E: int, k: int, from_scores
         src = src.contiguous()
     if topk_weights is not None and topk_weights.shape[1] > 1 and topk_weights.stride(1) != 1:
         topk_weights = topk_weights.contiguous()
-    cfg = config or route_config(T, E, k, from_scores)
+    if bias is not None and E > 1 and bias.stride(0) != 1:
+        bias = bias.contiguous()
+    cfg = config
     if cfg.single and cfg.block_tokens < T:
         raise ValueError(f"a single-program config needs block_tokens >= T={T}")
     counts = torch.empty(E, dtype=torch.int32, device=dev)
@@ -431,24 +536,32 @@ def _route(src: Tensor, topk_weights: Tensor | None, E: int, k: int, from_scores
         hist = torch.empty(cdiv(T, cfg.block_tokens), _num_buckets(E, from_scores),
                            dtype=torch.int32, device=dev)
     _route_op(
-        src, topk_weights, counts, token_ids, expert_ids, weights, num_valid, positions, scratch_i,
-        scratch_w, hist, E, k, from_scores, SCORING_IDS[scoring], renormalize, float(scaling),
-        capacity, cfg.block_tokens, cfg.expert_chunk, cfg.single, cfg.num_warps,
-        cfg.place_programs)
+        src, topk_weights, bias, counts, token_ids, expert_ids, weights, num_valid, positions,
+        scratch_i, scratch_w, hist, E, k, from_scores, SCORING_IDS[scoring], renormalize,
+        float(scaling), capacity, *(groups or (0, 0)), cfg.block_tokens, cfg.expert_chunk,
+        cfg.single, cfg.num_warps, cfg.place_programs)
     # all_routed passed, not left to its default: see PLACE_PROGRAMS
     return Routing(counts, token_ids, expert_ids, weights, num_valid, positions, False)
 
 
 def index_shuffle(scores: Tensor, top_k: int, scoring: str, renormalize: bool, scaling: float,
                   capacity: int | None, config: RouteConfig | None = None,
-                  batch_invariant: bool = False) -> Routing:
+                  batch_invariant: bool = False, groups: tuple[int, int] | None = None,
+                  bias: Tensor | None = None) -> Routing:
     """scores [T, E] -> Routing (A = T * top_k pairs). Arguments were checked by the public
     function; ``config`` overrides route_config (tests, tuning); batch_invariant: the tiling
-    of invariant_route_config."""
-    if config is None and batch_invariant:
-        config = invariant_route_config(scores.shape[0], scores.shape[1], top_k)
-    return _route(scores, None, scores.shape[1], top_k, True, scoring, renormalize, scaling,
-                  capacity, config)
+    of invariant_route_config; groups (n_group, topk_group) and bias: DeepSeek-V3's selection
+    (_grouped_topk), each block's rows whole (grouped_config)."""
+    T, E = scores.shape
+    if config is None:
+        if groups is not None:
+            config = grouped_config(T, E, top_k, groups[0], batch_invariant)
+        elif batch_invariant:
+            config = invariant_route_config(T, E, top_k)
+        else:
+            config = route_config(T, E, top_k)
+    return _route(scores, None, E, top_k, True, scoring, renormalize, scaling, capacity, config,
+                  groups, bias)
 
 
 def sort_by_expert(topk_ids: Tensor, num_experts: int, topk_weights: Tensor | None,
@@ -456,5 +569,6 @@ def sort_by_expert(topk_ids: Tensor, num_experts: int, topk_weights: Tensor | No
                    config: RouteConfig | None = None) -> Routing:
     """topk_ids [T, k] (ids outside [0, E) are not routed), topk_weights [T, k] | None -> Routing.
     ids_valid (every id known in [0, E)) changes nothing here: the kernel checks each id anyway."""
-    return _route(topk_ids, topk_weights, num_experts, topk_ids.shape[1], False, "none", False,
-                  1.0, capacity, config)
+    T, k = topk_ids.shape
+    return _route(topk_ids, topk_weights, num_experts, k, False, "none", False, 1.0, capacity,
+                  config or route_config(T, num_experts, k, False))

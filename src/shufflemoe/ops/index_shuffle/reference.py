@@ -18,6 +18,7 @@ from ...types import Routing
 from .._impl import _is_compiling, inplace_op
 
 _OUTPUTS = ("counts", "token_ids", "expert_ids", "weights", "num_valid", "positions")
+DEEPSEEK_EPS = 1e-20  # DeepSeek-V3's renormalization epsilon (HF transformers)
 
 
 def _exclusive_cumsum(x: Tensor) -> Tensor:
@@ -91,21 +92,53 @@ def select_topk(scores: Tensor, top_k: int) -> Tensor:
     return torch.sort(scores.float(), dim=1, descending=True, stable=True).indices[:, :top_k]
 
 
+def _score(s: Tensor, scoring: str) -> Tensor:
+    """The weights' scores of float32 rows s [T, C]: softmax over C, sigmoid, or s itself."""
+    if scoring == "softmax":
+        return torch.softmax(s, dim=1)
+    return torch.sigmoid(s) if scoring == "sigmoid" else s
+
+
+def _first_kept(value: Tensor, kept: Tensor, n: int) -> Tensor:
+    """[T, n] int64 columns of value [T, C]: the kept columns (kept [T, C] bool) before the
+    rest, each part by descending value, ties to the lower column (two stable sorts)."""
+    order = torch.sort(value, dim=1, descending=True, stable=True).indices
+    first = torch.sort(kept.gather(1, order).int(), dim=1, descending=True, stable=True).indices
+    return order.gather(1, first[:, :n])
+
+
+def select_groups(score: Tensor, bias: Optional[Tensor], top_k: int, n_group: int,
+                  topk_group: int) -> Tensor:
+    """DeepSeek-V3's selection: score [T, E] float32 -> [T, k] int64 expert ids. The choice is
+    score + bias; a group (n_group of E / n_group experts each) scores its two best choices
+    summed (its one when it has one expert); the topk_group best groups are kept, then the k
+    best choices in them, best first. Ties go to the lower group, then the lower expert."""
+    T, E = score.shape
+    choice = score if bias is None else score + bias.float()
+    per_group = choice.view(T, n_group, E // n_group)
+    group_score = per_group.topk(min(2, E // n_group), dim=-1).values.sum(-1)  # [T, n_group]
+    every = torch.ones_like(group_score, dtype=torch.bool)
+    groups = _first_kept(group_score, every, topk_group)
+    kept = torch.zeros_like(every).scatter_(1, groups, True)
+    return _first_kept(choice, kept.repeat_interleave(E // n_group, dim=1), top_k)
+
+
 @inplace_op("index_shuffle_ref", mutates_args=_OUTPUTS)
 def _index_shuffle(scores: Tensor, top_k: int, scoring: str, renormalize: bool, scaling: float,
-                   capacity: Optional[int], counts: Tensor, token_ids: Tensor,
-                   expert_ids: Tensor, weights: Tensor, num_valid: Tensor,
-                   positions: Tensor) -> None:
+                   capacity: Optional[int], bias: Optional[Tensor], n_group: int,
+                   topk_group: int, counts: Tensor, token_ids: Tensor, expert_ids: Tensor,
+                   weights: Tensor, num_valid: Tensor, positions: Tensor) -> None:
     s = scores.float()
-    ids = select_topk(s, top_k)  # [T, k]
-    if scoring == "softmax":
-        w = torch.softmax(s, dim=1).gather(1, ids)
-    elif scoring == "sigmoid":
-        w = torch.sigmoid(s.gather(1, ids))
-    else:
-        w = s.gather(1, ids)
+    if n_group:  # DeepSeek-V3: chosen on the score (+ bias) in the best groups
+        score = _score(s, scoring)
+        ids = select_groups(score, bias, top_k, n_group, topk_group)
+        w = score.gather(1, ids)
+    else:  # chosen on the raw scores
+        ids = select_topk(s, top_k)  # [T, k]
+        w = (torch.softmax(s, dim=1).gather(1, ids) if scoring == "softmax"
+             else _score(s.gather(1, ids), scoring))
     if renormalize:
-        w = w / w.sum(dim=1, keepdim=True)
+        w = w / (w.sum(dim=1, keepdim=True) + (DEEPSEEK_EPS if n_group else 0.0))
     if scaling != 1.0:
         w = w * scaling
     A = ids.numel()
@@ -145,13 +178,19 @@ def index_shuffle(
     scaling: float = 1.0,
     capacity: int | None = None,
     batch_invariant: bool = False,
+    groups: tuple[int, int] | None = None,
+    bias: Tensor | None = None,
 ) -> Routing:
-    """scores [T, E] -> Routing. Experts are chosen on the raw scores; the weight of a pair is
-    softmax(scores)[t, e] | sigmoid(scores[t, e]) | scores[t, e], renormalized over the k chosen
-    if asked, times ``scaling``. batch_invariant changes nothing here: torch's softmax and sum
-    reduce each row the same way whatever T."""
+    """scores [T, E] -> Routing. The weight of a pair is its score: softmax(scores)[t, e] |
+    sigmoid(scores[t, e]) | scores[t, e], renormalized over the k chosen if asked, times
+    ``scaling``. Experts are chosen on the raw scores, or with ``groups`` (n_group,
+    topk_group) as DeepSeek-V3 chooses (select_groups: on the score plus ``bias``, in the best
+    groups; renormalized with its epsilon). batch_invariant changes nothing here: torch's
+    softmax and sum reduce each row the same way whatever T, and the chosen are ordered."""
     r = _empty_routing(scores.shape[0] * top_k, scores.shape[1], scores.device, capacity is None)
-    _index_shuffle(scores, top_k, scoring, renormalize, float(scaling), capacity, *_fields(r))
+    n_group, topk_group = groups or (0, 0)
+    _index_shuffle(scores, top_k, scoring, renormalize, float(scaling), capacity, bias, n_group,
+                   topk_group, *_fields(r))
     return r
 
 
