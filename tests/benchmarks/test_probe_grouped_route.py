@@ -1,0 +1,18 @@
+"""A CPU dry run of benchmarks/probe_grouped_route.py (interpreter, tiny counts, no timing): the
+kernel and the torch ops it replaced choose the same experts for every shape, and the layer
+with either router gives the same output, so the GPU call does not fail on a typo."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dry_run import dry_run
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the script itself runs")
+def test_dry_run(tmp_path):
+    result = dry_run("probe_grouped_route", tmp_path)
+    assert len(result["routing"]) == 8 and len(result["layer"]) == 1
+    assert all(r["same_pairs"] and r["max_weight_diff"] < 2e-6 for r in result["routing"])
+    assert result["layer"][0]["max_abs_diff"] == 0.0
