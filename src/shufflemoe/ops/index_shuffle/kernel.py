@@ -153,33 +153,34 @@ def _grouped_topk(s_ptr, stride, bias_ptr, t, tmask, scaling, K: tl.constexpr, K
     if HAS_BIAS:
         choice += tl.load(bias_ptr + expert, mask=ok, other=0.0).to(tl.float32)[None, :]
     key = tl.where(ok[None, :], _score_keys(choice), _SENTINEL)
-    key3 = tl.reshape(key, [BT, GP, EGP])
-    ing3 = tl.arange(0, EGP)[None, None, :]
-    best = tl.max(key3, 2)  # [BT, GP]
-    group_score = _key_value(best)
-    if EG > 1:
-        first = tl.min(tl.where(key3 == best[:, :, None], ing3, EGP), 2)
-        group_score += _key_value(tl.max(tl.where(ing3 == first[:, :, None], _SENTINEL, key3), 2))
-    gcol = tl.arange(0, GP)[None, :]
-    gkey = tl.where(gcol < G, _score_keys(group_score), _SENTINEL)
-    kept = tl.zeros([BT, GP], tl.int32)
-    for _ in tl.static_range(TOPG):
-        m = tl.max(gkey, 1)
-        hit = gcol == tl.min(tl.where(gkey == m[:, None], gcol, GP), 1)[:, None]
-        kept = tl.where(hit, 1, kept)
-        gkey = tl.where(hit, _SENTINEL, gkey)
-    kept = tl.reshape(tl.broadcast_to(kept[:, :, None], [BT, GP, EGP]), [BT, W])
-    key = tl.where(kept != 0, key, _SENTINEL)
+    if G > 1:  # (one group: every expert stays)
+        key3 = tl.reshape(key, [BT, GP, EGP])
+        ing3 = tl.arange(0, EGP)[None, None, :]
+        best = tl.max(key3, 2)  # [BT, GP]
+        group_score = _key_value(best)
+        if EG > 1:
+            first = tl.min(tl.where(key3 == best[:, :, None], ing3, EGP), 2)
+            group_score += _key_value(tl.max(tl.where(ing3 == first[:, :, None], _SENTINEL,
+                                                      key3), 2))
+        gcol = tl.arange(0, GP)[None, :]
+        gkey = tl.where(gcol < G, _score_keys(group_score), _SENTINEL)
+        kept = tl.zeros([BT, GP], tl.int32)
+        for _ in tl.static_range(TOPG):
+            m = tl.max(gkey, 1)
+            hit = gcol == tl.min(tl.where(gkey == m[:, None], gcol, GP), 1)[:, None]
+            kept = tl.where(hit, 1, kept)
+            gkey = tl.where(hit, _SENTINEL, gkey)
+        kept = tl.reshape(tl.broadcast_to(kept[:, :, None], [BT, GP, EGP]), [BT, W])
+        key = tl.where(kept != 0, key, _SENTINEL)
     jj = tl.arange(0, KP)[None, :]
-    ids = tl.zeros([BT, KP], tl.int32)
-    w = tl.zeros([BT, KP], tl.float32)
+    cols = tl.zeros([BT, KP], tl.int32)
     for j in tl.static_range(K):
         m = tl.max(key, 1)
         col = tl.min(tl.where(key == m[:, None], c[None, :], W), 1)
-        hit = c[None, :] == col[:, None]
-        key = tl.where(hit, _SENTINEL, key)
-        ids = tl.where(jj == j, ((col // EGP) * EG + col % EGP)[:, None], ids)
-        w = tl.where(jj == j, tl.sum(tl.where(hit, score, 0.0), 1)[:, None], w)
+        key = tl.where(c[None, :] == col[:, None], _SENTINEL, key)
+        cols = tl.where(jj == j, col[:, None], cols)
+    ids = (cols // EGP) * EG + cols % EGP
+    w = tl.gather(score, cols, 1)
     if RENORM:
         total = tl.where(tmask, tl.sum(tl.where(jj < K, w, 0.0), 1) + _EPS, 1.0)
         w = tl.math.div_rn(w, total[:, None])
