@@ -26,7 +26,6 @@ import os
 import pathlib
 import statistics
 import sys
-import time
 
 if "--dry-run" in sys.argv and not os.environ.get("TRITON_INTERPRET"):
     os.environ["TRITON_INTERPRET"] = "1"  # before triton decorates any kernel
@@ -35,6 +34,7 @@ import torch  # noqa: E402
 
 from shufflemoe import MoE, routing  # noqa: E402
 from shufflemoe.bench.report import metadata  # noqa: E402
+from shufflemoe.bench.suites import host_cost  # noqa: E402
 from shufflemoe.bench.timing import time_fn, time_turns  # noqa: E402
 from shufflemoe.ops import backend_for, index_shuffle, use_impl  # noqa: E402
 from shufflemoe.presets import preset  # noqa: E402
@@ -118,19 +118,9 @@ def torch_ops_router():
         routing.ROUTERS._entries["group_limited"] = entry
 
 
-def _sample(fn, calls: int, sync) -> tuple[float, float]:
-    sync()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    t1 = time.perf_counter()
-    sync()
-    return (t1 - t0) / calls * 1e6, (time.perf_counter() - t0) / calls * 1e6
-
-
 def layer_rows(dev: str, rounds: int, calls: int, graph: bool, **widths) -> list[dict]:
     cfg = preset("deepseek-v3", tp=8, **widths)
-    sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
+    host_cost.DEVICE = dev  # its _sample syncs only on CUDA
     old, new = MoE(cfg, device=dev).eval(), MoE(cfg, device=dev).eval()
     new.router_bias.data.normal_(0.0, 0.05)
     old.load_state_dict(new.state_dict())
@@ -151,7 +141,7 @@ def layer_rows(dev: str, rounds: int, calls: int, graph: bool, **widths) -> list
             samples = {w: [] for w in runs}
             for _ in range(rounds):
                 for w, fn in runs.items():
-                    samples[w].append(_sample(fn, calls // 2, sync))
+                    samples[w].append(host_cost._sample(fn, calls // 2))
             for w in runs:
                 row[f"{w} host_us"] = statistics.median(s[0] for s in samples[w]) / 2
                 row[f"{w} wall_us"] = statistics.median(s[1] for s in samples[w]) / 2

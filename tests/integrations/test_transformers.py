@@ -36,12 +36,18 @@ CASES = [  # (model_type, config overrides): every router option each model has
     ("olmoe", dict(norm_topk_prob=True)),
     ("deepseek_v3", dict(norm_topk_prob=True)),
     ("deepseek_v3", dict(norm_topk_prob=False, n_group=2, topk_group=1, routed_scaling_factor=1.0)),
+    ("glm4_moe", {}),
+    ("glm4_moe", dict(n_group=2, topk_group=1, norm_topk_prob=False)),
+    ("glm4_moe_lite", {}),
+    ("dots1", {}),
     ("gpt_oss", {}),
     ("gpt_oss", dict(num_experts_per_tok=4)),
 ]
 IDS = [f"{t}-" + ("-".join(f"{k}={v}" for k, v in o.items()) or "default") for t, o in CASES]
-MODEL_TYPES = ["llama4_text", "qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "deepseek_v3", "gpt_oss"]
-DECORATED = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "deepseek_v3"]  # @use_experts_implementation
+MODEL_TYPES = ["llama4_text", "qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "deepseek_v3",
+               "glm4_moe", "glm4_moe_lite", "dots1", "gpt_oss"]
+DECORATED = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "deepseek_v3", "glm4_moe",
+             "glm4_moe_lite", "dots1"]  # @use_experts_implementation
 
 
 @pytest.fixture(autouse=True, scope="module")

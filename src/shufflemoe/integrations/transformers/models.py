@@ -33,6 +33,21 @@ TINY: dict[str, dict] = {
                         num_hidden_layers=3, q_lora_rank=None, kv_lora_rank=16,
                         qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, head_dim=8,
                         num_key_value_heads=4),
+    # DeepSeek-V3's block under other names: one group (GLM-4.5's real setting) or four, a
+    # dense layer first
+    "glm4_moe": dict(moe_intermediate_size=40, intermediate_size=96, n_routed_experts=8,
+                     num_experts_per_tok=2, n_group=1, topk_group=1, n_shared_experts=1,
+                     routed_scaling_factor=2.5, norm_topk_prob=True, first_k_dense_replace=1,
+                     num_hidden_layers=3, use_qk_norm=True),
+    "glm4_moe_lite": dict(moe_intermediate_size=40, intermediate_size=96, n_routed_experts=8,
+                          num_experts_per_tok=2, n_group=1, topk_group=1, n_shared_experts=1,
+                          routed_scaling_factor=1.8, norm_topk_prob=True, num_hidden_layers=3,
+                          q_lora_rank=None, kv_lora_rank=16, qk_rope_head_dim=8,
+                          qk_nope_head_dim=8, v_head_dim=16, num_key_value_heads=4),
+    "dots1": dict(moe_intermediate_size=40, intermediate_size=96, n_routed_experts=8,
+                  num_experts_per_tok=2, n_group=4, topk_group=2, n_shared_experts=2,
+                  routed_scaling_factor=2.5, norm_topk_prob=True, first_k_dense_replace=1,
+                  num_hidden_layers=3),
     # YaRN's original context set so that its factor (32) matches 256 positions; I = 64 so that
     # the same model can be stored in MXFP4 (K a multiple of 32 in both expert GEMMs).
     "gpt_oss": dict(intermediate_size=64, num_local_experts=8, num_experts_per_tok=2,
