@@ -36,6 +36,8 @@ CASES = [  # (model_type, config overrides): every router option each model has
     ("olmoe", dict(norm_topk_prob=True)),
     ("deepseek_v3", dict(norm_topk_prob=True)),
     ("deepseek_v3", dict(norm_topk_prob=False, n_group=2, topk_group=1, routed_scaling_factor=1.0)),
+    ("deepseek_v32", {}),
+    ("qwen3_next", {}),
     ("glm4_moe", {}),
     ("glm4_moe", dict(n_group=2, topk_group=1, norm_topk_prob=False)),
     ("glm4_moe_lite", {}),
@@ -45,9 +47,9 @@ CASES = [  # (model_type, config overrides): every router option each model has
 ]
 IDS = [f"{t}-" + ("-".join(f"{k}={v}" for k, v in o.items()) or "default") for t, o in CASES]
 MODEL_TYPES = ["llama4_text", "qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "deepseek_v3",
-               "glm4_moe", "glm4_moe_lite", "dots1", "gpt_oss"]
-DECORATED = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "deepseek_v3", "glm4_moe",
-             "glm4_moe_lite", "dots1"]  # @use_experts_implementation
+               "deepseek_v32", "qwen3_next", "glm4_moe", "glm4_moe_lite", "dots1", "gpt_oss"]
+DECORATED = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "deepseek_v3", "deepseek_v32",
+             "qwen3_next", "glm4_moe", "glm4_moe_lite", "dots1"]  # @use_experts_implementation
 
 
 @pytest.fixture(autouse=True, scope="module")

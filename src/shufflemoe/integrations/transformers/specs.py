@@ -17,7 +17,8 @@ Routing as transformers 5.17 computes it (checked against its modeling files):
 | deepseek_v3 | **fp32** | sigmoid; top-k of score + bias in the top groups (group  | none     |
 |             |          | = sum of its 2 best; others masked with -inf, as in      |          |
 |             |          | routing.py); renormalize (+1e-20); x routed_scaling      |          |
-| glm4_moe, glm4_moe_lite, dots1 | **fp32** | as deepseek_v3 (the same router code) | none |
+| deepseek_v32, glm4_moe, glm4_moe_lite, dots1 | **fp32** | as deepseek_v3 (its router's code) | none |
+| qwen3_next  | model    | as qwen2_moe                                             | to model |
 | gpt_oss     | model    | logits + bias; top-k; softmax of the k logits, in the    | to model |
 |             |          | model dtype (= softmax over E, renormalized)             |          |
 
@@ -158,14 +159,19 @@ SPECS: dict[str, BlockSpec] = {
         moe_config=_deepseek_v3, shared=_mlp("shared_experts"),
         correction_bias="gate.e_score_correction_bias",
     ),
-    # GLM-4.5 / 4.6, GLM-4.7-Flash and dots.llm1: DeepSeek-V3's block and router, under their
-    # own class names (the same config fields: n_routed_experts, n_group, topk_group, ...)
+    # DeepSeek-V3.2, GLM-4.5 / 4.6, GLM-4.7-Flash and dots.llm1: DeepSeek-V3's block and router
+    # under their own class names (the same config fields: n_routed_experts, n_group, ...)
     **{model_type: BlockSpec(
         module=f"transformers.models.{model_type}.modeling_{model_type}", block=block,
         moe_config=_deepseek_v3, shared=_mlp("shared_experts"),
         correction_bias="gate.e_score_correction_bias",
-    ) for model_type, block in (("glm4_moe", "Glm4MoeMoE"), ("glm4_moe_lite", "Glm4MoeLiteMoE"),
-                                ("dots1", "Dots1MoE"))},
+    ) for model_type, block in (("deepseek_v32", "DeepseekV32MoE"), ("glm4_moe", "Glm4MoeMoE"),
+                                ("glm4_moe_lite", "Glm4MoeLiteMoE"), ("dots1", "Dots1MoE"))},
+    "qwen3_next": BlockSpec(  # Qwen2-MoE's block (a gated shared expert) in a hybrid model
+        module="transformers.models.qwen3_next.modeling_qwen3_next",
+        block="Qwen3NextSparseMoeBlock", moe_config=_qwen2_moe, shared=_mlp("shared_expert"),
+        shared_gate="shared_expert_gate.weight",
+    ),
     "gpt_oss": BlockSpec(
         module="transformers.models.gpt_oss.modeling_gpt_oss", block="GptOssMLP",
         moe_config=_gpt_oss, router="router.weight", router_bias="router.bias", transposed=True,
