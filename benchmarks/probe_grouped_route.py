@@ -8,7 +8,8 @@ about a minute:
 1. The routing alone, per router shape and T: both ways' chosen (token, expert) pairs and dense
    weights against each other (the same experts, weights within float32 rounding), then CUDA
    graphs of 64 calls on rotating logits (GPU time) and eager calls in turns (each call's wall
-   time, ABAB: the host bounds these).
+   time, ABAB: the host bounds these); beside them, for scale, the kernel's plain top-k of the
+   same logits (no groups, no bias).
 2. One layer at DeepSeek-V3 TP8 widths (E = 256, 8 groups, top-8, D = 7168, I = 256, its shared
    expert of 256), eager calls at T = 1, 2, 8: host time to issue a call and wall time per call
    (back-to-back calls from a drained queue, both ways in turns, median of ROUNDS), and one CUDA
@@ -75,6 +76,12 @@ def kernel_routing(logits, k, groups, bias, scoring, scaling):
                          groups=groups, bias=bias)
 
 
+def plain_kernel_routing(logits, k, groups, bias, scoring, scaling):
+    """The plain top-k of the same logits (no groups, no bias): the kernel's cost without the
+    grouped selection, for scale."""
+    return index_shuffle(logits, k, scoring=scoring, renormalize=True, scaling=scaling)
+
+
 def _agree(a, b, E: int) -> tuple[bool, float]:
     """(same (token, expert) pairs, largest weight difference) of two Routings."""
     da, db = a.dense_weights(E), b.dense_weights(E)
@@ -87,7 +94,8 @@ def routing_rows(dev: str, sets: int, graph: bool) -> list[dict]:
         bias = torch.randn(E, device=dev) * 0.05
         for T in TOKENS:
             logits = [torch.randn(T, E, device=dev, dtype=torch.bfloat16) for _ in range(sets)]
-            ways = {"torch ops": torch_ops_routing, "kernel": kernel_routing}
+            ways = {"torch ops": torch_ops_routing, "kernel": kernel_routing,
+                    "plain top-k kernel": plain_kernel_routing}
             runs = {w: (lambda i, f=f: f(logits[i], k, groups, bias, scoring, scaling))
                     for w, f in ways.items()}
             same, diff = _agree(runs["kernel"](0), runs["torch ops"](0), E)
