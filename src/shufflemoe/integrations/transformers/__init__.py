@@ -17,10 +17,10 @@
     patch(model)
 
 Supported model types: llama4 / llama4_text, qwen3_moe, qwen2_moe, qwen3_next, mixtral, olmoe,
-deepseek_v3, deepseek_v32, glm4_moe, glm4_moe_lite, dots1, gpt_oss (specs.SPECS). Routed experts are read in the model dtype, or as transformers'
-FineGrainedFP8 experts (fp8_block), or as MXFP4 checkpoints store them (sources.py). Patched
-blocks are for inference: they run under no_grad. state_dict keys and shapes are the HF ones;
-checkpoints load unchanged.
+deepseek_v3, deepseek_v32, glm4_moe, glm4_moe_lite, dots1, gpt_oss (specs.SPECS). Routed experts
+are read in the model dtype, or as transformers' FineGrainedFP8 experts (fp8_block), or as MXFP4
+checkpoints store them (sources.py). Patched blocks are for inference: they run under no_grad.
+state_dict keys and shapes are the HF ones; checkpoints load unchanged.
 """
 
 from .distributed import patch_distributed

@@ -17,14 +17,15 @@ Routing as transformers 5.17 computes it (checked against its modeling files):
 | deepseek_v3 | **fp32** | sigmoid; top-k of score + bias in the top groups (group  | none     |
 |             |          | = sum of its 2 best; others masked with -inf, as in      |          |
 |             |          | routing.py); renormalize (+1e-20); x routed_scaling      |          |
-| deepseek_v32, glm4_moe, glm4_moe_lite, dots1 | **fp32** | as deepseek_v3 (its router's code) | none |
-| qwen3_next  | model    | as qwen2_moe                                             | to model |
 | gpt_oss     | model    | logits + bias; top-k; softmax of the k logits, in the    | to model |
 |             |          | model dtype (= softmax over E, renormalized)             |          |
 
 gpt_oss's experts add biases after both projections and run a clamped GLU ((clamp(up, -7, 7) + 1)
 * g * sigmoid(1.702 g), g = min(gate, 7): MoEConfig activation="swiglu_oai") on gate/up columns
 that alternate (gate0, up0, gate1, ...); they are converted once to gate rows then up rows.
+
+deepseek_v32, glm4_moe, glm4_moe_lite and dots1 route as deepseek_v3 (their routers are its code
+under other names); qwen3_next's block is qwen2_moe's.
 
 "logits": dtype of F.linear(x, W) ("model": the model dtype; deepseek_v3 upcasts x and W).
 "cast": transformers rounds the routing weights to the model dtype before the expert GEMMs.
