@@ -82,9 +82,9 @@ def plain_kernel_routing(logits, k, groups, bias, scoring, scaling):
     return index_shuffle(logits, k, scoring=scoring, renormalize=True, scaling=scaling)
 
 
-def _agree(a, b, E: int) -> tuple[bool, float]:
-    """(same (token, expert) pairs, largest weight difference) of two Routings."""
-    da, db = a.dense_weights(E), b.dense_weights(E)
+def _agree(a, b, T: int) -> tuple[bool, float]:
+    """(same (token, expert) pairs, largest weight difference) of two Routings of T tokens."""
+    da, db = a.dense_weights(T), b.dense_weights(T)
     return torch.equal(da != 0, db != 0), float((da - db).abs().max()) if da.numel() else 0.0
 
 
@@ -98,7 +98,7 @@ def routing_rows(dev: str, sets: int, graph: bool) -> list[dict]:
                     "plain top-k kernel": plain_kernel_routing}
             runs = {w: (lambda i, f=f: f(logits[i], k, groups, bias, scoring, scaling))
                     for w, f in ways.items()}
-            same, diff = _agree(runs["kernel"](0), runs["torch ops"](0), E)
+            same, diff = _agree(runs["kernel"](0), runs["torch ops"](0), T)
             row = dict(shape=name, T=T, same_pairs=same, max_weight_diff=diff)
             eager = time_turns(runs, sets, reps=3 * sets, warmup=1)
             for way, run in runs.items():
