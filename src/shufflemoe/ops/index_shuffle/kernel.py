@@ -479,10 +479,9 @@ def _route_op(src: Tensor, topk_weights: Optional[Tensor], bias: Optional[Tensor
     cap = 0 if capacity is None else capacity
     meta = dict(E=E, NB=nbins, FROM_SCORES=from_scores, HAS_CAP=capacity is not None)
     win = topk_weights if topk_weights is not None else src
-    groups = dict(GROUPED=n_group > 0, G=max(n_group, 1), EG=E // max(n_group, 1),
-                  GP=next_power_of_2(max(n_group, 1)),
-                  EGP=next_power_of_2(E // max(n_group, 1)), TOPG=topk_group,
-                  HAS_BIAS=bias is not None)
+    g = max(n_group, 1)  # (0: not grouped)
+    groups = dict(GROUPED=n_group > 0, G=g, EG=E // g, GP=next_power_of_2(g),
+                  EGP=next_power_of_2(E // g), TOPG=topk_group, HAS_BIAS=bias is not None)
     # One program (decode): with PDL the next kernel launches as this one starts, so its
     # programs that need no routing (the fused decode kernels' shared expert) run beside it.
     pdl = single and src.is_cuda and not interpreting() and not traced((src,))
@@ -518,8 +517,7 @@ def _route(src: Tensor, topk_weights: Tensor | None, E: int, k: int, from_scores
         topk_weights = topk_weights.contiguous()
     if bias is not None and E > 1 and bias.stride(0) != 1:
         bias = bias.contiguous()
-    cfg = config
-    if cfg.single and cfg.block_tokens < T:
+    if config.single and config.block_tokens < T:
         raise ValueError(f"a single-program config needs block_tokens >= T={T}")
     counts = torch.empty(E, dtype=torch.int32, device=dev)
     token_ids = torch.empty(A, dtype=torch.int32, device=dev)
@@ -530,17 +528,17 @@ def _route(src: Tensor, topk_weights: Tensor | None, E: int, k: int, from_scores
     # Scratch only for blocks: one program (decode) allocates none (compiled, each allocation
     # is a call in Inductor's wrapper, empty or not)
     scratch_i = scratch_w = hist = None
-    if not cfg.single:
-        pairs = cdiv(T, cfg.block_tokens) * cfg.block_tokens * next_power_of_2(k)
+    if not config.single:
+        pairs = cdiv(T, config.block_tokens) * config.block_tokens * next_power_of_2(k)
         scratch_i = torch.empty(2, pairs, dtype=torch.int32, device=dev)
         scratch_w = torch.empty(pairs, dtype=torch.float32, device=dev)
-        hist = torch.empty(cdiv(T, cfg.block_tokens), _num_buckets(E, from_scores),
+        hist = torch.empty(cdiv(T, config.block_tokens), _num_buckets(E, from_scores),
                            dtype=torch.int32, device=dev)
     _route_op(
         src, topk_weights, bias, counts, token_ids, expert_ids, weights, num_valid, positions,
         scratch_i, scratch_w, hist, E, k, from_scores, SCORING_IDS[scoring], renormalize,
-        float(scaling), capacity, *(groups or (0, 0)), cfg.block_tokens, cfg.expert_chunk,
-        cfg.single, cfg.num_warps, cfg.place_programs)
+        float(scaling), capacity, *(groups or (0, 0)), config.block_tokens, config.expert_chunk,
+        config.single, config.num_warps, config.place_programs)
     # all_routed passed, not left to its default: see PLACE_PROGRAMS
     return Routing(counts, token_ids, expert_ids, weights, num_valid, positions, False)
 
