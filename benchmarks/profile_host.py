@@ -23,6 +23,7 @@ import torch
 
 from shufflemoe import MoE, preset
 from shufflemoe.bench.suites import host_cost
+from shufflemoe.ops import _launch
 from shufflemoe.integrations.transformers import patch
 from shufflemoe.integrations.transformers.models import build_model
 
@@ -69,7 +70,9 @@ def layers(names: list[str], T: int) -> None:
                                                     torch.profiler.ProfilerActivity.CUDA]) as prof:
                 layer(x)
                 torch.cuda.synchronize()
-        print(f"== {name} T={T}: one call's ops and kernels")
+        plans = layer._hot_parts.plans
+        print(f"== {name} T={T}: plans {[(k[0], k[1], type(v).__name__) for k, v in plans.items()]}"
+              f" (a recording's refusal: {_launch.refusal}); one call's ops and kernels")
         print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=40))
         _profile(lambda: layer(x), CALLS, f"{name} T={T} layer, eager")
         del layer

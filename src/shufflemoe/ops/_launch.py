@@ -197,6 +197,7 @@ def _bound(fn, args: tuple, kwargs: dict) -> tuple[list, dict]:
 
 _PLAIN = (int, float, bool, str, type(None), torch.dtype)
 _UNSAFE = object()
+refusal: str | None = None  # why the last recording made no template (benchmarks/profile_host.py)
 
 
 def record(region: Callable[[], None], inputs: Sequence[Tensor | None],
@@ -211,7 +212,9 @@ def record(region: Callable[[], None], inputs: Sequence[Tensor | None],
             region()
     finally:
         _recording.reset(token)
+    global refusal
     if watch.other is not None or not rec:
+        refusal = f"ran {watch.other}" if rec else "no Triton launch"
         return None
     allocated = watch.allocated
     offsets, nbytes = [], 0
@@ -240,6 +243,8 @@ def record(region: Callable[[], None], inputs: Sequence[Tensor | None],
         values, options = _bound(fn, args, kwargs)
         template = [arg(v) for v in values]
         if any(v is _UNSAFE for v in template):
+            names = list(inspect.signature(fn.fn).parameters)
+            refusal = f"{fn.fn.__name__}: {[n for n, v in zip(names, template) if v is _UNSAFE]}"
             return None
         if compiled is not None and hasattr(compiled, "result"):
             compiled = compiled.result()
