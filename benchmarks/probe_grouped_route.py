@@ -15,13 +15,17 @@ about a minute:
    (back-to-back calls from a drained queue, both ways in turns, median of ROUNDS), and one CUDA
    graph's replay (GPU time). The old way is the layer with its group_limited router swapped
    for the torch ops; its region then holds torch ops, so it runs unplanned.
-Writes $OUT/probe_grouped_route.json.
+3. The grouped kernel's tiling (--tiles, alone: this part only): per router shape at T = 1..16,
+   CUDA graphs of the routing with grouped_config's choice, one program (num_warps 4 and 8), and
+   blocks of 1 to T / 2 tokens (with their place launch), on the same rotating logits.
+Writes $OUT/probe_grouped_route.json (--tiles: probe_grouped_route_tiles.json).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import pathlib
@@ -38,6 +42,7 @@ from shufflemoe.bench.report import metadata  # noqa: E402
 from shufflemoe.bench.suites import host_cost  # noqa: E402
 from shufflemoe.bench.timing import time_fn, time_turns  # noqa: E402
 from shufflemoe.ops import backend_for, index_shuffle, use_impl  # noqa: E402
+from shufflemoe.ops.index_shuffle import kernel as route_kernel  # noqa: E402
 from shufflemoe.presets import preset  # noqa: E402
 
 SHAPES = {  # name: (E, (n_group, topk_group), k, scoring, scaling)
@@ -48,6 +53,7 @@ SHAPES = {  # name: (E, (n_group, topk_group), k, scoring, scaling)
                                                                        "softmax", 16.0),
 }
 TOKENS = (1, 2, 4, 8, 16, 64, 256)
+TILE_TOKENS = (1, 2, 4, 8, 16)
 LAYER_TOKENS = (1, 2, 8)
 SETS, CALLS, ROUNDS = 64, 20, 15
 
@@ -110,6 +116,39 @@ def routing_rows(dev: str, sets: int, graph: bool) -> list[dict]:
     return rows
 
 
+def tile_rows(dev: str, sets: int, graph: bool) -> list[dict]:
+    """Section 3: the grouped kernel's routing under each tiling, GPU time per call."""
+    rows = []
+    for name, (E, groups, k, scoring, scaling) in SHAPES.items():
+        bias = torch.randn(E, device=dev) * 0.05
+        for T in TILE_TOKENS:
+            logits = [torch.randn(T, E, device=dev, dtype=torch.bfloat16) for _ in range(sets)]
+            chosen = route_kernel.grouped_config(T, E, k, groups[0])
+            tilings = {"chosen": chosen}
+            for warps in (4, 8):
+                tilings[f"one program, {warps} warps"] = dataclasses.replace(
+                    chosen, block_tokens=max(chosen.block_tokens, T), single=True,
+                    num_warps=warps)
+            bt = 1
+            while bt < T or bt == 1:
+                tilings[f"blocks of {bt}"] = dataclasses.replace(
+                    chosen, block_tokens=bt, single=False, num_warps=4)
+                bt *= 2
+            row = dict(shape=name, T=T, chosen=dataclasses.asdict(chosen), tilings=list(tilings))
+            want = kernel_routing(logits[0], k, groups, bias, scoring, scaling).dense_weights(T)
+            for tiling, cfg in tilings.items():
+                def run(i, cfg=cfg):
+                    return route_kernel.index_shuffle(logits[i], k, scoring, True, scaling, None,
+                                                      cfg, groups=groups, bias=bias)
+                if not torch.equal(run(0).dense_weights(T), want):
+                    row[f"{tiling} differs"] = True
+                if graph:
+                    row[f"{tiling} graph_us"] = time_fn(run, sets, graph=True, reps=30).median_us
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
 @contextlib.contextmanager
 def torch_ops_router():
     """The layer's group_limited router as before cf9ea91 (paths gathered inside take it)."""
@@ -165,14 +204,21 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True, type=pathlib.Path)
     p.add_argument("--dry-run", action="store_true", help="CPU, interpreter, tiny counts")
+    p.add_argument("--tiles", action="store_true", help="section 3 only")
     args = p.parse_args()
-    global TOKENS, LAYER_TOKENS
+    global TOKENS, LAYER_TOKENS, TILE_TOKENS
     if args.dry_run:
-        TOKENS, LAYER_TOKENS = (1, 9), (1,)  # one program and blocks
+        TOKENS, LAYER_TOKENS, TILE_TOKENS = (1, 9), (1,), (3,)  # one program and blocks
         impl, dev, sets, rounds, calls, graph = use_impl("triton"), "cpu", 1, 1, 2, False
     else:
         impl, dev, sets, rounds, calls, graph = (contextlib.nullcontext(), "cuda", SETS, ROUNDS,
                                                  CALLS, True)
+    if args.tiles:
+        with impl:
+            result = dict(meta=metadata(), tiles=tile_rows(dev, sets, graph))
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "probe_grouped_route_tiles.json").write_text(json.dumps(result, indent=1))
+        return
     with impl:
         widths = dict(hidden_size=64, intermediate_size=32, shared_intermediate_size=32) \
             if args.dry_run else {}

@@ -16,3 +16,14 @@ def test_dry_run(tmp_path):
     assert len(result["routing"]) == 8 and len(result["layer"]) == 1
     assert all(r["same_pairs"] and r["max_weight_diff"] < 2e-6 for r in result["routing"])
     assert result["layer"][0]["max_abs_diff"] == 0.0
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the script itself runs")
+def test_dry_run_tiles(tmp_path):
+    """Section 3: every tiling of every shape routes as the chosen one does."""
+    result = dry_run("probe_grouped_route", tmp_path, "--tiles",
+                     result="probe_grouped_route_tiles")
+    assert len(result["tiles"]) == 4
+    for row in result["tiles"]:
+        assert {"one program, 8 warps", "blocks of 1", "blocks of 2"} <= set(row["tilings"])
+        assert not any(k.endswith("differs") for k in row), row
