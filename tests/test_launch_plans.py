@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from factories import gpt_oss_config, make_input, make_layer
-from shufflemoe import MoEConfig
+from shufflemoe import MoEConfig, routing
 from shufflemoe import layer as moe_layer
 from shufflemoe.ops import _launch, use_impl
 from shufflemoe.ops.moe_decode import configs
@@ -120,13 +120,33 @@ def test_record_refuses_what_it_cannot_replay():
     with use_impl("triton"):
         # a torch op besides allocations and views (here a copy into an allocation)
         assert _launch.record(_copy_region(x, out, "copy"), (x, out), 2) is None
+        assert _launch.refusal == "ran aten.arange.default"  # the first such op
         # a tensor that is neither an input, an allocation of the region nor persistent
         foreign = torch.arange(4, dtype=torch.int32, device=DEVICE)
         assert _launch.record(_copy_region(x, out, foreign), (x, out), 2) is None
+        assert _launch.refusal == "_gather_scale_kernel: ['ids_ptr']"
         # the same launch with the index tensor given as an input: recorded
         template = _launch.record(_copy_region(x, out, foreign), (x, out, foreign), 2)
         assert template is not None and len(template.launches) == 1
         assert _launch.record(lambda: None, (x, out), 2) is None  # nothing launched
+        assert _launch.refusal == "no Triton launch"
+
+
+def test_layers_share_a_recording_only_with_the_same_router(monkeypatch):
+    """A layer gathered while ROUTERS held a torch-op router for its name records no plan; a
+    layer of the same config gathered after must not take that refusal (2026-12-05: a probe
+    that swapped the router this way timed the second layer unplanned)."""
+    cfg = CONFIGS["deepseek-like"]
+    a, b = (make_layer(cfg, seed=s, device=DEVICE) for s in (0, 1))
+    x = make_input(cfg, 1, device=DEVICE)
+    kernel = routing.ROUTERS._entries[cfg.router]
+    with use_impl("triton"), torch.no_grad():
+        monkeypatch.setitem(routing.ROUTERS._entries, cfg.router,
+                            lambda logits, c, bias: kernel(logits.clone(), c, bias))
+        a(x)
+        monkeypatch.undo()
+        b(x)
+    assert planned_tokens(a, "merged") == [] and planned_tokens(b, "merged") == [1]
 
 
 def test_every_kernel_launch_goes_through_launch():

@@ -680,8 +680,10 @@ class MoE(nn.Module):
     def _planned(self, hot: _Hot, name: str, region: Callable[[], None],
                  dynamic: tuple[Tensor, ...], fixed: tuple[Tensor | None, ...]) -> None:
         """run_planned for this layer: ``fixed`` are its tensors the region reads; layers of one
-        config and layout share what was recorded. Without a plan under a device mesh."""
-        signature = ((self.config, self.experts.name, type(self.dispatch))
+        config, router function and layout share what was recorded (the router too: a layer
+        gathered while ROUTERS held another function for its name must not share a recording
+        with one gathered after). Without a plan under a device mesh."""
+        signature = ((self.config, hot.paths.route, self.experts.name, type(self.dispatch))
                      if self.dispatch.mesh is None else None)
         run_planned(hot.plans, name, signature, region, dynamic, fixed)
 

@@ -248,10 +248,11 @@ def test_grouped_batch_invariant_weights():
 
 
 def test_grouped_config_holds_rows_whole():
-    """One program to DeepSeek-V3's T = 8 (64 pairs); blocks never past GROUPED_TILE scores."""
+    """One program to DeepSeek-V3's T = 4 (32 pairs); blocks never past GROUPED_TILE scores."""
     from shufflemoe.ops.index_shuffle.kernel import GROUPED_TILE, grouped_config
 
-    assert grouped_config(8, 256, 8, 8).single and not grouped_config(9, 256, 8, 8).single
+    assert grouped_config(4, 256, 8, 8).single and not grouped_config(5, 256, 8, 8).single
+    assert grouped_config(2, 384, 8, 1).single and not grouped_config(3, 384, 8, 1).single
     for T, E, k, n_group in ((1, 256, 8, 8), (4096, 256, 8, 8), (65536, 384, 8, 1),
                              (5000, 160, 6, 8), (700, 8, 1, 8)):
         for invariant in (False, True):

@@ -437,7 +437,7 @@ def invariant_route_config(T: int, E: int, k: int, block_pairs: int = 64) -> Rou
 
 
 # Scores one block of the grouped selection holds (its rows whole, groups padded to powers of two)
-GROUPED_TILE = 4096
+GROUPED_TILE = 1024
 
 
 def grouped_config(T: int, E: int, k: int, n_group: int, batch_invariant: bool = False
@@ -446,8 +446,14 @@ def grouped_config(T: int, E: int, k: int, n_group: int, batch_invariant: bool =
     invariant_route_config's, for rows W = pow2(n_group) * pow2(E / n_group) wide, with at most
     GROUPED_TILE // W tokens a block (at least one; one program keeps route_config's floor of
     16 pairs), since _grouped_topk holds each row whole.
-    DeepSeek-V3 (E = 256, 8 groups, top-8): one program to T = 8, then blocks of 4 to 16
-    tokens."""
+    DeepSeek-V3 (E = 256, 8 groups, top-8): one program to T = 4, then blocks of 4 tokens; Kimi
+    K2-like (E = 384, one group): one program to T = 2, then blocks of 2. Routing alone in CUDA
+    graphs (H200, benchmarks/probe_grouped_route.py --tiles, results/
+    probe_grouped_route_tiles_8072c62_h200.json), us, one program / blocks of 4096 // W / 1024 //
+    W (/ blocks of one): DeepSeek-V3 T = 4 5.4 / - / 7.4, T = 8 8.7 / - / 7.3, T = 16 - / 7.4 /
+    7.4; Kimi K2-like T = 4 13.1 / - / 11.0, T = 8 31.1 / - / 11.2, T = 16 - / 14.0 / 11.6;
+    GLM-4.5-like (E = 160, one group) T = 8 10.2 / - / 7.7; DeepSeek-V2-like (8 groups of 20,
+    top-6, softmax) T = 8 13.3 / - / 10.0 (/ 7.2)."""
     W = next_power_of_2(n_group) * next_power_of_2(E // n_group)
     pairs = next_power_of_2(k) * max(1, GROUPED_TILE // W)
     if batch_invariant:
