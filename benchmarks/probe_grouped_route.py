@@ -16,10 +16,10 @@ about a minute:
    graph's replay (GPU time). The old way is the layer with its group_limited router swapped
    for the torch ops; its region then holds torch ops, so it runs unplanned.
 3. The grouped kernel's tiling (--tiles, alone: this part only): per router shape at T = 1 to
-   2048, CUDA graphs of the routing with grouped_config's choice, one program (num_warps 4 and
-   8; to T = 16), and blocks of 1 to min(T / 2, 16) tokens (with their place launch), on the
-   same rotating logits; a tiling that chooses other experts, or weights more than 1e-6 apart
-   (softmax sums in another order), is marked.
+   2048, CUDA graphs of the routing with grouped_config's choice, one program (num_warps 1 to
+   8; to T = 16), and blocks of 1 to min(T / 2, 16) tokens (4 warps; blocks of 1 and 2 also
+   2), with their place launch, on the same rotating logits; a tiling that chooses other
+   experts, or weights more than 1e-6 apart (softmax sums in another order), is marked.
 Writes $OUT/probe_grouped_route.json (--tiles: probe_grouped_route_tiles.json).
 """
 
@@ -127,15 +127,16 @@ def tile_rows(dev: str, sets: int, graph: bool) -> list[dict]:
             logits = [torch.randn(T, E, device=dev, dtype=torch.bfloat16) for _ in range(sets)]
             chosen = route_kernel.grouped_config(T, E, k, groups[0])
             tilings = {"chosen": chosen}
-            for warps in (4, 8) if T <= 16 else ():
+            for warps in (1, 2, 4, 8) if T <= 16 else ():
                 tilings[f"one program, {warps} warps"] = dataclasses.replace(
                     chosen, block_tokens=max(chosen.block_tokens, 1 << (T - 1).bit_length()),
                     single=True,
                     num_warps=warps)
             bt = 1
             while (bt < T or bt == 1) and bt <= 16:
-                tilings[f"blocks of {bt}"] = dataclasses.replace(
-                    chosen, block_tokens=bt, single=False, num_warps=4)
+                for warps in (2, 4) if bt <= 2 else (4,):
+                    tilings[f"blocks of {bt}" + ", 2 warps" * (warps == 2)] = dataclasses.replace(
+                        chosen, block_tokens=bt, single=False, num_warps=warps)
                 bt *= 2
             row = dict(shape=name, T=T, chosen=dataclasses.asdict(chosen), tilings=list(tilings))
             want = kernel_routing(logits[0], k, groups, bias, scoring, scaling)
