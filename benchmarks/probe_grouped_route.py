@@ -96,61 +96,63 @@ def _agree(a, b, T: int) -> tuple[bool, float]:
     return torch.equal(da != 0, db != 0), float((da - db).abs().max()) if da.numel() else 0.0
 
 
+def _cases(dev: str, sets: int, tokens: tuple[int, ...]):
+    """(shape name, its SHAPES entry, a correction bias, T, ``sets`` logits [T, E]) per case."""
+    for name, shape in SHAPES.items():
+        bias = torch.randn(shape[0], device=dev) * 0.05
+        for T in tokens:
+            yield name, shape, bias, T, [torch.randn(T, shape[0], device=dev,
+                                                     dtype=torch.bfloat16) for _ in range(sets)]
+
+
 def routing_rows(dev: str, sets: int, graph: bool) -> list[dict]:
     rows = []
-    for name, (E, groups, k, scoring, scaling) in SHAPES.items():
-        bias = torch.randn(E, device=dev) * 0.05
-        for T in TOKENS:
-            logits = [torch.randn(T, E, device=dev, dtype=torch.bfloat16) for _ in range(sets)]
-            ways = {"torch ops": torch_ops_routing, "kernel": kernel_routing,
-                    "plain top-k kernel": plain_kernel_routing}
-            runs = {w: (lambda i, f=f: f(logits[i], k, groups, bias, scoring, scaling))
-                    for w, f in ways.items()}
-            same, diff = _agree(runs["kernel"](0), runs["torch ops"](0), T)
-            row = dict(shape=name, T=T, same_pairs=same, max_weight_diff=diff)
-            eager = time_turns(runs, sets, reps=3 * sets, warmup=1)
-            for way, run in runs.items():
-                row[f"{way} eager_us"] = eager[way].median_us
-                if graph:
-                    row[f"{way} graph_us"] = time_fn(run, sets, graph=True, reps=30).median_us
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+    for name, (E, groups, k, scoring, scaling), bias, T, logits in _cases(dev, sets, TOKENS):
+        ways = {"torch ops": torch_ops_routing, "kernel": kernel_routing,
+                "plain top-k kernel": plain_kernel_routing}
+        runs = {w: (lambda i, f=f: f(logits[i], k, groups, bias, scoring, scaling))
+                for w, f in ways.items()}
+        same, diff = _agree(runs["kernel"](0), runs["torch ops"](0), T)
+        row = dict(shape=name, T=T, same_pairs=same, max_weight_diff=diff)
+        eager = time_turns(runs, sets, reps=3 * sets, warmup=1)
+        for way, run in runs.items():
+            row[f"{way} eager_us"] = eager[way].median_us
+            if graph:
+                row[f"{way} graph_us"] = time_fn(run, sets, graph=True, reps=30).median_us
+        rows.append(row)
+        print(json.dumps(row), flush=True)
     return rows
 
 
 def tile_rows(dev: str, sets: int, graph: bool) -> list[dict]:
     """Section 3: the grouped kernel's routing under each tiling, GPU time per call."""
     rows = []
-    for name, (E, groups, k, scoring, scaling) in SHAPES.items():
-        bias = torch.randn(E, device=dev) * 0.05
-        for T in TILE_TOKENS:
-            logits = [torch.randn(T, E, device=dev, dtype=torch.bfloat16) for _ in range(sets)]
-            chosen = route_kernel.grouped_config(T, E, k, groups[0])
-            tilings = {"chosen": chosen}
-            for warps in (1, 2, 4, 8) if T <= 16 else ():
-                tilings[f"one program, {warps} warps"] = dataclasses.replace(
-                    chosen, block_tokens=max(chosen.block_tokens, 1 << (T - 1).bit_length()),
-                    single=True,
-                    num_warps=warps)
-            bt = 1
-            while (bt < T or bt == 1) and bt <= 16:
-                for warps in (2, 4) if bt <= 2 else (4,):
-                    tilings[f"blocks of {bt}" + ", 2 warps" * (warps == 2)] = dataclasses.replace(
-                        chosen, block_tokens=bt, single=False, num_warps=warps)
-                bt *= 2
-            row = dict(shape=name, T=T, chosen=dataclasses.asdict(chosen), tilings=list(tilings))
-            want = kernel_routing(logits[0], k, groups, bias, scoring, scaling)
-            for tiling, cfg in tilings.items():
-                def run(i, cfg=cfg):
-                    return route_kernel.index_shuffle(logits[i], k, scoring, True, scaling, None,
-                                                      cfg, groups=groups, bias=bias)
-                same, diff = _agree(run(0), want, T)  # (softmax: its sum's order per tiling)
-                if not same or diff > 1e-6:
-                    row[f"{tiling} differs"] = diff
-                if graph:
-                    row[f"{tiling} graph_us"] = time_fn(run, sets, graph=True, reps=30).median_us
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+    for name, (E, groups, k, scoring, scaling), bias, T, logits in _cases(dev, sets, TILE_TOKENS):
+        chosen = route_kernel.grouped_config(T, E, k, groups[0])
+        tilings = {"chosen": chosen}
+        for warps in (1, 2, 4, 8) if T <= 16 else ():
+            tilings[f"one program, {warps} warps"] = dataclasses.replace(
+                chosen, block_tokens=max(chosen.block_tokens, 1 << (T - 1).bit_length()),
+                single=True, num_warps=warps)
+        bt = 1
+        while (bt < T or bt == 1) and bt <= 16:
+            for warps in (2, 4) if bt <= 2 else (4,):
+                tilings[f"blocks of {bt}" + ", 2 warps" * (warps == 2)] = dataclasses.replace(
+                    chosen, block_tokens=bt, single=False, num_warps=warps)
+            bt *= 2
+        row = dict(shape=name, T=T, chosen=dataclasses.asdict(chosen), tilings=list(tilings))
+        want = kernel_routing(logits[0], k, groups, bias, scoring, scaling)
+        for tiling, cfg in tilings.items():
+            def run(i, cfg=cfg):
+                return route_kernel.index_shuffle(logits[i], k, scoring, True, scaling, None,
+                                                  cfg, groups=groups, bias=bias)
+            same, diff = _agree(run(0), want, T)  # (softmax: its sum's order per tiling)
+            if not same or diff > 1e-6:
+                row[f"{tiling} differs"] = diff
+            if graph:
+                row[f"{tiling} graph_us"] = time_fn(run, sets, graph=True, reps=30).median_us
+        rows.append(row)
+        print(json.dumps(row), flush=True)
     return rows
 
 
