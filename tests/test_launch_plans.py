@@ -21,7 +21,7 @@ from shufflemoe.ops.moe_decode import configs
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
-CONFIGS = {  # every decode flavour: fused (k = 1, k > 1, fp8, a shared expert) and unfused
+CONFIGS = {  # every decode flavour: fused (k = 1, k > 1, fp8, a shared expert, gated) and unfused
     "qwen3-like": MoEConfig(hidden_size=32, intermediate_size=16, num_experts=8, top_k=8,
                             renormalize=True, dtype=torch.bfloat16),
     "llama4-like": MoEConfig(hidden_size=32, intermediate_size=16, num_experts=4,
@@ -36,6 +36,9 @@ CONFIGS = {  # every decode flavour: fused (k = 1, k > 1, fp8, a shared expert) 
                                topk_group=2, correction_bias=True, renormalize=True,
                                routed_scaling_factor=2.5, shared_intermediate_size=16,
                                dtype=torch.bfloat16),
+    "qwen3-next-like": MoEConfig(hidden_size=32, intermediate_size=16, num_experts=16, top_k=4,
+                                 renormalize=True, shared_intermediate_size=16,
+                                 shared_expert_gate=True, dtype=torch.bfloat16),
 }
 
 
@@ -69,7 +72,7 @@ def test_replays_are_bitwise_the_region(name):
                 for i, layer in enumerate((a, b)):
                     got = layer(make_input(cfg, T, seed=10 * T + i, device=DEVICE))
                     assert torch.equal(got, want[T, i]), f"T={T} layer {i}"
-    # a plain shared expert joins the routed experts' launches up to Switch.shared_max_tokens
+    # a shared expert joins the routed experts' launches up to Switch.shared_max_tokens
     # (MoE._merges_shared), their plan above it (MoE._fuses_shared)
     merge = configs.Switch().shared_max_tokens if cfg.shared_intermediate_size else 0
     region = "shared+routed" if cfg.shared_intermediate_size else "routed"

@@ -22,6 +22,9 @@ CONFIGS = {
                             renormalize=True),
     "qwen2-like": MoEConfig(hidden_size=32, intermediate_size=16, num_experts=8, top_k=4,
                             shared_intermediate_size=40, shared_expert_gate=True),
+    "qwen3-next-like": MoEConfig(hidden_size=32, intermediate_size=16, num_experts=32, top_k=4,
+                                 renormalize=True, shared_intermediate_size=16,
+                                 shared_expert_gate=True),
     "deepseek-like": MoEConfig(hidden_size=32, intermediate_size=16, num_experts=32, top_k=4,
                                router="group_limited", scoring="sigmoid", correction_bias=True,
                                n_group=4, topk_group=2, routed_scaling_factor=2.5,
@@ -51,14 +54,16 @@ def test_layer_matches_reference(name, experts):
 
 @pytest.mark.parametrize("merge", [configs.Switch().shared_max_tokens, 16],
                          ids=["default", "merge-16"])
-@pytest.mark.parametrize("name", ["llama4-like", "deepseek-like", "qwen2-like"])
+@pytest.mark.parametrize("name", ["llama4-like", "deepseek-like", "qwen2-like",
+                                  "qwen3-next-like"])
 @pytest.mark.parametrize("T", [1, 5, 16, 17])
-def test_eager_decode_fuses_a_plain_shared_expert(name, T, merge):
-    """Up to SHARED_FUSED_MAX_TOKENS tokens the Triton path runs a plain shared expert through
-    the fused decode kernels: up to Switch.shared_max_tokens (``merge``) in the routed experts'
-    own two launches ("merged"), above it in one launch plan with them ("shared+routed"); a
-    gated one (Qwen2-MoE) and larger T keep the shared expert's own path. Each against float64
-    (the default Switch records launch plans: their names say which path ran)."""
+def test_eager_decode_fuses_a_shared_expert(name, T, merge):
+    """Up to SHARED_FUSED_MAX_TOKENS tokens the Triton path runs a shared expert, gated
+    (Qwen2-MoE, Qwen3-Next) or not, through the fused decode kernels: one of the routed
+    experts' width up to Switch.shared_max_tokens (``merge``) in the routed experts' own two
+    launches ("merged"), else in one launch plan with them ("shared+routed"); larger T keep
+    the shared expert's own path. Each against float64 (the default Switch records launch
+    plans: their names say which path ran)."""
     cfg = CONFIGS[name]
     layer = make_layer(cfg, device=DEVICE)
     default = merge == configs.Switch().shared_max_tokens
@@ -68,12 +73,12 @@ def test_eager_decode_fuses_a_plain_shared_expert(name, T, merge):
         for seed in (1, 2):  # the second call replays the plan the first recorded
             check_layer(layer, make_input(cfg, T, seed=seed, device=DEVICE))
         merged = layer._merges_shared(make_input(cfg, T, device=DEVICE), layer._hot())
-    plain = T <= SHARED_FUSED_MAX_TOKENS and name != "qwen2-like"
-    assert merged == (plain and T <= merge)
+    fused = T <= SHARED_FUSED_MAX_TOKENS
+    assert merged == (fused and T <= merge and name != "qwen2-like")  # (its shared I is 40)
     if default:
         kinds = {key[0] for key in layer._hot().plans}
         assert ("merged" in kinds) == merged
-        assert ("shared+routed" in kinds) == (plain and not merged)
+        assert ("shared+routed" in kinds) == (fused and not merged)
 
 
 @pytest.mark.parametrize("quantization", ["fp8_rowwise", "fp8_w8a16", "mxfp4"])

@@ -60,7 +60,7 @@ class _Paths:
     experts: Experts
     dispatch: Dispatch
     route: Callable[[Tensor, MoEConfig, Tensor | None], Routing]
-    shared_fusable: bool  # a plain shared expert the fused decode kernels can run (_fuses_shared)
+    shared_fusable: bool  # a shared expert the fused decode kernels can run (_fuses_shared)
     shared_merges: bool  # ... in the routed experts' launches (_merges_shared)
 
 
@@ -121,7 +121,7 @@ class _Hot:
 PLAN_MAX_TOKENS = 256
 PLAN_MAX_LARGE = 16
 PLAN_MAX_WORKSPACE = 256 << 20
-# A plain shared expert runs through the fused decode kernels up to this T, in every mode (eager,
+# A shared expert (not split) runs through the fused decode kernels up to this T, in every mode (eager,
 # CUDA graph, compiled: the same kernels, the same bits): one m-tile of rows (above it each
 # m-tile would stream the shared weights again). Its kernels use their own split-K workspace,
 # so that on a graph's side stream they never share arrival words with the routed experts'.
@@ -315,8 +315,7 @@ class MoE(nn.Module):
         hot = self._hot_parts  # plain attribute lookup
         if hot is None:
             cfg = self.config
-            fusable = (self.shared_w13 is not None and self.shared_gate is None
-                       and not self.shared_split and not cfg.batch_invariant
+            fusable = (self.shared_w13 is not None and not self.shared_split and not cfg.batch_invariant
                        and self.shared_w13.is_contiguous() and self.shared_w2.is_contiguous())
             one = _every_token_on_one_expert(self.shared_w13.device) if fusable else ()
             merges = (fusable and cfg.quantization in moe_decode.FORMATS and not cfg.expert_bias
@@ -377,8 +376,8 @@ class MoE(nn.Module):
         shared_w13 part by part, each gate rows then up rows): ``part`` 0 writes the first part's
         output, part 1 adds the second's (eager expert parallelism runs them around its host sync
         and its combine); part None runs both. Batch-invariant (local dispatch only, never
-        split): every product through batch_invariant.linear. At decode sizes, a plain shared
-        expert runs in the fused decode kernels (_fused_shared). accumulate (a plain shared
+        split): every product through batch_invariant.linear. At decode sizes, a shared expert
+        not split runs in the fused decode kernels (_fused_shared). accumulate (a plain shared
         expert, not split): out += the output, in the down projection's epilogue."""
         hot, h = self._hot(), self.shared_split
         cfg = hot.paths.config
@@ -539,7 +538,7 @@ class MoE(nn.Module):
                 and not self.shared_split)
 
     def _fuses_shared(self, x: Tensor, hot: _Hot) -> bool:
-        """A plain shared expert (no gate, not split in parts, contiguous weights) at decode
+        """A shared expert (gated or not; not split in parts, contiguous weights) at decode
         sizes on the Triton backend, in a layer whose routed experts take the fused decode
         kernels there too (configs.Switch: bf16 and the weight-only formats; fp8 rowwise top-1
         only on a GPU it names): _fused_shared runs it.
@@ -554,10 +553,10 @@ class MoE(nn.Module):
                                                  cfg.num_experts, device=device_name(x.device)))
 
     def _merges_shared(self, x: Tensor, hot: _Hot) -> bool:
-        """A plain shared expert of the routed experts' width, in a layer whose routed experts
-        the fused decode kernels read (bf16, fp16, fp32, or stored fp8 rowwise, fp8_block,
-        fp8_w8a16 or mxfp4; no expert bias) with the shuffled strategy on one device, on the Triton backend,
-        where configs.merges_shared says (T <= Switch.shared_max_tokens, or for quantized
+        """A shared expert (gated or not) of the routed experts' width, in a layer whose routed
+        experts the fused decode kernels read (bf16, fp16, fp32, or stored fp8 rowwise,
+        fp8_block, fp8_w8a16 or mxfp4; no expert bias) with the shuffled strategy on one device,
+        on the Triton backend, where configs.merges_shared says (T <= Switch.shared_max_tokens, or for quantized
         routed experts shared_quantized_max_tokens): _merged runs both in two launches (in every
         mode: eager, CUDA graph, compiled)."""
         cfg, T = hot.paths.config, x.shape[0]
@@ -578,7 +577,7 @@ class MoE(nn.Module):
         self._planned_with_logits(hot, "merged", x, out,
                                   lambda logits: self._merged(hot, x, logits, out),
                                   (w.w13, w.w2, w.w13_scale, w.w2_scale, hot.router_bias,
-                                   hot.shared_w13, hot.shared_w2))
+                                   hot.shared_w13, hot.shared_w2, hot.shared_gate))
         return out
 
     def _merged(self, hot: _Hot, x: Tensor, logits: Callable[[], Tensor], out: Tensor) -> None:
@@ -586,7 +585,8 @@ class MoE(nn.Module):
         shared expert as an expert every token visits (ops.decode_gate_up's shared_w13): a [T +
         A, I] holds its rows first, decode_down adds each token's shared row and then its pairs'
         in fp32 and rounds once (routed experts stored w8a8, fp8 rowwise or fp8_block: the
-        shared rows stay in x's dtype, in a third buffer). Its gate_up programs need no routing:
+        shared rows stay in x's dtype, in a third buffer; a gated one's rows are multiplied by
+        sigmoid(x . gate) in down's epilogue). Its gate_up programs need no routing:
         launched with PDL they start while the router and index_shuffle run, so ``a`` is
         allocated before those launch (no later allocation can hand them memory those kernels
         still use)."""
@@ -603,10 +603,11 @@ class MoE(nn.Module):
         q, scale, sa = a if isinstance(a, tuple) else (a, None, None)
         ops.decode_down(q, scale, w.w2, w.w2_scale, r.counts, r.token_ids, r.positions, w_out,
                         out, False, 0, quant, None, shared=hot.shared_w2, early=True,
-                        shared_a=sa)
+                        shared_a=sa, shared_gate=hot.shared_gate, gate_input=x)
 
     def _fused_shared(self, hot: _Hot, x: Tensor, out: Tensor) -> Tensor:
-        """out [T, D] = the shared expert of x [T, D], as a routing of every token to one expert
+        """out [T, D] = the shared expert of x [T, D] (gated: times sigmoid(x . gate), in
+        decode_down's epilogue), as a routing of every token to one expert
         through the fused decode kernels (decode_down writes out): two launches that spread its
         weights over every SM, instead of two cuBLAS GEMMs and a SwiGLU launch."""
         cfg, T = hot.paths.config, x.shape[0]
@@ -617,7 +618,8 @@ class MoE(nn.Module):
         ops.decode_gate_up(x, hot.shared_w13.view(1, 2 * Is, D), None, counts, ids, None, a,
                            SHARED_WORKSPACE)
         return ops.decode_down(a, None, hot.shared_w2.view(1, D, Is), None, counts, ids,
-                               positions, None, out, False, SHARED_WORKSPACE)
+                               positions, None, out, False, SHARED_WORKSPACE,
+                               shared_gate=hot.shared_gate, gate_input=x)
 
     def _fused_shared_forward(self, x: Tensor, hot: _Hot) -> Tensor:
         """Eager decode with a fused shared expert, in one launch plan with routing and the
@@ -634,7 +636,7 @@ class MoE(nn.Module):
         self._planned_with_logits(
             hot, "shared+routed", x, out, region,
             (w.w13, w.w2, w.w13_scale, w.w2_scale, w.w13_bias, w.w2_bias, hot.router_bias,
-             hot.shared_w13, hot.shared_w2, counts, ids, positions))
+             hot.shared_w13, hot.shared_w2, hot.shared_gate, counts, ids, positions))
         return out
 
     def _logits(self, hot: _Hot, x: Tensor) -> Tensor:

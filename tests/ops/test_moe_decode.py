@@ -643,6 +643,101 @@ def test_early_shared_programs_give_the_same_bits(case, tiles_name):
     assert torch.equal(outs[1], outs[0]) and torch.equal(outs[2], outs[0])
 
 
+def shared_gate(seed: int = 11):
+    """A gated shared expert's gate [1, D] (x . gate ~ N(0, 1): sigmoids over (0, 1))."""
+    return (torch.randn(1, D, generator=gen(seed)) / D**0.5).to(DEV, torch.bfloat16)
+
+
+def gate64(x, gate):
+    """float64 sigmoid(x . gate) [T, 1]."""
+    return torch.sigmoid(x.double().cpu() @ gate.double().cpu().t())
+
+
+GATE_TILES = ["16 rows split 3", "one pair", "4 rows split 2"]
+
+
+@pytest.mark.parametrize("impl", ["triton", "torch"])
+@pytest.mark.parametrize("tiles_name", GATE_TILES)
+@pytest.mark.parametrize("case", ["T=1 k=1 E=16", "odd T=9 k=3 E=7", "capacity drops"])
+def test_gated_shared_expert(case, tiles_name, impl):
+    """shared_gate / gate_input (Qwen2-MoE, Qwen3-Next): down multiplies each token's shared row
+    by sigmoid(x . gate), in the routed experts' launches (merged, with shared_w2; pairs
+    ungated) and in the shared expert's own (E = 1, every row gated; accumulate or write), each
+    against float64 of the same a; merged with the early handshake, the same bits."""
+    split, bm = SHARED_TILES[tiles_name]
+    gemm = configs.GemmConfig(16, 16, split, block_m=bm)
+    r, T, E = routing(case)
+    (w13, w2, _, _), (_, w2_64) = weights(E, torch.bfloat16)
+    sw13, sw2 = shared_weights(torch.bfloat16)
+    gate = shared_gate()
+    x = torch.randn(T, D, generator=gen(1)).to(DEV, torch.bfloat16)
+    n, experts = pairs(r)
+    sig = gate64(x, gate)
+    # the gate matters, and differs by token (a row gated with another token's fails)
+    assert 0.05 < sig.min() and sig.max() < 0.95 and (T == 1 or sig.std() > 0.1)
+    a = poisoned(T + r.num_pairs, I, dtype=torch.bfloat16, device=DEV)
+    base = torch.randn(T, D, generator=gen(4)).to(DEV, torch.bfloat16)
+    with configs.override(configs.DecodeConfig(gemm, gemm)):
+        decode_gate_up(x, w13, r.counts, r.token_ids, None, out=a, shared_w13=sw13, impl=impl)
+        shared64 = a[:T].double().cpu() @ sw2.double().cpu().t()
+        out = base.clone()
+        decode_down(a, w2, r.counts, r.token_ids, r.positions, out, r.weights, shared_w2=sw2,
+                    shared_gate=gate, gate_input=x, impl=impl)
+    y = torch.einsum("pi,pdi->pd", a[T:T + n].double().cpu(), w2_64[experts])
+    y = y * r.weights[:n].double().cpu()[:, None]
+    ref = base.double() + shared64 * sig
+    assert_close(out, ref.index_add_(0, r.token_ids[:n].long().cpu(), y), "bfloat16",
+                 name="merged")
+    if impl == "triton":  # the layer's merged call
+        early = poisoned(T, D, dtype=torch.bfloat16, device=DEV)
+        b = poisoned(T + r.num_pairs, I, dtype=torch.bfloat16, device=DEV)
+        unsplit = configs.GemmConfig(16, 16, 1, block_m=bm)  # early needs gate_up unsplit
+        with configs.override(configs.DecodeConfig(unsplit, gemm)):
+            kernel.gate_up(x, w13, None, r.counts, r.token_ids, None, b, shared=sw13,
+                           early=True)
+            kernel.down(b, None, w2, None, r.counts, r.token_ids, r.positions, r.weights,
+                        early, False, shared=sw2, early=True, shared_gate=gate, gate_input=x)
+        ref = shared64 * sig
+        assert_close(early, ref.index_add_(0, r.token_ids[:n].long().cpu(), y), "bfloat16",
+                     name="early")
+    # the shared expert alone: one expert every token visits, every row gated
+    one = sort_by_expert(torch.zeros(T, 1, dtype=torch.int64, device=DEV), 1, impl="torch")
+    for accumulate in (True, False):
+        out = base.clone()
+        with configs.override(configs.DecodeConfig(gemm, gemm)):
+            decode_down(a[:T].contiguous(), sw2[None], one.counts, one.token_ids,
+                        one.positions, out, accumulate=accumulate, shared_gate=gate,
+                        gate_input=x, impl=impl)
+        ref = shared64 * sig + (base.double() if accumulate else 0.0)
+        assert_close(out, ref, "bfloat16", name=f"alone, accumulate={accumulate}")
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda x, w, r, s, g: decode_down(x[:, :I].contiguous(), w, r.counts, r.token_ids,
+                                       r.positions, x.clone(), shared_gate=g), TypeError,
+     "shared_gate and gate_input go together"),
+    (lambda x, w, r, s, g: decode_down(x[:, :I].contiguous(), w, r.counts, r.token_ids,
+                                       r.positions, x.clone(), shared_gate=g[0], gate_input=x),
+     ValueError, "shared_gate must"),
+    (lambda x, w, r, s, g: decode_down(x[:, :I].contiguous(), w, r.counts, r.token_ids,
+                                       r.positions, x.clone(), shared_gate=g.float(),
+                                       gate_input=x), TypeError, "shared_gate must have dtype"),
+    (lambda x, w, r, s, g: decode_down(x[:, :I].contiguous(), w, r.counts, r.token_ids,
+                                       r.positions, x.clone(), shared_gate=g,
+                                       gate_input=x[:1]), ValueError, "gate_input must"),
+    (lambda x, w, r, s, g: decode_down(x[:, :I].contiguous(), w, r.counts, r.token_ids,
+                                       r.positions, x.clone(), shared_gate=g, gate_input=x),
+     ValueError, "without shared_w2 gates every row"),
+])
+def test_gated_shared_expert_bad_input_raises(call, error, match):
+    E = 2 if match.startswith("without") else 1  # two experts: not the shared expert alone
+    r = sort_by_expert(torch.zeros(9, 1, dtype=torch.int64, device=DEV), E, impl="torch")
+    x = torch.randn(9, D).to(DEV, torch.bfloat16)
+    w2 = shared_weights(torch.bfloat16)[1][None].expand(E, -1, -1).contiguous()
+    with pytest.raises(error, match=match):
+        call(x, w2, r, None, shared_gate())
+
+
 @pytest.mark.parametrize("call, error, match", [
     (lambda x, w, r, s: decode_gate_up(x, w, r.counts, r.token_ids, shared_w13=s.t()),
      ValueError, "shared_w13 must"),

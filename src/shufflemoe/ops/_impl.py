@@ -193,7 +193,7 @@ class Ops:
     #  (activation, alpha, limit)]) -> a | (q, scale)
     decode_gate_up: Callable
     # (a, a_scale, w2, w2_scale, counts, token_ids, positions, row_weights, out[, accumulate,
-    #  workspace, quant, bias]) -> out
+    #  workspace, quant, bias, shared=, early=, shared_a=, shared_gate=, gate_input=]) -> out
     decode_down: Callable
     quantize_fp8_groups: Callable  # (x, num_valid, q, scale, group) -> None (fills q, scale)
     router_logits: Callable  # (x [T, D], w [E, D], bias [E] | None) -> logits [T, E]

@@ -6,7 +6,9 @@
 With a shared expert's weights (shared_w13 [2I, D], shared_w2 [D, I], in the activations' dtype,
 whatever the routed experts' format) the same two launches run it too, as an expert every token
 visits: a holds its T rows first (fp8 rowwise: a third output, sa [T, I] in x's dtype, holds
-them, unquantized), and down adds each token's shared row before its pairs', rounding once.
+them, unquantized), and down adds each token's shared row before its pairs', rounding once. A
+gated one (Qwen2-MoE, Qwen3-Next: shared_gate [1, D]) has down multiply its rows by
+sigmoid(x . shared_gate) in its epilogue.
 
 GLU: SwiGLU, or gpt-oss's clamped variant (ops.silu_mul's activation, alpha, limit); b13, b2:
 expert biases (gpt-oss).
@@ -214,6 +216,8 @@ def decode_down(
     accumulate: bool = True,
     workspace: int = 0,
     shared_w2: Tensor | None = None,
+    shared_gate: Tensor | None = None,
+    gate_input: Tensor | None = None,
     impl: str | None = None,
 ) -> Tensor:
     """a [A, I] (or the w8a8 (q, scale[, sa]) from decode_gate_up; fp8_rowwise also (a float32,
@@ -227,7 +231,11 @@ def decode_down(
     decode_gate_up. shared_w2 [D, I] (the activations' dtype, not quantized, no expert bias): a
     shared expert in the same launch, a [T + A, I] with its rows first, or for fp8 rowwise a =
     (q, scale, sa [T, I]) (as decode_gate_up's shared_w13 makes them), each token's added before
-    its pairs'. Returns out."""
+    its pairs'. shared_gate [1, D] with gate_input [T, D] (the layer's input; both in out's
+    dtype): Qwen2-MoE's gated shared expert, each token's shared row times
+    sigmoid(gate_input[t] . shared_gate) in float32 before the sum; without shared_w2, w2 must
+    be the shared expert's alone ([1, D, I], every token routed to it) and every row is gated.
+    Returns out."""
     q, a_scale, sa = a, None, None
     packed = isinstance(a, tuple)  # w8a8's (q, scale[, sa]) or fp8 rowwise's (a, None[, sa])
     if packed:
@@ -274,16 +282,28 @@ def decode_down(
         check_tensor("row_weights", row_weights, shape=[A], dtypes=(torch.float32,),
                      contiguous=True)
     _check_bias(w2_bias, "w2_bias", [E, D])
+    if (shared_gate is None) != (gate_input is None):
+        raise TypeError("shared_gate and gate_input go together (the gate and the layer's input)")
+    if shared_gate is not None:
+        check_tensor("shared_gate", shared_gate, shape=[1, D], dtypes=(out.dtype,),
+                     contiguous=True)
+        check_tensor("gate_input", gate_input, shape=[T, D], dtypes=(out.dtype,),
+                     contiguous=True)
+        if not shared and E != 1:
+            raise ValueError(f"shared_gate without shared_w2 gates every row: w2 must be the "
+                             f"shared expert's alone, [1, {D}, I], got {list(w2.shape)}")
     check_same_device(a=q, w2=w2, counts=counts, token_ids=token_ids, positions=positions,
                       out=out, row_weights=row_weights, a_scale=a_scale, w2_scale=w2_scale,
-                      w2_bias=w2_bias, shared_w2=shared_w2, sa=sa)
+                      w2_bias=w2_bias, shared_w2=shared_w2, sa=sa, shared_gate=shared_gate,
+                      gate_input=gate_input)
     if not isinstance(accumulate, bool):
         raise TypeError(f"accumulate must be a bool, got {type(accumulate).__name__}")
     _check_workspace(workspace)
     return ops_for(resolve(impl, q)).decode_down(q, a_scale, w2, w2_scale, counts, token_ids,
                                                   positions, row_weights, out, accumulate,
                                                   workspace, quant, w2_bias, shared=shared_w2,
-                                                  shared_a=sa)
+                                                  shared_a=sa, shared_gate=shared_gate,
+                                                  gate_input=gate_input)
 
 
 def reserve(w13: Tensor, w2: Tensor, workspace: int = 0, quantization: str = "none",

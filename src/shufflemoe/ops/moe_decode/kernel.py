@@ -62,6 +62,9 @@ pairs', and down's combine adds each token's shared row before its pairs' (so k 
 too). EARLY (with PDL): gate_up's shared programs skip the wait for index_shuffle and count
 their stored rows of a in a handshake word; down's shared programs wait for that count, not
 for all of gate_up, and for the grid only before their epilogue (see _await_shared).
+A gated shared expert (Qwen2-MoE, Qwen3-Next: GATE) has down's epilogue multiply its rows by
+sigmoid(x[token] . gate) in fp32 before they are stored or summed (_gate): with SHARED the shared
+m-tiles' rows, without it every row (the shared expert alone, as one expert every token visits).
 
 Indexing: products that can pass 2^31 (token * D, expert * rows * K, pair * N) are int64.
 """
@@ -207,6 +210,33 @@ def _await_shared(flag_ptr, expected, programs):
     if tl.atomic_add(flag_ptr + 1, 1, sem="relaxed") == programs - 1:
         tl.atomic_xchg(flag_ptr, 0)
         tl.atomic_xchg(flag_ptr + 1, 0)
+
+
+@triton.jit
+def _gate_step(z, k0, x_ptr, gate_ptr, at, row_ok, D, GATE_K: tl.constexpr):
+    ks = k0 + tl.arange(0, GATE_K)
+    k_ok = ks < D
+    xs = tl.load(x_ptr + at + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+    gs = tl.load(gate_ptr + ks, mask=k_ok, other=0.0)
+    return z + tl.sum(xs.to(tl.float32) * gs.to(tl.float32)[None, :], axis=1)
+
+
+@triton.jit
+def _gate(x_ptr, gate_ptr, tok, row_ok, D, BLOCK_M: tl.constexpr, GATE_K: tl.constexpr,
+          INTERPRET: tl.constexpr):
+    """sigmoid(x[tok] . gate) [BM] in fp32: a gated shared expert's factor for its rows'
+    tokens (x [T, D] the layer's input, gate [D])."""
+    z = tl.zeros([BLOCK_M], tl.float32)
+    at = tok.to(tl.int64)[:, None] * D
+    if INTERPRET:  # range() over a tensor bound fails in the interpreter
+        k0 = 0
+        while k0 < D:
+            z = _gate_step(z, k0, x_ptr, gate_ptr, at, row_ok, D, GATE_K)
+            k0 += GATE_K
+    else:
+        for k0 in range(0, D, GATE_K):
+            z = _gate_step(z, k0, x_ptr, gate_ptr, at, row_ok, D, GATE_K)
+    return tl.sigmoid(z)
 
 
 @triton.jit
@@ -830,6 +860,8 @@ def _down_kernel(
     words_ptr,  # int32 arrival words: [m-tiles max * n_tiles] tiles, then [n_tiles] columns
     # (split > 1 or not TOP1)
     flag_ptr,  # int32 [2]: gate_up's shared programs done, then this launch's past the wait
+    gx_ptr,  # [T, D] the layer's input (GATE)
+    gate_ptr,  # [D] the shared expert's gate (GATE)
     flag_expected,  # gate_up's shared programs (EARLY)
     E, D, I, n_tiles, k_split, split, A, T,  # A: rows of a
     words_cols,  # offset of the per-n-tile words in words_ptr
@@ -849,6 +881,8 @@ def _down_kernel(
     A_F32: tl.constexpr,  # fp8_rowwise: a's routed rows in fp32, quantized here (one pair a
     # tile: see the module's docstring)
     ROW_BLOCK: tl.constexpr, ROW_CHUNKS: tl.constexpr,  # A_F32: lanes and loads a row of a
+    GATE: tl.constexpr,  # the shared expert's rows times sigmoid(x . gate) (see _gate)
+    GATE_K: tl.constexpr,  # columns of x a step of _gate
 ):
     s, tile, u, n_tile, shared, exists, g, row0, row_stop, total_tiles, num_valid = _program(
         counts_ptr, E, n_tiles, split, T, BLOCK_E, BLOCK_M, SHARED, PDL, EARLY)
@@ -928,6 +962,15 @@ def _down_kernel(
             if HAS_RW:  # the shared expert's rows: weight 1
                 acc = acc * tl.load(rw_ptr + rows, mask=row_ok & (shared == 0),
                                     other=1.0)[None, :]
+            if GATE:
+                if SHARED:
+                    if shared:  # rows = tokens
+                        acc = acc * _gate(gx_ptr, gate_ptr, rows, row_ok, D, BLOCK_M,
+                                          GATE_K, INTERPRET)[None, :]
+                else:  # the shared expert alone: every row
+                    tok = tl.load(ids_ptr + rows, mask=row_ok, other=0)
+                    acc = acc * _gate(gx_ptr, gate_ptr, tok, row_ok, D, BLOCK_M, GATE_K,
+                                      INTERPRET)[None, :]
             if TOP1:  # the pair's token has no other pair: read, add in fp32, round once
                 tok = tl.load(ids_ptr + rows, mask=row_ok, other=0).to(tl.int64)
                 dst = out_ptr + tok[None, :] * D + cols[:, None]
@@ -1198,13 +1241,16 @@ def _down_op(a: Tensor, a_scale: Optional[Tensor], sa: Optional[Tensor], w2: Ten
              w2_scale: Optional[Tensor], counts: Tensor, token_ids: Tensor, positions: Tensor,
              row_weights: Optional[Tensor], out: Tensor, accumulate: bool, workspace: int,
              quant: str, bias: Optional[Tensor], words: Optional[Tensor],
-             shared: Optional[Tensor], early: bool) -> None:
+             shared: Optional[Tensor], early: bool, gate_input: Optional[Tensor],
+             shared_gate: Optional[Tensor]) -> None:
     """out [T, D] (+)= the routed rows of a [A, I] through w2 [E, D, I] plus their expert's
     bias [E, D] (times the row weights), token-major (fp8 rowwise: a e4m3 with a_scale [A], or
     float32 without, quantized here); with the shared expert's w2 ``shared``
     [D, I] (a's dtype), a [T + A, I] holds its rows first (for w8a8, a [A, I] and sa
     [T, I] in out's dtype), added first (early: as the gate_up call that wrote a; its shared
-    programs wait only for gate_up's). words: held_words (left zero)."""
+    programs wait only for gate_up's). words: held_words (left zero). shared_gate [1, D] with
+    gate_input [T, D]: the shared expert's rows (without ``shared``: every row) times
+    sigmoid(gate_input[token] . shared_gate)."""
     (A, I), (E, D, _), T = a.shape, w2.shape, out.shape[0]
     s_rows = T if shared is not None else 0
     if sa is None:  # the shared expert's rows, if any, are a's first
@@ -1237,7 +1283,7 @@ def _down_op(a: Tensor, a_scale: Optional[Tensor], sa: Optional[Tensor], w2: Ten
             a, a if sa is None else sa, a_scale, w2, shared, w2_scale, bias, counts, token_ids,
             positions, row_weights,
             out, y, part, words, arrival_words(a, 2, FLAG_WORKSPACE) if early else None,
-            cdiv(T, gu.block_m) * cdiv(I, gu.block_n), E, D, I, n_tiles, k_split, split, rows, T,
+            gate_input, shared_gate, cdiv(T, gu.block_m) * cdiv(I, gu.block_n), E, D, I, n_tiles, k_split, split, rows, T,
             m_tiles * n_tiles,
             K=k, TOP1=top1, ACCUMULATE=accumulate, BLOCK_E=next_power_of_2(E),
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
@@ -1249,7 +1295,14 @@ def _down_op(a: Tensor, a_scale: Optional[Tensor], sa: Optional[Tensor], w2: Ten
             SHARED_K=_shared_k(cfg, w2, out.dtype, quant), RUNS=_runs(cfg, k_split, quant),
             A_F32=a_f32, ROW_BLOCK=min(1024, next_power_of_2(I)),
             ROW_CHUNKS=cdiv(I, min(1024, next_power_of_2(I))),
+            GATE=shared_gate is not None, GATE_K=_gate_k(D, cfg.block_m),
             **_launch_options(cfg, pdl))
+
+
+def _gate_k(D: int, block_m: int) -> int:
+    """_gate's columns a step: about 4096 values of x a step (32 registers a thread at 4 warps),
+    one step for D <= 4096 at one token a tile."""
+    return max(16, min(next_power_of_2(D), 4096 // block_m))
 
 
 def gate_up(x: Tensor, w13: Tensor, w13_scale: Tensor | None, counts: Tensor, token_ids: Tensor,
@@ -1274,12 +1327,15 @@ def down(a: Tensor, a_scale: Tensor | None, w2: Tensor, w2_scale: Tensor | None,
          token_ids: Tensor, positions: Tensor, row_weights: Tensor | None, out: Tensor,
          accumulate: bool = True, workspace: int = 0, quant: str | None = None,
          bias: Tensor | None = None, shared: Tensor | None = None,
-         early: bool = False, shared_a: Tensor | None = None) -> Tensor:
+         early: bool = False, shared_a: Tensor | None = None,
+         shared_gate: Tensor | None = None, gate_input: Tensor | None = None) -> Tensor:
     """out [T, D] += (or, not accumulate, =) the routed rows of a [A, I] through w2 [E, D, I]
     plus bias [E, D]; shared [D, I]: a [T + A, I] holds the shared expert's rows first, or for
     w8a8 shared_a [T, I] holds them; each token's added before its pairs' (early: as the
-    gate_up call that wrote a). Returns out. Arguments were checked by the public function."""
+    gate_up call that wrote a); shared_gate [1, D], gate_input [T, D]: the shared expert's rows
+    (without ``shared``, every row) times sigmoid(gate_input . shared_gate). Returns out.
+    Arguments were checked by the public function."""
     _down_op(a, a_scale, shared_a, w2, w2_scale, counts, token_ids, positions, row_weights, out,
              accumulate, workspace, format_of(w2, quant), bias, held_words(a, workspace), shared,
-             early)
+             early, gate_input, shared_gate)
     return out

@@ -88,9 +88,11 @@ def _down(a: Tensor, a_scale: Optional[Tensor], sa: Optional[Tensor], w2: Tensor
           w2_scale: Optional[Tensor], counts: Tensor, token_ids: Tensor, positions: Tensor,
           row_weights: Optional[Tensor], out: Tensor, accumulate: bool, workspace: int,
           quant: str, bias: Optional[Tensor], words: Optional[Tensor] = None,
-          shared: Optional[Tensor] = None, early: bool = False) -> None:
+          shared: Optional[Tensor] = None, early: bool = False,
+          gate_input: Optional[Tensor] = None, shared_gate: Optional[Tensor] = None) -> None:
     # words: unused; shared [D, I]: a's first T rows (fp8 rowwise: sa) are the shared expert's,
-    # added first; early: the kernel's launch detail
+    # added first; early: the kernel's launch detail; shared_gate [1, D], gate_input [T, D]:
+    # the shared expert's rows (without shared: every row) times sigmoid(gate_input . gate)
     if shared is not None and sa is None:
         sa, a = a[:out.shape[0]], a[out.shape[0]:]
     if quant == "fp8_rowwise" and a_scale is None:  # a's rows in float32: quantized here
@@ -98,14 +100,21 @@ def _down(a: Tensor, a_scale: Optional[Tensor], sa: Optional[Tensor], w2: Tensor
     y = grouped_gemm(a, w2, counts, a_scale, w2_scale, None, None, None, None,
                      torch.float32, quantization=quant, bias=bias)  # [A, D]
     nv = _num_valid(counts)
+    gate = None
+    if shared_gate is not None:  # [T, 1]
+        gate = torch.sigmoid(gate_input.float() @ shared_gate.float().t())
     if shared is not None:
         acc = grouped_gemm(sa, shared.unsqueeze(0), _all_tokens(out), None, None, None,
                            None, None, None, torch.float32)  # [T, D]
+        if gate is not None:
+            acc = acc * gate
         if accumulate:
             acc = out.float() + acc
         token_sum(acc, y, positions, row_weights, nv)
         out.copy_(acc)
         return
+    if gate is not None:  # the shared expert alone: its rows are pairs of tokens token_ids
+        y = y * gate[token_ids[:y.shape[0]].long().clamp(0, out.shape[0] - 1)]
     if accumulate:
         token_sum(out, y, positions, row_weights, nv)
         return
@@ -144,8 +153,10 @@ def down(a: Tensor, a_scale: Tensor | None, w2: Tensor, w2_scale: Tensor | None,
          token_ids: Tensor, positions: Tensor, row_weights: Tensor | None, out: Tensor,
          accumulate: bool = True, workspace: int = 0, quant: str | None = None,
          bias: Tensor | None = None, shared: Tensor | None = None,
-         early: bool = False, shared_a: Tensor | None = None) -> Tensor:
+         early: bool = False, shared_a: Tensor | None = None,
+         shared_gate: Tensor | None = None, gate_input: Tensor | None = None) -> Tensor:
     """As ops.decode_down (no workspace here; early: the kernels' launch detail)."""
     _down(a, a_scale, shared_a, w2, w2_scale, counts, token_ids, positions, row_weights, out,
-          accumulate, workspace, format_of(w2, quant), bias, None, shared)
+          accumulate, workspace, format_of(w2, quant), bias, None, shared, False, gate_input,
+          shared_gate)
     return out
