@@ -126,7 +126,9 @@ def _opcheck_cases() -> dict[str, tuple]:
                         r.positions, r.weights, torch.zeros(T, D, dtype=torch.bfloat16,
                                                             device=DEV), True, 1, "none",
                         torch.randn(E, D, device=DEV).to(torch.bfloat16),
-                        torch.zeros(1024, dtype=i32, device=DEV), None, False),
+                        torch.zeros(1024, dtype=i32, device=DEV), None, False,
+                        torch.randn(T, D, device=DEV).to(torch.bfloat16),  # a gate on each row
+                        torch.randn(1, D, device=DEV).to(torch.bfloat16)),
     }
     refs = {  # the references of the kernels above take the same arguments
         "gather_scale", "silu_mul", "silu_mul_fp8", "silu_mul_fp8_groups",

@@ -105,8 +105,10 @@ def gate_up(fp8: bool | str, split: int, rw: bool, pdl: bool, block_m: int = 16,
 
 def down(fp8: bool | str, split: int, k: int, pdl: bool, accumulate: bool = True,
          block_m: int = 16, bias: bool = False, shared: bool = False,
-         block_k: int | None = None, runs: bool = False, a_f32: bool = False):
-    """a_f32: fp8 rowwise's rows of a in fp32, quantized in the K loop."""
+         block_k: int | None = None, runs: bool = False, a_f32: bool = False,
+         gate: bool = False):
+    """a_f32: fp8 rowwise's rows of a in fp32, quantized in the K loop; gate: a gated shared
+    expert's rows (with shared, the shared m-tiles'; else every row) times sigmoid(x . gate)."""
     from shufflemoe.ops.moe_decode import kernel
 
     quant, fp8 = _format(fp8)
@@ -120,7 +122,9 @@ def down(fp8: bool | str, split: int, k: int, pdl: bool, accumulate: bool = True
                words_ptr="*i32" if split > 1 or k > 1 else None, E="i32", D="i32",
                I="i32", n_tiles="i32", k_split="i32", A="i32", T="i32", words_cols="i32",
                sw_ptr="*bf16" if shared else None, flag_ptr="*i32" if shared else None,
-               sa_ptr="*bf16" if shared else None, flag_expected="i32", **_split_arg(split))
+               sa_ptr="*bf16" if shared else None, flag_expected="i32",
+               gx_ptr="*bf16" if gate else None, gate_ptr="*bf16" if gate else None,
+               **_split_arg(split))
     if shared:  # the combine, as for k > 1
         sig.update(y_ptr="*fp32", words_ptr="*i32")
     consts = dict(SHARED=shared, EARLY=shared, K=k, TOP1=k == 1 and not shared, ACCUMULATE=accumulate, BLOCK_E=128, BLOCK_M=block_m,
@@ -130,7 +134,7 @@ def down(fp8: bool | str, split: int, k: int, pdl: bool, accumulate: bool = True
                   QUANT=quant, HAS_BIAS=bias, HAS_RW=True, UPCAST=False,
                   W_TO_X=quant in ("fp8_w8a16", "mxfp4"),
                   DOT_PRECISION="tf32", INTERPRET=False, PDL=pdl, RUNS=runs, A_F32=a_f32,
-                  ROW_BLOCK=1024, ROW_CHUNKS=1)
+                  ROW_BLOCK=1024, ROW_CHUNKS=1, GATE=gate, GATE_K=4096 // block_m)
     return compile_sm90(kernel._down_kernel, sig, consts, **({"launch_pdl": True} if pdl else {}))
 
 
@@ -225,6 +229,10 @@ BUILDS = {
         "fp8_block", 1, True, True, shared=True),
     "down fp8_block with a bf16 shared expert (sa), early, k=1 split-K PDL": lambda: down(
         "fp8_block", 2, 1, True, accumulate=False, shared=True),
+    "down bf16 gated shared expert first, early, k=1 split-K PDL": lambda: down(
+        False, 2, 1, True, accumulate=False, shared=True, gate=True),
+    "down fp8 with a gated bf16 shared expert (sa), early, k=4 PDL": lambda: down(
+        True, 1, 4, True, accumulate=False, shared=True, gate=True),
     "grouped GEMM mxfp4": lambda: grouped("mxfp4", "none", False),
     "grouped GEMM mxfp4 device TMA, swapped": lambda: grouped("mxfp4", "device", True),
     "grouped GEMM mxfp4 16 x 128 x 256, swapped, run order": lambda: grouped(
@@ -259,6 +267,10 @@ GEMV = {  # one pair a tile: no MMA
         False, 1, True, True, block_m=1, shared=True),
     "down bf16 one-pair tiles shared expert first, early, k=1 PDL": lambda: down(
         False, 1, 1, True, accumulate=False, block_m=1, shared=True),
+    "down bf16 one-pair tiles gated shared expert first, early, k=8 PDL": lambda: down(
+        False, 1, 8, True, accumulate=False, block_m=1, shared=True, gate=True),
+    "down bf16 one-pair tiles, a gated shared expert alone, top-1 split-K": lambda: down(
+        False, 2, 1, False, accumulate=False, block_m=1, gate=True),
     "gate_up fp8 one-pair tiles with a bf16 shared expert (sa), early, PDL": lambda: gate_up(
         True, 1, True, True, block_m=1, shared=True),
     "down fp8_w8a16 one-pair tiles with a bf16 shared expert, k=1 split-K PDL": lambda: down(
