@@ -21,16 +21,19 @@ _WIDTHS = {k: _COMMON[k] for k in ("hidden_size", "num_attention_heads", "num_ke
 
 def test_real_shapes_build_their_blocks():
     names = {s.model_type: host_cost.config(s) for s in host_cost.SHAPES}
-    assert set(names) == {"qwen3_moe", "llama4_text", "mixtral", "gpt_oss"}
+    assert set(names) == {"qwen3_moe", "llama4_text", "mixtral", "gpt_oss", "qwen3_next"}
     assert names["qwen3_moe"].num_experts == 128 and names["gpt_oss"].num_local_experts == 128
+    assert names["qwen3_next"].num_experts == 512 and names["qwen3_next"].layer_types == ["full_attention"]
     assert all(c.num_hidden_layers == 1 for c in names.values())
 
 
 def test_suite_dry_run(monkeypatch):
-    shapes = [host_cost.Shape(f"tiny-{t}", t, dict(_WIDTHS, **TINY[t]),
+    layers = ("num_hidden_layers", "layer_types")  # (the suite's config makes one layer)
+    shapes = [host_cost.Shape(f"tiny-{t}", t, {k: v for k, v in dict(_WIDTHS, **TINY[t]).items()
+                                               if k not in layers},
                               ("grouped_mm", "batched_mm") if t != "llama4_text" else (None,),
-                              ours_experts=t == "qwen3_moe")
-              for t in ("qwen3_moe", "llama4_text", "gpt_oss")]
+                              ours_experts=t in ("qwen3_moe", "qwen3_next"))
+              for t in ("qwen3_moe", "llama4_text", "gpt_oss", "qwen3_next")]
     for name, value in dict(SHAPES=shapes, DEVICE=DEV, COMPILE_OPTIONS=dict(backend="eager")).items():
         monkeypatch.setattr(host_cost, name, value)
     threads = torch.get_num_threads()
@@ -51,7 +54,7 @@ def test_suite_dry_run(monkeypatch):
     # transformers' block with experts_implementation="shufflemoe": an eager row of ours, where
     # the shape takes it, with a headline of its own (not mixed into the patched block's)
     experts = {r["model"] for r in rows if r["impl"] == host_cost.EXPERTS_PATH}
-    assert experts == {"tiny-qwen3_moe"}
+    assert experts == {"tiny-qwen3_moe", "tiny-qwen3_next"}
     a = result.analyse(rows)
     assert a.targets and a.headlines and a.ratios
     whats = [h["what"] for h in a.headlines]

@@ -75,11 +75,18 @@ SHAPES = [
     Shape("gpt-oss-120b", "gpt_oss", dict(hidden_size=2880, intermediate_size=2880, num_local_experts=128,
                                           num_experts_per_tok=4, num_attention_heads=64, num_key_value_heads=8,
                                           head_dim=64), ("grouped_mm", "batched_mm")),
+    # a gated shared expert (sigmoid(x . gate) times its output) beside 512 experts, top-10
+    Shape("qwen3-next-80b-a3b", "qwen3_next", dict(hidden_size=2048, moe_intermediate_size=512,
+                                                   shared_expert_intermediate_size=512, num_experts=512,
+                                                   num_experts_per_tok=10, norm_topk_prob=True,
+                                                   num_attention_heads=16, num_key_value_heads=2, head_dim=256),
+          ("grouped_mm", "batched_mm"), True),
 ]
 
 
 def config(shape: Shape):
-    extra = dict(layer_types=["full_attention"]) if shape.model_type == "llama4_text" else {}
+    # one layer of attention (Qwen3-Next's first layer would be its linear attention)
+    extra = dict(layer_types=["full_attention"]) if shape.model_type in ("llama4_text", "qwen3_next") else {}
     return AutoConfig.for_model(shape.model_type, **shape.fields, num_hidden_layers=1, vocab_size=1024,
                                 bos_token_id=0, eos_token_id=1, pad_token_id=None, **extra)
 
@@ -247,8 +254,8 @@ def analyse(rows: list[dict]) -> Analysis:
     return Analysis(rs, targets, headlines)
 
 
-@suite("host_cost", "host time per MoE block call at real widths (Qwen3, Scout, Mixtral, gpt-oss; T = 1, 64): "
-       "ours eager / per-layer graphs / compiled vs transformers' block, interleaved", est_s=150, part=1)
+@suite("host_cost", "host time per MoE block call at real widths (Qwen3, Scout, Mixtral, gpt-oss, Qwen3-Next; T = 1, "
+       "64): ours eager / per-layer graphs / compiled vs transformers' block, interleaved", est_s=190, part=1)
 def run(ctx: Context) -> SuiteResult:
     rows = []
     for n, shape in enumerate(SHAPES):
