@@ -1,7 +1,7 @@
 """The shared expert in the routed experts' two fused decode launches (MoE._merged, Switch.
 shared_max_tokens) against it in its own two launches beside them (on a side stream in a
-graph, in one launch plan eagerly), for the layer-suite presets with a plain shared expert, bf16,
-T = 1, 2, 4, 8: the GPU time of CUDA-graph replays (weights and inputs rotating, as the layer
+graph, in one launch plan eagerly), for presets with a shared expert of the routed width
+(Qwen3-Next's is gated), bf16, T = 1, 2, 4, 8: the GPU time of CUDA-graph replays (weights and inputs rotating, as the layer
 suite does; interleaved A B A), the host time of eager calls, every output checked against the
 float64 reference; and at T = 1 one replay's kernels (start, duration) per variant.
 
@@ -34,7 +34,8 @@ from probe_combine import _check, _eager_host_us, _graph_us, _layers  # noqa: E4
 
 PRESETS = {"scout-tp8": preset("llama4-scout", tp=8),
            "maverick-tp8": preset("llama4-maverick", tp=8),
-           "deepseek-v3-tp8": preset("deepseek-v3", tp=8)}
+           "deepseek-v3-tp8": preset("deepseek-v3", tp=8),
+           "qwen3-next": preset("qwen3-next-80b-a3b")}  # a gated shared expert, k = 10
 VARIANTS = {"separate": configs.Switch(shared_max_tokens=0),
             "merged": configs.Switch(shared_max_tokens=16)}
 FP8_VARIANTS = {"separate": configs.Switch(shared_max_tokens=0),
