@@ -1,8 +1,8 @@
 """The shared expert in the routed experts' two fused decode launches (MoE._merged, Switch.
 shared_max_tokens) against it in its own two launches beside them (on a side stream in a
 graph, in one launch plan eagerly), for presets with a shared expert of the routed width
-(Qwen3-Next's is gated), bf16, T = 1, 2, 4, 8: the GPU time of CUDA-graph replays (weights and inputs rotating, as the layer
-suite does; interleaved A B A), the host time of eager calls, every output checked against the
+(Qwen3-Next's is gated), bf16, T = 1, 2, 4, 8: the GPU time of CUDA-graph replays (weights
+and inputs rotating, as the layer suite does; interleaved A B A), the host time of eager calls, every output checked against the
 float64 reference; and at T = 1 one replay's kernels (start, duration) per variant.
 
 --formats fp8_rowwise fp8_w8a16 mxfp4 --tokens 1 2 --presets scout-tp8 maverick-tp8: the routed

@@ -121,8 +121,8 @@ class _Hot:
 PLAN_MAX_TOKENS = 256
 PLAN_MAX_LARGE = 16
 PLAN_MAX_WORKSPACE = 256 << 20
-# A shared expert (not split) runs through the fused decode kernels up to this T, in every mode (eager,
-# CUDA graph, compiled: the same kernels, the same bits): one m-tile of rows (above it each
+# A shared expert (not split) runs through the fused decode kernels up to this T, in every mode
+# (eager, CUDA graph, compiled: the same kernels, the same bits): one m-tile of rows (above it each
 # m-tile would stream the shared weights again). Its kernels use their own split-K workspace,
 # so that on a graph's side stream they never share arrival words with the routed experts'.
 SHARED_FUSED_MAX_TOKENS = 16
@@ -315,8 +315,9 @@ class MoE(nn.Module):
         hot = self._hot_parts  # plain attribute lookup
         if hot is None:
             cfg = self.config
-            fusable = (self.shared_w13 is not None and not self.shared_split and not cfg.batch_invariant
-                       and self.shared_w13.is_contiguous() and self.shared_w2.is_contiguous())
+            fusable = (self.shared_w13 is not None and not self.shared_split
+                       and not cfg.batch_invariant and self.shared_w13.is_contiguous()
+                       and self.shared_w2.is_contiguous())
             one = _every_token_on_one_expert(self.shared_w13.device) if fusable else ()
             merges = (fusable and cfg.quantization in moe_decode.FORMATS and not cfg.expert_bias
                       and cfg.shared_intermediate_size == cfg.intermediate_size
@@ -556,9 +557,9 @@ class MoE(nn.Module):
         """A shared expert (gated or not) of the routed experts' width, in a layer whose routed
         experts the fused decode kernels read (bf16, fp16, fp32, or stored fp8 rowwise,
         fp8_block, fp8_w8a16 or mxfp4; no expert bias) with the shuffled strategy on one device,
-        on the Triton backend, where configs.merges_shared says (T <= Switch.shared_max_tokens, or for quantized
-        routed experts shared_quantized_max_tokens): _merged runs both in two launches (in every
-        mode: eager, CUDA graph, compiled)."""
+        on the Triton backend, where configs.merges_shared says (T <= Switch.shared_max_tokens,
+        or for quantized routed experts shared_quantized_max_tokens): _merged runs both in two
+        launches (in every mode: eager, CUDA graph, compiled)."""
         cfg, T = hot.paths.config, x.shape[0]
         return (hot.paths.shared_merges and 0 < T <= SHARED_FUSED_MAX_TOKENS
                 and backend_for(x).name == "triton"
