@@ -162,6 +162,38 @@ def test_bfloat16_blocks_and_logits(model_type, overrides):
     assert c.rel_l2 <= tolerance_for(torch.bfloat16).rel_l2, f"logits: relative L2 {c.rel_l2:.3g}"
 
 
+@pytest.mark.parametrize("model_type,shared", [("qwen2_moe", None), ("qwen3_next", None),
+                                               ("qwen3_next", 40)])
+def test_gated_shared_expert_at_decode_sizes(model_type, shared):
+    """A gated shared expert (Qwen2-MoE, Qwen3-Next) at decode sizes on the kernels (the
+    interpreter on the CPU): in its own fused launches beside the routed experts' (one launch
+    plan), or, as wide as they are (shared = 40), in their two launches at T <= 2, against
+    transformers' block on the same input, bf16 (tokens whose top-k ties exactly left out)."""
+    from shufflemoe.ops import use_impl
+    from shufflemoe.ops.moe_decode import configs
+
+    overrides = {} if shared is None else dict(shared_expert_intermediate_size=shared)
+    model = build_model(tiny_config(model_type, **overrides), torch.bfloat16)
+    name, block = next(iter(_blocks(model).items()))
+    g = torch.Generator().manual_seed(5)
+    xs = [torch.randn(1, T, model.config.hidden_size, generator=g).to(torch.bfloat16)
+          for T in (1, 2, 5)]
+    with torch.no_grad():
+        refs = [block(x) for x in xs]
+    patch(model, graph_buckets=None)
+    block = model.get_submodule(name)
+    with use_impl("triton"), torch.no_grad():
+        for x, ref in zip(xs, refs):
+            y, ref = ((t[0] if isinstance(t, tuple) else t) for t in (block(x), ref))
+            keep = ~_tied(model, block, x)
+            assert_close(y[0][keep], ref[0][keep], torch.bfloat16, f"T={x.shape[1]}")
+    merged = {T for kind, T, *_ in block_layer(block)._hot().plans if kind == "merged"}
+    fused = {T for kind, T, *_ in block_layer(block)._hot().plans if kind == "shared+routed"}
+    want = ({T for T in (1, 2) if T <= configs.Switch().shared_max_tokens}
+            if shared == model.config.moe_intermediate_size else set())
+    assert merged == want and fused == {1, 2, 5} - want
+
+
 @pytest.mark.parametrize("model_type", MODEL_TYPES)
 def test_checkpoint_round_trip(model_type, tmp_path):
     """Save unpatched, load into a patched model (class patched before building), same outputs
