@@ -967,7 +967,8 @@ def test_shared_expert_beside_quantized_experts(case, quant, tiles_name, impl):
     (w8a8: its rows of a stay unquantized, in sa), fp8_w8a16 or mxfp4: the shared rows (no
     scales, no input weights) and the pairs' rows of a, then out = base + shared + routed
     (accumulate) or shared + routed, each against float64; poisoned rows stay NaN; with the
-    layer's early handshake the same bits."""
+    layer's early handshake the same bits. With split-K tiles the shared expert is gated
+    (Qwen3-Next: its rows times sigmoid(x . gate))."""
     cfg = SHARED_QUANT_TILES[tiles_name]
     r, T, E = routing(case)
     (w13, w2, s13, s2), (w13_64, w2_64) = wo_weights(E, quant)
@@ -975,6 +976,9 @@ def test_shared_expert_beside_quantized_experts(case, quant, tiles_name, impl):
     sw13 = (torch.randn(2 * WO_I, WO_D, generator=g) / WO_D**0.5).to(DEV, torch.bfloat16)
     sw2 = (torch.randn(WO_D, WO_I, generator=g) / WO_I**0.5).to(DEV, torch.bfloat16)
     x = torch.randn(T, WO_D, generator=gen(1)).to(DEV, torch.bfloat16)
+    gated = dict(shared_gate=(torch.randn(1, WO_D, generator=g) / WO_D**0.5).to(
+        DEV, torch.bfloat16), gate_input=x) if "split" in tiles_name else {}
+    sig = gate64(x, gated["shared_gate"]) if gated else 1.0
     n, experts = pairs(r)
     fp8 = quant in W8A8
     a = shared_outputs(T, r.num_pairs, quant)
@@ -997,8 +1001,10 @@ def test_shared_expert_beside_quantized_experts(case, quant, tiles_name, impl):
         out = base.clone()
         with configs.override(cfg):
             decode_down(a, w2, r.counts, r.token_ids, r.positions, out, w2_scale=s2,
-                        quantization=quant, accumulate=accumulate, shared_w2=sw2, impl=impl)
-        ref = shared @ sw2.double().cpu().t() + (base.double().cpu() if accumulate else 0.0)
+                        quantization=quant, accumulate=accumulate, shared_w2=sw2, impl=impl,
+                        **gated)
+        ref = (shared @ sw2.double().cpu().t()) * sig + (base.double().cpu() if accumulate
+                                                         else 0.0)
         assert_close(out, ref.index_add_(0, tokens, y), "bfloat16", name=f"{quant} out")
     if impl == "triton":  # the layer's merged call: the same bits with the early handshake
         early_out = poisoned(T, WO_D, dtype=torch.bfloat16, device=DEV)
@@ -1008,7 +1014,7 @@ def test_shared_expert_beside_quantized_experts(case, quant, tiles_name, impl):
                            shared=sw13, early=True)
             q, scale, sa = b if fp8 else (b, None, None)
             kernel.down(q, scale, w2, s2, r.counts, r.token_ids, r.positions, None, early_out,
-                        False, 0, quant, shared=sw2, early=True, shared_a=sa)
+                        False, 0, quant, shared=sw2, early=True, shared_a=sa, **gated)
         assert torch.equal(early_out, out)
         assert int(kernel.arrival_words(x, 2, kernel.FLAG_WORKSPACE).abs().sum()) == 0
 

@@ -299,6 +299,10 @@ GEMV = {  # one pair a tile: no MMA
     "down fp8 one-pair tiles quantizing a's fp32 rows, a bf16 shared expert, runs": lambda: down(
         True, 1, 1, True, accumulate=False, block_m=1, shared=True, block_k=512, runs=True,
         a_f32=True),
+    "down fp8 one-pair tiles quantizing a's fp32 rows, a gated bf16 shared expert, k=8": lambda: (
+        down(True, 1, 8, True, accumulate=False, block_m=1, shared=True, a_f32=True, gate=True)),
+    "down mxfp4 one-pair tiles, a gated bf16 shared expert, k=4": lambda: down(
+        "mxfp4", 1, 4, True, accumulate=False, block_m=1, shared=True, gate=True),
 }
 
 
