@@ -83,6 +83,10 @@ KERNEL_CONFIGS = {  # static shapes through Inductor: every kernel family the la
                              router="llama4", scoring="sigmoid",
                              apply_router_weight_on_input=True, shared_intermediate_size=64),
     "llama4-fp8": CONFIGS["llama4-fp8"],
+    # a gated shared expert: merged at T = 1, beside the routed experts' launches at T = 3 and 6
+    "qwen3-next-bf16": MoEConfig(hidden_size=64, intermediate_size=64, num_experts=16, top_k=2,
+                                 renormalize=True, shared_intermediate_size=64,
+                                 shared_expert_gate=True),
     "gpt-oss-mxfp4": CONFIGS["gpt-oss-mxfp4"],
     "qwen3-fp8-block": CONFIGS["qwen3-fp8-block"],
 }
