@@ -1,6 +1,7 @@
 """A CPU dry run of benchmarks/probe_grouped_route.py (interpreter, tiny counts, no timing): the
 kernel and the torch ops it replaced choose the same experts for every shape, and the layer
-with either router gives the same output, so the GPU call does not fail on a typo."""
+with either router gives the same output (within one bf16 rounding: the routers' weights agree
+to ~1e-6, not bit for bit), so the GPU call does not fail on a typo."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ def test_dry_run(tmp_path):
     result = dry_run("probe_grouped_route", tmp_path)
     assert len(result["routing"]) == 8 and len(result["layer"]) == 1
     assert all(r["same_pairs"] and r["max_weight_diff"] < 2e-6 for r in result["routing"])
-    assert result["layer"][0]["max_abs_diff"] == 0.0
+    layer = result["layer"][0]  # the same experts: at most a rounding of bf16 apart (2^-7)
+    assert 0 < layer["max_abs"] and layer["max_abs_diff"] <= layer["max_abs"] * 2**-7
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the script itself runs")
