@@ -962,18 +962,18 @@ def _down_kernel(
             if HAS_RW:  # the shared expert's rows: weight 1
                 acc = acc * tl.load(rw_ptr + rows, mask=row_ok & (shared == 0),
                                     other=1.0)[None, :]
+            if TOP1 or (GATE and not SHARED):
+                tok = tl.load(ids_ptr + rows, mask=row_ok, other=0)
             if GATE:
                 if SHARED:
                     if shared:  # rows = tokens
                         acc = acc * _gate(gx_ptr, gate_ptr, rows, row_ok, D, BLOCK_M,
                                           GATE_K, INTERPRET)[None, :]
                 else:  # the shared expert alone: every row
-                    tok = tl.load(ids_ptr + rows, mask=row_ok, other=0)
                     acc = acc * _gate(gx_ptr, gate_ptr, tok, row_ok, D, BLOCK_M, GATE_K,
                                       INTERPRET)[None, :]
             if TOP1:  # the pair's token has no other pair: read, add in fp32, round once
-                tok = tl.load(ids_ptr + rows, mask=row_ok, other=0).to(tl.int64)
-                dst = out_ptr + tok[None, :] * D + cols[:, None]
+                dst = out_ptr + tok.to(tl.int64)[None, :] * D + cols[:, None]
                 if ACCUMULATE:
                     acc += tl.load(dst, mask=mask, other=0.0).to(tl.float32)
                 tl.store(dst, cast_to(acc, out_ptr.dtype.element_ty, INTERPRET), mask=mask)
@@ -1295,7 +1295,8 @@ def _down_op(a: Tensor, a_scale: Optional[Tensor], sa: Optional[Tensor], w2: Ten
             SHARED_K=_shared_k(cfg, w2, out.dtype, quant), RUNS=_runs(cfg, k_split, quant),
             A_F32=a_f32, ROW_BLOCK=min(1024, next_power_of_2(I)),
             ROW_CHUNKS=cdiv(I, min(1024, next_power_of_2(I))),
-            GATE=shared_gate is not None, GATE_K=_gate_k(D, cfg.block_m),
+            GATE=shared_gate is not None,
+            GATE_K=_gate_k(D, cfg.block_m) if shared_gate is not None else 16,  # ungated: one build
             **_launch_options(cfg, pdl))
 
 
