@@ -29,6 +29,12 @@ CONFIGS = {
                                router="group_limited", scoring="sigmoid", correction_bias=True,
                                n_group=4, topk_group=2, routed_scaling_factor=2.5,
                                renormalize=True, shared_intermediate_size=16),
+    # HY-V4: the routed experts clamp gate and up (a limit most products pass), the shared
+    # expert of their width does not
+    "hy-v4-like": MoEConfig(hidden_size=32, intermediate_size=16, num_experts=32, top_k=4,
+                            router="group_limited", scoring="sigmoid", correction_bias=True,
+                            n_group=4, topk_group=2, renormalize=True,
+                            shared_intermediate_size=16, swiglu_limit=0.25),
     "mixtral-fp8": MoEConfig(hidden_size=48, intermediate_size=32, num_experts=8, top_k=2,
                              renormalize=True, quantization="fp8_rowwise"),
     "mixtral-fp32": MoEConfig(hidden_size=48, intermediate_size=32, num_experts=8, top_k=2,
@@ -55,7 +61,7 @@ def test_layer_matches_reference(name, experts):
 @pytest.mark.parametrize("merge", [configs.Switch().shared_max_tokens, 16],
                          ids=["default", "merge-16"])
 @pytest.mark.parametrize("name", ["llama4-like", "deepseek-like", "qwen2-like",
-                                  "qwen3-next-like"])
+                                  "qwen3-next-like", "hy-v4-like"])
 @pytest.mark.parametrize("T", [1, 5, 16, 17])
 def test_eager_decode_fuses_a_shared_expert(name, T, merge):
     """Up to SHARED_FUSED_MAX_TOKENS tokens the Triton path runs a shared expert, gated
@@ -74,7 +80,8 @@ def test_eager_decode_fuses_a_shared_expert(name, T, merge):
             check_layer(layer, make_input(cfg, T, seed=seed, device=DEVICE))
         merged = layer._merges_shared(make_input(cfg, T, device=DEVICE), layer._hot())
     fused = T <= SHARED_FUSED_MAX_TOKENS
-    assert merged == (fused and T <= merge and name != "qwen2-like")  # (its shared I is 40)
+    # (qwen2-like's shared I is 40; merged, hy-v4-like's shared rows would be clamped)
+    assert merged == (fused and T <= merge and name not in ("qwen2-like", "hy-v4-like"))
     if default:
         launches = {key[0]: len(plan.launches) for key, plan in layer._hot().plans.items()}
         if fused:  # one plan a call: the router GEMV, the routing, gate_up and down (and the

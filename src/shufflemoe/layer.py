@@ -319,7 +319,10 @@ class MoE(nn.Module):
                        and not cfg.batch_invariant and self.shared_w13.is_contiguous()
                        and self.shared_w2.is_contiguous())
             one = _every_token_on_one_expert(self.shared_w13.device) if fusable else ()
+            # (merged, the shared rows take the routed experts' GLU: only a plain SwiGLU is the
+            # shared expert's)
             merges = (fusable and cfg.quantization in moe_decode.FORMATS and not cfg.expert_bias
+                      and cfg.activation == "silu" and cfg.swiglu_limit is None
                       and cfg.shared_intermediate_size == cfg.intermediate_size
                       and isinstance(self.dispatch, LocalDispatch)
                       and self.experts.name == "shuffled"
