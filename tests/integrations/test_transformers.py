@@ -18,8 +18,8 @@ import torch
 pytest.importorskip("transformers")
 
 from shufflemoe.integrations.transformers import (  # noqa: E402
-    block_layer, patch, patch_model_type, register_experts_implementation, spec_for, unpatch,
-    unpatch_model_type)
+    block_layer, patch, patch_model_type, register_experts_implementation, spec_for, spec_for_config,
+    unpatch, unpatch_model_type)
 from shufflemoe.integrations.transformers.models import build_model, tiny_config  # noqa: E402
 from shufflemoe.testing import assert_close, compare, tolerance_for  # noqa: E402
 
@@ -44,12 +44,30 @@ CASES = [  # (model_type, config overrides): every router option each model has
     ("dots1", {}),
     ("gpt_oss", {}),
     ("gpt_oss", dict(num_experts_per_tok=4)),
+    ("qwen3_5_moe_text", {}),
+    ("qwen3_vl_moe", {}),
+    ("minimax", {}),
+    ("flex_olmo", dict(norm_topk_prob=True)),
+    ("granitemoe", {}),
+    ("granitemoeshared", {}),
+    ("granitemoehybrid", {}),
+    ("solar_open", {}),
+    ("glm_moe_dsa", {}),
+    ("glm4v_moe", {}),
+    ("exaone_moe", {}),
+    ("kimi_linear", {}),
+    ("hy_v4", {}),
+    ("mimo_v2_flash", {}),
+    ("deepseek_v2", {}),
+    ("minimax_m2", {}),
+    ("hy_v3", {}),
+    ("laguna", {}),
 ]
 IDS = [f"{t}-" + ("-".join(f"{k}={v}" for k, v in o.items()) or "default") for t, o in CASES]
-MODEL_TYPES = ["llama4_text", "qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "deepseek_v3",
-               "deepseek_v32", "qwen3_next", "glm4_moe", "glm4_moe_lite", "dots1", "gpt_oss"]
-DECORATED = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "deepseek_v3", "deepseek_v32",
-             "qwen3_next", "glm4_moe", "glm4_moe_lite", "dots1"]  # @use_experts_implementation
+MODEL_TYPES = list(dict.fromkeys(t for t, _ in CASES))
+# experts_implementation="shufflemoe" runs their experts (Llama 4's take none; gpt-oss's biased
+# ones are refused; HY-V4's clamp gate and up, as its swiglu_limit of 0.05 makes count)
+DECORATED = [t for t in MODEL_TYPES if t not in ("llama4_text", "gpt_oss")]
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -68,7 +86,7 @@ def _prompt(seed: int = 1) -> torch.Tensor:
 
 
 def _blocks(model) -> dict[str, torch.nn.Module]:
-    base = spec_for(model.config.model_type)
+    base = spec_for_config(model.config)
     return {n: m for n, m in model.named_modules() if type(m).__name__.endswith(base.block)}
 
 
@@ -94,23 +112,31 @@ def _run_recording(model, ids):
             h.remove()
 
 
+def _route(model, block, x) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits [T, E] float32, chosen [T, E] bool): transformers' own router of ``block`` on x
+    [.., D]. Routers return their logits, weights and ids in differing orders (Granite: ids
+    first), so they are told apart by dtype and width."""
+    spec = spec_for_config(model.config)
+    E = block_layer(block).config.num_experts
+    with torch.no_grad():
+        out = getattr(block, spec.router_module)(x.reshape(-1, x.shape[-1]),
+                                                 *(getattr(block, p) for p in spec.router_args))
+    if spec.returns == "out_and_logits":  # Llama 4: (scores, logits), unchosen: sigmoid(-inf)
+        return out[1].float(), out[0] > 0
+    ids = next(o for o in out if not o.is_floating_point())
+    logits = next(o for o in out if o.is_floating_point() and o.shape[-1] == E)
+    chosen = torch.zeros(ids.shape[0], E, dtype=torch.bool).scatter_(1, ids.long(), True)
+    return logits.float(), chosen
+
+
 def _chosen(model, block, x) -> torch.Tensor:
     """[T, E] bool: the experts transformers' own router of ``block`` picks for x [.., D]."""
-    spec = spec_for(model.config.model_type)
-    with torch.no_grad():
-        out = getattr(block, spec.router_module)(x.reshape(-1, x.shape[-1]))
-    if spec.returns == "out_and_logits":  # Llama 4: (scores, logits), unchosen: sigmoid(-inf)
-        return out[0] > 0
-    ids = out[2]
-    return torch.zeros(ids.shape[0], out[0].shape[-1], dtype=torch.bool).scatter_(1, ids, True)
+    return _route(model, block, x)[1]
 
 
 def _tied(model, block, x) -> torch.Tensor:
     """[T] bool: tokens whose k-th and (k+1)-th router logits are equal (topk's pick is arbitrary)."""
-    spec = spec_for(model.config.model_type)
-    with torch.no_grad():
-        out = getattr(block, spec.router_module)(x.reshape(-1, x.shape[-1]))
-    logits = (out[1] if spec.returns == "out_and_logits" else out[0]).float()
+    logits = _route(model, block, x)[0]
     k = block_layer(block).config.top_k
     top = logits.topk(min(k + 1, logits.shape[-1])).values
     return top[:, k - 1] == top[:, -1] if k < logits.shape[-1] else torch.zeros(len(top), dtype=torch.bool)
@@ -162,6 +188,30 @@ def test_bfloat16_blocks_and_logits(model_type, overrides):
     assert c.rel_l2 <= tolerance_for(torch.bfloat16).rel_l2, f"logits: relative L2 {c.rel_l2:.3g}"
 
 
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
+def test_blocks_at_decode_sizes_on_the_kernels(model_type):
+    """Every mapped block at decode sizes on the kernels (the interpreter on the CPU: the fused
+    decode path and its routing kernel, with each model's router options) against
+    transformers' block on the same input, bf16 (tokens whose top-k ties exactly left out)."""
+    from shufflemoe.ops import use_impl
+
+    model = build_model(tiny_config(model_type), torch.bfloat16)
+    name, block = next(iter(_blocks(model).items()))
+    D = model.config.get_text_config(decoder=True).hidden_size
+    g = torch.Generator().manual_seed(5)
+    xs = [torch.randn(1, T, D, generator=g).to(torch.bfloat16) for T in (1, 2, 5)]
+    with torch.no_grad():
+        refs = [block(x) for x in xs]
+    patch(model, graph_buckets=None)
+    block = model.get_submodule(name)
+    with use_impl("triton"), torch.no_grad():
+        for x, ref in zip(xs, refs):
+            y, ref = ((t[0] if isinstance(t, tuple) else t) for t in (block(x), ref))
+            y, ref = y.reshape(-1, D), ref.reshape(-1, D)
+            keep = ~_tied(model, block, x)
+            assert_close(y[keep], ref[keep], torch.bfloat16, f"T={x.shape[1]}")
+
+
 @pytest.mark.parametrize("model_type,shared", [("qwen2_moe", None), ("qwen3_next", None),
                                                ("qwen3_next", 40)])
 def test_gated_shared_expert_at_decode_sizes(model_type, shared):
@@ -202,11 +252,9 @@ def test_checkpoint_round_trip(model_type, tmp_path):
     ids = _prompt(2)
     ref = _logits(hf, ids)
     hf.save_pretrained(tmp_path / "hf")
-    from transformers import AutoModelForCausalLM
-
-    patch_model_type(model_type)
+    patch_model_type(model_type)  # a vision-language model's type: its text model's blocks
     try:
-        ours = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+        ours = type(hf).from_pretrained(tmp_path / "hf").eval()
     finally:
         unpatch_model_type(model_type)
     assert _blocks(ours) and all(hasattr(b, "_shufflemoe_base") for b in _blocks(ours).values())
@@ -215,7 +263,7 @@ def test_checkpoint_round_trip(model_type, tmp_path):
     assert list(mine) == list(theirs)
     assert all(mine[k].shape == theirs[k].shape and mine[k].dtype == theirs[k].dtype for k in mine)
     ours.save_pretrained(tmp_path / "ours")
-    back = AutoModelForCausalLM.from_pretrained(tmp_path / "ours").eval()
+    back = type(hf).from_pretrained(tmp_path / "ours").eval()
     assert not _blocks(back) or not hasattr(next(iter(_blocks(back).values())), "_shufflemoe_base")
     assert_close(_logits(back, ids), ref, torch.float32, "logits of the re-saved checkpoint")
 
@@ -242,8 +290,11 @@ def test_load_state_dict_and_to_rebuild_the_layer(model_type):
     assert _logits(model, ids).dtype == torch.bfloat16
 
 
-@pytest.mark.parametrize("model_type", ["llama4_text", "qwen3_moe", "gpt_oss"])
+@pytest.mark.parametrize("model_type", ["llama4_text", "qwen3_moe", "gpt_oss", "minimax_m2",
+                                        "hy_v3"])
 def test_router_logits_are_recorded(model_type):
+    """While transformers records router logits the patched block calls the HF router (with
+    the block's bias: MiniMax-M2, HY-V3) for them alone."""
     model = build_model(tiny_config(model_type), torch.float32)
     ids = _prompt()
     with torch.no_grad():  # the base model: Llama4ForCausalLM does not pass them on
@@ -261,8 +312,6 @@ def test_router_logits_are_recorded(model_type):
 def test_experts_implementation_registry(model_type, tmp_path):
     """transformers routes, shufflemoe runs the experts: set on a built model, or asked for in
     from_pretrained."""
-    from transformers import AutoModelForCausalLM
-
     register_experts_implementation()
     model = build_model(tiny_config(model_type), torch.float32)
     ids = _prompt()
@@ -271,7 +320,7 @@ def test_experts_implementation_registry(model_type, tmp_path):
     model.set_experts_implementation("shufflemoe")
     assert model.config._experts_implementation == "shufflemoe"
     assert_close(_logits(model, ids), ref, torch.float32, "logits (set_experts_implementation)")
-    loaded = AutoModelForCausalLM.from_pretrained(tmp_path, experts_implementation="shufflemoe")
+    loaded = type(model).from_pretrained(tmp_path, experts_implementation="shufflemoe")
     assert loaded.config._experts_implementation == "shufflemoe"
     assert_close(_logits(loaded.eval(), ids), ref, torch.float32, "logits (from_pretrained)")
 
@@ -376,6 +425,89 @@ def test_gpt_oss_experts_implementation_is_refused_with_the_reason():
         _logits(model, _prompt())
 
 
+def _experts_of(model) -> torch.nn.Module:
+    return next(m for m in model.modules() if hasattr(m, "_apply_gate"))
+
+
+def test_experts_implementation_finds_the_modules_own_glu():
+    """transformers' experts backends apply module._apply_gate: shufflemoe runs it as the GLU
+    it equals on a probe past every limit (module_glu), whatever the config calls its
+    activation."""
+    from shufflemoe.integrations.transformers.experts import module_glu
+
+    cases = [("qwen3_moe", ("silu", None)), ("hy_v4", ("silu", 0.05)),
+             ("gpt_oss", ("swiglu_oai", 7.0))]  # gpt-oss's is found, its biases refused
+    for model_type, (act, limit) in cases:
+        found = module_glu(_experts_of(build_model(tiny_config(model_type), torch.float32)))
+        assert found is not None and (found[0], found[2]) == (act, limit), (model_type, found)
+    assert module_glu(_experts_of(build_model(tiny_config("gpt_oss"), torch.float32)))[1] == 1.702
+
+
+@pytest.mark.parametrize("model_type,act", [("qwen3_moe", "GELUActivation"),
+                                            ("gemma4_text", "GELUTanh")])
+def test_experts_implementation_refuses_a_glu_it_does_not_run(model_type, act):
+    """A GELU GLU (a Qwen3 config with hidden_act="gelu"; Gemma 4, whose config names it
+    hidden_activation) is refused, naming it: it ran as SwiGLU before (Gemma 4: 9e-2 off)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from shufflemoe.integrations.transformers.models import _COMMON
+
+    register_experts_implementation()
+    if model_type == "gemma4_text":
+        cfg = AutoConfig.for_model("gemma4_text", **_COMMON, intermediate_size=96,
+                                   moe_intermediate_size=32, num_experts=8, top_k_experts=2,
+                                   enable_moe_block=True, global_head_dim=16,
+                                   hidden_size_per_layer_input=0, vocab_size_per_layer_input=128,
+                                   layer_types=["sliding_attention", "full_attention"])
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(cfg).eval()
+    else:
+        model = build_model(tiny_config(model_type, hidden_act="gelu"), torch.float32)
+    model.set_experts_implementation("shufflemoe")
+    with pytest.raises(NotImplementedError, match=f"gate function .*{act}.* none of shufflemoe"):
+        _logits(model, _prompt())
+
+
+def test_a_failed_patch_leaves_every_block_as_it_was():
+    """A block that cannot be built (a tensor its spec names is gone) makes patch() raise and
+    undo what it did: HF blocks stay HF blocks, patched ones keep their state."""
+    model = build_model(tiny_config("qwen2_moe"), torch.float32)
+    ids = _prompt()
+    ref = _logits(model, ids)
+    second = model.model.layers[1].mlp
+    gate = second.shared_expert_gate
+    del second.shared_expert_gate
+    with pytest.raises(AttributeError, match="shared_expert_gate"):
+        patch(model)
+    assert not any(hasattr(b, "_shufflemoe_base") or "_shufflemoe" in b.__dict__
+                   for b in _blocks(model).values())
+    second.shared_expert_gate = gate
+    assert torch.equal(_logits(model, ids), ref)
+    patch(model)
+    before = {n: (type(b), b.__dict__["_shufflemoe"]) for n, b in _blocks(model).items()}
+    del second.shared_expert_gate
+    with pytest.raises(AttributeError, match="shared_expert_gate"):
+        patch(model, experts="blockwise")
+    second.shared_expert_gate = gate
+    assert {n: (type(b), b.__dict__["_shufflemoe"]) for n, b in _blocks(model).items()} == before
+    assert_close(_logits(model, ids), ref, torch.float32, "logits after the failed re-patch")
+
+
+def test_multimodal_and_unsupported_model_types():
+    """A multimodal model is patched by its text model's entry; a model type that shufflemoe
+    cannot run says why."""
+    from transformers import AutoConfig
+
+    assert spec_for_config(tiny_config("qwen3_vl_moe")) is spec_for("qwen3_vl_moe_text")
+    llava = AutoConfig.for_model("llava", text_config=dict(model_type="llama"))
+    with pytest.raises(ValueError, match="model_type 'llama'.*the text model of a 'llava' model"):
+        spec_for_config(llava)
+    for call in (patch_model_type, spec_for):
+        with pytest.raises(ValueError, match="cannot patch model_type 'mistral4': its router "
+                                             "takes the softmax of the logits in the model dtype"):
+            call("mistral4")
+
+
 def test_unsupported_options_raise_before_patching():
     model = build_model(tiny_config("qwen3_moe", hidden_act="gelu"), torch.float32)
     with pytest.raises(ValueError, match="hidden_act='gelu'"):
@@ -423,8 +555,9 @@ def test_other_expert_strategies(experts):
 # transformers 5.17 never compiles Llama 4 in generate (get_compiled_call returns the eager call
 # for "llama4" model types) and its static cache fails there even unpatched
 # (create_chunked_causal_mask gets an unexpected block_sequence_ids): its compiled forward is
-# checked in test_patched_llama4_compiles instead.
-COMPILED_GENERATE = [t for t in MODEL_TYPES if t != "llama4_text"]
+# checked in test_patched_llama4_compiles instead. MiniMax's lightning attention keeps its own
+# cache: its model class sets _can_compile_fullgraph = False, and generate does not compile it.
+COMPILED_GENERATE = [t for t in MODEL_TYPES if t not in ("llama4_text", "minimax")]
 
 
 def _cpu_compile_config():

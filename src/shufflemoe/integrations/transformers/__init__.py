@@ -27,7 +27,7 @@ from .distributed import patch_distributed
 from .experts import register_experts_implementation, shufflemoe_experts_forward
 from .patch import block_layer, patch, patch_model_type, unpatch, unpatch_model_type
 from .quantized import Mxfp4Experts, load_as_stored
-from .specs import SPECS, UNSUPPORTED, BlockSpec, spec_for
+from .specs import SPECS, UNSUPPORTED, BlockSpec, spec_for, spec_for_config
 
 __all__ = [
     "SPECS",
@@ -42,6 +42,7 @@ __all__ = [
     "register_experts_implementation",
     "shufflemoe_experts_forward",
     "spec_for",
+    "spec_for_config",
     "unpatch",
     "unpatch_model_type",
 ]

@@ -27,13 +27,13 @@ from ...dispatch import LocalDispatch
 from ...experts import EXPERTS
 from ...layer import run_planned
 from ...ops import backend_for
+from ...ops.silu_mul.reference import glu
 from ...types import ExpertWeights
 from .patch import TRAINING_ERROR
 from .sources import canonical_experts
 
 NAME = "shufflemoe"
 STRATEGY = "shuffled"  # the sync-free expert strategy (graph-safe, like transformers' grouped_mm)
-_ACTIVATIONS = ("silu", "swish")
 _RUN = LocalDispatch().run  # looked up once, not per call
 
 
@@ -45,17 +45,66 @@ class _Cached:
     plans: dict = field(default_factory=dict)  # run_planned's, for these weights
 
 
-def _check(module: nn.Module) -> None:
-    act = getattr(module.config, "hidden_act", "silu")
+def _limits_and_alpha(module: nn.Module) -> tuple[tuple[float | None, ...], float]:
+    """The clamp limits a GLU of ``module`` may use (None: none; then the module's and its
+    config's limit attributes) and its alpha (swiglu_oai's; gpt-oss's 1.702 unless it names
+    another)."""
+    limits: list[float | None] = [None]
+    for owner, name in ((module, "limit"), (module, "swiglu_limit"),
+                        (module.config, "swiglu_limit")):
+        value = getattr(owner, name, None)
+        if isinstance(value, (int, float)) and value > 0 and float(value) not in limits:
+            limits.append(float(value))
+    alpha = next((float(getattr(owner, name)) for owner, name in (
+        (module, "alpha"), (module, "swiglu_alpha"), (module.config, "swiglu_alpha"))
+        if isinstance(getattr(owner, name, None), (int, float))), 1.702)
+    return tuple(limits), alpha
+
+
+@torch._dynamo.assume_constant_result
+def module_glu(module: nn.Module) -> tuple[str, float, float | None] | None:
+    """The GLU ``module`` applies to its gate_up output, as MoEConfig's (activation,
+    swiglu_alpha, swiglu_limit); None when shufflemoe runs none like it. transformers' experts
+    backends call module._apply_gate (by default act_fn(gate) * up, with act_fn from any of
+    hidden_act, hidden_activation, mlp_hidden_act; GLM-5-Next, HY-V4 and DeepSeek-V4 clamp
+    gate and up first; MiniMax-M3-VL clamps after the activation; Gemma 4's act_fn is
+    GELU-tanh), so the one sure way to know is to run it: on a float64 probe reaching past
+    every limit, against each GLU shufflemoe runs with the module's own limit and alpha. A
+    constant to torch.compile (computed once, when the graph is traced)."""
+    limits, alpha = _limits_and_alpha(module)
+    reach = 3.0 * max([8.0] + [v for v in limits if v is not None])
+    side = torch.linspace(-reach, reach, 97, dtype=torch.float64)
+    gate, up = side.repeat_interleave(side.numel()), side.repeat(side.numel())
+    try:
+        with torch.no_grad():
+            got = module._apply_gate(torch.stack([gate, up], dim=1)).reshape(-1)
+    except Exception:  # a gate function that cannot take the probe is not one of ours
+        return None
+    for act in ("silu", "swiglu_oai"):
+        for limit in limits:
+            want = glu(gate, up, act, alpha, limit)
+            if got.shape == want.shape and torch.allclose(got.to(want.dtype), want,
+                                                          rtol=1e-6, atol=1e-9):
+                return act, alpha, limit
+    return None
+
+
+def _check(module: nn.Module) -> tuple[str, float, float | None]:
+    """module's GLU (module_glu); raises NotImplementedError naming all that shufflemoe's
+    experts do not run."""
+    act = module_glu(module)
     missing = [what for what, bad in (
         ("expert biases", module.has_bias),
         ("experts without a gate projection", not module.has_gate),
         ("interleaved gate/up columns", not module.is_concatenated),
-        (f"hidden_act={act!r} (SwiGLU only)", act not in _ACTIVATIONS),
+        (f"a gate function ({type(module).__name__}._apply_gate with its act_fn "
+         f"{type(getattr(module, 'act_fn', None)).__name__}) that is none of shufflemoe's GLUs "
+         "(silu(gate) * up or gpt-oss's, with or without a clamp before them)", act is None),
     ) if bad]
     if missing:
         raise NotImplementedError(f"experts_implementation={NAME!r} cannot run "
                                   f"{type(module).__name__}: it has {', '.join(missing)}")
+    return act
 
 
 def _key(module: nn.Module, top_k: int, dtype: torch.dtype) -> tuple:
@@ -64,10 +113,11 @@ def _key(module: nn.Module, top_k: int, dtype: torch.dtype) -> tuple:
 
 
 def _config(module: nn.Module, w13: Tensor, w2: Tensor, top_k: int) -> MoEConfig:
-    _check(module)
+    activation, alpha, limit = _check(module)
     E, D, I = w2.shape
     cfg = traced_config(hidden_size=D, intermediate_size=I, num_experts=E, top_k=top_k,
-                        dtype=w13.dtype)
+                        dtype=w13.dtype, activation=activation, swiglu_alpha=alpha,
+                        swiglu_limit=limit)
     ok, why = EXPERTS.get(STRATEGY).supports(cfg, w13.device)
     if not ok:
         raise ValueError(f"experts_implementation={NAME!r}: {why}")

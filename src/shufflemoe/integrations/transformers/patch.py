@@ -33,6 +33,7 @@ from typing import Any, Callable, Union
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from transformers import AutoConfig
 # transformers' record of which outputs the running forward collects (private, stable in 5.x):
 # read so that router logits are computed only when someone asked for them.
 from transformers.utils.output_capturing import _active_collector
@@ -42,7 +43,7 @@ from ...experts import EXPERTS
 from ...graph import DEFAULT_BUCKETS, GraphedMoE, GraphPool
 from ...layer import MoE
 from .sources import contiguous, get, source_for
-from .specs import BlockSpec, spec_for
+from .specs import SPECS, UNSUPPORTED, BlockSpec, spec_for, spec_for_config
 
 log = logging.getLogger("shufflemoe.integrations.transformers")
 
@@ -58,8 +59,8 @@ def moe_options(spec: BlockSpec, hf_config: Any) -> dict:
     if act not in _ACTIVATIONS:
         raise ValueError(f"{spec.block}: hidden_act={act!r} is not supported (shufflemoe runs "
                          f"SwiGLU experts, hidden_act in {_ACTIVATIONS})")
-    options = dict(spec.moe_config(hf_config), hidden_size=hf_config.hidden_size)
     try:  # validate now, not at the first forward (dtype is read from the weights later)
+        options = dict(spec.moe_config(hf_config), hidden_size=hf_config.hidden_size)
         MoEConfig(**options, dtype=torch.bfloat16)
     except (TypeError, ValueError) as e:
         raise ValueError(f"{spec.block}: its config maps to an invalid MoEConfig: {e}") from None
@@ -302,7 +303,7 @@ class ShuffleMoEBlock(nn.Module):
             if spec.returns == "out_and_logits":
                 extra = F.linear(x, layer.router_weight)  # [T, E], as the HF router does
             else:  # the HF router's forward hook records its logits
-                routed = get(self, spec.router_module)(x)
+                routed = get(self, spec.router_module)(x, *(get(self, p) for p in spec.router_args))
                 if spec.returns == "out_and_scores":
                     extra = routed[1]
         if spec.returns == "out_and_logits":  # Llama 4: (out [T, D], logits [T, E] or None)
@@ -349,6 +350,9 @@ def _check_buckets(graph_buckets: GraphBuckets) -> GraphBuckets:
 _CLASS_POOLS: dict = {}
 
 
+_STATE = ("_shufflemoe", "_shufflemoe_layer")  # a patched block's entries in its __dict__
+
+
 def attach(block: ShuffleMoEBlock, options: dict, experts: str, graph_buckets: GraphBuckets,
            pools: dict) -> None:
     """Give a block of a patched class its (not yet built) shufflemoe state."""
@@ -372,23 +376,35 @@ def patch(model: nn.Module, experts: str = DEFAULT_EXPERTS,
     step: a block called during a capture runs eagerly anyway). Never inside torch.compile.
     Raises ValueError for a model_type without a mapping, or a config option shufflemoe does not
     implement, before changing anything. Returns ``model``."""
-    spec = spec_for(model.config.model_type)
+    spec = spec_for_config(model.config)
     options = moe_options(spec, model.config.get_text_config(decoder=True))
     EXPERTS.get(experts)
     graph_buckets = _check_buckets(graph_buckets)
     base = base_class(spec)
     cls = patched_class(base, spec, experts)
     pools: dict = {}
-    patched, skipped = 0, []
-    for name, module in model.named_modules():
-        if type(module) is base or (isinstance(module, ShuffleMoEBlock) and isinstance(module, base)):
-            module.__class__ = cls
-            attach(module, options, experts, graph_buckets, pools)
-            if _on_device(module):
-                _built(module)  # now, so that a compiled first call finds it built
-            patched += 1
-        elif isinstance(module, base):
-            skipped.append(f"{name} ({type(module).__name__})")
+    done, skipped = [], []  # done: (block, its class and shufflemoe state before)
+    try:
+        for name, module in model.named_modules():
+            if type(module) is base or (isinstance(module, ShuffleMoEBlock)
+                                        and isinstance(module, base)):
+                done.append((module, module.__class__, {k: module.__dict__[k] for k in _STATE
+                                                        if k in module.__dict__}))
+                module.__class__ = cls
+                attach(module, options, experts, graph_buckets, pools)
+                if _on_device(module):
+                    _built(module)  # now, so that a compiled first call finds it built
+            elif isinstance(module, base):
+                skipped.append(f"{name} ({type(module).__name__})")
+    except BaseException:  # a block that cannot be built (a tensor its spec names is missing)
+        for module, before, state in done:  # leaves every block as it was
+            module.__class__ = before
+            for k in _STATE:
+                module.__dict__.pop(k, None)
+            module.__dict__.update(state)
+            (_BLOCKS.add if state else _BLOCKS.discard)(module)
+        raise
+    patched = len(done)
     if skipped:
         log.warning("shufflemoe: left unpatched (subclasses of %s): %s", base.__name__, ", ".join(skipped))
     if patched == 0:
@@ -406,9 +422,22 @@ def unpatch(model: nn.Module) -> nn.Module:
     for module in model.modules():
         if isinstance(module, ShuffleMoEBlock):
             module.__class__ = module._shufflemoe_base
-            del module.__dict__["_shufflemoe"], module.__dict__["_shufflemoe_layer"]
+            for k in _STATE:
+                del module.__dict__[k]
             _BLOCKS.discard(module)
     return model
+
+
+def _spec_of_type(model_type: str) -> BlockSpec:
+    """spec_for(model_type), or for a multimodal wrapper's type (qwen3_vl_moe) its text model's
+    spec (spec_for_config of the type's default config)."""
+    if model_type in SPECS or model_type in UNSUPPORTED:
+        return spec_for(model_type)
+    try:
+        config = AutoConfig.for_model(model_type)
+    except ValueError:  # not a transformers model_type
+        return spec_for(model_type)
+    return spec_for_config(config)
 
 
 def patch_model_type(model_type: str, experts: str = DEFAULT_EXPERTS,
@@ -416,7 +445,7 @@ def patch_model_type(model_type: str, experts: str = DEFAULT_EXPERTS,
     """Make transformers build shufflemoe blocks for ``model_type`` (call before the model is
     built, e.g. before ``from_pretrained``; graph_buckets as in patch). Returns the patched
     class."""
-    spec = spec_for(model_type)
+    spec = _spec_of_type(model_type)
     EXPERTS.get(experts)
     cls = patched_class(base_class(spec), spec, experts, _check_buckets(graph_buckets))
     setattr(importlib.import_module(spec.module), spec.block, cls)
@@ -425,5 +454,5 @@ def patch_model_type(model_type: str, experts: str = DEFAULT_EXPERTS,
 
 
 def unpatch_model_type(model_type: str) -> None:
-    spec = spec_for(model_type)
+    spec = _spec_of_type(model_type)
     setattr(importlib.import_module(spec.module), spec.block, base_class(spec))

@@ -19,13 +19,27 @@ Routing as transformers 5.17 computes it (checked against its modeling files):
 |             |          | routing.py); renormalize (+1e-20); x routed_scaling      |          |
 | gpt_oss     | model    | logits + bias; top-k; softmax of the k logits, in the    | to model |
 |             |          | model dtype (= softmax over E, renormalized)             |          |
+| deepseek_v2 | **fp32** | softmax; top-k (topk_method "greedy"); never             | none     |
+|             |          | renormalized; x routed_scaling_factor                    |          |
+| minimax_m2  | model    | sigmoid in fp32; top-k of score + the block's bias;      | none     |
+|             |          | renormalize (no epsilon: the sum is > 0)                 |          |
+| hy_v3       | **fp32** | as minimax_m2 (+1e-20), x router_scaling_factor          | none     |
+| laguna      | model    | as minimax_m2, x moe_routed_scaling_factor (HF scales    | to model |
+|             |          | the sum; the same to one rounding)                       |          |
+| granitemoe  | model    | top-k of the logits; softmax of the k in fp32            | to model |
 
 gpt_oss's experts add biases after both projections and run a clamped GLU ((clamp(up, -7, 7) + 1)
 * g * sigmoid(1.702 g), g = min(gate, 7): MoEConfig activation="swiglu_oai") on gate/up columns
 that alternate (gate0, up0, gate1, ...); they are converted once to gate rows then up rows.
 
-deepseek_v32, glm4_moe, glm4_moe_lite and dots1 route as deepseek_v3 (their routers are its code
-under other names); qwen3_next's block is qwen2_moe's.
+deepseek_v32, glm4_moe, glm4_moe_lite, dots1, glm4v_moe_text, glm_moe_dsa, solar_open,
+exaone_moe, kimi_linear, mimo_v2_flash (no shared expert) and hy_v4 (its experts clamp gate and
+up at swiglu_limit) route as deepseek_v3 (their routers are its code under other names and
+fields). qwen3_next's block is qwen2_moe's, qwen3_5_moe_text's too (always renormalized);
+qwen3_vl_moe_text's is qwen3_moe's (always renormalized); minimax's is mixtral's, flex_olmo's
+olmoe's. granitemoeshared's and granitemoehybrid's shared MLP belongs to the decoder layer and
+stays transformers'. A multimodal model (qwen3_vl_moe, glm4v_moe, qwen3_5_moe) is patched by its
+text model's entry (spec_for_config).
 
 "logits": dtype of F.linear(x, W) ("model": the model dtype; deepseek_v3 upcasts x and W).
 "cast": transformers rounds the routing weights to the model dtype before the expert GEMMs.
@@ -79,6 +93,9 @@ class BlockSpec:
     w13_bias: str | None = None  # [E, 2I] (gpt-oss gate_up_proj_bias; interleaved like w13)
     w2_bias: str | None = None  # [E, D]
     router_bias: str | None = None  # [E] added to the router logits (gpt-oss)
+    # Block tensors the HF router's forward takes after x (MiniMax-M2, HY-V3: the correction
+    # bias, held by the block); called only while router logits are recorded.
+    router_args: tuple[str, ...] = ()
 
 
 def _topk_softmax(num_experts: str, intermediate: str, renormalize: str | None) -> Callable:
@@ -93,7 +110,11 @@ def _topk_softmax(num_experts: str, intermediate: str, renormalize: str | None) 
 
 
 def _qwen2_moe(c) -> dict:
-    return dict(_topk_softmax("num_experts", "moe_intermediate_size", "norm_topk_prob")(c),
+    return dict(_qwen2_moe_sizes(c), renormalize=bool(c.norm_topk_prob))
+
+
+def _qwen2_moe_sizes(c) -> dict:
+    return dict(_topk_softmax("num_experts", "moe_intermediate_size", None)(c),
                 shared_intermediate_size=c.shared_expert_intermediate_size, shared_expert_gate=True)
 
 
@@ -103,15 +124,85 @@ def _llama4(c) -> dict:
                 router="llama4", scoring="sigmoid", apply_router_weight_on_input=True)
 
 
-def _deepseek_v3(c) -> dict:
+def _grouped(c, *, num_experts: int, shared: int, n_group: int = 1, topk_group: int = 1,
+             renormalize: bool = True, scaling: float = 1.0, logits: torch.dtype | None = torch.float32,
+             scoring: str = "sigmoid", correction_bias: bool = True,
+             intermediate: int | None = None, **fields) -> dict:
+    """MoEConfig fields of a group-limited router (DeepSeek-V3's and its relatives'; n_group 1:
+    a plain top-k of scores + bias). logits: the dtype transformers computes them in (None: the
+    model's)."""
+    return dict(dict(num_experts=num_experts, top_k=c.num_experts_per_tok,
+                     intermediate_size=intermediate or c.moe_intermediate_size,
+                     shared_intermediate_size=shared,
+                     router="group_limited", scoring=scoring, correction_bias=correction_bias,
+                     n_group=n_group, topk_group=topk_group, routed_scaling_factor=float(scaling),
+                     renormalize=bool(renormalize), router_logits_dtype=logits), **fields)
+
+
+def _deepseek_v3(c) -> dict:  # F.linear(x.float(), W.float()) in HF
+    return _grouped(c, num_experts=c.n_routed_experts,
+                    shared=c.moe_intermediate_size * (c.n_shared_experts or 0), n_group=c.n_group,
+                    topk_group=c.topk_group, renormalize=c.norm_topk_prob,
+                    scaling=c.routed_scaling_factor)
+
+
+def _exaone_moe(c) -> dict:
+    return _grouped(c, num_experts=c.num_experts,
+                    shared=c.moe_intermediate_size * (c.num_shared_experts or 0),
+                    n_group=c.n_group, topk_group=c.topk_group, renormalize=c.norm_topk_prob,
+                    scaling=c.routed_scaling_factor)
+
+
+def _kimi_linear(c) -> dict:
+    return _grouped(c, num_experts=c.num_experts,
+                    shared=c.moe_intermediate_size * (c.num_shared_experts or 0),
+                    n_group=c.num_expert_group, topk_group=c.topk_group,
+                    renormalize=c.moe_renormalize, scaling=c.routed_scaling_factor)
+
+
+def _mimo_v2_flash(c) -> dict:  # no shared expert
+    return _grouped(c, num_experts=c.n_routed_experts, shared=0, n_group=c.n_group,
+                    topk_group=c.topk_group, renormalize=c.norm_topk_prob,
+                    scaling=c.routed_scaling_factor)
+
+
+def _hy_v4(c) -> dict:  # DeepSeek-V3's block; its experts clamp gate and up (silu_mul's limit)
+    return dict(_deepseek_v3(c), swiglu_limit=float(c.swiglu_limit))
+
+
+def _hy_v3(c) -> dict:  # no groups; the correction bias on the block
+    return _grouped(c, num_experts=c.num_experts,
+                    shared=c.moe_intermediate_size * (c.num_shared_experts or 0),
+                    scaling=c.router_scaling_factor)
+
+
+def _minimax_m2(c) -> dict:  # logits in the model dtype, no groups, no shared expert
+    return _grouped(c, num_experts=c.num_local_experts, shared=0, logits=None,
+                    intermediate=c.intermediate_size)
+
+
+def _laguna(c) -> dict:
+    if getattr(c, "moe_router_logit_softcapping", 0.0):
+        raise ValueError(f"moe_router_logit_softcapping={c.moe_router_logit_softcapping} (a "
+                         "tanh cap on the router logits) is not supported")
+    return _grouped(c, num_experts=c.num_experts, shared=c.shared_expert_intermediate_size,
+                    scaling=c.moe_routed_scaling_factor, logits=None)
+
+
+def _deepseek_v2(c) -> dict:
+    if c.topk_method != "greedy":
+        raise ValueError(f"topk_method={c.topk_method!r} (groups scored by their best expert) is "
+                         "not supported; 'greedy' (DeepSeek-V2-Lite) is")
+    # softmax of float32 logits, never renormalized (norm_topk_prob is not read), scaled
     return dict(num_experts=c.n_routed_experts, top_k=c.num_experts_per_tok,
                 intermediate_size=c.moe_intermediate_size,
                 shared_intermediate_size=c.moe_intermediate_size * (c.n_shared_experts or 0),
-                router="group_limited", scoring="sigmoid", correction_bias=True,
-                n_group=c.n_group, topk_group=c.topk_group,
-                routed_scaling_factor=float(c.routed_scaling_factor),
-                renormalize=bool(c.norm_topk_prob),
-                router_logits_dtype=torch.float32)  # F.linear(x.float(), W.float()) in HF
+                renormalize=False, routed_scaling_factor=float(c.routed_scaling_factor),
+                router_logits_dtype=torch.float32)
+
+
+def _qwen3_5_moe(c) -> dict:  # Qwen2-MoE's block, always renormalized
+    return dict(_qwen2_moe_sizes(c), renormalize=True)
 
 
 def _gpt_oss(c) -> dict:
@@ -134,6 +225,12 @@ _LLAMA4 = BlockSpec(
     moe_config=_llama4, router="router.weight", transposed=True, shared=_mlp("shared_expert"),
     router_module="router", returns="out_and_logits",
 )
+
+def _models(module: str, block: str, moe_config: Callable, **fields) -> BlockSpec:
+    """The BlockSpec of ``block`` in transformers.models.<module>.modeling_<module>."""
+    return BlockSpec(module=f"transformers.models.{module}.modeling_{module}", block=block,
+                     moe_config=moe_config, **fields)
+
 
 SPECS: dict[str, BlockSpec] = {
     "llama4": _LLAMA4,  # the multimodal model: its text model holds the MoE blocks
@@ -160,19 +257,57 @@ SPECS: dict[str, BlockSpec] = {
         moe_config=_deepseek_v3, shared=_mlp("shared_experts"),
         correction_bias="gate.e_score_correction_bias",
     ),
-    # DeepSeek-V3.2, GLM-4.5 / 4.6, GLM-4.7-Flash and dots.llm1: DeepSeek-V3's block and router
-    # under their own class names (the same config fields: n_routed_experts, n_group, ...)
-    **{model_type: BlockSpec(
-        module=f"transformers.models.{model_type}.modeling_{model_type}", block=block,
-        moe_config=_deepseek_v3, shared=_mlp("shared_experts"),
-        correction_bias="gate.e_score_correction_bias",
-    ) for model_type, block in (("deepseek_v32", "DeepseekV32MoE"), ("glm4_moe", "Glm4MoeMoE"),
-                                ("glm4_moe_lite", "Glm4MoeLiteMoE"), ("dots1", "Dots1MoE"))},
+    # DeepSeek-V3's block and router under other class names (the same config fields:
+    # n_routed_experts, n_group, ...): DeepSeek-V3.2, GLM-4.5 / 4.6, GLM-4.7-Flash, dots.llm1,
+    # GLM-4.5V's text model, GLM-5, Solar Open
+    **{model_type: _models(module, block, _deepseek_v3, shared=_mlp("shared_experts"),
+                           correction_bias="gate.e_score_correction_bias")
+       for model_type, module, block in (
+           ("deepseek_v32", "deepseek_v32", "DeepseekV32MoE"),
+           ("glm4_moe", "glm4_moe", "Glm4MoeMoE"), ("glm4_moe_lite", "glm4_moe_lite", "Glm4MoeLiteMoE"),
+           ("dots1", "dots1", "Dots1MoE"), ("glm4v_moe_text", "glm4v_moe", "Glm4vMoeTextMoE"),
+           ("glm_moe_dsa", "glm_moe_dsa", "GlmMoeDsaMoE"), ("solar_open", "solar_open", "SolarOpenMoE"))},
+    # ... and with their own field names, limits or no shared expert
+    **{model_type: _models(model_type, block, read, shared=_mlp("shared_experts") if shared else None,
+                           correction_bias="gate.e_score_correction_bias")
+       for model_type, block, read, shared in (
+           ("exaone_moe", "ExaoneMoeSparseMoEBlock", _exaone_moe, True),
+           ("kimi_linear", "KimiLinearMoE", _kimi_linear, True),
+           ("hy_v4", "HYV4MoE", _hy_v4, True),
+           ("mimo_v2_flash", "MiMoV2FlashMoE", _mimo_v2_flash, False))},
+    # one group (a top-k of sigmoid + bias), the bias held by the block
+    "hy_v3": _models("hy_v3", "HYV3MoE", _hy_v3, shared=_mlp("shared_experts"),
+                     correction_bias="e_score_correction_bias",
+                     router_args=("e_score_correction_bias",)),
+    "minimax_m2": _models("minimax_m2", "MiniMaxM2SparseMoeBlock", _minimax_m2,
+                          correction_bias="e_score_correction_bias",
+                          router_args=("e_score_correction_bias",)),
+    "laguna": _models("laguna", "LagunaSparseMoeBlock", _laguna, shared=_mlp("shared_experts"),
+                      correction_bias="gate.e_score_correction_bias"),
+    "deepseek_v2": _models("deepseek_v2", "DeepseekV2Moe", _deepseek_v2,
+                           shared=_mlp("shared_experts")),
     "qwen3_next": BlockSpec(  # Qwen2-MoE's block (a gated shared expert) in a hybrid model
         module="transformers.models.qwen3_next.modeling_qwen3_next",
         block="Qwen3NextSparseMoeBlock", moe_config=_qwen2_moe, shared=_mlp("shared_expert"),
         shared_gate="shared_expert_gate.weight",
     ),
+    "qwen3_5_moe_text": _models("qwen3_5_moe", "Qwen3_5MoeSparseMoeBlock", _qwen3_5_moe,
+                                shared=_mlp("shared_expert"),
+                                shared_gate="shared_expert_gate.weight"),
+    "qwen3_vl_moe_text": _models("qwen3_vl_moe", "Qwen3VLMoeTextSparseMoeBlock",  # renormalized
+                                 _topk_softmax("num_experts", "moe_intermediate_size", None)),
+    "minimax": _models("minimax", "MiniMaxSparseMoeBlock",
+                       _topk_softmax("num_local_experts", "intermediate_size", None)),
+    "flex_olmo": _models("flex_olmo", "FlexOlmoSparseMoeBlock",
+                         _topk_softmax("num_experts", "intermediate_size", "norm_topk_prob")),
+    # top-k of the logits, softmax over the k (= over E, renormalized); Granite's shared MLP
+    # (granitemoeshared, granitemoehybrid) is the decoder layer's, not the block's
+    **{model_type: _models(model_type, block,
+                           _topk_softmax("num_local_experts", "intermediate_size", None),
+                           router="router.weight", router_module="router")
+       for model_type, block in (("granitemoe", "GraniteMoeMoE"),
+                                 ("granitemoeshared", "GraniteMoeSharedMoE"),
+                                 ("granitemoehybrid", "GraniteMoeHybridMoE"))},
     "gpt_oss": BlockSpec(
         module="transformers.models.gpt_oss.modeling_gpt_oss", block="GptOssMLP",
         moe_config=_gpt_oss, router="router.weight", router_bias="router.bias", transposed=True,
@@ -182,7 +317,25 @@ SPECS: dict[str, BlockSpec] = {
 }
 
 # Model types that have MoE blocks shufflemoe cannot run without changing its core, and why.
-UNSUPPORTED: dict[str, str] = {}
+UNSUPPORTED: dict[str, str] = {
+    "mistral4": "its router takes the softmax of the logits in the model dtype, so bfloat16 "
+                "scores choose its groups and experts; shufflemoe's float32 scores choose others "
+                "where bfloat16 ties them (a tiny bfloat16 model: 9-13% relative L2 error in a "
+                "block's output)",
+}
+
+
+def spec_for_config(config: Any) -> BlockSpec:
+    """The BlockSpec of a model with transformers config ``config``: its model_type's, else (a
+    multimodal wrapper: Qwen3-VL-MoE, GLM-4.5V, Qwen3.5) its decoder text config's; raises
+    ValueError naming what is missing."""
+    outer, text = config.model_type, config.get_text_config(decoder=True).model_type
+    if outer in SPECS or outer in UNSUPPORTED or text == outer:
+        return spec_for(outer)
+    try:
+        return spec_for(text)
+    except ValueError as e:
+        raise ValueError(f"{e} (the text model of a {outer!r} model)") from None
 
 
 def spec_for(model_type: str) -> BlockSpec:
