@@ -28,7 +28,8 @@ CONFIGS = {
     "deepseek-like": MoEConfig(hidden_size=32, intermediate_size=16, num_experts=32, top_k=4,
                                router="group_limited", scoring="sigmoid", correction_bias=True,
                                n_group=4, topk_group=2, routed_scaling_factor=2.5,
-                               renormalize=True, shared_intermediate_size=16),
+                               renormalize=True, shared_intermediate_size=16,
+                               router_logits_dtype=torch.float32),  # as transformers computes
     # HY-V4: the routed experts clamp gate and up (a limit most products pass), the shared
     # expert of their width does not
     "hy-v4-like": MoEConfig(hidden_size=32, intermediate_size=16, num_experts=32, top_k=4,

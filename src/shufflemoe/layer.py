@@ -665,11 +665,11 @@ class MoE(nn.Module):
     def _logits_in_plan(self, x: Tensor) -> bool:
         """Whether an eager call's launch plan computes the router logits too: at decode T on
         the kernels they are one Triton launch (ops/router), which the plan replays, instead of
-        an aten GEMM before it (~8-10 us of host). Not through a cast (router_logits_dtype)
-        or batch_invariant's GEMM, which a plan cannot hold."""
+        an aten GEMM before it (~8-10 us of host), float32 logits of a bf16 model too (the
+        kernel reads x and the weight as stored). Not batch_invariant's GEMM, which a plan
+        cannot hold."""
         cfg = self.config
-        return (router_uses_kernel(x.shape[0], cfg.num_experts) and not cfg.batch_invariant
-                and cfg.router_logits_dtype in (None, x.dtype))
+        return router_uses_kernel(x.shape[0], cfg.num_experts) and not cfg.batch_invariant
 
     def _route_and_run(self, hot: _Hot, x: Tensor, logits: Tensor, out: Tensor,
                        join: Callable[[], None] = lambda: None, overwrite: bool = False) -> None:

@@ -47,14 +47,15 @@ ROUTERS: Registry[RouterFn] = Registry("router")
 def router_logits(x: Tensor, router_weight: Tensor, dtype: torch.dtype | None = None,
                   bias: Tensor | None = None, batch_invariant: bool = False) -> Tensor:
     """x [T, D], router_weight [E, D], bias [E] (gpt-oss) -> logits [T, E] in ``dtype`` (default:
-    x's dtype). batch_invariant: through the router kernel with one tile at every T, each row
-    computed the same way whatever T (BLAS and cuBLAS pick their blocking by shape)."""
-    if dtype is not None and dtype != x.dtype:
-        x, router_weight = x.to(dtype), router_weight.to(dtype)
-        bias = None if bias is None else bias.to(dtype)
+    x's dtype), as F.linear of x, weight and bias cast to it (DeepSeek-V3's float32 logits of a
+    bf16 model). The router kernel reads them as stored and sums exact fp32 upcasts, so at decode
+    no cast runs, of the weight least (DeepSeek-V3: 7 MB a layer a call). batch_invariant: through
+    the router kernel with one tile at every T, each row computed the same way whatever T (BLAS
+    and cuBLAS pick their blocking by shape)."""
+    dtype = dtype or x.dtype
     if batch_invariant:
-        return invariant_router_logits(x, router_weight, bias)
-    return backend_for(x).router_logits(x, router_weight, bias)  # decode T: one Triton launch
+        return invariant_router_logits(x, router_weight, bias, dtype)
+    return backend_for(x).router_logits(x, router_weight, bias, dtype)  # decode: one launch
 
 
 def _renormalize_kept(r: Routing, top_k: int, scaling: float, eps: float = 0.0) -> Routing:

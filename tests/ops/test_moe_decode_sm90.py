@@ -188,7 +188,21 @@ def route(E: int, k: int, groups: tuple[int, int], block_tokens: int, single: bo
     return compile_sm90(kernel._route_kernel, sig, consts, num_warps=4 if single else 8)
 
 
+def router(out: str, bias: bool, one_step: bool, block_t: int = 1):
+    """The router GEMV: bf16 x and weight, logits in ``out`` (fp32: DeepSeek-V3's float32
+    logits of a bf16 model, no cast before it)."""
+    from shufflemoe.ops.router import kernel
+
+    sig = dict(x_ptr="*bf16", w_ptr="*bf16", b_ptr="*bf16" if bias else None, out_ptr=out,
+               T="i32", D="i32", E="i32", experts="i32", x_stride="i32", w_stride="i32")
+    consts = dict(HAS_BIAS=bias, BLOCK_T=block_t, BLOCK_D=2048 if one_step else 4096,
+                  ONE_STEP=one_step, INTERPRET=False, PDL=True)
+    return compile_sm90(kernel._router_kernel, sig, consts, num_warps=8)
+
+
 ROUTES = {  # no GEMM: no pipelining or wgmma to check
+    "router float32 logits of bf16, D in steps, PDL": lambda: router("*fp32", False, False),
+    "router bf16 logits with a bias, one step, 8 tokens": lambda: router("*bf16", True, True, 8),
     "route DeepSeek-V3 groups, one program, PDL": lambda: route(256, 8, (8, 4), 2, True),
     "route 8 groups of 20 experts, softmax, blocks": lambda: route(160, 6, (8, 3), 16, False,
                                                                   scoring=1, bias=False,

@@ -17,13 +17,14 @@ CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
 
 
-def check(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> None:
-    """Within one step of the dtype of the exactly rounded logit, plus what an fp32 sum of D
-    products may lose (nothing a bf16 step sees); from bf16 inputs (exact fp32 products) nearly
-    every logit is the exactly rounded one."""
+def check(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
+          dtype: torch.dtype | None = None) -> None:
+    """Logits in ``dtype`` (default: x's) within one step of it of the exactly rounded logit,
+    plus what an fp32 sum of D products may lose (nothing a bf16 step sees); from bf16 inputs
+    (exact fp32 products) nearly every bf16 logit is the exactly rounded one."""
     ref = x.double() @ w.double().t() + (0.0 if bias is None else bias.double())
     want = ref.to(got.dtype)  # rounded once, to nearest even
-    assert got.dtype == x.dtype and got.shape == ref.shape
+    assert got.dtype == (dtype or x.dtype) and got.shape == ref.shape
     assert not torch.isnan(got).any(), "a logit was not written"
     step = (want.double().abs() * torch.finfo(got.dtype).eps).clamp_min(2.0 ** -126)
     mag = x.double().abs() @ w.double().abs().t()
@@ -86,6 +87,29 @@ def test_strided_rows_and_no_tokens():
         assert torch.equal(kernel.router_logits(x, ww, bb), torch.nn.functional.linear(x, ww, bb))
     empty = kernel.router_logits(x[:0], w, None)
     assert empty.shape == (0, 16)
+
+
+@pytest.mark.parametrize("T,E,D", [(1, 64, 4200), (3, 8, 130), (40, 8, 96), (40, 256, 64)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_float32_logits_of_bf16_inputs(T, E, D, bias):
+    """Float32 logits of bf16 x, weight and bias (MoEConfig.router_logits_dtype: DeepSeek-V3's
+    F.linear(x.float(), w.float())): the kernel sums the exact fp32 upcasts of them as stored
+    (no cast, of the weight least), within an fp32 sum's error of float64; past the GEMV
+    (40 x 256) F.linear of the casts, bit for bit. Both entries."""
+    g = torch.Generator().manual_seed(T + E + D)
+    x = torch.randn(T, D, generator=g).to(DEV, torch.bfloat16)
+    w = (torch.randn(E, D, generator=g) / D**0.5).to(DEV, torch.bfloat16)
+    b = torch.randn(E, generator=g).to(DEV, torch.bfloat16) if bias else None
+    casts = torch.nn.functional.linear(x.float(), w.float(), None if b is None else b.float())
+    for impl in ("triton", "torch"):
+        got = ops_for(impl).router_logits(x, w, b, torch.float32)
+        check(got, x, w, b, torch.float32)
+        if impl == "torch" or not uses_kernel(T, E):
+            assert torch.equal(got, casts)
+    check(kernel.invariant_router_logits(x, w, b, torch.float32), x, w, b, torch.float32)
+    out = poisoned(T, E, dtype=torch.float32, device=DEV)
+    kernel._router_op(x, w, b, out)
+    check(out, x, w, b, torch.float32)
 
 
 def test_ops_entry_switches_to_f_linear_past_the_gemv():

@@ -196,7 +196,7 @@ class Ops:
     #  workspace, quant, bias, shared=, early=, shared_a=, shared_gate=, gate_input=]) -> out
     decode_down: Callable
     quantize_fp8_groups: Callable  # (x, num_valid, q, scale, group) -> None (fills q, scale)
-    router_logits: Callable  # (x [T, D], w [E, D], bias [E] | None) -> logits [T, E]
+    router_logits: Callable  # (x [T, D], w [E, D], bias [E] | None[, dtype]) -> logits [T, E]
 
 
 _OPS: dict[str, Ops] = {}

@@ -136,22 +136,26 @@ def _router_op(x: Tensor, w: Tensor, bias: Optional[Tensor], out: Tensor,
                PDL=x.is_cuda and not interpret and not traced((x,)), num_warps=warps)
 
 
-def invariant_router_logits(x: Tensor, w: Tensor, bias: Tensor | None) -> Tensor:
+def invariant_router_logits(x: Tensor, w: Tensor, bias: Tensor | None,
+                            dtype: torch.dtype | None = None) -> Tensor:
     """router_logits with INVARIANT_TILE at every T (any T: no F.linear): each row's logits the
     same bits whatever the batch. Rows of x at unit column stride (else copied)."""
     x, w = (t if t.stride(-1) == 1 else t.contiguous() for t in (x, w))
-    out = torch.empty(x.shape[0], w.shape[0], dtype=x.dtype, device=x.device)
+    out = torch.empty(x.shape[0], w.shape[0], dtype=dtype or x.dtype, device=x.device)
     _router_op(x, w, None if bias is None else bias.contiguous(), out, True)
     return out
 
 
-def router_logits(x: Tensor, w: Tensor, bias: Tensor | None) -> Tensor:
-    """x [T, D], w [E, D], bias [E] | None -> logits [T, E] in x's dtype: one launch where
-    uses_kernel(T, E) (and the columns of x and w, and bias, are at unit stride), else
-    F.linear."""
+def router_logits(x: Tensor, w: Tensor, bias: Tensor | None,
+                  dtype: torch.dtype | None = None) -> Tensor:
+    """x [T, D], w [E, D], bias [E] | None -> logits [T, E] in ``dtype`` (default: x's), as
+    F.linear of them cast to it: one launch where uses_kernel(T, E) (and the columns of x and
+    w, and bias, are at unit stride), which sums exact fp32 upcasts of them as stored, so
+    nothing is cast; else F.linear (of the casts)."""
+    dtype = dtype or x.dtype
     if (not uses_kernel(x.shape[0], w.shape[0]) or x.stride(1) != 1 or w.stride(1) != 1
             or (bias is not None and bias.stride(0) != 1)):
-        return F.linear(x, w, bias)
-    out = torch.empty(x.shape[0], w.shape[0], dtype=x.dtype, device=x.device)
+        return F.linear(x.to(dtype), w.to(dtype), None if bias is None else bias.to(dtype))
+    out = torch.empty(x.shape[0], w.shape[0], dtype=dtype, device=x.device)
     _router_op(x, w, bias, out)
     return out
