@@ -195,6 +195,8 @@ def test_from_weights_quantizes_bf16_weights_for_fp8():
     (dict(w2=torch.zeros(8, 48, 32, dtype=torch.float32)), "w2 must have dtype"),
     (dict(shared_w13=torch.zeros(4, 48)), "shared_w13 is not used"),
     (dict(w13_scale=torch.ones(8, 64)), "w13_scale is only used"),
+    (dict(router_weight=torch.zeros(8, 48)), "router_weight must have dtype"),  # fp32, no
+    # router_logits_dtype
 ])
 def test_from_weights_rejects_bad_tensors(change, match):
     cfg = CONFIGS["mixtral-fp8"].replace(quantization="none")
@@ -202,6 +204,23 @@ def test_from_weights_rejects_bad_tensors(change, match):
     given = dict(router_weight=src.router_weight.data, w13=src.w13.data, w2=src.w2.data)
     with pytest.raises((ValueError, TypeError), match=match):
         MoE.from_weights(cfg, **{**given, **change})
+
+
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+@pytest.mark.parametrize("T", [1, 5, 80])
+def test_float32_router_weight_in_a_bf16_layer(impl, T):
+    """ERNIE 4.5 and Hunyuan-A13B keep their router weight in float32 in a bf16 model: with
+    router_logits_dtype float32 the layer takes it as stored (no copy), and both impls route on
+    its float32 logits (the kernel reads it as stored; F.linear past the GEMV, T = 80)."""
+    cfg = CONFIGS["deepseek-like"]
+    src = make_layer(cfg)
+    w32 = src.router_weight.data.float()
+    layer = MoE.from_weights(cfg, router_weight=w32, w13=src.w13.data, w2=src.w2.data,
+                             router_bias=src.router_bias.data, shared_w13=src.shared_w13.data,
+                             shared_w2=src.shared_w2.data)
+    assert layer.router_weight.data_ptr() == w32.data_ptr()
+    with use_impl(impl):
+        check_layer(layer, make_input(cfg, T, seed=T))
 
 
 @pytest.mark.parametrize("name", ["w13", "w2"])

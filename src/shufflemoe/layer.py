@@ -143,7 +143,8 @@ def _layout(t: Tensor | None) -> tuple | None:
 class MoE(nn.Module):
     """One Mixture-of-Experts layer for inference, weights in the canonical layout:
 
-    router_weight [E, D], router_bias [E] float32 (group_limited correction bias),
+    router_weight [E, D] (in config.dtype, or router_logits_dtype where set), router_bias [E]
+    float32 (group_limited correction bias),
     router_logits_bias [E] (gpt-oss), w13 [E, 2I, D] (gate rows then up rows), w2 [E, D, I],
     w13_bias [E, 2I] and w2_bias [E, D] (expert_bias), shared_w13 [2Is, D], shared_w2 [D, Is],
     shared_gate [1, D]. Quantized, w13/w2 and w13_scale/w2_scale are stored as the format says
@@ -243,6 +244,8 @@ class MoE(nn.Module):
                     [2 * I, D] if name == "w13" else [D, I])
             elif name in ("w13_bias", "w2_bias"):
                 dtypes = (config.dtype, torch.float32)
+            elif name == "router_weight" and config.router_logits_dtype is not None:
+                dtypes = (config.dtype, config.router_logits_dtype)  # (ERNIE 4.5 keeps it fp32)
             if num_local_experts is not None and name in _EXPERT_TENSORS:
                 shape[0] = num_local_experts
             check_tensor(name, t, shape=shape, dtypes=dtypes, device=w13.device)

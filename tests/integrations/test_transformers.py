@@ -62,6 +62,8 @@ CASES = [  # (model_type, config overrides): every router option each model has
     ("minimax_m2", {}),
     ("hy_v3", {}),
     ("laguna", {}),
+    ("ernie4_5_moe", {}),
+    ("hunyuan_v1_moe", {}),
 ]
 IDS = [f"{t}-" + ("-".join(f"{k}={v}" for k, v in o.items()) or "default") for t, o in CASES]
 MODEL_TYPES = list(dict.fromkeys(t for t, _ in CASES))

@@ -122,6 +122,11 @@ TINY: dict[str, dict] = {
                         topk_method="greedy", first_k_dense_replace=1, num_hidden_layers=3,
                         q_lora_rank=None, kv_lora_rank=16, qk_rope_head_dim=8,
                         qk_nope_head_dim=8, v_head_dim=16, num_key_value_heads=4),
+    # a float32 router weight in a bf16 model (ERNIE 4.5: softmax scores + a [1, E] bias;
+    # Hunyuan-A13B: a plain top-k softmax beside an ungated shared expert)
+    "ernie4_5_moe": dict(moe_intermediate_size=40, intermediate_size=96, moe_num_experts=8,
+                         moe_k=2, moe_num_shared_experts=1, moe_layer_start_index=0),
+    "hunyuan_v1_moe": dict(intermediate_size=40, num_experts=8, moe_topk=2),
     # one group, the bias on the block: MiniMax-M2 (no shared expert), HY-V3, Laguna
     "minimax_m2": dict(intermediate_size=40, num_local_experts=8, num_experts_per_tok=2),
     "hy_v3": dict(moe_intermediate_size=40, intermediate_size=96, num_experts=8,
@@ -188,8 +193,13 @@ def build_model(config: PretrainedConfig, dtype: torch.dtype = torch.float32,
 
 @torch.no_grad()
 def _random_biases(model: PreTrainedModel, std: float) -> None:
-    """transformers starts MoE biases at zero (gpt-oss's expert and router biases); random values
-    of 5x the weights' std make them count in the parity checks, as trained ones do."""
+    """transformers starts MoE biases at zero (gpt-oss's expert and router biases, the correction
+    biases); random values of 5x the weights' std make them count in the parity checks, as
+    trained ones do. ERNIE 4.5 starts its router weight at zero too (every expert tied): it
+    gets the weights' std."""
     for name, p in model.named_parameters():
-        if ".mlp." in name and "bias" in name and p.is_floating_point() and not p.any():
-            p.normal_(0.0, 5 * std)
+        if ".mlp." in name and p.is_floating_point() and not p.any():
+            if "bias" in name:
+                p.normal_(0.0, 5 * std)
+            elif name.endswith("gate.weight"):
+                p.normal_(0.0, std)

@@ -170,8 +170,9 @@ def _canonical_weights(block: nn.Module, spec: BlockSpec, options: dict) -> dict
         weights.update(shared_w13=_fused_rows(gate, up), shared_w2=contiguous(down))
     if spec.shared_gate:
         weights["shared_gate"] = get(block, spec.shared_gate).detach()
-    if spec.correction_bias:  # [E], float32 in shufflemoe (a copy of E values if HF holds bf16)
-        weights["router_bias"] = get(block, spec.correction_bias).detach().float()
+    if spec.correction_bias:  # [E] (ERNIE 4.5 holds [1, E]), float32 in shufflemoe (a copy of E
+        # values if HF holds bf16)
+        weights["router_bias"] = get(block, spec.correction_bias).detach().float().reshape(-1)
     if spec.router_bias:
         weights["router_logits_bias"] = get(block, spec.router_bias).detach()
     return weights
@@ -179,7 +180,11 @@ def _canonical_weights(block: nn.Module, spec: BlockSpec, options: dict) -> dict
 
 def _build(block: nn.Module, state: _State) -> MoE:
     weights = _canonical_weights(block, state.spec, state.options)
-    dtype = weights["router_weight"].dtype  # the model's (the experts' may be quantized)
+    # the model's: the experts' (unless quantized), else the shared expert's or the router's (a
+    # float32 router in a bf16 model: ERNIE 4.5, Hunyuan-A13B)
+    dtype = next(t.dtype for t in (weights["w13"], weights.get("shared_w13"),
+                                   weights["router_weight"])
+                 if t is not None and t.dtype in (torch.bfloat16, torch.float16, torch.float32))
     quantization = source_for(block, state.spec).quantization
     try:
         cfg = MoEConfig(**state.options, dtype=dtype, quantization=quantization)

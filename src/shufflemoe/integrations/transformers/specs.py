@@ -27,6 +27,13 @@ Routing as transformers 5.17 computes it (checked against its modeling files):
 | laguna      | model    | as minimax_m2, x moe_routed_scaling_factor (HF scales    | to model |
 |             |          | the sum; the same to one rounding)                       |          |
 | granitemoe  | model    | top-k of the logits; softmax of the k in fp32            | to model |
+| ernie4_5_moe| **fp32** | softmax; top-k of score + bias ([1, E]); renormalize     | to model |
+|             |          | (its clamp at 1e-12 never binds: the sum is >= k / E)    |          |
+| hunyuan_v1_ | **fp32** | softmax in fp32, top-k, always renormalized              | none     |
+| moe         |          |                                                          |          |
+
+ernie4_5_moe and hunyuan_v1_moe keep their router weight in float32 in a bf16 model; the layer
+takes it so (MoEConfig.router_logits_dtype) and the router kernel reads it as stored.
 
 gpt_oss's experts add biases after both projections and run a clamped GLU ((clamp(up, -7, 7) + 1)
 * g * sigmoid(1.702 g), g = min(gate, 7): MoEConfig activation="swiglu_oai") on gate/up columns
@@ -201,6 +208,26 @@ def _deepseek_v2(c) -> dict:
                 router_logits_dtype=torch.float32)
 
 
+def _ernie4_5_moe(c) -> dict:  # softmax scores + the bias, float32 logits and router weight
+    if c.use_bias:
+        raise ValueError("use_bias=True (biases in the shared expert's projections) is not "
+                         "supported")
+    return _grouped(c, num_experts=c.moe_num_experts,
+                    shared=c.moe_intermediate_size * (c.moe_num_shared_experts or 0),
+                    scoring="softmax")
+
+
+def _hunyuan_v1_moe(c) -> dict:  # float32 logits (its router weight is float32)
+    E, k = c.num_experts, c.moe_topk
+    for name, value in (("num_experts", E), ("moe_topk", k)):
+        if isinstance(value, (list, tuple)) and len(set(value)) > 1:
+            raise ValueError(f"{name}={value} (a value per layer) is not supported")
+    E, k = (v[0] if isinstance(v, (list, tuple)) else v for v in (E, k))
+    return dict(num_experts=E, top_k=k, intermediate_size=c.intermediate_size,
+                shared_intermediate_size=c.intermediate_size, renormalize=True,
+                router_logits_dtype=torch.float32)
+
+
 def _qwen3_5_moe(c) -> dict:  # Qwen2-MoE's block, always renormalized
     return dict(_qwen2_moe_sizes(c), renormalize=True)
 
@@ -286,6 +313,12 @@ SPECS: dict[str, BlockSpec] = {
                       correction_bias="gate.e_score_correction_bias"),
     "deepseek_v2": _models("deepseek_v2", "DeepseekV2Moe", _deepseek_v2,
                            shared=_mlp("shared_experts")),
+    # a float32 router weight in a bf16 model
+    "ernie4_5_moe": _models("ernie4_5_moe", "Ernie4_5_MoeSparseMoeBlock", _ernie4_5_moe,
+                            shared=_mlp("shared_experts"),
+                            correction_bias="gate.moe_statics.e_score_correction_bias"),
+    "hunyuan_v1_moe": _models("hunyuan_v1_moe", "HunYuanMoEV1Moe", _hunyuan_v1_moe,
+                              router="gate.wg.weight", shared=_mlp("shared_mlp")),
     "qwen3_next": BlockSpec(  # Qwen2-MoE's block (a gated shared expert) in a hybrid model
         module="transformers.models.qwen3_next.modeling_qwen3_next",
         block="Qwen3NextSparseMoeBlock", moe_config=_qwen2_moe, shared=_mlp("shared_expert"),
