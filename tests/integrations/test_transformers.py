@@ -62,6 +62,7 @@ CASES = [  # (model_type, config overrides): every router option each model has
     ("minimax_m2", {}),
     ("hy_v3", {}),
     ("laguna", {}),
+    ("afmoe", {}),
     ("ernie4_5_moe", {}),
     ("hunyuan_v1_moe", {}),
 ]
@@ -120,8 +121,9 @@ def _route(model, block, x) -> tuple[torch.Tensor, torch.Tensor]:
     first), so they are told apart by dtype and width."""
     spec = spec_for_config(model.config)
     E = block_layer(block).config.num_experts
+    flat = x.reshape(-1, x.shape[-1])
     with torch.no_grad():
-        out = getattr(block, spec.router_module)(x.reshape(-1, x.shape[-1]),
+        out = getattr(block, spec.router_module)(flat[None] if spec.router_3d else flat,
                                                  *(getattr(block, p) for p in spec.router_args))
     if spec.returns == "out_and_logits":  # Llama 4: (scores, logits), unchosen: sigmoid(-inf)
         return out[1].float(), out[0] > 0
@@ -293,10 +295,10 @@ def test_load_state_dict_and_to_rebuild_the_layer(model_type):
 
 
 @pytest.mark.parametrize("model_type", ["llama4_text", "qwen3_moe", "gpt_oss", "minimax_m2",
-                                        "hy_v3"])
+                                        "hy_v3", "afmoe"])
 def test_router_logits_are_recorded(model_type):
     """While transformers records router logits the patched block calls the HF router (with
-    the block's bias: MiniMax-M2, HY-V3) for them alone."""
+    the block's bias: MiniMax-M2, HY-V3, AFMoE; AFMoE's on [1, T, D]) for them alone."""
     model = build_model(tiny_config(model_type), torch.float32)
     ids = _prompt()
     with torch.no_grad():  # the base model: Llama4ForCausalLM does not pass them on

@@ -308,7 +308,8 @@ class ShuffleMoEBlock(nn.Module):
             if spec.returns == "out_and_logits":
                 extra = F.linear(x, layer.router_weight)  # [T, E], as the HF router does
             else:  # the HF router's forward hook records its logits
-                routed = get(self, spec.router_module)(x, *(get(self, p) for p in spec.router_args))
+                routed = get(self, spec.router_module)(x[None] if spec.router_3d else x,
+                                                       *(get(self, p) for p in spec.router_args))
                 if spec.returns == "out_and_scores":
                     extra = routed[1]
         if spec.returns == "out_and_logits":  # Llama 4: (out [T, D], logits [T, E] or None)

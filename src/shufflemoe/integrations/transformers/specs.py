@@ -24,6 +24,7 @@ Routing as transformers 5.17 computes it (checked against its modeling files):
 | minimax_m2  | model    | sigmoid in fp32; top-k of score + the block's bias;      | none     |
 |             |          | renormalize (no epsilon: the sum is > 0)                 |          |
 | hy_v3       | **fp32** | as minimax_m2 (+1e-20), x router_scaling_factor          | none     |
+| afmoe       | model    | as hy_v3, x route_scale                                  | none     |
 | laguna      | model    | as minimax_m2, x moe_routed_scaling_factor (HF scales    | to model |
 |             |          | the sum; the same to one rounding)                       |          |
 | granitemoe  | model    | top-k of the logits; softmax of the k in fp32            | to model |
@@ -103,6 +104,7 @@ class BlockSpec:
     # Block tensors the HF router's forward takes after x (MiniMax-M2, HY-V3: the correction
     # bias, held by the block); called only while router logits are recorded.
     router_args: tuple[str, ...] = ()
+    router_3d: bool = False  # the HF router's forward takes x as [1, T, D] (AFMoE)
 
 
 def _topk_softmax(num_experts: str, intermediate: str, renormalize: str | None) -> Callable:
@@ -181,6 +183,12 @@ def _hy_v3(c) -> dict:  # no groups; the correction bias on the block
     return _grouped(c, num_experts=c.num_experts,
                     shared=c.moe_intermediate_size * (c.num_shared_experts or 0),
                     scaling=c.router_scaling_factor)
+
+
+def _afmoe(c) -> dict:  # model-dtype logits, no groups, the bias on the block
+    return _grouped(c, num_experts=c.num_experts,
+                    shared=c.moe_intermediate_size * (c.num_shared_experts or 0),
+                    scaling=c.route_scale, logits=None)
 
 
 def _minimax_m2(c) -> dict:  # logits in the model dtype, no groups, no shared expert
@@ -309,6 +317,9 @@ SPECS: dict[str, BlockSpec] = {
     "minimax_m2": _models("minimax_m2", "MiniMaxM2SparseMoeBlock", _minimax_m2,
                           correction_bias="e_score_correction_bias",
                           router_args=("e_score_correction_bias",)),
+    "afmoe": _models("afmoe", "AfmoeSparseMoeBlock", _afmoe, router="router.gate.weight",
+                     router_module="router", shared=_mlp("shared_experts"),
+                     correction_bias="expert_bias", router_args=("expert_bias",), router_3d=True),
     "laguna": _models("laguna", "LagunaSparseMoeBlock", _laguna, shared=_mlp("shared_experts"),
                       correction_bias="gate.e_score_correction_bias"),
     "deepseek_v2": _models("deepseek_v2", "DeepseekV2Moe", _deepseek_v2,
