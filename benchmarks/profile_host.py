@@ -7,9 +7,10 @@ queue drained before) and its wall time to a sync.
 
     PYTHONPATH=src python benchmarks/profile_host.py [--tokens 2048] [qwen3-30b-a3b llama4-scout ...]
 
-With --layer, the names are presets (NAME or NAME:TP, e.g. deepseek-v3:8) and the MoE layer
-itself is profiled eagerly, without a transformers block around it; each also lists the CUDA
-kernels and aten ops of one call (torch.profiler).
+With --layer, the names are presets (NAME or NAME:TP, e.g. deepseek-v3:8; a suffix +fp32 takes
+float32 router logits, as transformers computes DeepSeek-V3's: deepseek-v3:8+fp32) and the MoE
+layer itself is profiled eagerly, without a transformers block around it; each also lists the
+CUDA kernels and aten ops of one call (torch.profiler).
 """
 
 from __future__ import annotations
@@ -57,10 +58,14 @@ def _profile(fn, calls: int, label: str) -> None:
 
 
 def layers(names: list[str], T: int) -> None:
-    """The MoE layers of the presets named (NAME or NAME:TP), eager."""
+    """The MoE layers of the presets named (NAME or NAME:TP, +fp32: float32 logits), eager."""
     for name in names:
-        model, _, tp = name.partition(":")
-        layer = MoE(preset(model, tp=int(tp or 1)), device="cuda").eval()
+        spec, fp32, _ = name.partition("+fp32")
+        model, _, tp = spec.partition(":")
+        cfg = preset(model, tp=int(tp or 1))
+        if fp32:
+            cfg = cfg.replace(router_logits_dtype=torch.float32)
+        layer = MoE(cfg, device="cuda").eval()
         x = torch.randn(T, layer.config.hidden_size, device="cuda", dtype=layer.config.dtype)
         with torch.no_grad():
             for _ in range(3):
