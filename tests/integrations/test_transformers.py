@@ -192,14 +192,12 @@ def test_bfloat16_blocks_and_logits(model_type, overrides):
     assert c.rel_l2 <= tolerance_for(torch.bfloat16).rel_l2, f"logits: relative L2 {c.rel_l2:.3g}"
 
 
-@pytest.mark.parametrize("model_type", MODEL_TYPES)
-def test_blocks_at_decode_sizes_on_the_kernels(model_type):
-    """Every mapped block at decode sizes on the kernels (the interpreter on the CPU: the fused
-    decode path and its routing kernel, with each model's router options) against
-    transformers' block on the same input, bf16 (tokens whose top-k ties exactly left out)."""
+def _first_block_on_the_kernels(model) -> torch.nn.Module:
+    """Patches ``model`` (bf16) and checks its first MoE block at decode sizes (T = 1, 2, 5) on
+    the kernels (the interpreter on the CPU) against transformers' block on the same input,
+    tokens whose top-k ties exactly left out; returns the patched block."""
     from shufflemoe.ops import use_impl
 
-    model = build_model(tiny_config(model_type), torch.bfloat16)
     name, block = next(iter(_blocks(model).items()))
     D = model.config.get_text_config(decoder=True).hidden_size
     g = torch.Generator().manual_seed(5)
@@ -214,6 +212,14 @@ def test_blocks_at_decode_sizes_on_the_kernels(model_type):
             y, ref = y.reshape(-1, D), ref.reshape(-1, D)
             keep = ~_tied(model, block, x)
             assert_close(y[keep], ref[keep], torch.bfloat16, f"T={x.shape[1]}")
+    return block
+
+
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
+def test_blocks_at_decode_sizes_on_the_kernels(model_type):
+    """Every mapped block at decode sizes on the kernels: the fused decode path and its routing
+    kernel, with each model's router options, against transformers' block (bf16)."""
+    _first_block_on_the_kernels(build_model(tiny_config(model_type), torch.bfloat16))
 
 
 @pytest.mark.parametrize("model_type,shared", [("qwen2_moe", None), ("qwen3_next", None),
@@ -223,24 +229,11 @@ def test_gated_shared_expert_at_decode_sizes(model_type, shared):
     interpreter on the CPU): in its own fused launches beside the routed experts' (one launch
     plan), or, as wide as they are (shared = 40), in their two launches at T <= 2, against
     transformers' block on the same input, bf16 (tokens whose top-k ties exactly left out)."""
-    from shufflemoe.ops import use_impl
     from shufflemoe.ops.moe_decode import configs
 
     overrides = {} if shared is None else dict(shared_expert_intermediate_size=shared)
     model = build_model(tiny_config(model_type, **overrides), torch.bfloat16)
-    name, block = next(iter(_blocks(model).items()))
-    g = torch.Generator().manual_seed(5)
-    xs = [torch.randn(1, T, model.config.hidden_size, generator=g).to(torch.bfloat16)
-          for T in (1, 2, 5)]
-    with torch.no_grad():
-        refs = [block(x) for x in xs]
-    patch(model, graph_buckets=None)
-    block = model.get_submodule(name)
-    with use_impl("triton"), torch.no_grad():
-        for x, ref in zip(xs, refs):
-            y, ref = ((t[0] if isinstance(t, tuple) else t) for t in (block(x), ref))
-            keep = ~_tied(model, block, x)
-            assert_close(y[0][keep], ref[0][keep], torch.bfloat16, f"T={x.shape[1]}")
+    block = _first_block_on_the_kernels(model)
     merged = {T for kind, T, *_ in block_layer(block)._hot().plans if kind == "merged"}
     fused = {T for kind, T, *_ in block_layer(block)._hot().plans if kind == "shared+routed"}
     want = ({T for T in (1, 2) if T <= configs.Switch().shared_max_tokens}
