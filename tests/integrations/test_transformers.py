@@ -46,6 +46,7 @@ CASES = [  # (model_type, config overrides): every router option each model has
     ("gpt_oss", dict(num_experts_per_tok=4)),
     ("qwen3_5_moe_text", {}),
     ("qwen3_vl_moe", {}),
+    ("qwen3_omni_moe_thinker", dict(norm_topk_prob=False)),
     ("minimax", {}),
     ("flex_olmo", dict(norm_topk_prob=True)),
     ("granitemoe", {}),

@@ -145,6 +145,15 @@ TINY: dict[str, dict] = {
                          vision_config=dict(depth=1, hidden_size=32, intermediate_size=32,
                                             num_heads=2, out_hidden_size=64,
                                             deepstack_visual_indexes=[0])),
+    "qwen3_omni_moe_thinker": dict(
+        text_config=dict(moe_intermediate_size=40, intermediate_size=96, num_experts=8,
+                         num_experts_per_tok=2, norm_topk_prob=True),
+        vision_config=dict(depth=1, hidden_size=32, intermediate_size=32, num_heads=2,
+                           out_hidden_size=64, deepstack_visual_indexes=[0]),
+        audio_config=dict(d_model=32, encoder_layers=1, encoder_attention_heads=2,
+                          encoder_ffn_dim=32, output_dim=64, num_mel_bins=16,
+                          downsample_hidden_size=16),
+        vision_start_token_id=151652),  # (read by generate, not set by the thinker's config)
     "glm4v_moe": dict(text_config=dict(moe_intermediate_size=40, intermediate_size=96,
                                        n_routed_experts=8, num_experts_per_tok=2, n_group=4,
                                        topk_group=2, n_shared_experts=1, routed_scaling_factor=2.5,
@@ -167,14 +176,15 @@ TINY: dict[str, dict] = {
 
 
 def tiny_config(model_type: str, **overrides) -> PretrainedConfig:
-    """A tiny config of ``model_type`` (a key of TINY); ``overrides`` replace any field."""
+    """A tiny config of ``model_type`` (a key of TINY); ``overrides`` replace any field (of a
+    multimodal model's text model: where its MoE fields are)."""
     if model_type not in TINY:
         raise ValueError(f"no tiny config for model_type {model_type!r}; choose one of {sorted(TINY)}")
-    fields = {**TINY[model_type], **overrides}
-    if "text_config" in fields:  # a vision-language model: its text model is the tiny one
+    fields = TINY[model_type]
+    if "text_config" in fields:  # a multimodal model: its text model is the tiny one
         return AutoConfig.for_model(model_type, **{
-            **fields, "text_config": {**_COMMON, **fields["text_config"]}})
-    return AutoConfig.for_model(model_type, **{**_COMMON, **fields})
+            **fields, "text_config": {**_COMMON, **fields["text_config"], **overrides}})
+    return AutoConfig.for_model(model_type, **{**_COMMON, **fields, **overrides})
 
 
 def build_model(config: PretrainedConfig, dtype: torch.dtype = torch.float32,

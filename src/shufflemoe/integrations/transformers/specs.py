@@ -44,10 +44,11 @@ deepseek_v32, glm4_moe, glm4_moe_lite, dots1, glm4v_moe_text, glm_moe_dsa, solar
 exaone_moe, kimi_linear, mimo_v2_flash (no shared expert) and hy_v4 (its experts clamp gate and
 up at swiglu_limit) route as deepseek_v3 (their routers are its code under other names and
 fields). qwen3_next's block is qwen2_moe's, qwen3_5_moe_text's too (always renormalized);
-qwen3_vl_moe_text's is qwen3_moe's (always renormalized); minimax's is mixtral's, flex_olmo's
-olmoe's. granitemoeshared's and granitemoehybrid's shared MLP belongs to the decoder layer and
-stays transformers'. A multimodal model (qwen3_vl_moe, glm4v_moe, qwen3_5_moe) is patched by its
-text model's entry (spec_for_config).
+qwen3_vl_moe_text's is qwen3_moe's (always renormalized), and Qwen3-Omni's thinker's
+(qwen3_omni_moe_text; its talker's blocks stay transformers'); minimax's is mixtral's,
+flex_olmo's olmoe's. granitemoeshared's and granitemoehybrid's shared MLP belongs to the decoder layer and
+stays transformers'. A multimodal model (qwen3_vl_moe, glm4v_moe, qwen3_5_moe, qwen3_omni_moe) is
+patched by its text model's entry (spec_for_config).
 
 "logits": dtype of F.linear(x, W) ("model": the model dtype; deepseek_v3 upcasts x and W).
 "cast": transformers rounds the routing weights to the model dtype before the expert GEMMs.
@@ -340,6 +341,10 @@ SPECS: dict[str, BlockSpec] = {
                                 shared_gate="shared_expert_gate.weight"),
     "qwen3_vl_moe_text": _models("qwen3_vl_moe", "Qwen3VLMoeTextSparseMoeBlock",  # renormalized
                                  _topk_softmax("num_experts", "moe_intermediate_size", None)),
+    # Qwen3-Omni's thinker (the talker's Qwen2-MoE-like blocks are left as they are)
+    "qwen3_omni_moe_text": _models("qwen3_omni_moe", "Qwen3OmniMoeThinkerTextSparseMoeBlock",
+                                   _topk_softmax("num_experts", "moe_intermediate_size",
+                                                 "norm_topk_prob")),
     "minimax": _models("minimax", "MiniMaxSparseMoeBlock",
                        _topk_softmax("num_local_experts", "intermediate_size", None)),
     "flex_olmo": _models("flex_olmo", "FlexOlmoSparseMoeBlock",
