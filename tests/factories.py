@@ -40,6 +40,8 @@ def configs(draw, *, dtypes=(torch.float32, torch.bfloat16), allow_fp8=True, all
         fields.update(top_k=draw(st.integers(1, min(8, E))),
                       scoring=draw(st.sampled_from(["softmax", "sigmoid"])),
                       renormalize=draw(st.booleans()))
+    if fields["dtype"] != torch.float32 and draw(st.booleans()):  # DeepSeek-V3's, in HF
+        fields["router_logits_dtype"] = torch.float32
     if allow_capacity and draw(st.booleans()):
         fields["capacity_factor"] = draw(st.sampled_from([0.5, 1.0, 1.25]))
         if fields.get("renormalize"):
