@@ -213,14 +213,14 @@ def test_float32_router_weight_in_a_bf16_layer(impl, T):
     router_logits_dtype float32 the layer takes it as stored (no copy), and both impls route on
     its float32 logits (the kernel reads it as stored; F.linear past the GEMV, T = 80)."""
     cfg = CONFIGS["deepseek-like"]
-    src = make_layer(cfg)
+    src = make_layer(cfg, device=DEVICE)
     w32 = src.router_weight.data.float()
     layer = MoE.from_weights(cfg, router_weight=w32, w13=src.w13.data, w2=src.w2.data,
                              router_bias=src.router_bias.data, shared_w13=src.shared_w13.data,
                              shared_w2=src.shared_w2.data)
     assert layer.router_weight.data_ptr() == w32.data_ptr()
     with use_impl(impl):
-        check_layer(layer, make_input(cfg, T, seed=T))
+        check_layer(layer, make_input(cfg, T, seed=T, device=DEVICE))
 
 
 @pytest.mark.parametrize("name", ["w13", "w2"])

@@ -24,6 +24,7 @@ from shufflemoe.integrations.transformers.models import build_model, tiny_config
 from shufflemoe.testing import assert_close, compare, tolerance_for  # noqa: E402
 
 B, S = 4, 12  # prompt batch and length
+DEV = "cuda" if torch.cuda.is_available() else "cpu"  # where the kernels run (the CPU: interpreted)
 CASES = [  # (model_type, config overrides): every router option each model has
     ("llama4_text", {}),
     ("llama4_text", dict(num_experts_per_tok=2)),
@@ -130,7 +131,8 @@ def _route(model, block, x) -> tuple[torch.Tensor, torch.Tensor]:
         return out[1].float(), out[0] > 0
     ids = next(o for o in out if not o.is_floating_point())
     logits = next(o for o in out if o.is_floating_point() and o.shape[-1] == E)
-    chosen = torch.zeros(ids.shape[0], E, dtype=torch.bool).scatter_(1, ids.long(), True)
+    chosen = torch.zeros(ids.shape[0], E, dtype=torch.bool, device=ids.device).scatter_(
+        1, ids.long(), True)
     return logits.float(), chosen
 
 
@@ -194,15 +196,15 @@ def test_bfloat16_blocks_and_logits(model_type, overrides):
 
 
 def _first_block_on_the_kernels(model) -> torch.nn.Module:
-    """Patches ``model`` (bf16) and checks its first MoE block at decode sizes (T = 1, 2, 5) on
-    the kernels (the interpreter on the CPU) against transformers' block on the same input,
-    tokens whose top-k ties exactly left out; returns the patched block."""
+    """Patches ``model`` (bf16, on DEV) and checks its first MoE block at decode sizes (T = 1, 2,
+    5) on the kernels (the interpreter on the CPU) against transformers' block on the same
+    input, tokens whose top-k ties exactly left out; returns the patched block."""
     from shufflemoe.ops import use_impl
 
     name, block = next(iter(_blocks(model).items()))
     D = model.config.get_text_config(decoder=True).hidden_size
     g = torch.Generator().manual_seed(5)
-    xs = [torch.randn(1, T, D, generator=g).to(torch.bfloat16) for T in (1, 2, 5)]
+    xs = [torch.randn(1, T, D, generator=g).to(DEV, torch.bfloat16) for T in (1, 2, 5)]
     with torch.no_grad():
         refs = [block(x) for x in xs]
     patch(model, graph_buckets=None)
@@ -220,7 +222,7 @@ def _first_block_on_the_kernels(model) -> torch.nn.Module:
 def test_blocks_at_decode_sizes_on_the_kernels(model_type):
     """Every mapped block at decode sizes on the kernels: the fused decode path and its routing
     kernel, with each model's router options, against transformers' block (bf16)."""
-    _first_block_on_the_kernels(build_model(tiny_config(model_type), torch.bfloat16))
+    _first_block_on_the_kernels(build_model(tiny_config(model_type), torch.bfloat16, DEV))
 
 
 @pytest.mark.parametrize("model_type,shared", [("qwen2_moe", None), ("qwen3_next", None),
@@ -233,7 +235,7 @@ def test_gated_shared_expert_at_decode_sizes(model_type, shared):
     from shufflemoe.ops.moe_decode import configs
 
     overrides = {} if shared is None else dict(shared_expert_intermediate_size=shared)
-    model = build_model(tiny_config(model_type, **overrides), torch.bfloat16)
+    model = build_model(tiny_config(model_type, **overrides), torch.bfloat16, DEV)
     block = _first_block_on_the_kernels(model)
     merged = {T for kind, T, *_ in block_layer(block)._hot().plans if kind == "merged"}
     fused = {T for kind, T, *_ in block_layer(block)._hot().plans if kind == "shared+routed"}
@@ -332,9 +334,8 @@ def test_experts_implementation_replays_a_launch_plan(model_type, monkeypatch):
     from shufflemoe.integrations.transformers.experts import shufflemoe_experts_forward
     from shufflemoe.ops import _launch, use_impl
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
     cfg = tiny_config(model_type)
-    model = build_model(cfg, torch.bfloat16, device)
+    model = build_model(cfg, torch.bfloat16, DEV)
     modules = [m for m in model.modules() if type(m).__name__.endswith("Experts")][:2]
     E = getattr(cfg, "num_experts", None) or cfg.num_local_experts
     k, D = cfg.num_experts_per_tok, cfg.hidden_size
@@ -344,7 +345,7 @@ def test_experts_implementation_replays_a_launch_plan(model_type, monkeypatch):
         ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)])
         w = torch.rand(T, k, generator=g).softmax(-1).to(torch.bfloat16)
         x = torch.randn(T, D, generator=g).to(torch.bfloat16)
-        return x.to(device), ids.to(device), w.to(device)
+        return x.to(DEV), ids.to(DEV), w.to(DEV)
 
     cases = [(m, inputs(T)) for T in (1, 5) for m in modules]
     with use_impl("triton"), torch.no_grad():
@@ -361,7 +362,7 @@ def test_experts_implementation_replays_a_launch_plan(model_type, monkeypatch):
             plans = m.__dict__["_shufflemoe_experts"].plans
             assert sorted(key[1] for key, p in plans.items() if isinstance(p, _launch.Plan)) == [1, 5]
         x, ids, w = cases[-1][1]
-        strided = torch.empty(k, ids.shape[0], dtype=ids.dtype, device=device).t().copy_(ids)
+        strided = torch.empty(k, ids.shape[0], dtype=ids.dtype, device=DEV).t().copy_(ids)
         assert not strided.is_contiguous()
         assert torch.equal(shufflemoe_experts_forward(cases[-1][0], x, strided, w), want[-1])
     assert not torch.equal(want[0], want[1])  # the modules differ: each replays its own weights
