@@ -69,11 +69,12 @@ def run_demo() -> int:
     finally:
         torch.set_num_threads(threads)
     print("shufflemoe in HF transformers: tiny random models, float32, CPU, patched vs unpatched")
-    print(f"{'model type':<15} {'max logits err / rms':>21} {'greedy tokens identical':>24} "
+    width = max(len(r["model_type"]) for r in rows)
+    print(f"{'model type':<{width}} {'max logits err / rms':>21} {'greedy tokens identical':>24} "
           f"{'patched time (s)':>17}")
     for r in rows:
         err = f"{r['max_err']:.2e}" + ("" if r["logits_ok"] else " FAIL")
-        print(f"{r['model_type']:<15} {err:>21} {'yes' if r['tokens_same'] else 'NO':>24} "
+        print(f"{r['model_type']:<{width}} {err:>21} {'yes' if r['tokens_same'] else 'NO':>24} "
               f"{r['seconds']:>17.2f}")
     print("gpt_oss mxfp4: a checkpoint in gpt-oss's MXFP4 layout, run as stored, against "
           "transformers' own dequantized load of it")
