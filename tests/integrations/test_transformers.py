@@ -377,6 +377,18 @@ def test_unpatch_restores_the_hf_forward():
     assert_close(_logits(model, ids), ref, torch.float32, "logits (HF forward on converted weights)")
 
 
+def test_every_mapping_has_a_tiny_model_under_test():
+    """Every entry of SPECS is reached by a tiny model the tests above run (the multimodal
+    llama4 shares llama4_text's), and every tiny model is one of CASES (so the demo's table is
+    tested too)."""
+    from shufflemoe.integrations.transformers import SPECS
+    from shufflemoe.integrations.transformers.models import TINY
+
+    assert set(TINY) == set(MODEL_TYPES)
+    reached = {spec_for_config(tiny_config(t)) for t in TINY}
+    assert [k for k, spec in SPECS.items() if spec not in reached] == []
+
+
 def test_unknown_model_type_raises():
     model = build_model(tiny_config("mixtral"), torch.float32)
     model.config.model_type = "llama"
