@@ -685,7 +685,7 @@ def test_gated_shared_expert(case, tiles_name, impl):
                     shared_gate=gate, gate_input=x, impl=impl)
     y = torch.einsum("pi,pdi->pd", a[T:T + n].double().cpu(), w2_64[experts])
     y = y * r.weights[:n].double().cpu()[:, None]
-    ref = base.double() + shared64 * sig
+    ref = base.double().cpu() + shared64 * sig
     assert_close(out, ref.index_add_(0, r.token_ids[:n].long().cpu(), y), "bfloat16",
                  name="merged")
     if impl == "triton":  # the layer's merged call
@@ -708,7 +708,7 @@ def test_gated_shared_expert(case, tiles_name, impl):
             decode_down(a[:T].contiguous(), sw2[None], one.counts, one.token_ids,
                         one.positions, out, accumulate=accumulate, shared_gate=gate,
                         gate_input=x, impl=impl)
-        ref = shared64 * sig + (base.double() if accumulate else 0.0)
+        ref = shared64 * sig + (base.double().cpu() if accumulate else 0.0)
         assert_close(out, ref, "bfloat16", name=f"alone, accumulate={accumulate}")
 
 

@@ -17,6 +17,8 @@ with the new pointers, as the patched layer's do.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Callable
 
 import torch
 from torch import Tensor, nn
@@ -45,47 +47,55 @@ class _Cached:
     plans: dict = field(default_factory=dict)  # run_planned's, for these weights
 
 
-def _limits_and_alpha(module: nn.Module) -> tuple[tuple[float | None, ...], float]:
-    """The clamp limits a GLU of ``module`` may use (None: none; then the module's and its
-    config's limit attributes) and its alpha (swiglu_oai's; gpt-oss's 1.702 unless it names
-    another)."""
-    limits: list[float | None] = [None]
-    for owner, name in ((module, "limit"), (module, "swiglu_limit"),
-                        (module.config, "swiglu_limit")):
-        value = getattr(owner, name, None)
-        if isinstance(value, (int, float)) and value > 0 and float(value) not in limits:
-            limits.append(float(value))
-    alpha = next((float(getattr(owner, name)) for owner, name in (
-        (module, "alpha"), (module, "swiglu_alpha"), (module.config, "swiglu_alpha"))
-        if isinstance(getattr(owner, name, None), (int, float))), 1.702)
-    return tuple(limits), alpha
+_GATE_ATTRS = ("limit", "swiglu_limit", "alpha", "swiglu_alpha")  # what custom gates read
 
 
-@torch._dynamo.assume_constant_result
 def module_glu(module: nn.Module) -> tuple[str, float, float | None] | None:
     """The GLU ``module`` applies to its gate_up output, as MoEConfig's (activation,
     swiglu_alpha, swiglu_limit); None when shufflemoe runs none like it. transformers' experts
     backends call module._apply_gate (by default act_fn(gate) * up, with act_fn from any of
     hidden_act, hidden_activation, mlp_hidden_act; GLM-5-Next, HY-V4 and DeepSeek-V4 clamp
     gate and up first; MiniMax-M3-VL clamps after the activation; Gemma 4's act_fn is
-    GELU-tanh), so the one sure way to know is to run it: on a float64 probe reaching past
-    every limit, against each GLU shufflemoe runs with the module's own limit and alpha. A
-    constant to torch.compile (computed once, when the graph is traced)."""
-    limits, alpha = _limits_and_alpha(module)
-    reach = 3.0 * max([8.0] + [v for v in limits if v is not None])
+    GELU-tanh), so the one sure way to know is to run it (_glu_of), on the constants it reads:
+    its class's gate function, its activation (an activation module's class: they hold no
+    state) and its limits and alpha."""
+    act = getattr(module, "act_fn", None)
+    numbers = [tuple((n, float(getattr(owner, n))) for n in _GATE_ATTRS
+                     if isinstance(getattr(owner, n, None), (int, float)))
+               for owner in (module, module.config)]
+    return _glu_of(type(module)._apply_gate, type(act) if isinstance(act, nn.Module) else act,
+                   *numbers)
+
+
+@torch._dynamo.assume_constant_result
+def _glu_of(gate_fn: Callable, act: Callable | None, attrs: tuple, config_attrs: tuple
+            ) -> tuple[str, float, float | None] | None:
+    """module_glu's verdict: gate_fn run on a stand-in module (act_fn, the attrs, a config of
+    config_attrs) over a float64 probe reaching past every limit, against each GLU shufflemoe
+    runs with the module's own limit (its limit, swiglu_limit or its config's) and alpha. A
+    constant to torch.compile, computed once when the graph is traced (every argument is one:
+    a module is not, to torch 2.11)."""
+    own, config = dict(attrs), dict(config_attrs)
+    limits = [None] + sorted({v for v in (own.get("limit"), own.get("swiglu_limit"),
+                                          config.get("swiglu_limit")) if v is not None and v > 0})
+    alpha = next((v for v in (own.get("alpha"), own.get("swiglu_alpha"),
+                              config.get("swiglu_alpha")) if v is not None), 1.702)
+    reach = 3.0 * max([8.0] + limits[1:])
     side = torch.linspace(-reach, reach, 97, dtype=torch.float64)
     gate, up = side.repeat_interleave(side.numel()), side.repeat(side.numel())
     try:
+        stand_in = SimpleNamespace(act_fn=act() if isinstance(act, type) else act,
+                                   config=SimpleNamespace(**config), **own)
         with torch.no_grad():
-            got = module._apply_gate(torch.stack([gate, up], dim=1)).reshape(-1)
+            got = gate_fn(stand_in, torch.stack([gate, up], dim=1)).reshape(-1)
     except Exception:  # a gate function that cannot take the probe is not one of ours
         return None
-    for act in ("silu", "swiglu_oai"):
+    for name in ("silu", "swiglu_oai"):
         for limit in limits:
-            want = glu(gate, up, act, alpha, limit)
+            want = glu(gate, up, name, alpha, limit)
             if got.shape == want.shape and torch.allclose(got.to(want.dtype), want,
                                                           rtol=1e-6, atol=1e-9):
-                return act, alpha, limit
+                return name, alpha, limit
     return None
 
 
@@ -97,10 +107,12 @@ def _check(module: nn.Module) -> tuple[str, float, float | None]:
         ("expert biases", module.has_bias),
         ("experts without a gate projection", not module.has_gate),
         ("interleaved gate/up columns", not module.is_concatenated),
-        (f"a gate function ({type(module).__name__}._apply_gate with its act_fn "
-         f"{type(getattr(module, 'act_fn', None)).__name__}) that is none of shufflemoe's GLUs "
-         "(silu(gate) * up or gpt-oss's, with or without a clamp before them)", act is None),
     ) if bad]
+    if act is None:
+        missing.append(f"a gate function ({type(module).__name__}._apply_gate with its act_fn "
+                       f"{type(getattr(module, 'act_fn', None)).__name__}) that is none of "
+                       "shufflemoe's GLUs (silu(gate) * up or gpt-oss's, with or without a clamp "
+                       "before them)")
     if missing:
         raise NotImplementedError(f"experts_implementation={NAME!r} cannot run "
                                   f"{type(module).__name__}: it has {', '.join(missing)}")
