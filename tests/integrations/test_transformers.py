@@ -18,8 +18,8 @@ import torch
 pytest.importorskip("transformers")
 
 from shufflemoe.integrations.transformers import (  # noqa: E402
-    block_layer, patch, patch_model_type, register_experts_implementation, spec_for, spec_for_config,
-    unpatch, unpatch_model_type)
+    block_layer, patch, patch_model_type, register_experts_implementation, spec_for,
+    spec_for_config, unpatch, unpatch_model_type)
 from shufflemoe.integrations.transformers.models import build_model, tiny_config  # noqa: E402
 from shufflemoe.testing import assert_close, compare, tolerance_for  # noqa: E402
 

@@ -46,8 +46,8 @@ up at swiglu_limit) route as deepseek_v3 (their routers are its code under other
 fields). qwen3_next's block is qwen2_moe's, qwen3_5_moe_text's too (always renormalized);
 qwen3_vl_moe_text's is qwen3_moe's (always renormalized), and Qwen3-Omni's thinker's
 (qwen3_omni_moe_text; its talker's blocks stay transformers'); minimax's is mixtral's,
-flex_olmo's olmoe's. granitemoeshared's and granitemoehybrid's shared MLP belongs to the decoder layer and
-stays transformers'. A multimodal model (qwen3_vl_moe, glm4v_moe, qwen3_5_moe, qwen3_omni_moe) is
+flex_olmo's olmoe's. granitemoeshared's and granitemoehybrid's shared MLP belongs to the
+decoder layer and stays transformers'. A multimodal model (qwen3_vl_moe, glm4v_moe, qwen3_5_moe, qwen3_omni_moe) is
 patched by its text model's entry (spec_for_config).
 
 "logits": dtype of F.linear(x, W) ("model": the model dtype; deepseek_v3 upcasts x and W).
@@ -135,9 +135,9 @@ def _llama4(c) -> dict:
 
 
 def _grouped(c, *, num_experts: int, shared: int, n_group: int = 1, topk_group: int = 1,
-             renormalize: bool = True, scaling: float = 1.0, logits: torch.dtype | None = torch.float32,
-             scoring: str = "sigmoid", correction_bias: bool = True,
-             intermediate: int | None = None, **fields) -> dict:
+             renormalize: bool = True, scaling: float = 1.0,
+             logits: torch.dtype | None = torch.float32, scoring: str = "sigmoid",
+             correction_bias: bool = True, intermediate: int | None = None, **fields) -> dict:
     """MoEConfig fields of a group-limited router (DeepSeek-V3's and its relatives'; n_group 1:
     a plain top-k of scores + bias). logits: the dtype transformers computes them in (None: the
     model's)."""
@@ -256,55 +256,43 @@ def _mlp(prefix: str) -> tuple[str, str, str]:
     return tuple(f"{prefix}.{name}" for name in _MLP)
 
 
-_LLAMA4 = BlockSpec(
-    module="transformers.models.llama4.modeling_llama4", block="Llama4TextMoe",
-    moe_config=_llama4, router="router.weight", transposed=True, shared=_mlp("shared_expert"),
-    router_module="router", returns="out_and_logits",
-)
-
 def _models(module: str, block: str, moe_config: Callable, **fields) -> BlockSpec:
     """The BlockSpec of ``block`` in transformers.models.<module>.modeling_<module>."""
     return BlockSpec(module=f"transformers.models.{module}.modeling_{module}", block=block,
                      moe_config=moe_config, **fields)
 
 
+_LLAMA4 = _models("llama4", "Llama4TextMoe", _llama4, router="router.weight", transposed=True,
+                  shared=_mlp("shared_expert"), router_module="router", returns="out_and_logits")
+
 SPECS: dict[str, BlockSpec] = {
     "llama4": _LLAMA4,  # the multimodal model: its text model holds the MoE blocks
     "llama4_text": _LLAMA4,
-    "qwen3_moe": BlockSpec(
-        module="transformers.models.qwen3_moe.modeling_qwen3_moe", block="Qwen3MoeSparseMoeBlock",
-        moe_config=_topk_softmax("num_experts", "moe_intermediate_size", "norm_topk_prob"),
-    ),
-    "qwen2_moe": BlockSpec(
-        module="transformers.models.qwen2_moe.modeling_qwen2_moe", block="Qwen2MoeSparseMoeBlock",
-        moe_config=_qwen2_moe, shared=_mlp("shared_expert"),
-        shared_gate="shared_expert_gate.weight",
-    ),
-    "mixtral": BlockSpec(
-        module="transformers.models.mixtral.modeling_mixtral", block="MixtralSparseMoeBlock",
-        moe_config=_topk_softmax("num_local_experts", "intermediate_size", None),
-    ),
-    "olmoe": BlockSpec(
-        module="transformers.models.olmoe.modeling_olmoe", block="OlmoeSparseMoeBlock",
-        moe_config=_topk_softmax("num_experts", "intermediate_size", "norm_topk_prob"),
-    ),
-    "deepseek_v3": BlockSpec(
-        module="transformers.models.deepseek_v3.modeling_deepseek_v3", block="DeepseekV3MoE",
-        moe_config=_deepseek_v3, shared=_mlp("shared_experts"),
-        correction_bias="gate.e_score_correction_bias",
-    ),
-    # DeepSeek-V3's block and router under other class names (the same config fields:
+    "qwen3_moe": _models("qwen3_moe", "Qwen3MoeSparseMoeBlock",
+                         _topk_softmax("num_experts", "moe_intermediate_size", "norm_topk_prob")),
+    "qwen2_moe": _models("qwen2_moe", "Qwen2MoeSparseMoeBlock", _qwen2_moe,
+                         shared=_mlp("shared_expert"), shared_gate="shared_expert_gate.weight"),
+    "mixtral": _models("mixtral", "MixtralSparseMoeBlock",
+                       _topk_softmax("num_local_experts", "intermediate_size", None)),
+    "olmoe": _models("olmoe", "OlmoeSparseMoeBlock",
+                     _topk_softmax("num_experts", "intermediate_size", "norm_topk_prob")),
+    # DeepSeek-V3's block and router, also under other class names (the same config fields:
     # n_routed_experts, n_group, ...): DeepSeek-V3.2, GLM-4.5 / 4.6, GLM-4.7-Flash, dots.llm1,
     # GLM-4.5V's text model, GLM-5, Solar Open
     **{model_type: _models(module, block, _deepseek_v3, shared=_mlp("shared_experts"),
                            correction_bias="gate.e_score_correction_bias")
        for model_type, module, block in (
+           ("deepseek_v3", "deepseek_v3", "DeepseekV3MoE"),
            ("deepseek_v32", "deepseek_v32", "DeepseekV32MoE"),
-           ("glm4_moe", "glm4_moe", "Glm4MoeMoE"), ("glm4_moe_lite", "glm4_moe_lite", "Glm4MoeLiteMoE"),
-           ("dots1", "dots1", "Dots1MoE"), ("glm4v_moe_text", "glm4v_moe", "Glm4vMoeTextMoE"),
-           ("glm_moe_dsa", "glm_moe_dsa", "GlmMoeDsaMoE"), ("solar_open", "solar_open", "SolarOpenMoE"))},
+           ("glm4_moe", "glm4_moe", "Glm4MoeMoE"),
+           ("glm4_moe_lite", "glm4_moe_lite", "Glm4MoeLiteMoE"),
+           ("dots1", "dots1", "Dots1MoE"),
+           ("glm4v_moe_text", "glm4v_moe", "Glm4vMoeTextMoE"),
+           ("glm_moe_dsa", "glm_moe_dsa", "GlmMoeDsaMoE"),
+           ("solar_open", "solar_open", "SolarOpenMoE"))},
     # ... and with their own field names, limits or no shared expert
-    **{model_type: _models(model_type, block, read, shared=_mlp("shared_experts") if shared else None,
+    **{model_type: _models(model_type, block, read,
+                           shared=_mlp("shared_experts") if shared else None,
                            correction_bias="gate.e_score_correction_bias")
        for model_type, block, read, shared in (
            ("exaone_moe", "ExaoneMoeSparseMoEBlock", _exaone_moe, True),
@@ -331,11 +319,9 @@ SPECS: dict[str, BlockSpec] = {
                             correction_bias="gate.moe_statics.e_score_correction_bias"),
     "hunyuan_v1_moe": _models("hunyuan_v1_moe", "HunYuanMoEV1Moe", _hunyuan_v1_moe,
                               router="gate.wg.weight", shared=_mlp("shared_mlp")),
-    "qwen3_next": BlockSpec(  # Qwen2-MoE's block (a gated shared expert) in a hybrid model
-        module="transformers.models.qwen3_next.modeling_qwen3_next",
-        block="Qwen3NextSparseMoeBlock", moe_config=_qwen2_moe, shared=_mlp("shared_expert"),
-        shared_gate="shared_expert_gate.weight",
-    ),
+    # Qwen2-MoE's block (a gated shared expert) in a hybrid model
+    "qwen3_next": _models("qwen3_next", "Qwen3NextSparseMoeBlock", _qwen2_moe,
+                          shared=_mlp("shared_expert"), shared_gate="shared_expert_gate.weight"),
     "qwen3_5_moe_text": _models("qwen3_5_moe", "Qwen3_5MoeSparseMoeBlock", _qwen3_5_moe,
                                 shared=_mlp("shared_expert"),
                                 shared_gate="shared_expert_gate.weight"),
@@ -357,12 +343,10 @@ SPECS: dict[str, BlockSpec] = {
        for model_type, block in (("granitemoe", "GraniteMoeMoE"),
                                  ("granitemoeshared", "GraniteMoeSharedMoE"),
                                  ("granitemoehybrid", "GraniteMoeHybridMoE"))},
-    "gpt_oss": BlockSpec(
-        module="transformers.models.gpt_oss.modeling_gpt_oss", block="GptOssMLP",
-        moe_config=_gpt_oss, router="router.weight", router_bias="router.bias", transposed=True,
-        interleaved=True, w13_bias="experts.gate_up_proj_bias", w2_bias="experts.down_proj_bias",
-        router_module="router", returns="out_and_scores",
-    ),
+    "gpt_oss": _models("gpt_oss", "GptOssMLP", _gpt_oss, router="router.weight",
+                       router_bias="router.bias", transposed=True, interleaved=True,
+                       w13_bias="experts.gate_up_proj_bias", w2_bias="experts.down_proj_bias",
+                       router_module="router", returns="out_and_scores"),
 }
 
 # Model types that have MoE blocks shufflemoe cannot run without changing its core, and why.
