@@ -34,6 +34,7 @@ def configs(draw, *, dtypes=(torch.float32, torch.bfloat16), allow_fp8=True, all
                       top_k=draw(st.integers(1, min(8, topk_group * (E // n_group)))),
                       scoring=draw(st.sampled_from(["softmax", "sigmoid"])),
                       correction_bias=draw(st.booleans()),
+                      group_score=draw(st.sampled_from(["top2", "max"])),
                       routed_scaling_factor=draw(st.sampled_from([1.0, 2.5])),
                       renormalize=draw(st.booleans()))
     else:

@@ -22,6 +22,8 @@ BASE = dict(hidden_size=8, intermediate_size=4, num_experts=8)
     (dict(correction_bias=True), "correction_bias"),
     (dict(n_group=2), "n_group"),  # used by group_limited only: refused, not ignored
     (dict(topk_group=2), "topk_group"),
+    (dict(group_score="max"), "group_score"),
+    (dict(router="group_limited", group_score="sum"), "group_score"),
     (dict(router="llama4", scoring="sigmoid", apply_router_weight_on_input=True,
           renormalize=True), "renormalize"),  # llama4 weighs by sigmoid(logit): not ignored
     (dict(renormalize_over="all"), "renormalize_over"),

@@ -95,6 +95,22 @@ def test_group_limited_only_picks_from_the_best_groups():
         sorted([2 * torch.sigmoid(torch.tensor(-1.0)).item(), 2 * torch.sigmoid(torch.tensor(2.9)).item()]))
 
 
+def test_group_limited_max_scores_a_group_by_its_best():
+    """DeepSeek-V2's group_limited_greedy: group {2, 3} (softmax 0.24 + 0.24) beats {0, 1}
+    (0.44 + 0.02) on the two best summed, but {0, 1} has the best expert."""
+    from shufflemoe import MoEConfig
+
+    logits = torch.tensor([[3.0, 0.0, 2.4, 2.4, 0.0, 0.0, -1.0, -1.0]])
+    probs = logits.softmax(1)[0]
+    kw = dict(hidden_size=4, intermediate_size=4, num_experts=8, top_k=1, router="group_limited",
+              scoring="softmax", n_group=4, topk_group=1, dtype=torch.float32)
+    assert (probs[2] + probs[3] > probs[0] + probs[1]) and probs[0] > probs[2]
+    assert route(logits, MoEConfig(**kw)).expert_ids.tolist() == [2]
+    r = route(logits, MoEConfig(**kw, group_score="max"))
+    assert r.expert_ids.tolist() == [0]
+    assert r.weights.tolist() == pytest.approx([probs[0].item()])
+
+
 def test_router_logits_are_in_the_model_dtype():
     x = torch.randn(3, 8, dtype=torch.bfloat16)
     w = torch.randn(4, 8, dtype=torch.bfloat16)

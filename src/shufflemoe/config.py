@@ -20,6 +20,7 @@ SCORINGS = ("softmax", "sigmoid")
 QUANTIZATIONS = tuple(FORMATS)  # none | fp8_rowwise | fp8_w8a16 | fp8_block | mxfp4
 ACTIVATIONS = ("silu", "swiglu_oai")
 RENORMALIZE_OVER = ("kept", "chosen")
+GROUP_SCORES = ("top2", "max")
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
@@ -42,6 +43,9 @@ class MoEConfig:
     correction_bias: bool = False  # group_limited: a learned [E] bias added for selection only
     n_group: int = 1  # group_limited: experts are split into n_group equal groups
     topk_group: int = 1  # group_limited: groups kept per token
+    # group_limited: a group's score: "top2" (DeepSeek-V3: its two best choices summed) or "max"
+    # (DeepSeek-V2's group_limited_greedy: its best choice)
+    group_score: str = "top2"
     routed_scaling_factor: float = 1.0  # multiplies the routed weights (DeepSeek-V3 uses 2.5)
     router_logits_dtype: torch.dtype | None = None  # None: x's dtype; DeepSeek-V3 in HF: float32
     # None: dropless; else each expert takes its first ceil(capacity_factor * T * k / E) pairs in
@@ -113,6 +117,10 @@ class MoEConfig:
                 raise ValueError(
                     f"MoEConfig.topk_group ({self.topk_group}) must be in 1..n_group ({self.n_group})"
                 )
+            if self.group_score not in GROUP_SCORES:
+                raise ValueError(
+                    f"MoEConfig.group_score must be one of {GROUP_SCORES}, got {self.group_score!r}"
+                )
             reachable = self.topk_group * (self.num_experts // self.n_group)
             if self.top_k > reachable:
                 raise ValueError(
@@ -120,7 +128,7 @@ class MoEConfig:
                     f"topk_group={self.topk_group} groups"
                 )
         else:
-            for name in ("correction_bias", "n_group", "topk_group"):
+            for name in ("correction_bias", "n_group", "topk_group", "group_score"):
                 if getattr(self, name) != _DEFAULTS[name]:
                     raise ValueError(
                         f"MoEConfig.{name} is only used by router='group_limited', got "

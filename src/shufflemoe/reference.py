@@ -49,7 +49,8 @@ def naive_route(layer: MoE, x: Tensor) -> list[tuple[int, int, float]]:
             scores = row.softmax(0) if cfg.scoring == "softmax" else row.sigmoid()
             choice = scores + (0 if layer.router_bias is None else layer.router_bias.double())
             groups = choice.view(cfg.n_group, -1)
-            best = groups.topk(min(2, groups.shape[1]), dim=1).values.sum(1)
+            best = groups.topk(min(2 if cfg.group_score == "top2" else 1, groups.shape[1]),
+                               dim=1).values.sum(1)
             allowed = torch.zeros(cfg.n_group, dtype=torch.bool)
             allowed[best.topk(cfg.topk_group).indices] = True
             choice = choice.masked_fill(~allowed.repeat_interleave(E // cfg.n_group), -torch.inf)

@@ -11,6 +11,9 @@ as before.
 | llama4        | top-k of the logits                        | sigmoid(logit), applied to the input |
 | group_limited | top-k of score + bias inside the best groups | unbiased score, opt. renormalized   |
 
+A group scores the sum of its two best choices (``group_score="top2"``, DeepSeek-V3) or its best
+one (``"max"``, DeepSeek-V2's group_limited_greedy).
+
 Every weight is finally multiplied by ``routed_scaling_factor``; with a capacity factor, pairs
 past an expert's capacity (in token order) are dropped and counted. Renormalizing with a capacity
 factor divides by the kept experts' affinities (``renormalize_over="kept"``, NxD's order: drop,
@@ -105,11 +108,13 @@ def _group_limited(logits: Tensor, cfg: MoEConfig, bias: Tensor | None) -> Routi
     groups = (cfg.n_group, cfg.topk_group)
     if drops_before_normalizing(cfg):
         r = ops.index_shuffle(logits, cfg.top_k, cfg.scoring, False, 1.0, capacity,
-                              batch_invariant=cfg.batch_invariant, groups=groups, bias=bias)
+                              batch_invariant=cfg.batch_invariant, groups=groups, bias=bias,
+                              group_score=cfg.group_score)
         return _renormalize_kept(r, cfg.top_k, cfg.routed_scaling_factor, DEEPSEEK_EPS)
     return ops.index_shuffle(logits, cfg.top_k, cfg.scoring, cfg.renormalize,
                              cfg.routed_scaling_factor, capacity,
-                             batch_invariant=cfg.batch_invariant, groups=groups, bias=bias)
+                             batch_invariant=cfg.batch_invariant, groups=groups, bias=bias,
+                             group_score=cfg.group_score)
 
 
 def route(logits: Tensor, cfg: MoEConfig, bias: Tensor | None = None) -> Routing:

@@ -61,6 +61,7 @@ CASES = [  # (model_type, config overrides): every router option each model has
     ("hy_v4", {}),
     ("mimo_v2_flash", {}),
     ("deepseek_v2", {}),
+    ("deepseek_v2", dict(topk_method="group_limited_greedy", n_group=4, topk_group=1)),
     ("minimax_m2", {}),
     ("hy_v3", {}),
     ("laguna", {}),
@@ -223,6 +224,27 @@ def test_blocks_at_decode_sizes_on_the_kernels(model_type):
     """Every mapped block at decode sizes on the kernels: the fused decode path and its routing
     kernel, with each model's router options, against transformers' block (bf16)."""
     _first_block_on_the_kernels(build_model(tiny_config(model_type), torch.bfloat16, DEV))
+
+
+def test_deepseek_v2_group_limited_greedy():
+    """DeepSeek-V2's topk_method="group_limited_greedy" (groups scored by their best expert):
+    the patched block picks transformers' experts for 64 tokens, of which a plain top-k would
+    move some (one group of two experts kept, top-2), and runs at decode sizes on the kernels."""
+    model = build_model(tiny_config("deepseek_v2", topk_method="group_limited_greedy", n_group=4,
+                                    topk_group=1), torch.float32, seed=1)
+    block = next(iter(_blocks(model).values()))
+    x = torch.randn(64, model.config.hidden_size, generator=torch.Generator().manual_seed(2))
+    patch(model)
+    logits, want = _route(model, block, x)  # transformers' router, still the block's
+    r = block_layer(block).route(x)
+    got = torch.zeros_like(want).index_put_((r.token_ids.long(), r.expert_ids.long()),
+                                            torch.tensor(True))
+    assert torch.equal(got, want)
+    plain = torch.zeros_like(want).scatter_(1, logits.topk(2, 1).indices, True)
+    assert (plain != want).any(1).sum() >= 4  # the groups decide for these tokens
+    _first_block_on_the_kernels(build_model(
+        tiny_config("deepseek_v2", topk_method="group_limited_greedy", n_group=4, topk_group=1),
+        torch.bfloat16, DEV))
 
 
 @pytest.mark.parametrize("model_type,shared", [("qwen2_moe", None), ("qwen3_next", None),
@@ -529,6 +551,10 @@ def test_unsupported_options_raise_before_patching():
     bad = build_model(tiny_config("deepseek_v3"), torch.float32)
     bad.config.n_group = 3  # does not divide 8 experts
     with pytest.raises(ValueError, match="DeepseekV3MoE.*n_group"):
+        patch(bad)
+    bad = build_model(tiny_config("deepseek_v2"), torch.float32)
+    bad.config.topk_method = "noaux_tc"
+    with pytest.raises(ValueError, match="topk_method='noaux_tc'"):
         patch(bad)
 
 

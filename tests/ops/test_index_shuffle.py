@@ -120,9 +120,10 @@ def test_sort_reference_matches_loop(T, E, k, capacity, seed):
 
 
 def loop_groups(scores: torch.Tensor, bias: torch.Tensor | None, k: int, n_group: int,
-                topk_group: int, renormalize: bool, scaling: float):
+                topk_group: int, renormalize: bool, scaling: float, group_best: int = 2):
     """DeepSeek-V3's selection per token in float64, on the scores themselves (scoring "none"):
-    the choice is score + bias, a group scores its two best choices (its one), the topk_group
+    the choice is score + bias, a group scores its ``group_best`` best choices summed (2: V3, 1:
+    DeepSeek-V2's group_limited_greedy; its one when it has one), the topk_group
     best groups stay (ties to the lower group), then the k best choices in them (ties to the
     lower id); weights are the scores, renormalized with 1e-20."""
     E = scores.shape[1]
@@ -131,7 +132,7 @@ def loop_groups(scores: torch.Tensor, bias: torch.Tensor | None, k: int, n_group
     ids, weights = [], []
     for row in scores.double().tolist():
         choice = [v + bv for v, bv in zip(row, b)]
-        group_score = [sum(sorted(choice[g * size:(g + 1) * size], reverse=True)[:2])
+        group_score = [sum(sorted(choice[g * size:(g + 1) * size], reverse=True)[:group_best])
                        for g in range(n_group)]
         kept = sorted(range(n_group), key=lambda g: (-group_score[g], g))[:topk_group]
         allowed = [e for g in sorted(kept) for e in range(g * size, (g + 1) * size)]
@@ -147,9 +148,10 @@ def loop_groups(scores: torch.Tensor, bias: torch.Tensor | None, k: int, n_group
 
 @given(T=st.integers(0, 30), n_group=st.integers(1, 8), size=st.integers(1, 6),
        data=st.data(), biased=st.booleans(), renormalize=st.booleans(),
-       capacity=st.one_of(st.none(), st.integers(0, 5)), seed=st.integers(0, 2**16))
+       capacity=st.one_of(st.none(), st.integers(0, 5)), seed=st.integers(0, 2**16),
+       group_score=st.sampled_from(["top2", "max"]))
 def test_grouped_reference_matches_loop(T, n_group, size, data, biased, renormalize, capacity,
-                                        seed):
+                                        seed, group_score):
     """bf16 scores, positive, and a bias in eighths: every sum is exact in float32, and ties
     (between experts and between groups) are many."""
     E = n_group * size
@@ -159,8 +161,10 @@ def test_grouped_reference_matches_loop(T, n_group, size, data, biased, renormal
     scores = torch.randn(T, E, generator=g).abs().add(0.125).to(torch.bfloat16)
     bias = torch.randint(-4, 5, (E,), generator=g).float() / 8 if biased else None
     r = index_shuffle(scores, k, renormalize=renormalize, scaling=1.5, capacity=capacity,
-                      groups=(n_group, topk_group), bias=bias, impl="torch")
-    ids, weights = loop_groups(scores, bias, k, n_group, topk_group, renormalize, 1.5)
+                      groups=(n_group, topk_group), bias=bias, group_score=group_score,
+                      impl="torch")
+    ids, weights = loop_groups(scores, bias, k, n_group, topk_group, renormalize, 1.5,
+                               2 if group_score == "top2" else 1)
     check_against_loop(r, loop_sort(ids, weights, E, capacity))
 
 
@@ -187,26 +191,30 @@ def test_kernel_matches_reference(T, E, k, dtype, scoring, renormalize, scaling,
 
 
 GROUPED_CASES = [
-    # T, E, k, (n_group, topk_group), dtype, scoring, renormalize, capacity, bias
-    (1, 256, 8, (8, 4), torch.bfloat16, "sigmoid", True, None, True),  # DeepSeek-V3 decode
-    (8, 256, 8, (8, 4), torch.float32, "sigmoid", True, None, True),  # its last one-program T
-    (300, 256, 8, (8, 4), torch.bfloat16, "sigmoid", True, None, True),  # blocks (two launches)
-    (33, 160, 6, (8, 3), torch.float32, "softmax", True, None, False),  # 20 experts a group
-    (5, 384, 8, (1, 1), torch.bfloat16, "sigmoid", True, None, True),  # one group (Kimi K2)
-    (45, 12, 3, (3, 2), torch.float16, "softmax", False, 4, True),  # odd sizes, capacity
-    (17, 8, 1, (8, 3), torch.float32, "none", False, None, True),  # groups of one expert
-    (0, 64, 4, (4, 2), torch.bfloat16, "sigmoid", True, None, True),
+    # T, E, k, (n_group, topk_group), dtype, scoring, renormalize, capacity, bias, group_score
+    (1, 256, 8, (8, 4), torch.bfloat16, "sigmoid", True, None, True, "top2"),  # DeepSeek-V3 decode
+    (8, 256, 8, (8, 4), torch.float32, "sigmoid", True, None, True, "top2"),  # last one-program T
+    (300, 256, 8, (8, 4), torch.bfloat16, "sigmoid", True, None, True, "top2"),  # blocks (2 launches)
+    (33, 160, 6, (8, 3), torch.float32, "softmax", True, None, False, "top2"),  # 20 experts a group
+    (5, 384, 8, (1, 1), torch.bfloat16, "sigmoid", True, None, True, "top2"),  # one group (Kimi K2)
+    (45, 12, 3, (3, 2), torch.float16, "softmax", False, 4, True, "top2"),  # odd sizes, capacity
+    (17, 8, 1, (8, 3), torch.float32, "none", False, None, True, "top2"),  # groups of one expert
+    (0, 64, 4, (4, 2), torch.bfloat16, "sigmoid", True, None, True, "top2"),
+    # DeepSeek-V2's group_limited_greedy (160 experts, 10 groups, 3 kept, top-6): decode, blocks
+    (1, 160, 6, (10, 3), torch.float32, "softmax", False, None, False, "max"),
+    (300, 160, 6, (10, 3), torch.bfloat16, "softmax", False, None, False, "max"),
+    (45, 12, 3, (3, 2), torch.float16, "sigmoid", True, 4, True, "max"),
 ]
 
 
-@pytest.mark.parametrize("T,E,k,groups,dtype,scoring,renormalize,capacity,biased",
+@pytest.mark.parametrize("T,E,k,groups,dtype,scoring,renormalize,capacity,biased,group_score",
                          GROUPED_CASES, ids=lambda v: str(v).replace("torch.", ""))
 def test_grouped_kernel_matches_reference(T, E, k, groups, dtype, scoring, renormalize,
-                                          capacity, biased):
+                                          capacity, biased, group_score):
     scores = scores_for(T, E, dtype, seed=T + E)
     bias = scores_for(1, E, torch.float32, seed=E)[0] * 0.2 if biased else None
     kw = dict(scoring=scoring, renormalize=renormalize, scaling=2.5, capacity=capacity,
-              groups=groups, bias=bias)
+              groups=groups, bias=bias, group_score=group_score)
     got = index_shuffle(scores, k, impl="triton", **kw)
     check_same(got, index_shuffle(scores, k, impl="torch", **kw))
     if T:  # every token's experts lie in at most topk_group groups
@@ -233,6 +241,18 @@ def test_grouped_kernel_ties():
     # and 1, at their unbiased scores
     assert chosen == [(0, 0, 1.0), (0, 1, 2.0), (0, 2, 2.0), (1, 0, 1.0), (1, 1, 1.0),
                       (1, 7, 1.0), (2, 0, 0.0), (2, 1, 0.0), (2, 7, 0.0)]
+
+
+def test_grouped_kernel_group_score_max():
+    """A group scored by its best choice (DeepSeek-V2): {0, 1} (3 and 0) beats {2, 3} (2 and 2,
+    which sum higher), and equal bests go to the lower group ({4, 5} against {6, 7})."""
+    s = torch.tensor([[3.0, 0.0, 2.0, 2.0, 0.0, 0.0, 0.0, 0.0],
+                      [0.0, 0.0, 0.0, 0.0, 1.0, 0.5, 1.0, 0.9]], device=DEV)
+    for group_score, experts in (("top2", [2, 6]), ("max", [0, 4])):
+        kw = dict(groups=(4, 1), group_score=group_score)
+        got = index_shuffle(s, 1, impl="triton", **kw)
+        check_same(got, index_shuffle(s, 1, impl="torch", **kw))
+        assert got.expert_ids[got.token_ids.argsort()].tolist() == experts, group_score
 
 
 def test_grouped_batch_invariant_weights():
@@ -435,6 +455,7 @@ def test_positions_are_the_inverse_permutation(T, E, k, capacity):
     (lambda s: index_shuffle(s, 1, groups=[4, 1]), "groups"),
     (lambda s: index_shuffle(s, 1, bias=s[0]), "bias"),
     (lambda s: index_shuffle(s, 1, groups=(4, 1), bias=s[0, :8]), "bias"),
+    (lambda s: index_shuffle(s, 1, groups=(4, 1), group_score="sum"), "group_score"),
     (lambda s: sort_by_expert(s, 4), "topk_ids"),
     (lambda s: sort_by_expert(s.long(), 0), "num_experts"),
     (lambda s: sort_by_expert(s.long(), 4, s[:, :3]), "topk_weights"),

@@ -19,8 +19,9 @@ Routing as transformers 5.17 computes it (checked against its modeling files):
 |             |          | routing.py); renormalize (+1e-20); x routed_scaling      |          |
 | gpt_oss     | model    | logits + bias; top-k; softmax of the k logits, in the    | to model |
 |             |          | model dtype (= softmax over E, renormalized)             |          |
-| deepseek_v2 | **fp32** | softmax; top-k (topk_method "greedy"); never             | none     |
-|             |          | renormalized; x routed_scaling_factor                    |          |
+| deepseek_v2 | **fp32** | softmax; top-k (topk_method "greedy"), or top-k in the   | none     |
+|             |          | groups whose best score is highest ("group_limited_      |          |
+|             |          | greedy"); never renormalized; x routed_scaling_factor    |          |
 | minimax_m2  | model    | sigmoid in fp32; top-k of score + the block's bias;      | none     |
 |             |          | renormalize (no epsilon: the sum is > 0)                 |          |
 | hy_v3       | **fp32** | as minimax_m2 (+1e-20), x router_scaling_factor          | none     |
@@ -206,13 +207,18 @@ def _laguna(c) -> dict:
 
 
 def _deepseek_v2(c) -> dict:
-    if c.topk_method != "greedy":
-        raise ValueError(f"topk_method={c.topk_method!r} (groups scored by their best expert) is "
-                         "not supported; 'greedy' (DeepSeek-V2-Lite) is")
     # softmax of float32 logits, never renormalized (norm_topk_prob is not read), scaled
+    shared = c.moe_intermediate_size * (c.n_shared_experts or 0)
+    if c.topk_method == "group_limited_greedy":  # DeepSeek-V2 / V2.5: groups by their best
+        return _grouped(c, num_experts=c.n_routed_experts, shared=shared, n_group=c.n_group,
+                        topk_group=c.topk_group, renormalize=False,
+                        scaling=c.routed_scaling_factor, scoring="softmax",
+                        correction_bias=False, group_score="max")
+    if c.topk_method != "greedy":
+        raise ValueError(f"topk_method={c.topk_method!r} is not supported; 'greedy' "
+                         "(DeepSeek-V2-Lite) and 'group_limited_greedy' (DeepSeek-V2) are")
     return dict(num_experts=c.n_routed_experts, top_k=c.num_experts_per_tok,
-                intermediate_size=c.moe_intermediate_size,
-                shared_intermediate_size=c.moe_intermediate_size * (c.n_shared_experts or 0),
+                intermediate_size=c.moe_intermediate_size, shared_intermediate_size=shared,
                 renormalize=False, routed_scaling_factor=float(c.routed_scaling_factor),
                 router_logits_dtype=torch.float32)
 

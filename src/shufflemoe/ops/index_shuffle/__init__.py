@@ -11,6 +11,7 @@ from .._impl import ops_for, resolve
 
 SCORINGS = ("none", "softmax", "sigmoid")
 SCORE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+GROUP_SCORES = ("top2", "max")
 
 
 def _check_capacity(capacity: int | None) -> None:
@@ -28,6 +29,7 @@ def index_shuffle(
     capacity: int | None = None,
     groups: tuple[int, int] | None = None,
     bias: Tensor | None = None,
+    group_score: str = "top2",
     batch_invariant: bool = False,
     impl: str | None = None,
 ) -> Routing:
@@ -40,7 +42,8 @@ def index_shuffle(
     the rest move past ``num_valid``. Experts are chosen on the raw scores, or with ``groups``
     = (n_group, topk_group) as DeepSeek-V3 chooses: on the weights' score plus ``bias`` [E] (a
     correction bias, selection only; None: 0), among the topk_group groups (of E / n_group
-    experts) whose two best such choices sum highest; renormalizing then adds DeepSeek's 1e-20.
+    experts) whose two best such choices sum highest (group_score="top2"), or whose best one is
+    highest ("max": DeepSeek-V2's group_limited_greedy); renormalizing then adds DeepSeek's 1e-20.
     batch_invariant: the kernel tiles a row's reductions the same way whatever T, so a row's
     weights are the same bits in any batch (the reference computes row by row already).
     """
@@ -55,13 +58,15 @@ def index_shuffle(
     _check_capacity(capacity)
     if groups is not None:
         _check_groups(groups, E, top_k)
+    if group_score not in GROUP_SCORES:
+        raise ValueError(f"group_score must be one of {GROUP_SCORES}, got {group_score!r}")
     if bias is not None:
         if groups is None:
             raise ValueError("bias steers DeepSeek-V3's grouped selection: pass groups with it")
         check_tensor("bias", bias, shape=[E], dtypes=SCORE_DTYPES, device=scores.device)
     return ops_for(resolve(impl, scores)).index_shuffle(
         scores, top_k, scoring, renormalize, float(scaling), capacity,
-        batch_invariant=batch_invariant, groups=groups, bias=bias)
+        batch_invariant=batch_invariant, groups=groups, bias=bias, group_score=group_score)
 
 
 def _check_groups(groups: tuple[int, int], E: int, top_k: int) -> None:

@@ -36,7 +36,7 @@ from ...types import Routing
 from .._common import cdiv, next_power_of_2, traced
 from .._impl import interpreting, kernel_op
 from .._launch import launch
-from .reference import DEEPSEEK_EPS
+from .reference import DEEPSEEK_EPS, GROUP_BEST
 
 SCORING_IDS = {"none": 0, "softmax": 1, "sigmoid": 2}
 # Below the key of every float (canonical NaN aside): marks taken experts and padding columns.
@@ -126,12 +126,13 @@ def _topk(s_ptr, stride, t, tmask, scaling, E: tl.constexpr, K: tl.constexpr, KP
 @triton.jit
 def _grouped_topk(s_ptr, stride, bias_ptr, t, tmask, scaling, K: tl.constexpr, KP: tl.constexpr,
                   BT: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, EG: tl.constexpr,
-                  EGP: tl.constexpr, TOPG: tl.constexpr, SCORING: tl.constexpr,
-                  RENORM: tl.constexpr, HAS_BIAS: tl.constexpr):
+                  EGP: tl.constexpr, TOPG: tl.constexpr, GBEST: tl.constexpr,
+                  SCORING: tl.constexpr, RENORM: tl.constexpr, HAS_BIAS: tl.constexpr):
     """DeepSeek-V3's selection, each row whole: (ids [BT, KP] int32, weights [BT, KP] float32).
     A row's G groups of EG experts lie in GP * EGP columns (powers of two), group g in columns
     [g * EGP, g * EGP + EG). The choice is the score (softmax or sigmoid of the row, or the row)
-    plus the bias; a group scores its two best choices summed (its one when EG = 1); the TOPG
+    plus the bias; a group scores its GBEST (2: V3; 1: DeepSeek-V2's group_limited_greedy) best
+    choices summed (its one when EG = 1); the TOPG
     best groups are kept, then the top K choices in them; a weight is the chosen expert's score,
     renormalized with DeepSeek's epsilon. Ties go to the lower group, then the lower expert."""
     W: tl.constexpr = GP * EGP
@@ -158,7 +159,7 @@ def _grouped_topk(s_ptr, stride, bias_ptr, t, tmask, scaling, K: tl.constexpr, K
         ing3 = tl.arange(0, EGP)[None, None, :]
         best = tl.max(key3, 2)  # [BT, GP]
         group_score = _key_value(best)
-        if EG > 1:
+        if EG > 1 and GBEST == 2:
             first = tl.min(tl.where(key3 == best[:, :, None], ing3, EGP), 2)
             group_score += _key_value(tl.max(tl.where(ing3 == first[:, :, None], _SENTINEL,
                                                       key3), 2))
@@ -259,6 +260,7 @@ def _route_kernel(
     GP: tl.constexpr,
     EGP: tl.constexpr,
     TOPG: tl.constexpr,
+    GBEST: tl.constexpr,  # a group's score: its GBEST (1 or 2) best choices summed
     HAS_BIAS: tl.constexpr,
     SINGLE: tl.constexpr,  # one block: place the pairs here (no scratch, no second launch)
     PDL: tl.constexpr,  # launched with programmatic dependent launch: let the next kernel
@@ -275,7 +277,7 @@ def _route_kernel(
     pair_ok = (t < T)[:, None] & (jj < K)[None, :]
     if GROUPED:
         raw2, w2 = _grouped_topk(src_ptr, src_stride, bias_ptr, t, t < T, scaling, K, KP, BT, G,
-                                 GP, EG, EGP, TOPG, SCORING, RENORM, HAS_BIAS)
+                                 GP, EG, EGP, TOPG, GBEST, SCORING, RENORM, HAS_BIAS)
         bucket2 = raw2
     elif FROM_SCORES:
         raw2, w2 = _topk(src_ptr, src_stride, t, t < T, scaling, E, K, KP, BT, BEC, SCORING,
@@ -471,7 +473,8 @@ def _route_op(src: Tensor, topk_weights: Optional[Tensor], bias: Optional[Tensor
               num_valid: Tensor, positions: Tensor, scratch_i: Optional[Tensor],
               scratch_w: Optional[Tensor], hist: Optional[Tensor], num_experts: int, top_k: int,
               from_scores: bool, scoring: int, renormalize: bool, scaling: float,
-              capacity: Optional[int], n_group: int, topk_group: int, block_tokens: int,
+              capacity: Optional[int], n_group: int, topk_group: int, group_best: int,
+              block_tokens: int,
               expert_chunk: int, single: bool, num_warps: int, place_programs: int) -> None:
     T = src.shape[0]
     if T == 0:
@@ -487,7 +490,8 @@ def _route_op(src: Tensor, topk_weights: Optional[Tensor], bias: Optional[Tensor
     win = topk_weights if topk_weights is not None else src
     g = max(n_group, 1)  # (0: not grouped)
     groups = dict(GROUPED=n_group > 0, G=g, EG=E // g, GP=next_power_of_2(g),
-                  EGP=next_power_of_2(E // g), TOPG=topk_group, HAS_BIAS=bias is not None)
+                  EGP=next_power_of_2(E // g), TOPG=topk_group, GBEST=group_best,
+                  HAS_BIAS=bias is not None)
     # One program (decode): with PDL the next kernel launches as this one starts, so its
     # programs that need no routing (the fused decode kernels' shared expert) run beside it.
     pdl = single and src.is_cuda and not interpreting() and not traced((src,))
@@ -511,7 +515,7 @@ def _route_op(src: Tensor, topk_weights: Optional[Tensor], bias: Optional[Tensor
 def _route(src: Tensor, topk_weights: Tensor | None, E: int, k: int, from_scores: bool,
            scoring: str, renormalize: bool, scaling: float, capacity: int | None,
            config: RouteConfig, groups: tuple[int, int] | None = None,
-           bias: Tensor | None = None) -> Routing:
+           bias: Tensor | None = None, group_best: int = 2) -> Routing:
     T = src.shape[0]
     A, dev = T * k, src.device
     if A >= 2**31:
@@ -543,7 +547,8 @@ def _route(src: Tensor, topk_weights: Tensor | None, E: int, k: int, from_scores
     _route_op(
         src, topk_weights, bias, counts, token_ids, expert_ids, weights, num_valid, positions,
         scratch_i, scratch_w, hist, E, k, from_scores, SCORING_IDS[scoring], renormalize,
-        float(scaling), capacity, *(groups or (0, 0)), config.block_tokens, config.expert_chunk,
+        float(scaling), capacity, *(groups or (0, 0)), group_best, config.block_tokens,
+        config.expert_chunk,
         config.single, config.num_warps, config.place_programs)
     # all_routed passed, not left to its default: see PLACE_PROGRAMS
     return Routing(counts, token_ids, expert_ids, weights, num_valid, positions, False)
@@ -552,11 +557,11 @@ def _route(src: Tensor, topk_weights: Tensor | None, E: int, k: int, from_scores
 def index_shuffle(scores: Tensor, top_k: int, scoring: str, renormalize: bool, scaling: float,
                   capacity: int | None, config: RouteConfig | None = None,
                   batch_invariant: bool = False, groups: tuple[int, int] | None = None,
-                  bias: Tensor | None = None) -> Routing:
+                  bias: Tensor | None = None, group_score: str = "top2") -> Routing:
     """scores [T, E] -> Routing (A = T * top_k pairs). Arguments were checked by the public
     function; ``config`` overrides route_config (tests, tuning); batch_invariant: the tiling
-    of invariant_route_config; groups (n_group, topk_group) and bias: DeepSeek-V3's selection
-    (_grouped_topk), each block's rows whole (grouped_config)."""
+    of invariant_route_config; groups (n_group, topk_group), bias and group_score: DeepSeek-V3's
+    selection (_grouped_topk), each block's rows whole (grouped_config)."""
     T, E = scores.shape
     if config is None:
         if groups is not None:
@@ -566,7 +571,7 @@ def index_shuffle(scores: Tensor, top_k: int, scoring: str, renormalize: bool, s
         else:
             config = route_config(T, E, top_k)
     return _route(scores, None, E, top_k, True, scoring, renormalize, scaling, capacity, config,
-                  groups, bias)
+                  groups, bias, GROUP_BEST[group_score])
 
 
 def sort_by_expert(topk_ids: Tensor, num_experts: int, topk_weights: Tensor | None,

@@ -19,6 +19,7 @@ from .._impl import _is_compiling, inplace_op
 
 _OUTPUTS = ("counts", "token_ids", "expert_ids", "weights", "num_valid", "positions")
 DEEPSEEK_EPS = 1e-20  # DeepSeek-V3's renormalization epsilon (HF transformers)
+GROUP_BEST = {"top2": 2, "max": 1}  # group_score -> how many best choices a group's score sums
 
 
 def _exclusive_cumsum(x: Tensor) -> Tensor:
@@ -108,15 +109,17 @@ def _first_kept(value: Tensor, kept: Tensor, n: int) -> Tensor:
 
 
 def select_groups(score: Tensor, bias: Optional[Tensor], top_k: int, n_group: int,
-                  topk_group: int) -> Tensor:
+                  topk_group: int, group_best: int = 2) -> Tensor:
     """DeepSeek-V3's selection: score [T, E] float32 -> [T, k] int64 expert ids. The choice is
-    score + bias; a group (n_group of E / n_group experts each) scores its two best choices
-    summed (its one when it has one expert); the topk_group best groups are kept, then the k
-    best choices in them, best first. Ties go to the lower group, then the lower expert."""
+    score + bias; a group (n_group of E / n_group experts each) scores its group_best (2: V3; 1:
+    DeepSeek-V2's group_limited_greedy) best choices summed (its one when it has one expert);
+    the topk_group best groups are kept, then the k best choices in them, best first. Ties go
+    to the lower group, then the lower expert."""
     T, E = score.shape
     choice = score if bias is None else score + bias.float()
     per_group = choice.view(T, n_group, E // n_group)
-    group_score = per_group.topk(min(2, E // n_group), dim=-1).values.sum(-1)  # [T, n_group]
+    best = min(group_best, E // n_group)
+    group_score = per_group.topk(best, dim=-1).values.sum(-1)  # [T, n_group]
     every = torch.ones_like(group_score, dtype=torch.bool)
     groups = _first_kept(group_score, every, topk_group)
     kept = torch.zeros_like(every).scatter_(1, groups, True)
@@ -126,12 +129,12 @@ def select_groups(score: Tensor, bias: Optional[Tensor], top_k: int, n_group: in
 @inplace_op("index_shuffle_ref", mutates_args=_OUTPUTS)
 def _index_shuffle(scores: Tensor, top_k: int, scoring: str, renormalize: bool, scaling: float,
                    capacity: Optional[int], bias: Optional[Tensor], n_group: int,
-                   topk_group: int, counts: Tensor, token_ids: Tensor, expert_ids: Tensor,
+                   topk_group: int, group_best: int, counts: Tensor, token_ids: Tensor, expert_ids: Tensor,
                    weights: Tensor, num_valid: Tensor, positions: Tensor) -> None:
     s = scores.float()
     if n_group:  # DeepSeek-V3: chosen on the score (+ bias) in the best groups
         score = _score(s, scoring)
-        ids = select_groups(score, bias, top_k, n_group, topk_group)
+        ids = select_groups(score, bias, top_k, n_group, topk_group, group_best)
         w = score.gather(1, ids)
     else:  # chosen on the raw scores
         ids = select_topk(s, top_k)  # [T, k]
@@ -180,17 +183,18 @@ def index_shuffle(
     batch_invariant: bool = False,
     groups: tuple[int, int] | None = None,
     bias: Tensor | None = None,
+    group_score: str = "top2",
 ) -> Routing:
     """scores [T, E] -> Routing. The weight of a pair is its score: softmax(scores)[t, e] |
     sigmoid(scores[t, e]) | scores[t, e], renormalized over the k chosen if asked, times
     ``scaling``. Experts are chosen on the raw scores, or with ``groups`` (n_group,
     topk_group) as DeepSeek-V3 chooses (select_groups: on the score plus ``bias``, in the best
-    groups; renormalized with its epsilon). batch_invariant changes nothing here: torch's
+    groups by ``group_score``; renormalized with its epsilon). batch_invariant changes nothing here: torch's
     softmax and sum reduce each row the same way whatever T, and the chosen are ordered."""
     r = _empty_routing(scores.shape[0] * top_k, scores.shape[1], scores.device, capacity is None)
     n_group, topk_group = groups or (0, 0)
     _index_shuffle(scores, top_k, scoring, renormalize, float(scaling), capacity, bias, n_group,
-                   topk_group, *_fields(r))
+                   topk_group, GROUP_BEST[group_score], *_fields(r))
     return r
 
 
