@@ -68,6 +68,10 @@ CASES = [  # (model_type, config overrides): every router option each model has
     ("afmoe", {}),
     ("ernie4_5_moe", {}),
     ("hunyuan_v1_moe", {}),
+    ("cohere2_moe", {}),
+    ("cohere2_moe", dict(expert_selection_fn="sigmoid", norm_topk_prob=False,
+                         num_shared_experts=1, shared_expert_combination_strategy="sum")),
+    ("cohere2_moe", dict(expert_selection_fn="sigmoid", norm_topk_prob=True)),
 ]
 IDS = [f"{t}-" + ("-".join(f"{k}={v}" for k, v in o.items()) or "default") for t, o in CASES]
 MODEL_TYPES = list(dict.fromkeys(t for t, _ in CASES))
@@ -551,6 +555,9 @@ def test_unsupported_options_raise_before_patching():
     bad = build_model(tiny_config("deepseek_v3"), torch.float32)
     bad.config.n_group = 3  # does not divide 8 experts
     with pytest.raises(ValueError, match="DeepseekV3MoE.*n_group"):
+        patch(bad)
+    bad = build_model(tiny_config("cohere2_moe", num_shared_experts=1), torch.float32)
+    with pytest.raises(ValueError, match="shared_expert_combination_strategy='average'"):
         patch(bad)
     bad = build_model(tiny_config("deepseek_v2"), torch.float32)
     bad.config.topk_method = "noaux_tc"

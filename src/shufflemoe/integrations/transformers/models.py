@@ -127,6 +127,10 @@ TINY: dict[str, dict] = {
     "ernie4_5_moe": dict(moe_intermediate_size=40, intermediate_size=96, moe_num_experts=8,
                          moe_k=2, moe_num_shared_experts=1, moe_layer_start_index=0),
     "hunyuan_v1_moe": dict(intermediate_size=40, num_experts=8, moe_topk=2),
+    # Cohere2-MoE: a top-k of the logits (softmax of the k, or sigmoids), a dense first layer
+    "cohere2_moe": dict(intermediate_size=40, num_experts=8, num_experts_per_tok=2,
+                        prefix_dense_intermediate_size=96, first_k_dense_replace=1,
+                        num_hidden_layers=3, num_key_value_heads=4),
     # one group, the bias on the block: MiniMax-M2 (no shared expert), HY-V3, AFMoE, Laguna
     "afmoe": dict(moe_intermediate_size=40, intermediate_size=96, num_experts=8,
                   num_experts_per_tok=2, num_shared_experts=1, route_scale=2.5,

@@ -33,6 +33,9 @@ Routing as transformers 5.17 computes it (checked against its modeling files):
 |             |          | (its clamp at 1e-12 never binds: the sum is >= k / E)    |          |
 | hunyuan_v1_ | **fp32** | softmax in fp32, top-k, always renormalized              | none     |
 | moe         |          |                                                          |          |
+| cohere2_moe | model    | top-k of the logits; softmax of the k in fp32, or their  | to model |
+|             |          | sigmoids, renormalized if norm_topk_prob; shared experts |          |
+|             |          | summed ("sum"; "average", which halves, is refused)      |          |
 
 ernie4_5_moe and hunyuan_v1_moe keep their router weight in float32 in a bf16 model; the layer
 takes it so (MoEConfig.router_logits_dtype) and the router kernel reads it as stored.
@@ -247,6 +250,20 @@ def _qwen3_5_moe(c) -> dict:  # Qwen2-MoE's block, always renormalized
     return dict(_qwen2_moe_sizes(c), renormalize=True)
 
 
+def _cohere2_moe(c) -> dict:
+    # top-k of the logits; softmax of the k (= over E, renormalized) or their sigmoids,
+    # renormalized if norm_topk_prob; rounded to the model dtype
+    if c.num_shared_experts and c.shared_expert_combination_strategy != "sum":
+        raise ValueError(f"shared_expert_combination_strategy="
+                         f"{c.shared_expert_combination_strategy!r} with shared experts (their "
+                         "sum with the routed output halved) is not supported; 'sum' is")
+    softmax = c.expert_selection_fn == "softmax"
+    return dict(num_experts=c.num_experts, top_k=c.num_experts_per_tok,
+                intermediate_size=c.intermediate_size,
+                shared_intermediate_size=c.intermediate_size * c.num_shared_experts,
+                scoring=c.expert_selection_fn, renormalize=softmax or bool(c.norm_topk_prob))
+
+
 def _gpt_oss(c) -> dict:
     # GptOssExperts fixes alpha = 1.702 and limit = 7.0 (the MXFP4 experts read swiglu_limit)
     return dict(num_experts=c.num_local_experts, top_k=c.num_experts_per_tok,
@@ -349,6 +366,8 @@ SPECS: dict[str, BlockSpec] = {
        for model_type, block in (("granitemoe", "GraniteMoeMoE"),
                                  ("granitemoeshared", "GraniteMoeSharedMoE"),
                                  ("granitemoehybrid", "GraniteMoeHybridMoE"))},
+    "cohere2_moe": _models("cohere2_moe", "Cohere2MoeSparseMoeBlock", _cohere2_moe,
+                           shared=_mlp("shared_experts")),
     "gpt_oss": _models("gpt_oss", "GptOssMLP", _gpt_oss, router="router.weight",
                        router_bias="router.bias", transposed=True, interleaved=True,
                        w13_bias="experts.gate_up_proj_bias", w2_bias="experts.down_proj_bias",
