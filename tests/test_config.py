@@ -23,6 +23,7 @@ BASE = dict(hidden_size=8, intermediate_size=4, num_experts=8)
     (dict(n_group=2), "n_group"),  # used by group_limited only: refused, not ignored
     (dict(topk_group=2), "topk_group"),
     (dict(group_score="max"), "group_score"),
+    (dict(round_scores=True), "round_scores"),
     (dict(router="group_limited", group_score="sum"), "group_score"),
     (dict(router="llama4", scoring="sigmoid", apply_router_weight_on_input=True,
           renormalize=True), "renormalize"),  # llama4 weighs by sigmoid(logit): not ignored

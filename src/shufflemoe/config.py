@@ -46,6 +46,9 @@ class MoEConfig:
     # group_limited: a group's score: "top2" (DeepSeek-V3: its two best choices summed) or "max"
     # (DeepSeek-V2's group_limited_greedy: its best choice)
     group_score: str = "top2"
+    # group_limited: round the scores (softmax or sigmoid) to the logits' dtype before the bias
+    # is added and experts are chosen, as a router computing them in bf16 does (LFM2-MoE)
+    round_scores: bool = False
     routed_scaling_factor: float = 1.0  # multiplies the routed weights (DeepSeek-V3 uses 2.5)
     router_logits_dtype: torch.dtype | None = None  # None: x's dtype; DeepSeek-V3 in HF: float32
     # None: dropless; else each expert takes its first ceil(capacity_factor * T * k / E) pairs in
@@ -128,7 +131,8 @@ class MoEConfig:
                     f"topk_group={self.topk_group} groups"
                 )
         else:
-            for name in ("correction_bias", "n_group", "topk_group", "group_score"):
+            for name in ("correction_bias", "n_group", "topk_group", "group_score",
+                         "round_scores"):
                 if getattr(self, name) != _DEFAULTS[name]:
                     raise ValueError(
                         f"MoEConfig.{name} is only used by router='group_limited', got "

@@ -47,6 +47,8 @@ def naive_route(layer: MoE, x: Tensor) -> list[tuple[int, int, float]]:
         row = logits[t]
         if cfg.router == "group_limited":
             scores = row.softmax(0) if cfg.scoring == "softmax" else row.sigmoid()
+            if cfg.round_scores:  # computed in the logits' dtype (LFM2-MoE)
+                scores = scores.to(cfg.router_logits_dtype or cfg.dtype).double()
             choice = scores + (0 if layer.router_bias is None else layer.router_bias.double())
             groups = choice.view(cfg.n_group, -1)
             best = groups.topk(min(2 if cfg.group_score == "top2" else 1, groups.shape[1]),

@@ -12,7 +12,8 @@ as before.
 | group_limited | top-k of score + bias inside the best groups | unbiased score, opt. renormalized   |
 
 A group scores the sum of its two best choices (``group_score="top2"``, DeepSeek-V3) or its best
-one (``"max"``, DeepSeek-V2's group_limited_greedy).
+one (``"max"``, DeepSeek-V2's group_limited_greedy); ``round_scores`` rounds the scores to the
+logits' dtype before the bias is added (LFM2-MoE takes its sigmoid in bf16).
 
 Every weight is finally multiplied by ``routed_scaling_factor``; with a capacity factor, pairs
 past an expert's capacity (in token order) are dropped and counted. Renormalizing with a capacity
@@ -109,12 +110,12 @@ def _group_limited(logits: Tensor, cfg: MoEConfig, bias: Tensor | None) -> Routi
     if drops_before_normalizing(cfg):
         r = ops.index_shuffle(logits, cfg.top_k, cfg.scoring, False, 1.0, capacity,
                               batch_invariant=cfg.batch_invariant, groups=groups, bias=bias,
-                              group_score=cfg.group_score)
+                              group_score=cfg.group_score, round_scores=cfg.round_scores)
         return _renormalize_kept(r, cfg.top_k, cfg.routed_scaling_factor, DEEPSEEK_EPS)
     return ops.index_shuffle(logits, cfg.top_k, cfg.scoring, cfg.renormalize,
                              cfg.routed_scaling_factor, capacity,
                              batch_invariant=cfg.batch_invariant, groups=groups, bias=bias,
-                             group_score=cfg.group_score)
+                             group_score=cfg.group_score, round_scores=cfg.round_scores)
 
 
 def route(logits: Tensor, cfg: MoEConfig, bias: Tensor | None = None) -> Routing:

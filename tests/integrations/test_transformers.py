@@ -68,6 +68,8 @@ CASES = [  # (model_type, config overrides): every router option each model has
     ("afmoe", {}),
     ("ernie4_5_moe", {}),
     ("hunyuan_v1_moe", {}),
+    ("lfm2_moe", {}),
+    ("lfm2_moe", dict(norm_topk_prob=False, routed_scaling_factor=2.5)),
     ("cohere2_moe", {}),
     ("cohere2_moe", dict(expert_selection_fn="sigmoid", norm_topk_prob=False,
                          num_shared_experts=1, shared_expert_combination_strategy="sum")),

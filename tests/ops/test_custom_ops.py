@@ -91,9 +91,9 @@ def _opcheck_cases() -> dict[str, tuple]:
                r.weights, r.token_ids, torch.zeros(T, D, device=DEV))
     cases = {
         "route": (d["scores"], None, None, *routing, None, None, None, E, K, True, 1, True, 1.0,
-                  None, 0, 0, 2, 16, 16, True, 4, 128),  # one program (16 tokens >= T): no scratch
+                  None, 0, 0, 2, False, 16, 16, True, 4, 128),  # one program (16 tokens >= T): no scratch
         "index_shuffle_ref": (d["scores"], K, "softmax", True, 1.0, None, None, 0, 0, 2,
-                              *routing),
+                              False, *routing),
         "sort_by_expert_ref": (topk, E, None, 1, False, *routing),
         "gather_scale": (d["x"], r.token_ids, r.weights, r.num_valid, empty(A, D, dtype=d["x"].dtype)),
         "gather_scale_fp8": (d["x"], r.token_ids, None, r.num_valid, empty(A, D, dtype=fp8), empty(A)),
@@ -163,13 +163,14 @@ def test_opcheck_every_op():
 def test_opcheck_route_in_blocks(grouped):
     """The routing in blocks of 4 tokens, with the scratch a single program goes without; and
     DeepSeek-V3's grouped selection (2 groups, 1 kept, a bias; DeepSeek-V2's group score, its
-    best) in them."""
+    best; the scores rounded) in them."""
     from torch._library.custom_ops import OPDEFS
 
     d = inputs(device=DEV)
     i32, nb, P = torch.int32, -(-T // 4), 4 * K
     A = T * K
-    bias, groups = (torch.randn(E, device=DEV), (2, 1, 1)) if grouped else (None, (0, 0, 2))
+    bias, groups = ((torch.randn(E, device=DEV), (2, 1, 1, True)) if grouped
+                    else (None, (0, 0, 2, False)))
     args = (d["scores"], None, bias, empty(E, dtype=i32), empty(A, dtype=i32),
             empty(A, dtype=i32), empty(A), empty(1, dtype=i32), empty(A, dtype=i32),
             empty(2, nb * P, dtype=i32), empty(nb * P), empty(nb, 32, dtype=i32), E, K, True,

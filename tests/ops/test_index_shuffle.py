@@ -255,6 +255,34 @@ def test_grouped_kernel_group_score_max():
         assert got.expert_ids[got.token_ids.argsort()].tolist() == experts, group_score
 
 
+def test_round_scores_decide_where_the_bias_is_smaller_than_a_rounding():
+    """LFM2-MoE chooses on bf16 sigmoids plus an fp32 bias: sigmoid(0) = 0.5 and sigmoid(2^-8)
+    = 0.50098 are one bf16 value, so a bias of 5e-4 picks expert 0, which float32 scores rank
+    below expert 1; the weight is the rounded score."""
+    s = torch.tensor([[0.0, 2.0**-8, -1.0, -2.0]], device=DEV, dtype=torch.bfloat16)
+    bias = torch.tensor([5e-4, 0.0, 0.0, 0.0], device=DEV)
+    for round_scores, expert, weight in ((False, 1, torch.sigmoid(torch.tensor(2.0**-8)).item()),
+                                         (True, 0, 0.5)):
+        kw = dict(scoring="sigmoid", groups=(1, 1), bias=bias, round_scores=round_scores)
+        got = index_shuffle(s, 1, impl="triton", **kw)
+        check_same(got, index_shuffle(s, 1, impl="torch", **kw))
+        assert got.expert_ids.tolist() == [expert]
+        assert got.weights.tolist() == pytest.approx([weight], rel=1e-6)
+
+
+@pytest.mark.parametrize("T,dtype,k,groups", [(1, torch.bfloat16, 4, (1, 1)),
+                                               (300, torch.bfloat16, 4, (1, 1)),
+                                               (37, torch.float16, 6, (4, 2))])
+def test_round_scores_kernel_matches_reference(T, dtype, k, groups):
+    """Rounded scores (LFM2-MoE: 32 experts, top-4, one group, a bias) against the reference:
+    decode, blocks, and fp16 with groups."""
+    scores = scores_for(T, 32, dtype, seed=T)
+    bias = scores_for(1, 32, torch.float32, seed=3)[0] * 0.01
+    kw = dict(scoring="sigmoid", renormalize=True, groups=groups, bias=bias, round_scores=True)
+    check_same(index_shuffle(scores, k, impl="triton", **kw),
+               index_shuffle(scores, k, impl="torch", **kw))
+
+
 def test_grouped_batch_invariant_weights():
     """batch_invariant with groups: a row's weights are the same bits alone and among 16 (the
     interpreter sums rows alike at any tiling; on the GPU the tiling decides)."""
@@ -456,6 +484,7 @@ def test_positions_are_the_inverse_permutation(T, E, k, capacity):
     (lambda s: index_shuffle(s, 1, bias=s[0]), "bias"),
     (lambda s: index_shuffle(s, 1, groups=(4, 1), bias=s[0, :8]), "bias"),
     (lambda s: index_shuffle(s, 1, groups=(4, 1), group_score="sum"), "group_score"),
+    (lambda s: index_shuffle(s, 1, round_scores=True), "round_scores"),
     (lambda s: sort_by_expert(s, 4), "topk_ids"),
     (lambda s: sort_by_expert(s.long(), 0), "num_experts"),
     (lambda s: sort_by_expert(s.long(), 4, s[:, :3]), "topk_weights"),

@@ -167,9 +167,11 @@ def grouped(quant: str, tma: str, swap_ab: bool, block_m: int = 64, block_k: int
 
 
 def route(E: int, k: int, groups: tuple[int, int], block_tokens: int, single: bool,
-          scoring: int = 2, bias: bool = True, pdl: bool = True, group_best: int = 2):
+          scoring: int = 2, bias: bool = True, pdl: bool = True, group_best: int = 2,
+          round_scores: bool = False):
     """index_shuffle's route kernel with DeepSeek-V3's grouped selection (its rows whole: the
-    [tokens, groups, experts] reshapes and reductions); group_best 1: DeepSeek-V2's."""
+    [tokens, groups, experts] reshapes and reductions); group_best 1: DeepSeek-V2's;
+    round_scores: LFM2-MoE's bf16 scores."""
     from shufflemoe.ops._common import next_power_of_2
     from shufflemoe.ops.index_shuffle import kernel
 
@@ -184,7 +186,8 @@ def route(E: int, k: int, groups: tuple[int, int], block_tokens: int, single: bo
                   NB=max(32, next_power_of_2(E)), FROM_SCORES=True, SCORING=scoring, RENORM=True,
                   HAS_W=False, HAS_CAP=False, GROUPED=True, G=n_group, EG=E // n_group,
                   GP=next_power_of_2(n_group), EGP=next_power_of_2(E // n_group),
-                  TOPG=topk_group, GBEST=group_best, HAS_BIAS=bias, SINGLE=single, PDL=pdl)
+                  TOPG=topk_group, GBEST=group_best, HAS_BIAS=bias, ROUND=round_scores,
+                  INTERPRET=False, SINGLE=single, PDL=pdl)
     return compile_sm90(kernel._route_kernel, sig, consts, num_warps=4 if single else 8)
 
 
@@ -210,6 +213,8 @@ ROUTES = {  # no GEMM: no pipelining or wgmma to check
     "route one group of 384 experts, one program": lambda: route(384, 8, (1, 1), 8, True),
     "route DeepSeek-V2 groups by their best, one program": lambda: route(
         160, 6, (10, 3), 4, True, scoring=1, bias=False, group_best=1),
+    "route LFM2-MoE's rounded sigmoid scores, one program": lambda: route(
+        32, 4, (1, 1), 8, True, round_scores=True),
 }
 BUILDS = {
     "gate_up bf16 split-K input weights": lambda: gate_up(False, 8, True, False),

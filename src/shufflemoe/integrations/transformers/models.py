@@ -4,6 +4,8 @@ the target dtype (real widths on a GPU without a slow CPU init)."""
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText,
                           PretrainedConfig, PreTrainedModel)
@@ -127,6 +129,10 @@ TINY: dict[str, dict] = {
     "ernie4_5_moe": dict(moe_intermediate_size=40, intermediate_size=96, moe_num_experts=8,
                          moe_k=2, moe_num_shared_experts=1, moe_layer_start_index=0),
     "hunyuan_v1_moe": dict(intermediate_size=40, num_experts=8, moe_topk=2),
+    # LFM2-MoE: rounded sigmoid scores + a bias, short-convolution and attention layers
+    "lfm2_moe": dict(moe_intermediate_size=40, intermediate_size=96, num_experts=8,
+                     num_experts_per_tok=2, num_dense_layers=1, num_hidden_layers=3,
+                     layer_types=["conv", "full_attention", "conv"], num_key_value_heads=4),
     # Cohere2-MoE: a top-k of the logits (softmax of the k, or sigmoids), a dense first layer
     "cohere2_moe": dict(intermediate_size=40, num_experts=8, num_experts_per_tok=2,
                         prefix_dense_intermediate_size=96, first_k_dense_replace=1,
@@ -212,10 +218,11 @@ def build_model(config: PretrainedConfig, dtype: torch.dtype = torch.float32,
 def _random_biases(model: PreTrainedModel, std: float) -> None:
     """transformers starts MoE biases at zero (gpt-oss's expert and router biases, the correction
     biases); random values of 5x the weights' std make them count in the parity checks, as
-    trained ones do. ERNIE 4.5 starts its router weight at zero too (every expert tied): it
-    gets the weights' std."""
-    for name, p in model.named_parameters():
-        if ".mlp." in name and p.is_floating_point() and not p.any():
+    trained ones do; most correction biases are buffers (DeepSeek-V3's, LFM2-MoE's). ERNIE 4.5
+    starts its router weight at zero too (every expert tied): it gets the weights' std."""
+    for name, p in itertools.chain(model.named_parameters(), model.named_buffers()):
+        if ((".mlp." in name or ".feed_forward." in name) and p.is_floating_point()
+                and not p.any()):
             if "bias" in name:
                 p.normal_(0.0, 5 * std)
             elif name.endswith("gate.weight"):

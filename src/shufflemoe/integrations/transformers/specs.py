@@ -33,6 +33,9 @@ Routing as transformers 5.17 computes it (checked against its modeling files):
 |             |          | (its clamp at 1e-12 never binds: the sum is >= k / E)    |          |
 | hunyuan_v1_ | **fp32** | softmax in fp32, top-k, always renormalized              | none     |
 | moe         |          |                                                          |          |
+| lfm2_moe    | model    | sigmoid **in the model dtype**; top-k of it + the bias   | to model |
+|             |          | (fp32); renormalize (+1e-6, not 1e-20: 1e-6 / k of a     |          |
+|             |          | weight, inside float32's tolerance), x routed_scaling    |          |
 | cohere2_moe | model    | top-k of the logits; softmax of the k in fp32, or their  | to model |
 |             |          | sigmoids, renormalized if norm_topk_prob; shared experts |          |
 |             |          | summed ("sum"; "average", which halves, is refused)      |          |
@@ -209,6 +212,15 @@ def _laguna(c) -> dict:
                     scaling=c.moe_routed_scaling_factor, logits=None)
 
 
+def _lfm2_moe(c) -> dict:  # sigmoid in the model dtype, then + the bias (fp32), no groups
+    if not c.use_expert_bias:
+        raise ValueError("use_expert_bias=False is not supported; LFM2-MoE's checkpoints use "
+                         "the bias")
+    return _grouped(c, num_experts=c.num_experts, shared=0, logits=None,
+                    renormalize=c.norm_topk_prob, scaling=c.routed_scaling_factor,
+                    round_scores=True)
+
+
 def _deepseek_v2(c) -> dict:
     # softmax of float32 logits, never renormalized (norm_topk_prob is not read), scaled
     shared = c.moe_intermediate_size * (c.n_shared_experts or 0)
@@ -334,6 +346,9 @@ SPECS: dict[str, BlockSpec] = {
                      correction_bias="expert_bias", router_args=("expert_bias",), router_3d=True),
     "laguna": _models("laguna", "LagunaSparseMoeBlock", _laguna, shared=_mlp("shared_experts"),
                       correction_bias="gate.e_score_correction_bias"),
+    # rounded scores: the sigmoid in the model dtype (LFM2-MoE)
+    "lfm2_moe": _models("lfm2_moe", "Lfm2MoeSparseMoeBlock", _lfm2_moe,
+                        correction_bias="expert_bias", router_args=("expert_bias",)),
     "deepseek_v2": _models("deepseek_v2", "DeepseekV2Moe", _deepseek_v2,
                            shared=_mlp("shared_experts")),
     # a float32 router weight in a bf16 model

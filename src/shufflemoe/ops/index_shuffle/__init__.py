@@ -30,6 +30,7 @@ def index_shuffle(
     groups: tuple[int, int] | None = None,
     bias: Tensor | None = None,
     group_score: str = "top2",
+    round_scores: bool = False,
     batch_invariant: bool = False,
     impl: str | None = None,
 ) -> Routing:
@@ -44,6 +45,8 @@ def index_shuffle(
     correction bias, selection only; None: 0), among the topk_group groups (of E / n_group
     experts) whose two best such choices sum highest (group_score="top2"), or whose best one is
     highest ("max": DeepSeek-V2's group_limited_greedy); renormalizing then adds DeepSeek's 1e-20.
+    round_scores (with groups): the scores are rounded to ``scores``' dtype before the bias is
+    added, and weigh so (LFM2-MoE's sigmoid in bf16).
     batch_invariant: the kernel tiles a row's reductions the same way whatever T, so a row's
     weights are the same bits in any batch (the reference computes row by row already).
     """
@@ -58,6 +61,8 @@ def index_shuffle(
     _check_capacity(capacity)
     if groups is not None:
         _check_groups(groups, E, top_k)
+    if round_scores and groups is None:
+        raise ValueError("round_scores rounds the grouped selection's scores: pass groups with it")
     if group_score not in GROUP_SCORES:
         raise ValueError(f"group_score must be one of {GROUP_SCORES}, got {group_score!r}")
     if bias is not None:
@@ -66,7 +71,8 @@ def index_shuffle(
         check_tensor("bias", bias, shape=[E], dtypes=SCORE_DTYPES, device=scores.device)
     return ops_for(resolve(impl, scores)).index_shuffle(
         scores, top_k, scoring, renormalize, float(scaling), capacity,
-        batch_invariant=batch_invariant, groups=groups, bias=bias, group_score=group_score)
+        batch_invariant=batch_invariant, groups=groups, bias=bias, group_score=group_score,
+        round_scores=round_scores)
 
 
 def _check_groups(groups: tuple[int, int], E: int, top_k: int) -> None:

@@ -36,6 +36,7 @@ from ...types import Routing
 from .._common import cdiv, next_power_of_2, traced
 from .._impl import interpreting, kernel_op
 from .._launch import launch
+from ..quantize.kernel import cast_to
 from .reference import DEEPSEEK_EPS, GROUP_BEST
 
 SCORING_IDS = {"none": 0, "softmax": 1, "sigmoid": 2}
@@ -127,7 +128,8 @@ def _topk(s_ptr, stride, t, tmask, scaling, E: tl.constexpr, K: tl.constexpr, KP
 def _grouped_topk(s_ptr, stride, bias_ptr, t, tmask, scaling, K: tl.constexpr, KP: tl.constexpr,
                   BT: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, EG: tl.constexpr,
                   EGP: tl.constexpr, TOPG: tl.constexpr, GBEST: tl.constexpr,
-                  SCORING: tl.constexpr, RENORM: tl.constexpr, HAS_BIAS: tl.constexpr):
+                  SCORING: tl.constexpr, RENORM: tl.constexpr, HAS_BIAS: tl.constexpr,
+                  ROUND: tl.constexpr, INTERPRET: tl.constexpr):
     """DeepSeek-V3's selection, each row whole: (ids [BT, KP] int32, weights [BT, KP] float32).
     A row's G groups of EG experts lie in GP * EGP columns (powers of two), group g in columns
     [g * EGP, g * EGP + EG). The choice is the score (softmax or sigmoid of the row, or the row)
@@ -150,6 +152,8 @@ def _grouped_topk(s_ptr, stride, bias_ptr, t, tmask, scaling, K: tl.constexpr, K
         score = tl.math.div_rn(tl.full([BT, W], 1.0, tl.float32), 1.0 + tl.exp(-s))
     else:
         score = s
+    if ROUND:  # as a router computing them in the logits' dtype does (LFM2-MoE)
+        score = cast_to(score, s_ptr.dtype.element_ty, INTERPRET).to(tl.float32)
     choice = score
     if HAS_BIAS:
         choice += tl.load(bias_ptr + expert, mask=ok, other=0.0).to(tl.float32)[None, :]
@@ -262,6 +266,8 @@ def _route_kernel(
     TOPG: tl.constexpr,
     GBEST: tl.constexpr,  # a group's score: its GBEST (1 or 2) best choices summed
     HAS_BIAS: tl.constexpr,
+    ROUND: tl.constexpr,  # the scores rounded to src's dtype before the choice
+    INTERPRET: tl.constexpr,  # (ROUND only) round to bf16 with integer arithmetic
     SINGLE: tl.constexpr,  # one block: place the pairs here (no scratch, no second launch)
     PDL: tl.constexpr,  # launched with programmatic dependent launch: let the next kernel
     # launch at once (its programs wait for this one, or read none of its outputs), then wait
@@ -277,7 +283,8 @@ def _route_kernel(
     pair_ok = (t < T)[:, None] & (jj < K)[None, :]
     if GROUPED:
         raw2, w2 = _grouped_topk(src_ptr, src_stride, bias_ptr, t, t < T, scaling, K, KP, BT, G,
-                                 GP, EG, EGP, TOPG, GBEST, SCORING, RENORM, HAS_BIAS)
+                                 GP, EG, EGP, TOPG, GBEST, SCORING, RENORM, HAS_BIAS, ROUND,
+                                 INTERPRET)
         bucket2 = raw2
     elif FROM_SCORES:
         raw2, w2 = _topk(src_ptr, src_stride, t, t < T, scaling, E, K, KP, BT, BEC, SCORING,
@@ -474,7 +481,7 @@ def _route_op(src: Tensor, topk_weights: Optional[Tensor], bias: Optional[Tensor
               scratch_w: Optional[Tensor], hist: Optional[Tensor], num_experts: int, top_k: int,
               from_scores: bool, scoring: int, renormalize: bool, scaling: float,
               capacity: Optional[int], n_group: int, topk_group: int, group_best: int,
-              block_tokens: int,
+              round_scores: bool, block_tokens: int,
               expert_chunk: int, single: bool, num_warps: int, place_programs: int) -> None:
     T = src.shape[0]
     if T == 0:
@@ -491,7 +498,8 @@ def _route_op(src: Tensor, topk_weights: Optional[Tensor], bias: Optional[Tensor
     g = max(n_group, 1)  # (0: not grouped)
     groups = dict(GROUPED=n_group > 0, G=g, EG=E // g, GP=next_power_of_2(g),
                   EGP=next_power_of_2(E // g), TOPG=topk_group, GBEST=group_best,
-                  HAS_BIAS=bias is not None)
+                  HAS_BIAS=bias is not None, ROUND=round_scores,
+                  INTERPRET=round_scores and interpreting())
     # One program (decode): with PDL the next kernel launches as this one starts, so its
     # programs that need no routing (the fused decode kernels' shared expert) run beside it.
     pdl = single and src.is_cuda and not interpreting() and not traced((src,))
@@ -515,7 +523,8 @@ def _route_op(src: Tensor, topk_weights: Optional[Tensor], bias: Optional[Tensor
 def _route(src: Tensor, topk_weights: Tensor | None, E: int, k: int, from_scores: bool,
            scoring: str, renormalize: bool, scaling: float, capacity: int | None,
            config: RouteConfig, groups: tuple[int, int] | None = None,
-           bias: Tensor | None = None, group_best: int = 2) -> Routing:
+           bias: Tensor | None = None, group_best: int = 2,
+           round_scores: bool = False) -> Routing:
     T = src.shape[0]
     A, dev = T * k, src.device
     if A >= 2**31:
@@ -547,7 +556,8 @@ def _route(src: Tensor, topk_weights: Tensor | None, E: int, k: int, from_scores
     _route_op(
         src, topk_weights, bias, counts, token_ids, expert_ids, weights, num_valid, positions,
         scratch_i, scratch_w, hist, E, k, from_scores, SCORING_IDS[scoring], renormalize,
-        float(scaling), capacity, *(groups or (0, 0)), group_best, config.block_tokens,
+        float(scaling), capacity, *(groups or (0, 0)), group_best, round_scores,
+        config.block_tokens,
         config.expert_chunk,
         config.single, config.num_warps, config.place_programs)
     # all_routed passed, not left to its default: see PLACE_PROGRAMS
@@ -557,11 +567,13 @@ def _route(src: Tensor, topk_weights: Tensor | None, E: int, k: int, from_scores
 def index_shuffle(scores: Tensor, top_k: int, scoring: str, renormalize: bool, scaling: float,
                   capacity: int | None, config: RouteConfig | None = None,
                   batch_invariant: bool = False, groups: tuple[int, int] | None = None,
-                  bias: Tensor | None = None, group_score: str = "top2") -> Routing:
+                  bias: Tensor | None = None, group_score: str = "top2",
+                  round_scores: bool = False) -> Routing:
     """scores [T, E] -> Routing (A = T * top_k pairs). Arguments were checked by the public
     function; ``config`` overrides route_config (tests, tuning); batch_invariant: the tiling
-    of invariant_route_config; groups (n_group, topk_group), bias and group_score: DeepSeek-V3's
-    selection (_grouped_topk), each block's rows whole (grouped_config)."""
+    of invariant_route_config; groups (n_group, topk_group), bias, group_score and
+    round_scores: DeepSeek-V3's selection (_grouped_topk), each block's rows whole
+    (grouped_config)."""
     T, E = scores.shape
     if config is None:
         if groups is not None:
@@ -571,7 +583,7 @@ def index_shuffle(scores: Tensor, top_k: int, scoring: str, renormalize: bool, s
         else:
             config = route_config(T, E, top_k)
     return _route(scores, None, E, top_k, True, scoring, renormalize, scaling, capacity, config,
-                  groups, bias, GROUP_BEST[group_score])
+                  groups, bias, GROUP_BEST[group_score], round_scores)
 
 
 def sort_by_expert(topk_ids: Tensor, num_experts: int, topk_weights: Tensor | None,

@@ -129,11 +129,13 @@ def select_groups(score: Tensor, bias: Optional[Tensor], top_k: int, n_group: in
 @inplace_op("index_shuffle_ref", mutates_args=_OUTPUTS)
 def _index_shuffle(scores: Tensor, top_k: int, scoring: str, renormalize: bool, scaling: float,
                    capacity: Optional[int], bias: Optional[Tensor], n_group: int,
-                   topk_group: int, group_best: int, counts: Tensor, token_ids: Tensor, expert_ids: Tensor,
+                   topk_group: int, group_best: int, round_scores: bool, counts: Tensor, token_ids: Tensor, expert_ids: Tensor,
                    weights: Tensor, num_valid: Tensor, positions: Tensor) -> None:
     s = scores.float()
     if n_group:  # DeepSeek-V3: chosen on the score (+ bias) in the best groups
         score = _score(s, scoring)
+        if round_scores:  # as computed in the logits' dtype (LFM2-MoE)
+            score = score.to(scores.dtype).float()
         ids = select_groups(score, bias, top_k, n_group, topk_group, group_best)
         w = score.gather(1, ids)
     else:  # chosen on the raw scores
@@ -184,17 +186,19 @@ def index_shuffle(
     groups: tuple[int, int] | None = None,
     bias: Tensor | None = None,
     group_score: str = "top2",
+    round_scores: bool = False,
 ) -> Routing:
     """scores [T, E] -> Routing. The weight of a pair is its score: softmax(scores)[t, e] |
     sigmoid(scores[t, e]) | scores[t, e], renormalized over the k chosen if asked, times
     ``scaling``. Experts are chosen on the raw scores, or with ``groups`` (n_group,
     topk_group) as DeepSeek-V3 chooses (select_groups: on the score plus ``bias``, in the best
-    groups by ``group_score``; renormalized with its epsilon). batch_invariant changes nothing here: torch's
+    groups by ``group_score``, the scores rounded to ``scores``' dtype first with round_scores;
+    renormalized with its epsilon). batch_invariant changes nothing here: torch's
     softmax and sum reduce each row the same way whatever T, and the chosen are ordered."""
     r = _empty_routing(scores.shape[0] * top_k, scores.shape[1], scores.device, capacity is None)
     n_group, topk_group = groups or (0, 0)
     _index_shuffle(scores, top_k, scoring, renormalize, float(scaling), capacity, bias, n_group,
-                   topk_group, GROUP_BEST[group_score], *_fields(r))
+                   topk_group, GROUP_BEST[group_score], round_scores, *_fields(r))
     return r
 
 
