@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shufflemoe.ops import FP8_DTYPE, dequantize_fp8_rowwise, gather_scale
+from shufflemoe.ops.gather_scale import kernel
 from shufflemoe.ops.quantize.reference import dequantize_fp8_groups, quantize_fp8_groups
 from shufflemoe.testing import assert_close, poisoned
 
@@ -62,11 +63,21 @@ def test_reference_matches_loop(T, D, A, dtype, weighted, seed):
 
 # ---- the kernel against the reference ------------------------------------------------------------
 
+@pytest.fixture(params=["default", "rows4"])
+def tiles(request, monkeypatch):
+    """The kernels' default tiles, or 4 rows a program (A = 37 or 9: a partly masked last program)
+    in blocks of 128 columns (D = 300: a masked last block; fp8's rows read in chunks)."""
+    if request.param == "rows4":
+        monkeypatch.setattr(kernel, "copy_tile", lambda A, D: (4, 128, 4))
+        monkeypatch.setattr(kernel, "fp8_tile", lambda A, D: (4, 128, False, 4))
+    return request.param
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("weighted,n_valid,id_dtype", [(True, 29, torch.int32), (True, None, torch.int64),
                                                        (False, 13, torch.int64)],
                          ids=["weighted-partial", "weighted-all-int64", "plain-partial"])
-def test_kernel_bit_exact(dtype, weighted, n_valid, id_dtype):
+def test_kernel_bit_exact(dtype, weighted, n_valid, id_dtype, tiles):
     T, D, A = 11, 300, 37  # D not a power of two: a masked last column block
     x, ids, w, nv = make(T, D, A, dtype, weighted=weighted, n_valid=n_valid, id_dtype=id_dtype)
     out = gather_scale(x, ids, w, num_valid=nv, out=poisoned(A, D, dtype=dtype, device=DEV),
@@ -79,7 +90,7 @@ def test_kernel_bit_exact(dtype, weighted, n_valid, id_dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("D", [300, 16400], ids=["one_pass", "two_pass"])
-def test_kernel_quantized_bit_exact(dtype, D):
+def test_kernel_quantized_bit_exact(dtype, D, tiles):
     T, A, n = 7, 9 if D > 1000 else 37, 6 if D > 1000 else 29
     x, ids, w, nv = make(T, D, A, dtype, n_valid=n, seed=D)
     x[ids[0]] = 0.0  # an all-zero row: scale from the 1e-12 floor, q all zero

@@ -25,16 +25,15 @@ from ..quantize.reference import FP8_BLOCK, FP8_DTYPE, QUANTIZE_MODES
 
 
 @triton.jit
-def _row_source(ids_ptr, w_ptr, nv_ptr, row, HAS_W: tl.constexpr, HAS_NV: tl.constexpr):
-    """(valid, source token, weight) of output row ``row``."""
+def _row_source(ids_ptr, w_ptr, nv_ptr, rows, A, HAS_W: tl.constexpr, HAS_NV: tl.constexpr):
+    """(valid, source token, weight) of output rows ``rows`` (a scalar or a vector)."""
+    valid = rows < A
     if HAS_NV:
-        valid = row < tl.load(nv_ptr)
-    else:
-        valid = row >= 0
-    tok = tl.load(ids_ptr + row, mask=valid, other=0).to(tl.int64)
+        valid = valid & (rows < tl.load(nv_ptr))
+    tok = tl.load(ids_ptr + rows, mask=valid, other=0).to(tl.int64)
     w = 1.0
     if HAS_W:
-        w = tl.load(w_ptr + row, mask=valid, other=0.0)
+        w = tl.load(w_ptr + rows, mask=valid, other=0.0)
     return valid, tok, w
 
 
@@ -45,21 +44,31 @@ def _gather_scale_kernel(
     w_ptr,  # [A] float32 weights (unused when not HAS_W)
     nv_ptr,  # [1] number of valid rows (unused when not HAS_NV)
     out_ptr,  # [A, D] output, x's dtype
-    D,  # row length
+    A, D,  # rows, row length
     HAS_W: tl.constexpr,
     HAS_NV: tl.constexpr,
     INTERPRET: tl.constexpr,  # round with integer arithmetic (interpreter casts are wrong)
+    ROWS: tl.constexpr,  # rows per program: their ids load at once, their copies overlap
     BLOCK_D: tl.constexpr,  # columns per program (grid axis 1 covers D)
 ):
-    row = tl.program_id(0)
-    valid, tok, w = _row_source(ids_ptr, w_ptr, nv_ptr, row, HAS_W, HAS_NV)
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    valid, tok, w = _row_source(ids_ptr, w_ptr, nv_ptr, rows, A, HAS_W, HAS_NV)
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    mask = (cols < D) & valid
-    v = tl.load(x_ptr + tok * D + cols, mask=mask)
+    mask = valid[:, None] & (cols < D)[None, :]
+    v = tl.load(x_ptr + tok[:, None] * D + cols[None, :], mask=mask)
     if HAS_W:
         # one rounding, as the reference
-        v = cast_to(v.to(tl.float32) * w, out_ptr.dtype.element_ty, INTERPRET)
-    tl.store(out_ptr + row.to(tl.int64) * D + cols, v, mask=mask)
+        v = cast_to(v.to(tl.float32) * w[:, None], out_ptr.dtype.element_ty, INTERPRET)
+    tl.store(out_ptr + rows.to(tl.int64)[:, None] * D + cols[None, :], v, mask=mask)
+
+
+@triton.jit
+def _weighted(v, w, HAS_W: tl.constexpr):
+    """[ROWS, BLOCK] values in float32, times their rows' weights w [ROWS] when HAS_W."""
+    v = v.to(tl.float32)
+    if HAS_W:
+        v = v * w[:, None]
+    return v
 
 
 @triton.jit
@@ -70,40 +79,41 @@ def _gather_scale_fp8_kernel(
     nv_ptr,  # [1] number of valid rows (unused when not HAS_NV)
     q_ptr,  # [A, D] e4m3 output (uint8 view when INTERPRET)
     scale_ptr,  # [A] float32 row scales
-    D,  # row length
+    A, D,  # rows, row length
     HAS_W: tl.constexpr,
     HAS_NV: tl.constexpr,
     INTERPRET: tl.constexpr,  # round with integer arithmetic (interpreter casts are wrong)
+    ROWS: tl.constexpr,  # rows per program
     BLOCK_D: tl.constexpr,  # the whole row when ONE_PASS, else a chunk
-    ONE_PASS: tl.constexpr,  # the row fits in registers: read it once
+    ONE_PASS: tl.constexpr,  # the rows fit in registers: read them once
 ):
-    row = tl.program_id(0)
-    valid, tok, w = _row_source(ids_ptr, w_ptr, nv_ptr, row, HAS_W, HAS_NV)
-    src = x_ptr + tok * D
-    dst = q_ptr + row.to(tl.int64) * D
-    offs = tl.arange(0, BLOCK_D)
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    valid, tok, w = _row_source(ids_ptr, w_ptr, nv_ptr, rows, A, HAS_W, HAS_NV)
+    src = x_ptr + tok[:, None] * D
+    dst = q_ptr + rows.to(tl.int64)[:, None] * D
+    offs = tl.arange(0, BLOCK_D)[None, :]
     if ONE_PASS:
-        mask = (offs < D) & valid
-        v = tl.load(src + offs, mask=mask, other=0.0).to(tl.float32) * w
-        inv, scale = row_scales(tl.max(tl.abs(v), 0))
-        store_fp8(dst + offs, v, inv, mask, INTERPRET)
+        mask = valid[:, None] & (offs < D)
+        v = _weighted(tl.load(src + offs, mask=mask, other=0.0), w, HAS_W)
+        inv, scale = row_scales(tl.max(tl.abs(v), 1))
+        store_fp8(dst + offs, v, inv[:, None], mask, INTERPRET)
     else:
         # while loops: a range() over a runtime bound fails in the interpreter
-        amax = tl.zeros([BLOCK_D], tl.float32)
+        amax = tl.zeros([ROWS, BLOCK_D], tl.float32)
         c = 0
         while c < D:
-            mask = (c + offs < D) & valid
-            v = tl.load(src + c + offs, mask=mask, other=0.0).to(tl.float32) * w
+            mask = valid[:, None] & (c + offs < D)
+            v = _weighted(tl.load(src + c + offs, mask=mask, other=0.0), w, HAS_W)
             amax = tl.maximum(amax, tl.abs(v))
             c += BLOCK_D
-        inv, scale = row_scales(tl.max(amax, 0))
+        inv, scale = row_scales(tl.max(amax, 1))
         c = 0
         while c < D:
-            mask = (c + offs < D) & valid
-            v = tl.load(src + c + offs, mask=mask, other=0.0).to(tl.float32) * w
-            store_fp8(dst + c + offs, v, inv, mask, INTERPRET)
+            mask = valid[:, None] & (c + offs < D)
+            v = _weighted(tl.load(src + c + offs, mask=mask, other=0.0), w, HAS_W)
+            store_fp8(dst + c + offs, v, inv[:, None], mask, INTERPRET)
             c += BLOCK_D
-    tl.store(scale_ptr + row, scale, mask=valid)
+    tl.store(scale_ptr + rows, scale, mask=valid)
 
 
 @triton.jit
@@ -114,7 +124,7 @@ def _gather_scale_groups_kernel(
     nv_ptr,  # [1] number of valid rows (unused when not HAS_NV)
     q_ptr,  # [A, D] e4m3 output (uint8 view when INTERPRET)
     scale_ptr,  # [A, G] float32 group scales
-    D, G,
+    A, D, G,
     HAS_W: tl.constexpr,
     HAS_NV: tl.constexpr,
     INTERPRET: tl.constexpr,
@@ -125,7 +135,7 @@ def _gather_scale_groups_kernel(
     quantize_fp8_groups quantizes that stored row: the same bits as the two passes."""
     row = tl.program_id(0)
     grp = tl.program_id(1)
-    valid, tok, w = _row_source(ids_ptr, w_ptr, nv_ptr, row, HAS_W, HAS_NV)
+    valid, tok, w = _row_source(ids_ptr, w_ptr, nv_ptr, row, A, HAS_W, HAS_NV)
     cols = grp * GROUP + tl.arange(0, GROUP)
     mask = (cols < D) & valid
     v = tl.load(x_ptr + tok * D + cols, mask=mask, other=0.0)
@@ -136,13 +146,20 @@ def _gather_scale_groups_kernel(
     tl.store(scale_ptr + row.to(tl.int64) * G + grp, scale, mask=valid)
 
 
-def _copy_block(D: int) -> int:
-    """Columns per program: the largest power of two <= 2048 that divides D (no masked tail;
-    5120 -> 1024), at least 256."""
+def copy_tile(A: int, D: int) -> tuple[int, int, int]:
+    """(ROWS, BLOCK_D, num_warps) of the bf16 gather: BLOCK_D the largest power of two <= 2048
+    that divides D (no masked tail; 5120 -> 1024), at least 256."""
     block = 2048
     while block > 256 and D % block:
         block //= 2
-    return min(block, next_power_of_2(D))
+    block = min(block, next_power_of_2(D))
+    return 1, block, 4 if block <= 1024 else 8
+
+
+def fp8_tile(A: int, D: int) -> tuple[int, int, bool, int]:
+    """(ROWS, BLOCK_D, ONE_PASS, num_warps) of the rowwise fp8 gather."""
+    block, one_pass = quant_block(D)
+    return 1, block, one_pass, 8 if block >= 4096 else 4
 
 
 @kernel_op("gather_scale", mutates_args=("out",))
@@ -151,11 +168,11 @@ def _gather_scale_op(x: Tensor, token_ids: Tensor, weights: Optional[Tensor],
     A, D = out.shape
     if A == 0 or D == 0:
         return
-    block = _copy_block(D)
-    launch(_gather_scale_kernel, (A, cdiv(D, block)),
-        x, token_ids, weights, num_valid, out, D,
+    rows, block, warps = copy_tile(A, D)
+    launch(_gather_scale_kernel, (cdiv(A, rows), cdiv(D, block)),
+        x, token_ids, weights, num_valid, out, A, D,
         HAS_W=weights is not None, HAS_NV=num_valid is not None, INTERPRET=interpreting(),
-        BLOCK_D=block, num_warps=4 if block <= 1024 else 8)
+        ROWS=rows, BLOCK_D=block, num_warps=warps)
 
 
 @kernel_op("gather_scale_fp8", mutates_args=("q", "scale"))
@@ -165,11 +182,11 @@ def _gather_scale_fp8_op(x: Tensor, token_ids: Tensor, weights: Optional[Tensor]
     if A == 0 or D == 0:
         return
     target, interpret = fp8_target(q)
-    block, one_pass = quant_block(D)
-    launch(_gather_scale_fp8_kernel, (A,),
-        x, token_ids, weights, num_valid, target, scale, D,
+    rows, block, one_pass, warps = fp8_tile(A, D)
+    launch(_gather_scale_fp8_kernel, (cdiv(A, rows),),
+        x, token_ids, weights, num_valid, target, scale, A, D,
         HAS_W=weights is not None, HAS_NV=num_valid is not None, INTERPRET=interpret,
-        BLOCK_D=block, ONE_PASS=one_pass, num_warps=8 if block >= 4096 else 4)
+        ROWS=rows, BLOCK_D=block, ONE_PASS=one_pass, num_warps=warps)
 
 
 @kernel_op("gather_scale_groups", mutates_args=("q", "scale"))
@@ -180,7 +197,7 @@ def _gather_scale_groups_op(x: Tensor, token_ids: Tensor, weights: Optional[Tens
         return
     target, interpret = fp8_target(q)
     launch(_gather_scale_groups_kernel, (A, scale.shape[1]),
-        x, token_ids, weights, num_valid, target, scale, D, scale.shape[1],
+        x, token_ids, weights, num_valid, target, scale, A, D, scale.shape[1],
         HAS_W=weights is not None, HAS_NV=num_valid is not None, INTERPRET=interpret,
         GROUP=FP8_BLOCK, num_warps=1)
 
