@@ -103,6 +103,69 @@ def test_kernel_quantized_bit_exact(dtype, D, tiles):
     assert (q[n:].view(torch.uint8) == FP8_POISON).all() and s[n:].isnan().all()
 
 
+def routed(T, k, D, dtype, n_valid, seed):
+    """x [T, D] and a Routing's pair order: row i holds pair perm[i] (token perm[i] // k),
+    positions its inverse; rows past n_valid are not routed."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, D, generator=g).to(dtype)
+    perm = torch.randperm(T * k, generator=g)
+    w = torch.rand(T * k, generator=g) * 2 - 0.5
+    nv = None if n_valid is None else torch.tensor([n_valid], dtype=torch.int32, device=DEV)
+    return (x.to(DEV), (perm // k).int().to(DEV), perm.argsort().to(DEV), w.to(DEV), nv)
+
+
+@pytest.fixture(params=["default", "tokens4"])
+def token_tiles(request, monkeypatch):
+    """The token-major kernel's default tile, or 4 tokens a program (T = 7: a partly masked last
+    program) in blocks of 128 columns (D = 300: a masked last block; fp8 keeps whole rows)."""
+    if request.param == "tokens4":
+        monkeypatch.setattr(kernel, "tokens_tile",
+                            lambda T, k, D, quant: (4, 512 if quant else 128, 4))
+    return request.param
+
+
+@pytest.mark.parametrize("quantize", [False, True], ids=["bf16", "fp8"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("k,n_valid,weighted", [(2, None, True), (3, 16, True), (8, 41, False),
+                                                (1, 5, True), (17, 100, True)],
+                         ids=["k2", "k3-partial", "k8-partial-plain", "k1-row-major",
+                              "k17-row-major"])
+def test_kernel_token_major_bit_exact(quantize, dtype, k, n_valid, weighted, token_tiles):
+    """With positions, the kernel's rows equal the reference's bit for bit (rows past num_valid
+    untouched). Past k = 1 it must not read token_ids: they are all 0 in the call, so a row-major
+    read would put token 0's row everywhere."""
+    T, D = 7, 300
+    x, ids, pos, w, nv = routed(T, k, D, dtype, n_valid, seed=k)
+    A, n = T * k, T * k if n_valid is None else n_valid
+    w = w if weighted else None
+    given_ids = ids if k == 1 or k > kernel.MAX_TOKEN_K else torch.zeros_like(ids)
+    if quantize:
+        out = (torch.full((A, D), FP8_POISON, dtype=torch.uint8, device=DEV).view(FP8_DTYPE),
+               poisoned(A, dtype=torch.float32, device=DEV))
+    else:
+        out = poisoned(A, D, dtype=dtype, device=DEV)
+    got = gather_scale(x, given_ids, w, num_valid=nv, quantize=quantize, out=out, positions=pos,
+                       impl="triton")
+    ref = gather_scale(x, ids[:n], None if w is None else w[:n], quantize=quantize, impl="torch")
+    if quantize:
+        assert torch.equal(got[0][:n].view(torch.uint8), ref[0].view(torch.uint8))
+        assert torch.equal(got[1][:n], ref[1])
+        assert (got[0][n:].view(torch.uint8) == FP8_POISON).all() and got[1][n:].isnan().all()
+    else:
+        assert torch.equal(got[:n], ref)
+        assert got[n:].isnan().all()
+
+
+def test_positions_checked():
+    x, ids, pos, w, _ = routed(4, 2, 8, torch.float32, None, seed=0)
+    with pytest.raises(ValueError, match="positions"):
+        gather_scale(x, ids, w, positions=pos[:7])
+    with pytest.raises(TypeError, match="positions"):
+        gather_scale(x, ids, w, positions=pos.float())
+    with pytest.raises(ValueError, match="T \\* k entries"):
+        gather_scale(x, ids[:6], w[:6], positions=pos[:6])  # 6 pairs of 4 tokens
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("D", [300, 256, 7], ids=["partial group", "whole groups", "D=7"])
 def test_kernel_groups_bit_exact(dtype, D):

@@ -117,6 +117,56 @@ def _gather_scale_fp8_kernel(
 
 
 @triton.jit
+def _gather_tokens_kernel(
+    x_ptr,  # [T, D] source rows
+    pos_ptr,  # [T * K] int32/int64: the output row of token t's j-th pair (Routing.positions)
+    w_ptr,  # [A] float32 weights, by output row (unused when not HAS_W)
+    nv_ptr,  # [1] number of valid rows (unused when not HAS_NV: A)
+    out_ptr,  # [A, D] output: x's dtype, or e4m3 (uint8 view when INTERPRET) with QUANT
+    scale_ptr,  # [A] float32 row scales (QUANT)
+    T, A, D,  # tokens, output rows, row length
+    K: tl.constexpr,  # pairs a token
+    HAS_W: tl.constexpr,
+    HAS_NV: tl.constexpr,
+    QUANT: tl.constexpr,  # fp8 rowwise: BLOCK_D covers the row (one program across D)
+    INTERPRET: tl.constexpr,  # round with integer arithmetic (interpreter casts are wrong)
+    TOKENS: tl.constexpr,  # tokens per program
+    BLOCK_D: tl.constexpr,  # columns per program (grid axis 1 covers D)
+):
+    """Token-major: each token's row is read once and written to its K pairs' output rows (the
+    row-major kernels read it K times, from DRAM once x outgrows the L2). The same values as
+    they store: the product in float32, rounded once."""
+    toks = tl.program_id(0) * TOKENS + tl.arange(0, TOKENS)
+    tvalid = toks < T
+    if HAS_NV:
+        n = tl.load(nv_ptr)
+    else:
+        n = A
+    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)[None, :]
+    cmask = cols < D
+    v = tl.load(x_ptr + toks.to(tl.int64)[:, None] * D + cols, mask=tvalid[:, None] & cmask,
+                other=0.0)
+    for j in tl.static_range(K):
+        p = tl.load(pos_ptr + toks * K + j, mask=tvalid, other=-1)
+        ok = tvalid & (p >= 0) & (p < n)
+        dst = out_ptr + p.to(tl.int64)[:, None] * D + cols
+        mask = ok[:, None] & cmask
+        w = 1.0
+        if HAS_W:
+            w = tl.load(w_ptr + p, mask=ok, other=0.0)
+        if QUANT:
+            vj = _weighted(v, w, HAS_W)
+            inv, scale = row_scales(tl.max(tl.abs(vj), 1))
+            store_fp8(dst, vj, inv[:, None], mask, INTERPRET)
+            tl.store(scale_ptr + p, scale, mask=ok)
+        elif HAS_W:
+            tl.store(dst, cast_to(_weighted(v, w, HAS_W), out_ptr.dtype.element_ty, INTERPRET),
+                     mask=mask)
+        else:
+            tl.store(dst, v, mask=mask)
+
+
+@triton.jit
 def _gather_scale_groups_kernel(
     x_ptr,  # [T, D] source rows
     ids_ptr,  # [A] int32/int64 source token of each output row
@@ -162,11 +212,46 @@ def fp8_tile(A: int, D: int) -> tuple[int, int, bool, int]:
     return 1, block, one_pass, 8 if block >= 4096 else 4
 
 
+MAX_TOKEN_K = 16  # token-major up to this many pairs a token (its loop over them is unrolled)
+
+
+def tokens_tile(T: int, k: int, D: int, quant: bool) -> tuple[int, int, int] | None:
+    """(TOKENS, BLOCK_D, num_warps) of the token-major gather, or None: row-major (k = 1, where
+    each row is read once either way; k above MAX_TOKEN_K; an fp8 row too long for registers)."""
+    if k == 1 or k > MAX_TOKEN_K:
+        return None
+    if quant:
+        block, one_pass = quant_block(D)
+        return (1, block, 8 if block >= 4096 else 4) if one_pass else None
+    _, block, warps = copy_tile(T * k, D)
+    return 1, block, warps
+
+
+def _launch_tokens(x: Tensor, positions: Tensor, weights: Optional[Tensor],
+                   num_valid: Optional[Tensor], out: Tensor, scale: Optional[Tensor],
+                   interpret: bool) -> bool:
+    """Launch the token-major gather when tokens_tile allows it; whether it did."""
+    T, (A, D) = x.shape[0], out.shape
+    tile = tokens_tile(T, A // T, D, scale is not None) if T else None
+    if tile is None:
+        return False
+    tokens, block, warps = tile
+    launch(_gather_tokens_kernel, (cdiv(T, tokens), cdiv(D, block)),
+        x, positions, weights, num_valid, out, scale, T, A, D, K=A // T,
+        HAS_W=weights is not None, HAS_NV=num_valid is not None, QUANT=scale is not None,
+        INTERPRET=interpret, TOKENS=tokens, BLOCK_D=block, num_warps=warps)
+    return True
+
+
 @kernel_op("gather_scale", mutates_args=("out",))
 def _gather_scale_op(x: Tensor, token_ids: Tensor, weights: Optional[Tensor],
-                     num_valid: Optional[Tensor], out: Tensor) -> None:
+                     num_valid: Optional[Tensor], positions: Optional[Tensor],
+                     out: Tensor) -> None:
     A, D = out.shape
     if A == 0 or D == 0:
+        return
+    if positions is not None and _launch_tokens(x, positions, weights, num_valid, out, None,
+                                                interpreting()):
         return
     rows, block, warps = copy_tile(A, D)
     launch(_gather_scale_kernel, (cdiv(A, rows), cdiv(D, block)),
@@ -177,11 +262,15 @@ def _gather_scale_op(x: Tensor, token_ids: Tensor, weights: Optional[Tensor],
 
 @kernel_op("gather_scale_fp8", mutates_args=("q", "scale"))
 def _gather_scale_fp8_op(x: Tensor, token_ids: Tensor, weights: Optional[Tensor],
-                         num_valid: Optional[Tensor], q: Tensor, scale: Tensor) -> None:
+                         num_valid: Optional[Tensor], positions: Optional[Tensor], q: Tensor,
+                         scale: Tensor) -> None:
     A, D = q.shape
     if A == 0 or D == 0:
         return
     target, interpret = fp8_target(q)
+    if positions is not None and _launch_tokens(x, positions, weights, num_valid, target, scale,
+                                                interpret):
+        return
     rows, block, one_pass, warps = fp8_tile(A, D)
     launch(_gather_scale_fp8_kernel, (cdiv(A, rows),),
         x, token_ids, weights, num_valid, target, scale, A, D,
@@ -209,10 +298,12 @@ def gather_scale(
     num_valid: Tensor | None,
     quantize: bool | str,
     out: Tensor | tuple[Tensor, Tensor] | None,
+    positions: Tensor | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """x [T, D], token_ids [A], weights [A] | None -> [A, D] in x's dtype, or (q [A, D] e4m3,
     scale [A] float32) with quantize "rowwise" (or True), (q, scale [A, ceil(D / 128)]) with
-    "groups". Arguments were checked by the public function."""
+    "groups". positions [A = T * k] (token_ids' inverse) lets the kernel go token-major
+    (tokens_tile). Arguments were checked by the public function."""
     A, D, mode = token_ids.shape[0], x.shape[1], QUANTIZE_MODES[quantize]
     if mode == "groups":
         if out is None:
@@ -224,9 +315,9 @@ def gather_scale(
         if out is None:
             out = (torch.empty(A, D, dtype=FP8_DTYPE, device=x.device),
                    torch.empty(A, dtype=torch.float32, device=x.device))
-        _gather_scale_fp8_op(x, token_ids, weights, num_valid, out[0], out[1])
+        _gather_scale_fp8_op(x, token_ids, weights, num_valid, positions, out[0], out[1])
         return out
     if out is None:
         out = torch.empty(A, D, dtype=x.dtype, device=x.device)
-    _gather_scale_op(x, token_ids, weights, num_valid, out)
+    _gather_scale_op(x, token_ids, weights, num_valid, positions, out)
     return out
