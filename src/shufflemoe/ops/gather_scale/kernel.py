@@ -230,9 +230,11 @@ def tokens_tile(T: int, k: int, D: int, quant: bool) -> tuple[int, int, int] | N
 def _launch_tokens(x: Tensor, positions: Tensor, weights: Optional[Tensor],
                    num_valid: Optional[Tensor], out: Tensor, scale: Optional[Tensor],
                    interpret: bool) -> bool:
-    """Launch the token-major gather when tokens_tile allows it; whether it did."""
+    """Launch the token-major gather when positions covers T tokens' pairs (A = T * k) and
+    tokens_tile allows it; whether it did."""
     T, (A, D) = x.shape[0], out.shape
-    tile = tokens_tile(T, A // T, D, scale is not None) if T else None
+    whole = T and positions.shape[0] == A and A % T == 0
+    tile = tokens_tile(T, A // T, D, scale is not None) if whole else None
     if tile is None:
         return False
     tokens, block, warps = tile
