@@ -63,21 +63,11 @@ def test_reference_matches_loop(T, D, A, dtype, weighted, seed):
 
 # ---- the kernel against the reference ------------------------------------------------------------
 
-@pytest.fixture(params=["default", "rows4"])
-def tiles(request, monkeypatch):
-    """The kernels' default tiles, or 4 rows a program (A = 37 or 9: a partly masked last program)
-    in blocks of 128 columns (D = 300: a masked last block; fp8's rows read in chunks)."""
-    if request.param == "rows4":
-        monkeypatch.setattr(kernel, "copy_tile", lambda A, D: (4, 128, 4))
-        monkeypatch.setattr(kernel, "fp8_tile", lambda A, D: (4, 128, False, 4))
-    return request.param
-
-
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("weighted,n_valid,id_dtype", [(True, 29, torch.int32), (True, None, torch.int64),
                                                        (False, 13, torch.int64)],
                          ids=["weighted-partial", "weighted-all-int64", "plain-partial"])
-def test_kernel_bit_exact(dtype, weighted, n_valid, id_dtype, tiles):
+def test_kernel_bit_exact(dtype, weighted, n_valid, id_dtype):
     T, D, A = 11, 300, 37  # D not a power of two: a masked last column block
     x, ids, w, nv = make(T, D, A, dtype, weighted=weighted, n_valid=n_valid, id_dtype=id_dtype)
     out = gather_scale(x, ids, w, num_valid=nv, out=poisoned(A, D, dtype=dtype, device=DEV),
@@ -90,7 +80,7 @@ def test_kernel_bit_exact(dtype, weighted, n_valid, id_dtype, tiles):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("D", [300, 16400], ids=["one_pass", "two_pass"])
-def test_kernel_quantized_bit_exact(dtype, D, tiles):
+def test_kernel_quantized_bit_exact(dtype, D):
     T, A, n = 7, 9 if D > 1000 else 37, 6 if D > 1000 else 29
     x, ids, w, nv = make(T, D, A, dtype, n_valid=n, seed=D)
     x[ids[0]] = 0.0  # an all-zero row: scale from the 1e-12 floor, q all zero
@@ -114,34 +104,28 @@ def routed(T, k, D, dtype, n_valid, seed):
     return (x.to(DEV), (perm // k).int().to(DEV), perm.argsort().to(DEV), w.to(DEV), nv)
 
 
-@pytest.fixture(params=["default", "tokens4"])
-def token_tiles(request, monkeypatch):
-    """The token-major kernel's default tile, or 4 tokens a program (T = 7: a partly masked last
-    program) in blocks of 128 columns (D = 300: a masked last block; fp8 keeps whole rows)."""
-    if request.param == "tokens4":
-        monkeypatch.setattr(kernel, "tokens_tile",
-                            lambda T, k, D, quant: (4, 512 if quant else 128, 4))
-    return request.param
-
-
-@pytest.mark.parametrize("quantize", [False, True], ids=["bf16", "fp8"])
+@pytest.mark.parametrize("quantize", [False, True, "groups"], ids=["plain", "fp8", "groups"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("k,n_valid,weighted", [(2, None, True), (3, 16, True), (8, 41, False),
                                                 (1, 5, True), (17, 100, True)],
                          ids=["k2", "k3-partial", "k8-partial-plain", "k1-row-major",
                               "k17-row-major"])
-def test_kernel_token_major_bit_exact(quantize, dtype, k, n_valid, weighted, token_tiles):
+def test_kernel_positions_bit_exact(quantize, dtype, k, n_valid, weighted):
     """With positions, the kernel's rows equal the reference's bit for bit (rows past num_valid
-    untouched). Past k = 1 it must not read token_ids: they are all 0 in the call, so a row-major
-    read would put token 0's row everywhere."""
-    T, D = 7, 300
+    untouched). Unquantized at 1 < k <= MAX_TOKEN_K it goes token-major and must not read
+    token_ids: they are all 0 in that call, so a row-major read would put token 0's row
+    everywhere."""
+    T, D = 7, 300  # a masked last column block
     x, ids, pos, w, nv = routed(T, k, D, dtype, n_valid, seed=k)
     A, n = T * k, T * k if n_valid is None else n_valid
     w = w if weighted else None
-    given_ids = ids if k == 1 or k > kernel.MAX_TOKEN_K else torch.zeros_like(ids)
+    token_major = not quantize and 1 < k <= kernel.MAX_TOKEN_K
+    given_ids = torch.zeros_like(ids) if token_major else ids
     if quantize:
+        G = -(-D // 128)
         out = (torch.full((A, D), FP8_POISON, dtype=torch.uint8, device=DEV).view(FP8_DTYPE),
-               poisoned(A, dtype=torch.float32, device=DEV))
+               poisoned(*((A, G) if quantize == "groups" else (A,)), dtype=torch.float32,
+                        device=DEV))
     else:
         out = poisoned(A, D, dtype=dtype, device=DEV)
     got = gather_scale(x, given_ids, w, num_valid=nv, quantize=quantize, out=out, positions=pos,

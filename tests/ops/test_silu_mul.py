@@ -47,18 +47,9 @@ def test_reference_matches_float64(A, I, dtype, seed):
     assert_close(dequantize_fp8_rowwise(*silu_mul(h, quantize=True, impl="torch")), want, "fp8_rowwise")
 
 
-@pytest.fixture(params=["default", "rows4"])
-def tiles(request, monkeypatch):
-    """The unquantized kernel's default tile, or 4 rows a program (A = 29 or 13: a partly masked
-    last program) in blocks of 64 columns (I = 150: a masked last block)."""
-    if request.param == "rows4":
-        monkeypatch.setattr(kernel, "copy_tile", lambda A, I: (4, 64, 4))
-    return request.param
-
-
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("n_valid", [None, 21], ids=["all", "partial"])
-def test_kernel_matches_reference(dtype, n_valid, tiles):
+def test_kernel_matches_reference(dtype, n_valid):
     A, I = 29, 150  # I not a power of two
     h, nv = make(A, I, dtype, n_valid)
     n = A if n_valid is None else n_valid
@@ -202,7 +193,7 @@ def glu64(h, activation="silu", alpha=1.0, limit=None):
 @pytest.mark.parametrize("act", list(ACTS))
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("impl", ["torch", "triton"])
-def test_activation_variants_match_float64(act, dtype, impl, tiles):
+def test_activation_variants_match_float64(act, dtype, impl):
     """|h| up to ~9, so the limit clamps a good share of gates and ups."""
     A, I, n = 13, 150, 10
     h, nv = make(A, I, dtype, n_valid=n, seed=len(act))

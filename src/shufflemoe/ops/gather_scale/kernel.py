@@ -25,15 +25,16 @@ from ..quantize.reference import FP8_BLOCK, FP8_DTYPE, QUANTIZE_MODES
 
 
 @triton.jit
-def _row_source(ids_ptr, w_ptr, nv_ptr, rows, A, HAS_W: tl.constexpr, HAS_NV: tl.constexpr):
-    """(valid, source token, weight) of output rows ``rows`` (a scalar or a vector)."""
-    valid = rows < A
+def _row_source(ids_ptr, w_ptr, nv_ptr, row, HAS_W: tl.constexpr, HAS_NV: tl.constexpr):
+    """(valid, source token, weight) of output row ``row``."""
     if HAS_NV:
-        valid = valid & (rows < tl.load(nv_ptr))
-    tok = tl.load(ids_ptr + rows, mask=valid, other=0).to(tl.int64)
+        valid = row < tl.load(nv_ptr)
+    else:
+        valid = row >= 0
+    tok = tl.load(ids_ptr + row, mask=valid, other=0).to(tl.int64)
     w = 1.0
     if HAS_W:
-        w = tl.load(w_ptr + rows, mask=valid, other=0.0)
+        w = tl.load(w_ptr + row, mask=valid, other=0.0)
     return valid, tok, w
 
 
@@ -44,31 +45,59 @@ def _gather_scale_kernel(
     w_ptr,  # [A] float32 weights (unused when not HAS_W)
     nv_ptr,  # [1] number of valid rows (unused when not HAS_NV)
     out_ptr,  # [A, D] output, x's dtype
-    A, D,  # rows, row length
+    D,  # row length
     HAS_W: tl.constexpr,
     HAS_NV: tl.constexpr,
     INTERPRET: tl.constexpr,  # round with integer arithmetic (interpreter casts are wrong)
-    ROWS: tl.constexpr,  # rows per program: their ids load at once, their copies overlap
     BLOCK_D: tl.constexpr,  # columns per program (grid axis 1 covers D)
 ):
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    valid, tok, w = _row_source(ids_ptr, w_ptr, nv_ptr, rows, A, HAS_W, HAS_NV)
+    row = tl.program_id(0)
+    valid, tok, w = _row_source(ids_ptr, w_ptr, nv_ptr, row, HAS_W, HAS_NV)
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    mask = valid[:, None] & (cols < D)[None, :]
-    v = tl.load(x_ptr + tok[:, None] * D + cols[None, :], mask=mask)
+    mask = (cols < D) & valid
+    v = tl.load(x_ptr + tok * D + cols, mask=mask)
     if HAS_W:
         # one rounding, as the reference
-        v = cast_to(v.to(tl.float32) * w[:, None], out_ptr.dtype.element_ty, INTERPRET)
-    tl.store(out_ptr + rows.to(tl.int64)[:, None] * D + cols[None, :], v, mask=mask)
+        v = cast_to(v.to(tl.float32) * w, out_ptr.dtype.element_ty, INTERPRET)
+    tl.store(out_ptr + row.to(tl.int64) * D + cols, v, mask=mask)
 
 
 @triton.jit
-def _weighted(v, w, HAS_W: tl.constexpr):
-    """[ROWS, BLOCK] values in float32, times their rows' weights w [ROWS] when HAS_W."""
-    v = v.to(tl.float32)
-    if HAS_W:
-        v = v * w[:, None]
-    return v
+def _gather_tokens_kernel(
+    x_ptr,  # [T, D] source rows
+    pos_ptr,  # [T * K] int32/int64: the output row of token t's j-th pair (Routing.positions)
+    w_ptr,  # [A] float32 weights, by output row (unused when not HAS_W)
+    nv_ptr,  # [1] number of valid rows (unused when not HAS_NV: A)
+    out_ptr,  # [A, D] output, x's dtype
+    A, D,  # output rows, row length
+    K: tl.constexpr,  # pairs a token
+    HAS_W: tl.constexpr,
+    HAS_NV: tl.constexpr,
+    INTERPRET: tl.constexpr,  # round with integer arithmetic (interpreter casts are wrong)
+    BLOCK_D: tl.constexpr,  # columns per program (grid axis 1 covers D)
+):
+    """Token-major: token t's row piece is read once and written to its K pairs' output rows
+    (the row-major kernel reads it K times, from DRAM once x outgrows the L2): the same values,
+    the product in float32 rounded once."""
+    t = tl.program_id(0).to(tl.int64)
+    if HAS_NV:
+        n = tl.load(nv_ptr)
+    else:
+        n = A
+    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    cmask = cols < D
+    v = tl.load(x_ptr + t * D + cols, mask=cmask)
+    for j in tl.static_range(K):
+        p = tl.load(pos_ptr + t * K + j)
+        ok = (p >= 0) & (p < n)
+        mask = cmask & ok
+        dst = out_ptr + p.to(tl.int64) * D + cols
+        if HAS_W:
+            w = tl.load(w_ptr + p, mask=ok, other=0.0)
+            tl.store(dst, cast_to(v.to(tl.float32) * w, out_ptr.dtype.element_ty, INTERPRET),
+                     mask=mask)
+        else:
+            tl.store(dst, v, mask=mask)
 
 
 @triton.jit
@@ -79,91 +108,40 @@ def _gather_scale_fp8_kernel(
     nv_ptr,  # [1] number of valid rows (unused when not HAS_NV)
     q_ptr,  # [A, D] e4m3 output (uint8 view when INTERPRET)
     scale_ptr,  # [A] float32 row scales
-    A, D,  # rows, row length
+    D,  # row length
     HAS_W: tl.constexpr,
     HAS_NV: tl.constexpr,
     INTERPRET: tl.constexpr,  # round with integer arithmetic (interpreter casts are wrong)
-    ROWS: tl.constexpr,  # rows per program
     BLOCK_D: tl.constexpr,  # the whole row when ONE_PASS, else a chunk
-    ONE_PASS: tl.constexpr,  # the rows fit in registers: read them once
+    ONE_PASS: tl.constexpr,  # the row fits in registers: read it once
 ):
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    valid, tok, w = _row_source(ids_ptr, w_ptr, nv_ptr, rows, A, HAS_W, HAS_NV)
-    src = x_ptr + tok[:, None] * D
-    dst = q_ptr + rows.to(tl.int64)[:, None] * D
-    offs = tl.arange(0, BLOCK_D)[None, :]
+    row = tl.program_id(0)
+    valid, tok, w = _row_source(ids_ptr, w_ptr, nv_ptr, row, HAS_W, HAS_NV)
+    src = x_ptr + tok * D
+    dst = q_ptr + row.to(tl.int64) * D
+    offs = tl.arange(0, BLOCK_D)
     if ONE_PASS:
-        mask = valid[:, None] & (offs < D)
-        v = _weighted(tl.load(src + offs, mask=mask, other=0.0), w, HAS_W)
-        inv, scale = row_scales(tl.max(tl.abs(v), 1))
-        store_fp8(dst + offs, v, inv[:, None], mask, INTERPRET)
+        mask = (offs < D) & valid
+        v = tl.load(src + offs, mask=mask, other=0.0).to(tl.float32) * w
+        inv, scale = row_scales(tl.max(tl.abs(v), 0))
+        store_fp8(dst + offs, v, inv, mask, INTERPRET)
     else:
         # while loops: a range() over a runtime bound fails in the interpreter
-        amax = tl.zeros([ROWS, BLOCK_D], tl.float32)
+        amax = tl.zeros([BLOCK_D], tl.float32)
         c = 0
         while c < D:
-            mask = valid[:, None] & (c + offs < D)
-            v = _weighted(tl.load(src + c + offs, mask=mask, other=0.0), w, HAS_W)
+            mask = (c + offs < D) & valid
+            v = tl.load(src + c + offs, mask=mask, other=0.0).to(tl.float32) * w
             amax = tl.maximum(amax, tl.abs(v))
             c += BLOCK_D
-        inv, scale = row_scales(tl.max(amax, 1))
+        inv, scale = row_scales(tl.max(amax, 0))
         c = 0
         while c < D:
-            mask = valid[:, None] & (c + offs < D)
-            v = _weighted(tl.load(src + c + offs, mask=mask, other=0.0), w, HAS_W)
-            store_fp8(dst + c + offs, v, inv[:, None], mask, INTERPRET)
+            mask = (c + offs < D) & valid
+            v = tl.load(src + c + offs, mask=mask, other=0.0).to(tl.float32) * w
+            store_fp8(dst + c + offs, v, inv, mask, INTERPRET)
             c += BLOCK_D
-    tl.store(scale_ptr + rows, scale, mask=valid)
-
-
-@triton.jit
-def _gather_tokens_kernel(
-    x_ptr,  # [T, D] source rows
-    pos_ptr,  # [T * K] int32/int64: the output row of token t's j-th pair (Routing.positions)
-    w_ptr,  # [A] float32 weights, by output row (unused when not HAS_W)
-    nv_ptr,  # [1] number of valid rows (unused when not HAS_NV: A)
-    out_ptr,  # [A, D] output: x's dtype, or e4m3 (uint8 view when INTERPRET) with QUANT
-    scale_ptr,  # [A] float32 row scales (QUANT)
-    T, A, D,  # tokens, output rows, row length
-    K: tl.constexpr,  # pairs a token
-    HAS_W: tl.constexpr,
-    HAS_NV: tl.constexpr,
-    QUANT: tl.constexpr,  # fp8 rowwise: BLOCK_D covers the row (one program across D)
-    INTERPRET: tl.constexpr,  # round with integer arithmetic (interpreter casts are wrong)
-    TOKENS: tl.constexpr,  # tokens per program
-    BLOCK_D: tl.constexpr,  # columns per program (grid axis 1 covers D)
-):
-    """Token-major: each token's row is read once and written to its K pairs' output rows (the
-    row-major kernels read it K times, from DRAM once x outgrows the L2). The same values as
-    they store: the product in float32, rounded once."""
-    toks = tl.program_id(0) * TOKENS + tl.arange(0, TOKENS)
-    tvalid = toks < T
-    if HAS_NV:
-        n = tl.load(nv_ptr)
-    else:
-        n = A
-    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)[None, :]
-    cmask = cols < D
-    v = tl.load(x_ptr + toks.to(tl.int64)[:, None] * D + cols, mask=tvalid[:, None] & cmask,
-                other=0.0)
-    for j in tl.static_range(K):
-        p = tl.load(pos_ptr + toks * K + j, mask=tvalid, other=-1)
-        ok = tvalid & (p >= 0) & (p < n)
-        dst = out_ptr + p.to(tl.int64)[:, None] * D + cols
-        mask = ok[:, None] & cmask
-        w = 1.0
-        if HAS_W:
-            w = tl.load(w_ptr + p, mask=ok, other=0.0)
-        if QUANT:
-            vj = _weighted(v, w, HAS_W)
-            inv, scale = row_scales(tl.max(tl.abs(vj), 1))
-            store_fp8(dst, vj, inv[:, None], mask, INTERPRET)
-            tl.store(scale_ptr + p, scale, mask=ok)
-        elif HAS_W:
-            tl.store(dst, cast_to(_weighted(v, w, HAS_W), out_ptr.dtype.element_ty, INTERPRET),
-                     mask=mask)
-        else:
-            tl.store(dst, v, mask=mask)
+    tl.store(scale_ptr + row, scale, mask=valid)
 
 
 @triton.jit
@@ -174,7 +152,7 @@ def _gather_scale_groups_kernel(
     nv_ptr,  # [1] number of valid rows (unused when not HAS_NV)
     q_ptr,  # [A, D] e4m3 output (uint8 view when INTERPRET)
     scale_ptr,  # [A, G] float32 group scales
-    A, D, G,
+    D, G,
     HAS_W: tl.constexpr,
     HAS_NV: tl.constexpr,
     INTERPRET: tl.constexpr,
@@ -185,7 +163,7 @@ def _gather_scale_groups_kernel(
     quantize_fp8_groups quantizes that stored row: the same bits as the two passes."""
     row = tl.program_id(0)
     grp = tl.program_id(1)
-    valid, tok, w = _row_source(ids_ptr, w_ptr, nv_ptr, row, A, HAS_W, HAS_NV)
+    valid, tok, w = _row_source(ids_ptr, w_ptr, nv_ptr, row, HAS_W, HAS_NV)
     cols = grp * GROUP + tl.arange(0, GROUP)
     mask = (cols < D) & valid
     v = tl.load(x_ptr + tok * D + cols, mask=mask, other=0.0)
@@ -196,53 +174,16 @@ def _gather_scale_groups_kernel(
     tl.store(scale_ptr + row.to(tl.int64) * G + grp, scale, mask=valid)
 
 
-def copy_tile(A: int, D: int) -> tuple[int, int, int]:
-    """(ROWS, BLOCK_D, num_warps) of the bf16 gather: BLOCK_D the largest power of two <= 2048
-    that divides D (no masked tail; 5120 -> 1024), at least 256."""
+def _copy_block(D: int) -> int:
+    """Columns per program: the largest power of two <= 2048 that divides D (no masked tail;
+    5120 -> 1024), at least 256."""
     block = 2048
     while block > 256 and D % block:
         block //= 2
-    block = min(block, next_power_of_2(D))
-    return 1, block, 4 if block <= 1024 else 8
-
-
-def fp8_tile(A: int, D: int) -> tuple[int, int, bool, int]:
-    """(ROWS, BLOCK_D, ONE_PASS, num_warps) of the rowwise fp8 gather."""
-    block, one_pass = quant_block(D)
-    return 1, block, one_pass, 8 if block >= 4096 else 4
+    return min(block, next_power_of_2(D))
 
 
 MAX_TOKEN_K = 16  # token-major up to this many pairs a token (its loop over them is unrolled)
-
-
-def tokens_tile(T: int, k: int, D: int, quant: bool) -> tuple[int, int, int] | None:
-    """(TOKENS, BLOCK_D, num_warps) of the token-major gather, or None: row-major (k = 1, where
-    each row is read once either way; k above MAX_TOKEN_K; an fp8 row too long for registers)."""
-    if k == 1 or k > MAX_TOKEN_K:
-        return None
-    if quant:
-        block, one_pass = quant_block(D)
-        return (1, block, 8 if block >= 4096 else 4) if one_pass else None
-    _, block, warps = copy_tile(T * k, D)
-    return 1, block, warps
-
-
-def _launch_tokens(x: Tensor, positions: Tensor, weights: Optional[Tensor],
-                   num_valid: Optional[Tensor], out: Tensor, scale: Optional[Tensor],
-                   interpret: bool) -> bool:
-    """Launch the token-major gather when positions covers T tokens' pairs (A = T * k) and
-    tokens_tile allows it; whether it did."""
-    T, (A, D) = x.shape[0], out.shape
-    whole = T and positions.shape[0] == A and A % T == 0
-    tile = tokens_tile(T, A // T, D, scale is not None) if whole else None
-    if tile is None:
-        return False
-    tokens, block, warps = tile
-    launch(_gather_tokens_kernel, (cdiv(T, tokens), cdiv(D, block)),
-        x, positions, weights, num_valid, out, scale, T, A, D, K=A // T,
-        HAS_W=weights is not None, HAS_NV=num_valid is not None, QUANT=scale is not None,
-        INTERPRET=interpret, TOKENS=tokens, BLOCK_D=block, num_warps=warps)
-    return True
 
 
 @kernel_op("gather_scale", mutates_args=("out",))
@@ -252,32 +193,32 @@ def _gather_scale_op(x: Tensor, token_ids: Tensor, weights: Optional[Tensor],
     A, D = out.shape
     if A == 0 or D == 0:
         return
-    if positions is not None and _launch_tokens(x, positions, weights, num_valid, out, None,
-                                                interpreting()):
+    T, block = x.shape[0], _copy_block(D)
+    common = dict(HAS_W=weights is not None, HAS_NV=num_valid is not None,
+                  INTERPRET=interpreting(), BLOCK_D=block, num_warps=4 if block <= 1024 else 8)
+    if (positions is not None and T and positions.shape[0] == A and A % T == 0
+            and 1 < A // T <= MAX_TOKEN_K):  # token-major: positions covers x's T tokens
+        launch(_gather_tokens_kernel, (T, cdiv(D, block)),
+            x, positions, weights, num_valid, out, A, D, K=A // T, **common)
         return
-    rows, block, warps = copy_tile(A, D)
-    launch(_gather_scale_kernel, (cdiv(A, rows), cdiv(D, block)),
-        x, token_ids, weights, num_valid, out, A, D,
-        HAS_W=weights is not None, HAS_NV=num_valid is not None, INTERPRET=interpreting(),
-        ROWS=rows, BLOCK_D=block, num_warps=warps)
+    launch(_gather_scale_kernel, (A, cdiv(D, block)),
+        x, token_ids, weights, num_valid, out, D, **common)
 
 
 @kernel_op("gather_scale_fp8", mutates_args=("q", "scale"))
 def _gather_scale_fp8_op(x: Tensor, token_ids: Tensor, weights: Optional[Tensor],
-                         num_valid: Optional[Tensor], positions: Optional[Tensor], q: Tensor,
-                         scale: Tensor) -> None:
+                         num_valid: Optional[Tensor], q: Tensor, scale: Tensor) -> None:
     A, D = q.shape
     if A == 0 or D == 0:
         return
     target, interpret = fp8_target(q)
-    if positions is not None and _launch_tokens(x, positions, weights, num_valid, target, scale,
-                                                interpret):
-        return
-    rows, block, one_pass, warps = fp8_tile(A, D)
-    launch(_gather_scale_fp8_kernel, (cdiv(A, rows),),
-        x, token_ids, weights, num_valid, target, scale, A, D,
+    block, one_pass = quant_block(D)
+    # one pass up to 8192 lanes on 4 warps: 1-4% faster than 8 at D = 5120 over T = 2048 /
+    # 16384, k = 1 / 4 (H100, benchmarks/results/probe_movement_88435b6.json)
+    launch(_gather_scale_fp8_kernel, (A,),
+        x, token_ids, weights, num_valid, target, scale, D,
         HAS_W=weights is not None, HAS_NV=num_valid is not None, INTERPRET=interpret,
-        ROWS=rows, BLOCK_D=block, ONE_PASS=one_pass, num_warps=warps)
+        BLOCK_D=block, ONE_PASS=one_pass, num_warps=8 if block > 8192 or not one_pass else 4)
 
 
 @kernel_op("gather_scale_groups", mutates_args=("q", "scale"))
@@ -288,7 +229,7 @@ def _gather_scale_groups_op(x: Tensor, token_ids: Tensor, weights: Optional[Tens
         return
     target, interpret = fp8_target(q)
     launch(_gather_scale_groups_kernel, (A, scale.shape[1]),
-        x, token_ids, weights, num_valid, target, scale, A, D, scale.shape[1],
+        x, token_ids, weights, num_valid, target, scale, D, scale.shape[1],
         HAS_W=weights is not None, HAS_NV=num_valid is not None, INTERPRET=interpret,
         GROUP=FP8_BLOCK, num_warps=1)
 
@@ -304,8 +245,8 @@ def gather_scale(
 ) -> Tensor | tuple[Tensor, Tensor]:
     """x [T, D], token_ids [A], weights [A] | None -> [A, D] in x's dtype, or (q [A, D] e4m3,
     scale [A] float32) with quantize "rowwise" (or True), (q, scale [A, ceil(D / 128)]) with
-    "groups". positions [A = T * k] (token_ids' inverse) lets the kernel go token-major
-    (tokens_tile). Arguments were checked by the public function."""
+    "groups". positions [A = T * k] (token_ids' inverse) makes the unquantized gather
+    token-major at 1 < k <= MAX_TOKEN_K. Arguments were checked by the public function."""
     A, D, mode = token_ids.shape[0], x.shape[1], QUANTIZE_MODES[quantize]
     if mode == "groups":
         if out is None:
@@ -317,7 +258,7 @@ def gather_scale(
         if out is None:
             out = (torch.empty(A, D, dtype=FP8_DTYPE, device=x.device),
                    torch.empty(A, dtype=torch.float32, device=x.device))
-        _gather_scale_fp8_op(x, token_ids, weights, num_valid, positions, out[0], out[1])
+        _gather_scale_fp8_op(x, token_ids, weights, num_valid, out[0], out[1])
         return out
     if out is None:
         out = torch.empty(A, D, dtype=x.dtype, device=x.device)

@@ -28,7 +28,7 @@ from torch import Tensor
 from .._common import cdiv, next_power_of_2
 from .._impl import interpreting, kernel_op
 from .._launch import launch
-from ..quantize.kernel import cast_to, fp8_target, row_scales, store_fp8
+from ..quantize.kernel import cast_to, fp8_target, row_scales, store_fp8, store_fp8_group
 from ..quantize.reference import FP8_BLOCK, FP8_DTYPE, QUANTIZE_MODES
 
 
@@ -82,26 +82,24 @@ def _silu_mul_kernel(
     nv_ptr,  # [1] number of valid rows (unused when not HAS_NV)
     out_ptr,  # [A, I] output in h's dtype, or e4m3 (uint8 view when INTERPRET) with GROUPS
     scale_ptr,  # [A, cdiv(I, BLOCK)] float32 group scales (GROUPS)
-    A, I,  # rows, intermediate size
+    I,  # intermediate size
     alpha, limit,  # swiglu_oai's alpha; the clamp limit (HAS_LIMIT)
     HAS_NV: tl.constexpr,
     INTERPRET: tl.constexpr,  # round with integer arithmetic (interpreter casts are wrong)
-    ROWS: tl.constexpr,  # rows per program
     BLOCK: tl.constexpr,  # columns per program (grid axis 1 covers I); the group with GROUPS
     GROUPS: tl.constexpr,  # quantize each program's BLOCK columns to e4m3 with their own scale
     ACT: tl.constexpr, HAS_LIMIT: tl.constexpr,
 ):
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    valid = _row_valid(nv_ptr, rows, HAS_NV) & (rows < A)
-    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)[None, :]
-    mask = valid[:, None] & (offs < I)
-    a = _silu_mul_chunk(h_ptr + rows.to(tl.int64)[:, None] * (2 * I), offs, I, mask, ACT,
-                        HAS_LIMIT, alpha, limit)
-    dst = out_ptr + rows.to(tl.int64)[:, None] * I + offs
+    row = tl.program_id(0)
+    valid = _row_valid(nv_ptr, row, HAS_NV)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = (offs < I) & valid
+    a = _silu_mul_chunk(h_ptr + row.to(tl.int64) * (2 * I), offs, I, mask, ACT, HAS_LIMIT, alpha,
+                        limit)
+    dst = out_ptr + row.to(tl.int64) * I + offs
     if GROUPS:
-        inv, scale = row_scales(tl.max(tl.abs(a), 1))
-        store_fp8(dst, a, inv[:, None], mask, INTERPRET)
-        tl.store(scale_ptr + rows.to(tl.int64) * tl.num_programs(1) + tl.program_id(1), scale,
+        scale = store_fp8_group(dst, a, mask, INTERPRET)
+        tl.store(scale_ptr + row.to(tl.int64) * tl.num_programs(1) + tl.program_id(1), scale,
                  mask=valid)
     else:
         tl.store(dst, cast_to(a, out_ptr.dtype.element_ty, INTERPRET), mask=mask)
@@ -182,14 +180,12 @@ def _silu_mul_fp8_kernel(
     tl.store(scale_ptr + rows, scale, mask=valid)
 
 
-def copy_tile(A: int, I: int) -> tuple[int, int, int]:
-    """(ROWS, BLOCK, num_warps) of the unquantized kernel: BLOCK the largest power of two <= 2048
-    dividing I (5120 -> 1024), >= 256."""
+def _block(I: int) -> int:
+    """Columns per program: the largest power of two <= 2048 dividing I (5120 -> 1024), >= 256."""
     block = 2048
     while block > 256 and I % block:
         block //= 2
-    block = min(block, next_power_of_2(I))
-    return 1, block, 4 if block <= 1024 else 8
+    return min(block, next_power_of_2(I))
 
 
 @kernel_op("silu_mul", mutates_args=("out",))
@@ -198,11 +194,11 @@ def _silu_mul_op(h: Tensor, num_valid: Optional[Tensor], out: Tensor, act: str, 
     A, I = out.shape
     if A == 0 or I == 0:
         return
-    rows, block, warps = copy_tile(A, I)
-    launch(_silu_mul_kernel, (cdiv(A, rows), cdiv(I, block)),
-        h, num_valid, out, None, A, I, alpha, 0.0 if limit is None else limit,
-        HAS_NV=num_valid is not None, INTERPRET=interpreting(), ROWS=rows, BLOCK=block,
-        GROUPS=False, ACT=act, HAS_LIMIT=limit is not None, num_warps=warps)
+    block = _block(I)
+    launch(_silu_mul_kernel, (A, cdiv(I, block)),
+        h, num_valid, out, None, I, alpha, 0.0 if limit is None else limit,
+        HAS_NV=num_valid is not None, INTERPRET=interpreting(), BLOCK=block, GROUPS=False,
+        ACT=act, HAS_LIMIT=limit is not None, num_warps=4 if block <= 1024 else 8)
 
 
 @kernel_op("silu_mul_fp8_groups", mutates_args=("q", "scale"))
@@ -213,8 +209,8 @@ def _silu_mul_groups_op(h: Tensor, num_valid: Optional[Tensor], q: Tensor, scale
         return
     target, interpret = fp8_target(q)
     launch(_silu_mul_kernel, (A, scale.shape[1]),
-        h, num_valid, target, scale, A, I, alpha, 0.0 if limit is None else limit,
-        HAS_NV=num_valid is not None, INTERPRET=interpret, ROWS=1, BLOCK=FP8_BLOCK, GROUPS=True,
+        h, num_valid, target, scale, I, alpha, 0.0 if limit is None else limit,
+        HAS_NV=num_valid is not None, INTERPRET=interpret, BLOCK=FP8_BLOCK, GROUPS=True,
         ACT=act, HAS_LIMIT=limit is not None, num_warps=1)
 
 
