@@ -13,7 +13,6 @@ from fractions import Fraction
 
 import torch
 
-from .ops.index_shuffle.reference import GROUP_BEST
 from .ops.quantize.formats import FORMATS
 
 ROUTERS = ("topk", "llama4", "group_limited")
@@ -21,7 +20,7 @@ SCORINGS = ("softmax", "sigmoid")
 QUANTIZATIONS = tuple(FORMATS)  # none | fp8_rowwise | fp8_w8a16 | fp8_block | mxfp4
 ACTIVATIONS = ("silu", "swiglu_oai")
 RENORMALIZE_OVER = ("kept", "chosen")
-GROUP_SCORES = tuple(GROUP_BEST)  # "top2" (DeepSeek-V3) | "max" (DeepSeek-V2)
+GROUP_SCORES = ("top2", "max")
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
