@@ -56,3 +56,10 @@ def check_same_device(**tensors: Tensor | None) -> torch.device:
 def check_num_valid(num_valid: Tensor | None, device: torch.device) -> None:
     if num_valid is not None:
         check_tensor("num_valid", num_valid, shape=[1], dtypes=INDEX_DTYPES, device=device)
+
+
+def check_positions(positions: Tensor, A: int, T: int) -> None:
+    """positions [A = T * k]: Routing.positions of T tokens' pairs."""
+    check_tensor("positions", positions, shape=[A], dtypes=INDEX_DTYPES, contiguous=True)
+    if A % max(T, 1) or (T == 0 and A):
+        raise ValueError(f"positions must have T * k entries for T={T} tokens, got {A}")

@@ -13,6 +13,7 @@ from fractions import Fraction
 
 import torch
 
+from .ops.index_shuffle.reference import GROUP_BEST
 from .ops.quantize.formats import FORMATS
 
 ROUTERS = ("topk", "llama4", "group_limited")
@@ -20,7 +21,7 @@ SCORINGS = ("softmax", "sigmoid")
 QUANTIZATIONS = tuple(FORMATS)  # none | fp8_rowwise | fp8_w8a16 | fp8_block | mxfp4
 ACTIVATIONS = ("silu", "swiglu_oai")
 RENORMALIZE_OVER = ("kept", "chosen")
-GROUP_SCORES = ("top2", "max")
+GROUP_SCORES = tuple(GROUP_BEST)  # "top2" (DeepSeek-V3) | "max" (DeepSeek-V2)
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 

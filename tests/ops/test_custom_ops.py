@@ -28,10 +28,11 @@ def inputs(seed: int = 0, device: str = DEV, T: int = T, E: int = E, D: int = D,
 
 
 def pipeline(x, scores, w13, w2, impl="triton"):
-    """index_shuffle -> gather_scale (bf16 and fp8) -> per-pair expert matmuls (torch) ->
+    """index_shuffle -> gather_scale (bf16 token-major, fp8) -> per-pair expert matmuls (torch) ->
     silu_mul -> scatter_add (atomic and token-major); then an EP-style combine/split round trip of the gathered rows."""
     r = index_shuffle(scores, K, scoring="softmax", renormalize=True, impl=impl)
-    xs = gather_scale(x, r.token_ids, None, num_valid=r.num_valid, impl=impl)
+    xs = gather_scale(x, r.token_ids, None, num_valid=r.num_valid, positions=r.positions,
+                      impl=impl)
     q, s = gather_scale(x, r.token_ids, r.weights, num_valid=r.num_valid, quantize=True, impl=impl)
     e = r.expert_ids.long().clamp(0, w13.shape[0] - 1)
     h = torch.bmm(w13[e], xs[:, :, None].to(w13.dtype))[:, :, 0]  # [A, 2I]
@@ -95,7 +96,10 @@ def _opcheck_cases() -> dict[str, tuple]:
         "index_shuffle_ref": (d["scores"], K, "softmax", True, 1.0, None, None, 0, 0, 2,
                               False, *routing),
         "sort_by_expert_ref": (topk, E, None, 1, False, *routing),
-        "gather_scale": (d["x"], r.token_ids, r.weights, r.num_valid, empty(A, D, dtype=d["x"].dtype)),
+        "gather_scale": (d["x"], r.token_ids, r.weights, r.num_valid, r.positions,
+                         empty(A, D, dtype=d["x"].dtype)),  # token-major
+        "gather_scale_ref": (d["x"], r.token_ids, r.weights, r.num_valid,
+                             empty(A, D, dtype=d["x"].dtype)),
         "gather_scale_fp8": (d["x"], r.token_ids, None, r.num_valid, empty(A, D, dtype=fp8), empty(A)),
         "gather_scale_groups": (d["x"], r.token_ids, r.weights, r.num_valid,
                                 empty(A, D, dtype=fp8), empty(A, -(-D // 128))),
@@ -132,7 +136,7 @@ def _opcheck_cases() -> dict[str, tuple]:
                         torch.randn(1, D, device=DEV).to(torch.bfloat16)),
     }
     refs = {  # the references of the kernels above take the same arguments
-        "gather_scale", "silu_mul", "silu_mul_fp8", "silu_mul_fp8_groups",
+        "silu_mul", "silu_mul_fp8", "silu_mul_fp8_groups",
         "quantize_fp8_groups", "scatter_add", "scatter_add_token_major", "combine_shuffling",
         "split_shuffling", "decode_gate_up", "decode_down"}
     cases.update({f"{name}_ref": cases[name] for name in refs})

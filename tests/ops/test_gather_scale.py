@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shufflemoe.ops import FP8_DTYPE, dequantize_fp8_rowwise, gather_scale
+from shufflemoe.ops.gather_scale import kernel
 from shufflemoe.ops.quantize.reference import dequantize_fp8_groups, quantize_fp8_groups
 from shufflemoe.testing import assert_close, poisoned
 
@@ -90,6 +91,63 @@ def test_kernel_quantized_bit_exact(dtype, D):
     assert torch.equal(q[:n].view(torch.uint8), rq.view(torch.uint8))
     assert torch.equal(s[:n], rs)
     assert (q[n:].view(torch.uint8) == FP8_POISON).all() and s[n:].isnan().all()
+
+
+def routed(T, k, D, dtype, n_valid, seed):
+    """x [T, D] and a Routing's pair order: row i holds pair perm[i] (token perm[i] // k),
+    positions its inverse; rows past n_valid are not routed."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, D, generator=g).to(dtype)
+    perm = torch.randperm(T * k, generator=g)
+    w = torch.rand(T * k, generator=g) * 2 - 0.5
+    nv = None if n_valid is None else torch.tensor([n_valid], dtype=torch.int32, device=DEV)
+    return (x.to(DEV), (perm // k).int().to(DEV), perm.argsort().to(DEV), w.to(DEV), nv)
+
+
+@pytest.mark.parametrize("quantize", [False, True, "groups"], ids=["plain", "fp8", "groups"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("k,n_valid,weighted", [(2, None, True), (3, 16, True), (8, 41, False),
+                                                (1, 5, True), (17, 100, True)],
+                         ids=["k2", "k3-partial", "k8-partial-plain", "k1-row-major",
+                              "k17-row-major"])
+def test_kernel_positions_bit_exact(quantize, dtype, k, n_valid, weighted):
+    """With positions, the kernel's rows equal the reference's bit for bit (rows past num_valid
+    untouched). Unquantized at 1 < k <= MAX_TOKEN_K it goes token-major and must not read
+    token_ids: they are all 0 in that call, so a row-major read would put token 0's row
+    everywhere."""
+    T, D = 7, 300  # a masked last column block
+    x, ids, pos, w, nv = routed(T, k, D, dtype, n_valid, seed=k)
+    A, n = T * k, T * k if n_valid is None else n_valid
+    w = w if weighted else None
+    token_major = not quantize and 1 < k <= kernel.MAX_TOKEN_K
+    given_ids = torch.zeros_like(ids) if token_major else ids
+    if quantize:
+        G = -(-D // 128)
+        out = (torch.full((A, D), FP8_POISON, dtype=torch.uint8, device=DEV).view(FP8_DTYPE),
+               poisoned(*((A, G) if quantize == "groups" else (A,)), dtype=torch.float32,
+                        device=DEV))
+    else:
+        out = poisoned(A, D, dtype=dtype, device=DEV)
+    got = gather_scale(x, given_ids, w, num_valid=nv, quantize=quantize, out=out, positions=pos,
+                       impl="triton")
+    ref = gather_scale(x, ids[:n], None if w is None else w[:n], quantize=quantize, impl="torch")
+    if quantize:
+        assert torch.equal(got[0][:n].view(torch.uint8), ref[0].view(torch.uint8))
+        assert torch.equal(got[1][:n], ref[1])
+        assert (got[0][n:].view(torch.uint8) == FP8_POISON).all() and got[1][n:].isnan().all()
+    else:
+        assert torch.equal(got[:n], ref)
+        assert got[n:].isnan().all()
+
+
+def test_positions_checked():
+    x, ids, pos, w, _ = routed(4, 2, 8, torch.float32, None, seed=0)
+    with pytest.raises(ValueError, match="positions"):
+        gather_scale(x, ids, w, positions=pos[:7])
+    with pytest.raises(TypeError, match="positions"):
+        gather_scale(x, ids, w, positions=pos.float())
+    with pytest.raises(ValueError, match="T \\* k entries"):
+        gather_scale(x, ids[:6], w[:6], positions=pos[:6])  # 6 pairs of 4 tokens
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

@@ -111,9 +111,11 @@ def quantizes_rows(quantization: str) -> bool:
 
 def gather_input(ops: Ops, x: Tensor | QuantizedRows, token_ids: Tensor,
                  row_weights: Tensor | None,
-                 w: ExpertWeights, num_valid: Tensor | None = None) -> Activation:
+                 w: ExpertWeights, num_valid: Tensor | None = None,
+                 positions: Tensor | None = None) -> Activation:
     """xs = x[token_ids] (* row_weights) [A, D], quantized as the weight format's first GEMM
     takes it (in gather_scale's pass: one scale a row, or a 128-column group for fp8_block).
+    positions (the Routing's, token_ids' inverse) lets the kernel read each token's row once.
     Rows already quantized (QuantizedRows, fp8_rowwise only) are gathered as they are."""
     act = FORMATS[w.quantization].activation
     if isinstance(x, QuantizedRows):
@@ -122,7 +124,7 @@ def gather_input(ops: Ops, x: Tensor | QuantizedRows, token_ids: Tensor,
                              f"{w.quantization!r}), and cannot be scaled again")
         return (gather_rows(x.q, token_ids, num_valid),
                 gather_rows(x.scale.view(-1, 1), token_ids, num_valid).view(-1))
-    return ops.gather_scale(x, token_ids, row_weights, num_valid, act, None)
+    return ops.gather_scale(x, token_ids, row_weights, num_valid, act, None, positions)
 
 
 def glu(ops: Ops, h: Tensor, w: ExpertWeights, cfg: MoEConfig,

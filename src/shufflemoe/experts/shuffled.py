@@ -57,7 +57,7 @@ class Shuffled(Experts):
         # rows scaled at the input: GEMM13 gathers them unscaled and scales its sums instead
         scales = _scales_in_gemm(x, w, w_in, r.num_pairs, r.num_experts)
         gathered = scales or _gathers_in_gemm(x, w, w_in, r.num_pairs, r.num_experts)
-        xs = x if gathered else gather_input(ops, x, r.token_ids, w_in, w, nv)  # [A, D]
+        xs = x if gathered else gather_input(ops, x, r.token_ids, w_in, w, nv, r.positions)
         ids = r.token_ids if gathered else None
         if not scales and _glu_in_gemm(w, r.num_pairs, r.num_experts, cfg):  # GLU in GEMM13
             a = expert_gemm(ops, xs, w, "w13", r.counts, cfg.dtype, x_ids=ids, glu=cfg.act)

@@ -179,7 +179,8 @@ class Ops:
     index_shuffle: Callable
     # (topk_ids, num_experts, topk_weights, capacity[, ids_valid]) -> Routing
     sort_by_expert: Callable
-    gather_scale: Callable  # (x, token_ids, weights, num_valid, quantize, out) -> xs | (q, scale)
+    # (x, token_ids, weights, num_valid, quantize, out[, positions]) -> xs | (q, scale)
+    gather_scale: Callable
     # (x, w, m_sizes, x_scale, w_scale, weight_ids, row_weights, scatter_ids, out, out_dtype,
     #  scatter, quantization, bias, scale_split, all_rows[, x_ids, glu]) -> out
     grouped_gemm: Callable

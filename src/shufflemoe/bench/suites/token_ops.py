@@ -184,12 +184,16 @@ def _movement_case(op: str, T: int, k: int):
 
     if op.startswith("gather_scale"):
         def make():
+            perm = torch.randperm(A, device=DEVICE, generator=g)  # as in scatter_add's sets below
             return dict(x=torch.randn(T, D, device=DEVICE, generator=g).to(torch.bfloat16),
-                        ids=(torch.randperm(A, device=DEVICE, generator=g) // k).int(),
+                        ids=(perm // k).int(), pos=perm.argsort().int(),
                         w=torch.rand(A, device=DEVICE, generator=g))
 
         def run(s, impl):
-            return gather_scale(s["x"], s["ids"], s["w"], quantize=quant, impl=impl)
+            # ours: token-major at k > 1 (each row read once); the peer: index_select and a mul
+            pos = s["pos"] if impl == "triton" else None
+            return gather_scale(s["x"], s["ids"], s["w"], quantize=quant, positions=pos,
+                                impl=impl)
 
         return make, run, T * D * 2 + A * 8, A * D * out_item + scale_bytes
     if op.startswith("silu_mul"):

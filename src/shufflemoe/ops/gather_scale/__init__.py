@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..._checks import INDEX_DTYPES, check_num_valid, check_same_device, check_tensor
+from ..._checks import (INDEX_DTYPES, check_num_valid, check_positions, check_same_device,
+                        check_tensor)
 from .._impl import ops_for, resolve
 from ..quantize import FP8_BLOCK, FP8_DTYPE
 from ..quantize.reference import QUANTIZE_MODES
@@ -22,13 +23,20 @@ def gather_scale(
     num_valid: Tensor | None = None,
     quantize: bool | str = False,
     out: Tensor | tuple[Tensor, Tensor] | None = None,
+    positions: Tensor | None = None,
     impl: str | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """x [T, D], token_ids [A], weights [A] float32 or None -> xs [A, D] in x's dtype, or with
     quantize=True / "rowwise" (q [A, D] float8_e4m3fn, scale [A] float32), or with "groups" (q,
     scale [A, ceil(D / 128)]: fp8_block's activations, each 128-column group of the row xs
     would hold quantized with its own scale). Rows at or past num_valid [1] are neither read
-    nor written."""
+    nor written.
+
+    positions [A = T * k] int32/int64 (Routing.positions: token t's j-th pair is output row
+    positions[t * k + j]) lets the unquantized kernel read each token's row once and write its
+    k rows (token-major, at 1 < k <= 16; the quantized ones stay row-major). The result is the
+    same. token_ids must be its inverse (token_ids[positions[t * k + j]] == t, as in a
+    Routing); positions is checked for shape only."""
     mode = QUANTIZE_MODES.get(quantize)
     if mode is None:
         raise ValueError(f"quantize must be one of {list(QUANTIZE_MODES)}, got {quantize!r}")
@@ -37,7 +45,10 @@ def gather_scale(
     A, D = token_ids.shape[0], x.shape[1]
     if weights is not None:
         check_tensor("weights", weights, shape=[A], dtypes=(torch.float32,))
-    dev = check_same_device(x=x, token_ids=token_ids, weights=weights, num_valid=num_valid)
+    if positions is not None:
+        check_positions(positions, A, x.shape[0])
+    dev = check_same_device(x=x, token_ids=token_ids, weights=weights, num_valid=num_valid,
+                            positions=positions)
     check_num_valid(num_valid, dev)
     if out is not None:
         if mode != "none":
@@ -50,7 +61,8 @@ def gather_scale(
                          contiguous=True)
         else:
             check_tensor("out", out, shape=[A, D], dtypes=(x.dtype,), device=dev, contiguous=True)
-    return ops_for(resolve(impl, x)).gather_scale(x, token_ids, weights, num_valid, quantize, out)
+    return ops_for(resolve(impl, x)).gather_scale(x, token_ids, weights, num_valid, quantize, out,
+                                                  positions)
 
 
 __all__ = ["gather_scale"]

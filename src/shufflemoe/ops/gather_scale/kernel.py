@@ -63,6 +63,44 @@ def _gather_scale_kernel(
 
 
 @triton.jit
+def _gather_tokens_kernel(
+    x_ptr,  # [T, D] source rows
+    pos_ptr,  # [T * K] int32/int64: the output row of token t's j-th pair (Routing.positions)
+    w_ptr,  # [A] float32 weights, by output row (unused when not HAS_W)
+    nv_ptr,  # [1] number of valid rows (unused when not HAS_NV: A)
+    out_ptr,  # [A, D] output, x's dtype
+    A, D,  # output rows, row length
+    K: tl.constexpr,  # pairs a token
+    HAS_W: tl.constexpr,
+    HAS_NV: tl.constexpr,
+    INTERPRET: tl.constexpr,  # round with integer arithmetic (interpreter casts are wrong)
+    BLOCK_D: tl.constexpr,  # columns per program (grid axis 1 covers D)
+):
+    """Token-major: token t's row piece is read once and written to its K pairs' output rows
+    (the row-major kernel reads it K times, from DRAM once x outgrows the L2): the same values,
+    the product in float32 rounded once."""
+    t = tl.program_id(0).to(tl.int64)
+    if HAS_NV:
+        n = tl.load(nv_ptr)
+    else:
+        n = A
+    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    cmask = cols < D
+    v = tl.load(x_ptr + t * D + cols, mask=cmask)
+    for j in tl.static_range(K):
+        p = tl.load(pos_ptr + t * K + j)
+        ok = (p >= 0) & (p < n)
+        mask = cmask & ok
+        dst = out_ptr + p.to(tl.int64) * D + cols
+        if HAS_W:
+            w = tl.load(w_ptr + p, mask=ok, other=0.0)
+            tl.store(dst, cast_to(v.to(tl.float32) * w, out_ptr.dtype.element_ty, INTERPRET),
+                     mask=mask)
+        else:
+            tl.store(dst, v, mask=mask)
+
+
+@triton.jit
 def _gather_scale_fp8_kernel(
     x_ptr,  # [T, D] source rows
     ids_ptr,  # [A] int32/int64 source token of each output row
@@ -145,17 +183,26 @@ def _copy_block(D: int) -> int:
     return min(block, next_power_of_2(D))
 
 
+MAX_TOKEN_K = 16  # token-major up to this many pairs a token (its loop over them is unrolled)
+
+
 @kernel_op("gather_scale", mutates_args=("out",))
 def _gather_scale_op(x: Tensor, token_ids: Tensor, weights: Optional[Tensor],
-                     num_valid: Optional[Tensor], out: Tensor) -> None:
+                     num_valid: Optional[Tensor], positions: Optional[Tensor],
+                     out: Tensor) -> None:
     A, D = out.shape
     if A == 0 or D == 0:
         return
-    block = _copy_block(D)
+    T, block = x.shape[0], _copy_block(D)
+    common = dict(HAS_W=weights is not None, HAS_NV=num_valid is not None,
+                  INTERPRET=interpreting(), BLOCK_D=block, num_warps=4 if block <= 1024 else 8)
+    if (positions is not None and T and positions.shape[0] == A and A % T == 0
+            and 1 < A // T <= MAX_TOKEN_K):  # token-major: positions covers x's T tokens
+        launch(_gather_tokens_kernel, (T, cdiv(D, block)),
+            x, positions, weights, num_valid, out, A, D, K=A // T, **common)
+        return
     launch(_gather_scale_kernel, (A, cdiv(D, block)),
-        x, token_ids, weights, num_valid, out, D,
-        HAS_W=weights is not None, HAS_NV=num_valid is not None, INTERPRET=interpreting(),
-        BLOCK_D=block, num_warps=4 if block <= 1024 else 8)
+        x, token_ids, weights, num_valid, out, D, **common)
 
 
 @kernel_op("gather_scale_fp8", mutates_args=("q", "scale"))
@@ -166,10 +213,12 @@ def _gather_scale_fp8_op(x: Tensor, token_ids: Tensor, weights: Optional[Tensor]
         return
     target, interpret = fp8_target(q)
     block, one_pass = quant_block(D)
+    # one pass up to 8192 lanes on 4 warps: 1-4% faster than 8 at D = 5120 over T = 2048 /
+    # 16384, k = 1 / 4 (H100, benchmarks/results/probe_movement_88435b6.json)
     launch(_gather_scale_fp8_kernel, (A,),
         x, token_ids, weights, num_valid, target, scale, D,
         HAS_W=weights is not None, HAS_NV=num_valid is not None, INTERPRET=interpret,
-        BLOCK_D=block, ONE_PASS=one_pass, num_warps=8 if block >= 4096 else 4)
+        BLOCK_D=block, ONE_PASS=one_pass, num_warps=8 if block > 8192 or not one_pass else 4)
 
 
 @kernel_op("gather_scale_groups", mutates_args=("q", "scale"))
@@ -192,10 +241,12 @@ def gather_scale(
     num_valid: Tensor | None,
     quantize: bool | str,
     out: Tensor | tuple[Tensor, Tensor] | None,
+    positions: Tensor | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """x [T, D], token_ids [A], weights [A] | None -> [A, D] in x's dtype, or (q [A, D] e4m3,
     scale [A] float32) with quantize "rowwise" (or True), (q, scale [A, ceil(D / 128)]) with
-    "groups". Arguments were checked by the public function."""
+    "groups". positions [A = T * k] (token_ids' inverse) makes the unquantized gather
+    token-major at 1 < k <= MAX_TOKEN_K. Arguments were checked by the public function."""
     A, D, mode = token_ids.shape[0], x.shape[1], QUANTIZE_MODES[quantize]
     if mode == "groups":
         if out is None:
@@ -211,5 +262,5 @@ def gather_scale(
         return out
     if out is None:
         out = torch.empty(A, D, dtype=x.dtype, device=x.device)
-    _gather_scale_op(x, token_ids, weights, num_valid, out)
+    _gather_scale_op(x, token_ids, weights, num_valid, positions, out)
     return out

@@ -8,10 +8,11 @@ from torch import Tensor
 from ..._checks import INDEX_DTYPES, check_tensor
 from ...types import Routing
 from .._impl import ops_for, resolve
+from .reference import GROUP_BEST
 
 SCORINGS = ("none", "softmax", "sigmoid")
 SCORE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-GROUP_SCORES = ("top2", "max")
+GROUP_SCORES = tuple(GROUP_BEST)
 
 
 def _check_capacity(capacity: int | None) -> None:

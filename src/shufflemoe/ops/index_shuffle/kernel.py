@@ -557,8 +557,7 @@ def _route(src: Tensor, topk_weights: Tensor | None, E: int, k: int, from_scores
         src, topk_weights, bias, counts, token_ids, expert_ids, weights, num_valid, positions,
         scratch_i, scratch_w, hist, E, k, from_scores, SCORING_IDS[scoring], renormalize,
         float(scaling), capacity, *(groups or (0, 0)), group_best, round_scores,
-        config.block_tokens,
-        config.expert_chunk,
+        config.block_tokens, config.expert_chunk,
         config.single, config.num_warps, config.place_programs)
     # all_routed passed, not left to its default: see PLACE_PROGRAMS
     return Routing(counts, token_ids, expert_ids, weights, num_valid, positions, False)

@@ -13,7 +13,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..._checks import INDEX_DTYPES, check_num_valid, check_same_device, check_tensor
+from ..._checks import (INDEX_DTYPES, check_num_valid, check_positions, check_same_device,
+                        check_tensor)
 from .._impl import ops_for, resolve
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -50,7 +51,7 @@ def scatter_add(
     elif y.shape[0] < A:
         raise ValueError(f"y must have at least A={A} rows when rows is None, got {y.shape[0]}")
     if positions is not None:
-        _check_positions(positions, A, out.shape[0])
+        check_positions(positions, A, out.shape[0])
     dev = check_same_device(out=out, y=y, token_ids=token_ids, weights=weights, rows=rows,
                             num_valid=num_valid, positions=positions)
     check_num_valid(num_valid, dev)
@@ -58,12 +59,6 @@ def scatter_add(
     if positions is not None:
         return ops.token_sum(out, y, positions, weights, num_valid, rows)
     return ops.scatter_add(out, y, token_ids, weights, num_valid, rows)
-
-
-def _check_positions(positions: Tensor, A: int, T: int) -> None:
-    check_tensor("positions", positions, shape=[A], dtypes=INDEX_DTYPES, contiguous=True)
-    if A % max(T, 1) or (T == 0 and A):
-        raise ValueError(f"positions must have T * k entries for out's T={T} rows, got {A}")
 
 
 __all__ = ["scatter_add"]
