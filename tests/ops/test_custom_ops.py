@@ -28,12 +28,13 @@ def inputs(seed: int = 0, device: str = DEV, T: int = T, E: int = E, D: int = D,
 
 
 def pipeline(x, scores, w13, w2, impl="triton"):
-    """index_shuffle -> gather_scale (bf16 token-major, fp8) -> per-pair expert matmuls (torch) ->
+    """index_shuffle -> gather_scale (token-major, bf16 and fp8) -> per-pair expert matmuls (torch) ->
     silu_mul -> scatter_add (atomic and token-major); then an EP-style combine/split round trip of the gathered rows."""
     r = index_shuffle(scores, K, scoring="softmax", renormalize=True, impl=impl)
     xs = gather_scale(x, r.token_ids, None, num_valid=r.num_valid, positions=r.positions,
                       impl=impl)
-    q, s = gather_scale(x, r.token_ids, r.weights, num_valid=r.num_valid, quantize=True, impl=impl)
+    q, s = gather_scale(x, r.token_ids, r.weights, num_valid=r.num_valid, quantize=True,
+                        positions=r.positions, impl=impl)
     e = r.expert_ids.long().clamp(0, w13.shape[0] - 1)
     h = torch.bmm(w13[e], xs[:, :, None].to(w13.dtype))[:, :, 0]  # [A, 2I]
     a = silu_mul(h, num_valid=r.num_valid, impl=impl)
@@ -100,7 +101,10 @@ def _opcheck_cases() -> dict[str, tuple]:
                          empty(A, D, dtype=d["x"].dtype)),  # token-major
         "gather_scale_ref": (d["x"], r.token_ids, r.weights, r.num_valid,
                              empty(A, D, dtype=d["x"].dtype)),
-        "gather_scale_fp8": (d["x"], r.token_ids, None, r.num_valid, empty(A, D, dtype=fp8), empty(A)),
+        "gather_scale_fp8": (d["x"], r.token_ids, r.weights, r.num_valid, r.positions,
+                             empty(A, D, dtype=fp8), empty(A)),  # token-major
+        "gather_scale_fp8_ref": (d["x"], r.token_ids, None, r.num_valid, empty(A, D, dtype=fp8),
+                                 empty(A), "rowwise"),
         "gather_scale_groups": (d["x"], r.token_ids, r.weights, r.num_valid,
                                 empty(A, D, dtype=fp8), empty(A, -(-D // 128))),
         "gather_scale_fp8_ref": (d["x"], r.token_ids, None, r.num_valid, empty(A, D, dtype=fp8),

@@ -112,14 +112,17 @@ def routed(T, k, D, dtype, n_valid, seed):
                               "k17-row-major"])
 def test_kernel_positions_bit_exact(quantize, dtype, k, n_valid, weighted):
     """With positions, the kernel's rows equal the reference's bit for bit (rows past num_valid
-    untouched). Unquantized at 1 < k <= MAX_TOKEN_K it goes token-major and must not read
-    token_ids: they are all 0 in that call, so a row-major read would put token 0's row
-    everywhere."""
+    untouched). Unquantized or fp8 rowwise at 1 < k <= MAX_TOKEN_K it goes token-major and must
+    not read token_ids: they are all 0 in that call, so a row-major read would put token 0's row
+    everywhere. fp8 rowwise token-major takes one amax a token for its k rows: weights of both
+    signs and a zero weight check that it is each row's own."""
     T, D = 7, 300  # a masked last column block
     x, ids, pos, w, nv = routed(T, k, D, dtype, n_valid, seed=k)
     A, n = T * k, T * k if n_valid is None else n_valid
     w = w if weighted else None
-    token_major = not quantize and 1 < k <= kernel.MAX_TOKEN_K
+    if w is not None:
+        w[1] = 0.0  # its row: the scale from the 1e-12 floor, q all zero
+    token_major = quantize in (False, True) and 1 < k <= kernel.MAX_TOKEN_K
     given_ids = torch.zeros_like(ids) if token_major else ids
     if quantize:
         G = -(-D // 128)

@@ -145,6 +145,48 @@ def _gather_scale_fp8_kernel(
 
 
 @triton.jit
+def _gather_tokens_fp8_kernel(
+    x_ptr,  # [T, D] source rows
+    pos_ptr,  # [T * K] int32/int64: the output row of token t's j-th pair (Routing.positions)
+    w_ptr,  # [A] float32 weights, by output row (unused when not HAS_W)
+    nv_ptr,  # [1] number of valid rows (unused when not HAS_NV: A)
+    q_ptr,  # [A, D] e4m3 output (uint8 view when INTERPRET)
+    scale_ptr,  # [A] float32 row scales
+    A, D,  # output rows, row length
+    K: tl.constexpr,  # pairs a token
+    HAS_W: tl.constexpr,
+    HAS_NV: tl.constexpr,
+    INTERPRET: tl.constexpr,  # round with integer arithmetic (interpreter casts are wrong)
+    BLOCK_D: tl.constexpr,  # the whole row (one pass)
+):
+    """Token-major fp8 rowwise: token t's row is read once and its absolute maximum taken once;
+    each of its K rows is then scaled and stored with no reduction of its own. The same bits as
+    the row-major kernel: rounding is monotonic and symmetric, so the largest |fl(x_i * w)| is
+    fl(max |x_i| * |w|)."""
+    t = tl.program_id(0).to(tl.int64)
+    if HAS_NV:
+        n = tl.load(nv_ptr)
+    else:
+        n = A
+    offs = tl.arange(0, BLOCK_D)
+    cmask = offs < D
+    v = tl.load(x_ptr + t * D + offs, mask=cmask, other=0.0).to(tl.float32)
+    amax = tl.max(tl.abs(v), 0)
+    for j in tl.static_range(K):
+        p = tl.load(pos_ptr + t * K + j)
+        ok = (p >= 0) & (p < n)
+        vj = v
+        aj = amax
+        if HAS_W:
+            w = tl.load(w_ptr + p, mask=ok, other=0.0)
+            vj = v * w
+            aj = amax * tl.abs(w)
+        inv, scale = row_scales(aj)
+        store_fp8(q_ptr + p.to(tl.int64) * D + offs, vj, inv, cmask & ok, INTERPRET)
+        tl.store(scale_ptr + p, scale, mask=ok)
+
+
+@triton.jit
 def _gather_scale_groups_kernel(
     x_ptr,  # [T, D] source rows
     ids_ptr,  # [A] int32/int64 source token of each output row
@@ -207,12 +249,21 @@ def _gather_scale_op(x: Tensor, token_ids: Tensor, weights: Optional[Tensor],
 
 @kernel_op("gather_scale_fp8", mutates_args=("q", "scale"))
 def _gather_scale_fp8_op(x: Tensor, token_ids: Tensor, weights: Optional[Tensor],
-                         num_valid: Optional[Tensor], q: Tensor, scale: Tensor) -> None:
+                         num_valid: Optional[Tensor], positions: Optional[Tensor], q: Tensor,
+                         scale: Tensor) -> None:
     A, D = q.shape
     if A == 0 or D == 0:
         return
     target, interpret = fp8_target(q)
     block, one_pass = quant_block(D)
+    T = x.shape[0]
+    if (one_pass and positions is not None and T and positions.shape[0] == A and A % T == 0
+            and 1 < A // T <= MAX_TOKEN_K):  # token-major: one amax a token
+        launch(_gather_tokens_fp8_kernel, (T,),
+            x, positions, weights, num_valid, target, scale, A, D, K=A // T,
+            HAS_W=weights is not None, HAS_NV=num_valid is not None, INTERPRET=interpret,
+            BLOCK_D=block, num_warps=8 if block > 8192 else 4)
+        return
     # one pass up to 8192 lanes on 4 warps: 1-4% faster than 8 at D = 5120 over T = 2048 /
     # 16384, k = 1 / 4 (H100, benchmarks/results/probe_movement_88435b6.json)
     launch(_gather_scale_fp8_kernel, (A,),
@@ -245,8 +296,9 @@ def gather_scale(
 ) -> Tensor | tuple[Tensor, Tensor]:
     """x [T, D], token_ids [A], weights [A] | None -> [A, D] in x's dtype, or (q [A, D] e4m3,
     scale [A] float32) with quantize "rowwise" (or True), (q, scale [A, ceil(D / 128)]) with
-    "groups". positions [A = T * k] (token_ids' inverse) makes the unquantized gather
-    token-major at 1 < k <= MAX_TOKEN_K. Arguments were checked by the public function."""
+    "groups". positions [A = T * k] (token_ids' inverse) makes the unquantized gather, and the
+    fp8 rowwise one for rows that fit one pass, token-major at 1 < k <= MAX_TOKEN_K. Arguments
+    were checked by the public function."""
     A, D, mode = token_ids.shape[0], x.shape[1], QUANTIZE_MODES[quantize]
     if mode == "groups":
         if out is None:
@@ -258,7 +310,7 @@ def gather_scale(
         if out is None:
             out = (torch.empty(A, D, dtype=FP8_DTYPE, device=x.device),
                    torch.empty(A, dtype=torch.float32, device=x.device))
-        _gather_scale_fp8_op(x, token_ids, weights, num_valid, out[0], out[1])
+        _gather_scale_fp8_op(x, token_ids, weights, num_valid, positions, out[0], out[1])
         return out
     if out is None:
         out = torch.empty(A, D, dtype=x.dtype, device=x.device)
