@@ -1,8 +1,10 @@
 """The fp8 rowwise gather row-major against token-major (one amax a token, its k rows scaled and
-stored without a reduction of their own), at the token_movement suite's shapes (D = 5120) and k =
-2, 4, 8: CUDA-graph replays over rotating input sets, 30 samples, every output checked bit for
-bit against the torch reference. The bf16 gather both ways beside it. % of the run's copy
-ceiling for the bytes moved. Writes $OUT/probe_fp8_tokens.json.
+stored without a reduction of their own) at D = 5120, T = 2048..16384 (x from 20 MB, inside the
+L2, to 160 MB), k = 2, 4, 8: CUDA-graph replays over rotating input sets, 30 samples, every
+output checked bit for bit against the torch reference. fp8 orders: "row" (no positions),
+"token" / "token8" (the token-major kernel on 4 / 8 warps), "op" (positions given: what
+fp8_token_major picks). The bf16 gather row / token beside it. % of the run's copy ceiling for
+the bytes moved. Writes $OUT/probe_fp8_tokens.json.
 
     PYTHONPATH=src python benchmarks/probe_fp8_tokens.py --out $OUT
 """
@@ -18,10 +20,30 @@ import torch
 from shufflemoe.bench.ceilings import measure_ceilings
 from shufflemoe.bench.report import metadata
 from shufflemoe.bench.timing import rotations, time_fn
-from shufflemoe.ops import gather_scale
+from shufflemoe.ops import FP8_DTYPE, gather_scale
+from shufflemoe.ops.gather_scale import kernel
 
 D = 5120
-CASES = [(2048, 2), (2048, 4), (2048, 8), (16384, 2), (16384, 4)]
+CASES = [(2048, 2), (2048, 4), (2048, 8), (4096, 2), (4096, 4), (8192, 2), (8192, 4),
+         (16384, 2), (16384, 4)]
+
+
+def fp8_tokens(s: dict, warps: int):
+    """The token-major fp8 kernel, launched directly (the op's rule may pick row-major)."""
+    T, A = s["x"].shape[0], s["pos"].shape[0]
+    q = torch.empty(A, D, dtype=FP8_DTYPE, device="cuda")
+    scale = torch.empty(A, device="cuda")
+    kernel._gather_tokens_fp8_kernel[(T,)](
+        s["x"], s["pos"], s["w"], None, q, scale, A, D, K=A // T, HAS_W=True, HAS_NV=False,
+        INTERPRET=False, BLOCK_D=8192, num_warps=warps)
+    return q, scale
+
+
+def run(s: dict, quant: bool, order: str):
+    if order.startswith("token") and quant:
+        return fp8_tokens(s, 8 if order == "token8" else 4)
+    pos = s["pos"] if order in ("token", "op") else None
+    return gather_scale(s["x"], s["ids"], s["w"], quantize=quant, positions=pos, impl="triton")
 
 
 def main() -> None:
@@ -43,11 +65,9 @@ def main() -> None:
             refs = [gather_scale(s["x"], s["ids"], s["w"], quantize=quant, impl="torch")
                     for s in sets]
             moved = T * D * 2 + A * 8 + (A * D + A * 4 if quant else A * D * 2)
-            for order in ("row", "token"):
-                t = time_fn(lambda i: gather_scale(
-                    sets[i]["x"], sets[i]["ids"], sets[i]["w"], quantize=quant,
-                    positions=sets[i]["pos"] if order == "token" else None, impl="triton"),
-                    len(sets), reps=30, keep_outputs=True)
+            for order in ("row", "token", "token8", "op") if quant else ("row", "token"):
+                t = time_fn(lambda i: run(sets[i], quant, order), len(sets), reps=30,
+                            keep_outputs=True)
                 if quant:
                     ok = all(torch.equal(o[0].view(torch.uint8), r[0].view(torch.uint8))
                              and torch.equal(o[1], r[1]) for o, r in zip(t.outputs, refs))

@@ -107,8 +107,8 @@ def routed(T, k, D, dtype, n_valid, seed):
 @pytest.mark.parametrize("quantize", [False, True, "groups"], ids=["plain", "fp8", "groups"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("k,n_valid,weighted", [(2, None, True), (3, 16, True), (8, 41, False),
-                                                (1, 5, True), (17, 100, True)],
-                         ids=["k2", "k3-partial", "k8-partial-plain", "k1-row-major",
+                                                (8, None, True), (1, 5, True), (17, 100, True)],
+                         ids=["k2", "k3-partial", "k8-partial-plain", "k8", "k1-row-major",
                               "k17-row-major"])
 def test_kernel_positions_bit_exact(quantize, dtype, k, n_valid, weighted):
     """With positions, the kernel's rows equal the reference's bit for bit (rows past num_valid
@@ -122,7 +122,8 @@ def test_kernel_positions_bit_exact(quantize, dtype, k, n_valid, weighted):
     w = w if weighted else None
     if w is not None:
         w[1] = 0.0  # its row: the scale from the 1e-12 floor, q all zero
-    token_major = quantize in (False, True) and 1 < k <= kernel.MAX_TOKEN_K
+    token_major = (1 < k <= kernel.MAX_TOKEN_K if quantize is False else
+                   quantize is True and kernel.fp8_token_major(T, k, x.nbytes, x.device))
     given_ids = torch.zeros_like(ids) if token_major else ids
     if quantize:
         G = -(-D // 128)
@@ -141,6 +142,17 @@ def test_kernel_positions_bit_exact(quantize, dtype, k, n_valid, weighted):
     else:
         assert torch.equal(got[:n], ref)
         assert got[n:].isnan().all()
+
+
+def test_fp8_token_major_rule():
+    """fp8 rowwise goes token-major at 8 <= k <= 16, or where x outgrows the L2 (50 MB off CUDA)."""
+    cpu, D = torch.device("cpu"), 5120
+    assert not kernel.fp8_token_major(2048, 2, 2048 * D * 2, cpu)
+    assert not kernel.fp8_token_major(2048, 4, 2048 * D * 2, cpu)
+    assert kernel.fp8_token_major(2048, 8, 2048 * D * 2, cpu)
+    assert kernel.fp8_token_major(16384, 2, 16384 * D * 2, cpu)
+    assert not kernel.fp8_token_major(16384, 1, 16384 * D * 2, cpu)
+    assert not kernel.fp8_token_major(16384, 17, 16384 * D * 2, cpu)
 
 
 def test_positions_checked():

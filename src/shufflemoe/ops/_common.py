@@ -66,6 +66,12 @@ def device_sms(device: torch.device) -> int:
     return _cuda_properties(device).multi_processor_count
 
 
+def device_l2_bytes(device: torch.device) -> int:
+    """The L2 cache of a CUDA device in bytes; 50 MB (an H100's) for any other device (the
+    interpreter), so that launch choices do not depend on where CI runs."""
+    return _cuda_properties(device).L2_cache_size if device.type == "cuda" else 50 << 20
+
+
 @torch._dynamo.assume_constant_result
 def device_name(device: torch.device) -> str:
     """A CUDA device's name (the current one when ``device`` has no index); "" for any other

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .._common import cdiv, next_power_of_2
+from .._common import cdiv, device_l2_bytes, next_power_of_2
 from .._impl import interpreting, kernel_op
 from .._launch import launch
 from ..quantize.kernel import (cast_to, fp8_target, quant_block, row_scales, store_fp8,
@@ -228,6 +228,16 @@ def _copy_block(D: int) -> int:
 MAX_TOKEN_K = 16  # token-major up to this many pairs a token (its loop over them is unrolled)
 
 
+def fp8_token_major(T: int, k: int, x_bytes: int, device: torch.device) -> bool:
+    """Whether the fp8 rowwise gather goes token-major (given positions): where x outgrows the
+    L2, so that row-major would read its rows from DRAM up to k times, or at k >= 8. Where x fits
+    and k is small, row-major's T * k programs keep more stores in flight than T programs storing
+    k rows each (H100, D = 5120, % of copy, row-major -> token-major: T = 2048 k = 2 70.0 ->
+    59.3, k = 4 64.3 -> 61.8, k = 8 59.9 -> 68.7; T = 16384 k = 2 67.3 -> 71.8, k = 4 52.6 ->
+    75.5; benchmarks/results/probe_fp8_tokens_f6e48a8.json)."""
+    return 1 < k <= MAX_TOKEN_K and (k >= 8 or x_bytes > device_l2_bytes(device))
+
+
 @kernel_op("gather_scale", mutates_args=("out",))
 def _gather_scale_op(x: Tensor, token_ids: Tensor, weights: Optional[Tensor],
                      num_valid: Optional[Tensor], positions: Optional[Tensor],
@@ -258,7 +268,7 @@ def _gather_scale_fp8_op(x: Tensor, token_ids: Tensor, weights: Optional[Tensor]
     block, one_pass = quant_block(D)
     T = x.shape[0]
     if (one_pass and positions is not None and T and positions.shape[0] == A and A % T == 0
-            and 1 < A // T <= MAX_TOKEN_K):  # token-major: one amax a token
+            and fp8_token_major(T, A // T, x.nbytes, x.device)):
         launch(_gather_tokens_fp8_kernel, (T,),
             x, positions, weights, num_valid, target, scale, A, D, K=A // T,
             HAS_W=weights is not None, HAS_NV=num_valid is not None, INTERPRET=interpret,
@@ -296,9 +306,9 @@ def gather_scale(
 ) -> Tensor | tuple[Tensor, Tensor]:
     """x [T, D], token_ids [A], weights [A] | None -> [A, D] in x's dtype, or (q [A, D] e4m3,
     scale [A] float32) with quantize "rowwise" (or True), (q, scale [A, ceil(D / 128)]) with
-    "groups". positions [A = T * k] (token_ids' inverse) makes the unquantized gather, and the
-    fp8 rowwise one for rows that fit one pass, token-major at 1 < k <= MAX_TOKEN_K. Arguments
-    were checked by the public function."""
+    "groups". positions [A = T * k] (token_ids' inverse) makes the unquantized gather
+    token-major at 1 < k <= MAX_TOKEN_K, and the fp8 rowwise one for rows that fit one pass where
+    fp8_token_major says. Arguments were checked by the public function."""
     A, D, mode = token_ids.shape[0], x.shape[1], QUANTIZE_MODES[quantize]
     if mode == "groups":
         if out is None:
