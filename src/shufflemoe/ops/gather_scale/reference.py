@@ -56,9 +56,10 @@ def gather_scale(
     out: Tensor | tuple[Tensor, Tensor] | None,
     positions: Tensor | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
-    """As ops.gather_scale (positions, the kernels' token-major hint, is not needed). Rows of a new output past num_valid may hold anything, so they are
-    computed like the others rather than masked (three ops fewer), in eager straight into the
-    result rather than into an allocated output."""
+    """As ops.gather_scale (positions, the kernels' token-major hint, is not needed). Rows of a
+    new output past num_valid may hold anything, so they are computed like the others rather
+    than masked (three ops fewer), in eager straight into the result rather than into an
+    allocated output."""
     A, D = token_ids.shape[0], x.shape[1]
     mode = QUANTIZE_MODES[quantize]
     if out is None and mode == "none" and not _is_compiling():
