@@ -229,13 +229,15 @@ MAX_TOKEN_K = 16  # token-major up to this many pairs a token (its loop over the
 
 
 def fp8_token_major(T: int, k: int, x_bytes: int, device: torch.device) -> bool:
-    """Whether the fp8 rowwise gather goes token-major (given positions): where x outgrows the
-    L2, so that row-major would read its rows from DRAM up to k times, or at k >= 8. Where x fits
-    and k is small, row-major's T * k programs keep more stores in flight than T programs storing
-    k rows each (H100, D = 5120, % of copy, row-major -> token-major: T = 2048 k = 2 70.0 ->
-    59.3, k = 4 64.3 -> 61.8, k = 8 59.9 -> 68.7; T = 16384 k = 2 67.3 -> 71.8, k = 4 52.6 ->
-    75.5; benchmarks/results/probe_fp8_tokens_f6e48a8.json)."""
-    return 1 < k <= MAX_TOKEN_K and (k >= 8 or x_bytes > device_l2_bytes(device))
+    """Whether the fp8 rowwise gather goes token-major (given positions): at k >= 8, or where
+    row-major's reads of x (each row k times, x_bytes * k) exceed twice the L2, which its fp8
+    output stream then sweeps clean. Below that, row-major's T * k programs keep more stores in
+    flight than T programs storing k rows each. H100 (L2 50 MB), D = 5120, % of copy,
+    row-major / token-major (benchmarks/results/probe_fp8_tokens_ade96e0.json):
+    x_bytes * k = 42 MB (T = 2048 k = 2) 69.7 / 59.6; 84 MB (T = 2048 k = 4) 64.7 / 61.7,
+    (T = 4096 k = 2) 69.3 / 65.1; 168 MB (T = 4096 k = 4) 58.4 / 68.9, (T = 8192 k = 2)
+    68.1 / 70.0; T = 2048 k = 8 59.6 / 69.0; T = 16384 k = 4 52.6 / 75.4."""
+    return 1 < k <= MAX_TOKEN_K and (k >= 8 or x_bytes * k > 2 * device_l2_bytes(device))
 
 
 @kernel_op("gather_scale", mutates_args=("out",))
