@@ -228,6 +228,14 @@ def _copy_block(D: int) -> int:
 MAX_TOKEN_K = 16  # token-major up to this many pairs a token (its loop over them is unrolled)
 
 
+def token_k(positions: Optional[Tensor], T: int, A: int) -> int:
+    """k, the pairs a token, where positions covers x's T tokens' A = T * k pairs with
+    1 < k <= MAX_TOKEN_K (the token-major kernels' range); else 0 (row-major)."""
+    if positions is None or not T or positions.shape[0] != A or A % T:
+        return 0
+    return A // T if 1 < A // T <= MAX_TOKEN_K else 0
+
+
 def fp8_token_major(T: int, k: int, x_bytes: int, device: torch.device) -> bool:
     """Whether the fp8 rowwise gather goes token-major (given positions): at k >= 8, or where
     row-major's reads of x (each row k times, x_bytes * k) exceed twice the L2, which its fp8
@@ -250,10 +258,10 @@ def _gather_scale_op(x: Tensor, token_ids: Tensor, weights: Optional[Tensor],
     T, block = x.shape[0], _copy_block(D)
     common = dict(HAS_W=weights is not None, HAS_NV=num_valid is not None,
                   INTERPRET=interpreting(), BLOCK_D=block, num_warps=4 if block <= 1024 else 8)
-    if (positions is not None and T and positions.shape[0] == A and A % T == 0
-            and 1 < A // T <= MAX_TOKEN_K):  # token-major: positions covers x's T tokens
+    K = token_k(positions, T, A)
+    if K:  # token-major
         launch(_gather_tokens_kernel, (T, cdiv(D, block)),
-            x, positions, weights, num_valid, out, A, D, K=A // T, **common)
+            x, positions, weights, num_valid, out, A, D, K=K, **common)
         return
     launch(_gather_scale_kernel, (A, cdiv(D, block)),
         x, token_ids, weights, num_valid, out, D, **common)
@@ -269,10 +277,10 @@ def _gather_scale_fp8_op(x: Tensor, token_ids: Tensor, weights: Optional[Tensor]
     target, interpret = fp8_target(q)
     block, one_pass = quant_block(D)
     T = x.shape[0]
-    if (one_pass and positions is not None and T and positions.shape[0] == A and A % T == 0
-            and fp8_token_major(T, A // T, x.nbytes, x.device)):
+    K = token_k(positions, T, A)
+    if one_pass and K and fp8_token_major(T, K, x.nbytes, x.device):
         launch(_gather_tokens_fp8_kernel, (T,),
-            x, positions, weights, num_valid, target, scale, A, D, K=A // T,
+            x, positions, weights, num_valid, target, scale, A, D, K=K,
             HAS_W=weights is not None, HAS_NV=num_valid is not None, INTERPRET=interpret,
             BLOCK_D=block, num_warps=8 if block > 8192 else 4)
         return
