@@ -145,14 +145,18 @@ def test_kernel_positions_bit_exact(quantize, dtype, k, n_valid, weighted):
 
 
 def test_fp8_token_major_rule():
-    """fp8 rowwise goes token-major at 8 <= k <= 16, or where x outgrows the L2 (50 MB off CUDA)."""
+    """fp8 rowwise goes token-major at 8 <= k <= 16, or where x's bytes times k exceed twice the
+    L2 (50 MB off CUDA)."""
     cpu, D = torch.device("cpu"), 5120
-    assert not kernel.fp8_token_major(2048, 2, 2048 * D * 2, cpu)
-    assert not kernel.fp8_token_major(2048, 4, 2048 * D * 2, cpu)
-    assert kernel.fp8_token_major(2048, 8, 2048 * D * 2, cpu)
-    assert kernel.fp8_token_major(16384, 2, 16384 * D * 2, cpu)
-    assert not kernel.fp8_token_major(16384, 1, 16384 * D * 2, cpu)
-    assert not kernel.fp8_token_major(16384, 17, 16384 * D * 2, cpu)
+    x_bytes = lambda T: T * D * 2  # noqa: E731  bf16 rows
+    assert not kernel.fp8_token_major(2048, 2, x_bytes(2048), cpu)
+    assert not kernel.fp8_token_major(2048, 4, x_bytes(2048), cpu)
+    assert not kernel.fp8_token_major(4096, 2, x_bytes(4096), cpu)
+    assert kernel.fp8_token_major(4096, 4, x_bytes(4096), cpu)
+    assert kernel.fp8_token_major(8192, 2, x_bytes(8192), cpu)
+    assert kernel.fp8_token_major(2048, 8, x_bytes(2048), cpu)
+    assert not kernel.fp8_token_major(16384, 1, x_bytes(16384), cpu)
+    assert not kernel.fp8_token_major(16384, 17, x_bytes(16384), cpu)
 
 
 def test_positions_checked():

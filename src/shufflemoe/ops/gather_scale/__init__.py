@@ -35,9 +35,9 @@ def gather_scale(
     positions [A = T * k] int32/int64 (Routing.positions: token t's j-th pair is output row
     positions[t * k + j]) lets the kernel read each token's row once and write its k rows
     (token-major, at 1 < k <= 16: unquantized, and fp8 rowwise with one amax a token for rows
-    up to 16384 long at k >= 8 or where x outgrows the L2; "groups" stays row-major). The
-    result is the same. token_ids must be its inverse (token_ids[positions[t * k + j]] == t, as
-    in a Routing); positions is checked for shape only."""
+    up to 16384 long at k >= 8 or where x's bytes times k exceed twice the L2; "groups" stays
+    row-major). The result is the same. token_ids must be its inverse (token_ids[positions[t *
+    k + j]] == t, as in a Routing); positions is checked for shape only."""
     mode = QUANTIZE_MODES.get(quantize)
     if mode is None:
         raise ValueError(f"quantize must be one of {list(QUANTIZE_MODES)}, got {quantize!r}")

@@ -228,14 +228,24 @@ def _copy_block(D: int) -> int:
 MAX_TOKEN_K = 16  # token-major up to this many pairs a token (its loop over them is unrolled)
 
 
+def token_k(positions: Optional[Tensor], T: int, A: int) -> int:
+    """k, the pairs a token, where positions covers x's T tokens' A = T * k pairs with
+    1 < k <= MAX_TOKEN_K (the token-major kernels' range); else 0 (row-major)."""
+    if positions is None or not T or positions.shape[0] != A or A % T:
+        return 0
+    return A // T if 1 < A // T <= MAX_TOKEN_K else 0
+
+
 def fp8_token_major(T: int, k: int, x_bytes: int, device: torch.device) -> bool:
-    """Whether the fp8 rowwise gather goes token-major (given positions): where x outgrows the
-    L2, so that row-major would read its rows from DRAM up to k times, or at k >= 8. Where x fits
-    and k is small, row-major's T * k programs keep more stores in flight than T programs storing
-    k rows each (H100, D = 5120, % of copy, row-major -> token-major: T = 2048 k = 2 70.0 ->
-    59.3, k = 4 64.3 -> 61.8, k = 8 59.9 -> 68.7; T = 16384 k = 2 67.3 -> 71.8, k = 4 52.6 ->
-    75.5; benchmarks/results/probe_fp8_tokens_f6e48a8.json)."""
-    return 1 < k <= MAX_TOKEN_K and (k >= 8 or x_bytes > device_l2_bytes(device))
+    """Whether the fp8 rowwise gather goes token-major (given positions): at k >= 8, or where
+    row-major's reads of x (each row k times, x_bytes * k) exceed twice the L2, which its fp8
+    output stream then sweeps clean. Below that, row-major's T * k programs keep more stores in
+    flight than T programs storing k rows each. H100 (L2 50 MB), D = 5120, % of copy,
+    row-major / token-major (benchmarks/results/probe_fp8_tokens_ade96e0.json):
+    x_bytes * k = 42 MB (T = 2048 k = 2) 69.7 / 59.6; 84 MB (T = 2048 k = 4) 64.7 / 61.7,
+    (T = 4096 k = 2) 69.3 / 65.1; 168 MB (T = 4096 k = 4) 58.4 / 68.9, (T = 8192 k = 2)
+    68.1 / 70.0; T = 2048 k = 8 59.6 / 69.0; T = 16384 k = 4 52.6 / 75.4."""
+    return 1 < k <= MAX_TOKEN_K and (k >= 8 or x_bytes * k > 2 * device_l2_bytes(device))
 
 
 @kernel_op("gather_scale", mutates_args=("out",))
@@ -248,10 +258,10 @@ def _gather_scale_op(x: Tensor, token_ids: Tensor, weights: Optional[Tensor],
     T, block = x.shape[0], _copy_block(D)
     common = dict(HAS_W=weights is not None, HAS_NV=num_valid is not None,
                   INTERPRET=interpreting(), BLOCK_D=block, num_warps=4 if block <= 1024 else 8)
-    if (positions is not None and T and positions.shape[0] == A and A % T == 0
-            and 1 < A // T <= MAX_TOKEN_K):  # token-major: positions covers x's T tokens
+    K = token_k(positions, T, A)
+    if K:  # token-major
         launch(_gather_tokens_kernel, (T, cdiv(D, block)),
-            x, positions, weights, num_valid, out, A, D, K=A // T, **common)
+            x, positions, weights, num_valid, out, A, D, K=K, **common)
         return
     launch(_gather_scale_kernel, (A, cdiv(D, block)),
         x, token_ids, weights, num_valid, out, D, **common)
@@ -267,10 +277,10 @@ def _gather_scale_fp8_op(x: Tensor, token_ids: Tensor, weights: Optional[Tensor]
     target, interpret = fp8_target(q)
     block, one_pass = quant_block(D)
     T = x.shape[0]
-    if (one_pass and positions is not None and T and positions.shape[0] == A and A % T == 0
-            and fp8_token_major(T, A // T, x.nbytes, x.device)):
+    K = token_k(positions, T, A)
+    if one_pass and K and fp8_token_major(T, K, x.nbytes, x.device):
         launch(_gather_tokens_fp8_kernel, (T,),
-            x, positions, weights, num_valid, target, scale, A, D, K=A // T,
+            x, positions, weights, num_valid, target, scale, A, D, K=K,
             HAS_W=weights is not None, HAS_NV=num_valid is not None, INTERPRET=interpret,
             BLOCK_D=block, num_warps=8 if block > 8192 else 4)
         return
