@@ -123,7 +123,7 @@ def test_kernel_positions_bit_exact(quantize, dtype, k, n_valid, weighted):
     if w is not None:
         w[1] = 0.0  # its row: the scale from the 1e-12 floor, q all zero
     token_major = (1 < k <= kernel.MAX_TOKEN_K if quantize is False else
-                   quantize is True and kernel.fp8_token_major(T, k, x.nbytes, x.device))
+                   quantize is True and kernel.fp8_token_major(k, x.nbytes, x.device))
     given_ids = torch.zeros_like(ids) if token_major else ids
     if quantize:
         G = -(-D // 128)
@@ -149,14 +149,14 @@ def test_fp8_token_major_rule():
     L2 (50 MB off CUDA)."""
     cpu, D = torch.device("cpu"), 5120
     x_bytes = lambda T: T * D * 2  # noqa: E731  bf16 rows
-    assert not kernel.fp8_token_major(2048, 2, x_bytes(2048), cpu)
-    assert not kernel.fp8_token_major(2048, 4, x_bytes(2048), cpu)
-    assert not kernel.fp8_token_major(4096, 2, x_bytes(4096), cpu)
-    assert kernel.fp8_token_major(4096, 4, x_bytes(4096), cpu)
-    assert kernel.fp8_token_major(8192, 2, x_bytes(8192), cpu)
-    assert kernel.fp8_token_major(2048, 8, x_bytes(2048), cpu)
-    assert not kernel.fp8_token_major(16384, 1, x_bytes(16384), cpu)
-    assert not kernel.fp8_token_major(16384, 17, x_bytes(16384), cpu)
+    assert not kernel.fp8_token_major(2, x_bytes(2048), cpu)
+    assert not kernel.fp8_token_major(4, x_bytes(2048), cpu)
+    assert not kernel.fp8_token_major(2, x_bytes(4096), cpu)
+    assert kernel.fp8_token_major(4, x_bytes(4096), cpu)
+    assert kernel.fp8_token_major(2, x_bytes(8192), cpu)
+    assert kernel.fp8_token_major(8, x_bytes(2048), cpu)
+    assert not kernel.fp8_token_major(1, x_bytes(16384), cpu)
+    assert not kernel.fp8_token_major(17, x_bytes(16384), cpu)
 
 
 def test_positions_checked():

@@ -236,7 +236,7 @@ def token_k(positions: Optional[Tensor], T: int, A: int) -> int:
     return A // T if 1 < A // T <= MAX_TOKEN_K else 0
 
 
-def fp8_token_major(T: int, k: int, x_bytes: int, device: torch.device) -> bool:
+def fp8_token_major(k: int, x_bytes: int, device: torch.device) -> bool:
     """Whether the fp8 rowwise gather goes token-major (given positions): at k >= 8, or where
     row-major's reads of x (each row k times, x_bytes * k) exceed twice the L2, which its fp8
     output stream then sweeps clean. Below that, row-major's T * k programs keep more stores in
@@ -278,7 +278,7 @@ def _gather_scale_fp8_op(x: Tensor, token_ids: Tensor, weights: Optional[Tensor]
     block, one_pass = quant_block(D)
     T = x.shape[0]
     K = token_k(positions, T, A)
-    if one_pass and K and fp8_token_major(T, K, x.nbytes, x.device):
+    if one_pass and K and fp8_token_major(K, x.nbytes, x.device):
         launch(_gather_tokens_fp8_kernel, (T,),
             x, positions, weights, num_valid, target, scale, A, D, K=K,
             HAS_W=weights is not None, HAS_NV=num_valid is not None, INTERPRET=interpret,
