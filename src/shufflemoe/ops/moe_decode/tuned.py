@@ -38,9 +38,9 @@ Rows of fp8_rowwise for scout-tp8, maverick-tp8, qwen3-30b-a3b swept (--dtypes, 
   NVIDIA H100 80GB HBM3 (torch 2.11.0+cu130, triton 3.6.0), commit
   f82ae7d0b3407b696a9d8100d7d0de3fcca2fde3, run 20261206T042950Z-f8b0de:
   benchmarks/results/tune_decode_fp8_scout-tp8_maverick-tp8_qwen3-30b-a3b.md.
-The row (132, 128, 5120, 1024, 'float8_e4m3fn', 1) is restored by hand to commit 2ce889f's: in
-  the layer, Maverick TP8 fp8 T = 1, it took 27.5 us to the retuned row's 28.7 (H100,
-  benchmarks/probe_device_rows.py --against, 5 rounds ABAB, run 20261206T055605Z-a2c59e).
+  Of its rows, (132, 128, 5120, 1024, 'float8_e4m3fn', 1) is put back by hand to commit
+  2ce889f's: in the layer, Maverick TP8 fp8 T = 1, it took 27.5 us to the retuned row's 28.7
+  (H100, benchmarks/probe_device_rows.py --against, 5 rounds ABAB, run 20261206T055605Z-a2c59e).
 """
 
 BASE_DEVICE = 'NVIDIA H100 80GB HBM3'
