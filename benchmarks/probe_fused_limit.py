@@ -14,8 +14,14 @@ had the fused path faster (Llama 4 TP8 at T = 2..8, one sample each), against Sw
 alone (no other limit moved; its times are the rows' "always" column). Its run at 2862b2b set
 Switch.fp8_top1_tokens for the H200; writes $OUT/probe_fused_limit_fp8.json.
 
+--set fp8_few: fp8 rowwise layers of a few experts a token that the Switch keeps unfused
+(Mixtral TP2, k = 2, below fp8_min_top_k; Qwen3-30B-A3B at T = 8, A = 64 past fp8_max_pairs),
+against Switch(fp8=True): the four-launch path's silu_mul_fp8 alone takes 5.2 us of Mixtral's
+T = 1 on an H100 (results/probe_timeline_t1_59f9f6f.txt); writes
+$OUT/probe_fused_limit_fp8_few.json.
+
     PYTHONPATH=src python benchmarks/probe_fused_limit.py --out $OUT [--budget 400]
-        [--presets llama4-scout-tp8] [--reps 20] [--set fp8]
+        [--presets llama4-scout-tp8] [--reps 20] [--set fp8 | fp8_few]
 """
 
 from __future__ import annotations
@@ -54,8 +60,13 @@ CASES_FP8 = (
     ("llama4-scout-tp8", "fp8_rowwise", (2, 4, 8, 16)),
     ("llama4-maverick-tp8", "fp8_rowwise", (2, 4, 8, 16)),
 )
+CASES_FP8_FEW = (
+    ("mixtral-8x7b-tp2", "fp8_rowwise", (1, 2, 4)),
+    ("qwen3-30b-a3b", "fp8_rowwise", (8,)),
+)
 SETS = {"limit": (CASES, configs.ALWAYS, "probe_fused_limit.json"),
-        "fp8": (CASES_FP8, configs.Switch(fp8=True), "probe_fused_limit_fp8.json")}
+        "fp8": (CASES_FP8, configs.Switch(fp8=True), "probe_fused_limit_fp8.json"),
+        "fp8_few": (CASES_FP8_FEW, configs.Switch(fp8=True), "probe_fused_limit_fp8_few.json")}
 
 
 def probe_start(name: str, budget: float = 400.0, reps: int = 20, **flags) -> tuple:
