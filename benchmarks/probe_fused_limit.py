@@ -18,7 +18,9 @@ Switch.fp8_top1_tokens for the H200; writes $OUT/probe_fused_limit_fp8.json.
 (Mixtral TP2, k = 2, below fp8_min_top_k; Qwen3-30B-A3B at T = 8, A = 64 past fp8_max_pairs),
 against Switch(fp8=True): the four-launch path's silu_mul_fp8 alone takes 5.2 us of Mixtral's
 T = 1 on an H100 (results/probe_timeline_t1_59f9f6f.txt); writes
-$OUT/probe_fused_limit_fp8_few.json.
+$OUT/probe_fused_limit_fp8_few.json. At 428ae92 on an H100 the fused path lost there (0.92-1.00x,
+results/probe_fused_limit_fp8_few_428ae92.json), while --set fp8 had Llama 4 top-1 1.02-1.04x
+faster fused at T = 4 and 8 (results/probe_fused_limit_fp8_428ae92.json).
 
     PYTHONPATH=src python benchmarks/probe_fused_limit.py --out $OUT [--budget 400]
         [--presets llama4-scout-tp8] [--reps 20] [--set fp8 | fp8_few]
