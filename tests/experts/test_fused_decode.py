@@ -110,7 +110,7 @@ def test_switch_picks_the_path(fused_calls):
     while T <= 4, or T <= 8 with 2 T k <= E, fp8_block layers of 16 experts or more while T <= 4,
     mxfp4 top-1 layers while T <= 8 (others at T = 1);
     fp8 rowwise top-1 layers of 16 experts or more only on a GPU named in Switch.fp8_top1_tokens
-    (the H200: T <= 8; measured slower elsewhere); a Switch in force decides otherwise. The
+    (the H100 and the H200: T <= 8); a Switch in force decides otherwise. The
     torch references always run the unfused ops."""
     gpu = torch.cuda.get_device_name() if DEV == "cuda" else ""
     most = dict(configs.Switch().fp8_top1_tokens).get(gpu, 0)  # fp8 rowwise top-1

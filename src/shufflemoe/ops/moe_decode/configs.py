@@ -11,7 +11,7 @@ Two choices, each a frozen dataclass that tests and benchmarks replace with ``ov
   host less in 23 of 24 cases; fp8 rowwise 0.85-0.92x (its in-kernel quantization of a's rows costs more
   than the launches it saves). So the default fuses every bf16 layer, and fp8 ones only with many
   experts a token at small A (Switch.fp8_min_top_k, fp8_max_pairs), or on a GPU where top-1
-  layers measured faster fused (Switch.fp8_top1_tokens: the H200).
+  layers measured faster fused (Switch.fp8_top1_tokens: the H100 and the H200).
 - ``DecodeConfig``: tiles and split-K factors of the two fused GEMMs. The host knows A, E, D, I
   and the dtype, never the group sizes, so it plans for min(E, A) active experts: weight tiles =
   active experts x cdiv(N, block_n). The choice comes from the tuning tables (tuned.py, written
@@ -56,9 +56,13 @@ class Switch:
     # experts while T <= its entry. H200, CUDA graphs, the four-launch path / Switch(fp8=True), us
     # (benchmarks/results/probe_fused_limit_fp8_2862b2b.json, p20-p80 apart at T = 2..8): Llama 4
     # Scout TP8 T = 2 30.8 / 30.1, T = 4 39.7 / 37.6, T = 8 56.0 / 54.0, T = 16 1.004x; Maverick
-    # TP8 T = 2 33.6 / 32.2, T = 4 43.2 / 40.9, T = 8 63.6 / 59.9, T = 16 1.018x. The H100 has no
-    # entry: its numbers above (Scout T = 2 and 8) had the fused path slower.
-    fp8_top1_tokens: tuple[tuple[str, int], ...] = (("NVIDIA H200", 8),)
+    # TP8 T = 2 33.6 / 32.2, T = 4 43.2 / 40.9, T = 8 63.6 / 59.9, T = 16 1.018x. H100, the same
+    # probe at 428ae92 (results/probe_fused_limit_fp8_428ae92.json, the shipped path timed before
+    # and after, p20-p80 within 0.3 us): Scout TP8 T = 2 35.1 / 35.2, T = 4 46.2 / 44.5, T = 8
+    # 68.4 / 65.8, T = 16 0.999x; Maverick TP8 T = 2 38.1 / 38.0, T = 4 50.6 / 48.6, T = 8 75.7 /
+    # 74.3, T = 16 0.957x (the numbers above, at 6b70ae2, had the H100's fused path slower).
+    fp8_top1_tokens: tuple[tuple[str, int], ...] = (("NVIDIA H100 80GB HBM3", 8),
+                                                     ("NVIDIA H200", 8))
     fp8_top1_min_experts: int = 16
     # Weight-only layers (fp8_w8a16, mxfp4) fuse while T <= weight_only_tokens, or while T <= 2 x
     # that with at most one pair per two experts (2A <= E): there one-pair tiles stream each
