@@ -1275,7 +1275,9 @@ def _down_op(a: Tensor, a_scale: Optional[Tensor], sa: Optional[Tensor], w2: Ten
     gu = plan.gate_up  # the gate_up call's tiles: how many shared programs stored rows of a
     early = _early(early, shared, _k_split(D, gu)[1], a)
     interpret = interpreting()
-    pdl = _pdl(plan, a, interpret)
+    # early: PDL whatever the table says, as in gate_up: the shared programs start once gate_up's
+    # shared rows are stored (the A = 2 key of a merged T = 1 is judged with unmerged T = 2)
+    pdl = _pdl(plan.with_(pdl=plan.pdl or early), a, interpret)
     # The interpreter runs programs in order, so out can be read-modify-written in its dtype;
     # its bf16 rounding is done by cast_to (the interpreter's own cast truncates).
     with on_device(a):
