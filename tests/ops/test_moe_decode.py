@@ -405,14 +405,16 @@ def test_split_heuristic():
     assert configs.use_fused(8, top_k=8) and not configs.use_fused(1, quant="fp8_rowwise")
     assert configs.use_fused(32, 8, "fp8_rowwise") and configs.use_fused(4, 4, "fp8_rowwise")
     assert not configs.use_fused(40, 8, "fp8_rowwise") and not configs.use_fused(2, 2, "fp8_rowwise")
-    # fp8 rowwise top-1 with 16 experts or more: fused at T <= 8 on an H200, not elsewhere
-    h200, h100 = "NVIDIA H200", "NVIDIA H100 80GB HBM3"
+    # fp8 rowwise top-1 with 16 experts or more: fused at T <= 8 on an H200 or H100, not elsewhere
+    h200, h100, a100 = "NVIDIA H200", "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"
     assert configs.use_fused(8, 1, "fp8_rowwise", 16, device=h200)
     assert configs.use_fused(1, 1, "fp8_rowwise", 128, device=h200)
     assert not configs.use_fused(9, 1, "fp8_rowwise", 128, device=h200)
     assert not configs.use_fused(8, 1, "fp8_rowwise", 8, device=h200)
     assert not configs.use_fused(4, 2, "fp8_rowwise", 128, device=h200)
-    assert not configs.use_fused(8, 1, "fp8_rowwise", 16, device=h100)
+    assert configs.use_fused(8, 1, "fp8_rowwise", 16, device=h100)
+    assert not configs.use_fused(9, 1, "fp8_rowwise", 16, device=h100)
+    assert not configs.use_fused(1, 1, "fp8_rowwise", 16, device=a100)
     assert not configs.use_fused(8, 1, "fp8_rowwise", 16, True, device=h200)
     with configs.override(configs.Switch(fp8_top1_tokens=())):
         assert not configs.use_fused(2, 1, "fp8_rowwise", 16, device=h200)
