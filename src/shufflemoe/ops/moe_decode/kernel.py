@@ -803,15 +803,25 @@ def _down_step(acc, k0, k_hi, a_ptr, as_ptr, w_ptr, ws_ptr, rows, row_ok, w_rows
                           UPCAST)
     else:
         w = _w_tile(w_ptr, ws_ptr, w_rows, col_ok, k0, k_hi, I, QUANT, BLOCK_K, UPCAST)
-        kk = k0 + tl.arange(0, BLOCK_K)
-        at = tl.load(a_ptr + rows.to(tl.int64)[:, None] * I + kk[None, :],
-                     mask=row_ok[:, None] & (kk < k_hi)[None, :], other=0.0,
-                     cache_modifier=".cg")  # (EARLY: rows other programs of gate_up wrote)
-        if A_F32:  # fp32 rows of a quantized here, exactly as _quantize_rows would
-            y = tl.clamp(at * inv[:, None], -448.0, 448.0, propagate_nan=tl.PropagateNan.ALL)
-            at = _fp8_value(y, INTERPRET)
-        acc = _dot(acc, w, _x_cols(at, QUANT), UPCAST, W_TO_X, DOT_PRECISION)
+        acc = _down_dot(acc, w, k0, k_hi, a_ptr, rows, row_ok, inv, I, BLOCK_K, QUANT, UPCAST,
+                        W_TO_X, DOT_PRECISION, A_F32, INTERPRET)
     return acc
+
+
+@triton.jit
+def _down_dot(acc, w, k0, k_hi, a_ptr, rows, row_ok, inv, I, BLOCK_K: tl.constexpr,
+              QUANT: tl.constexpr, UPCAST: tl.constexpr, W_TO_X: tl.constexpr,
+              DOT_PRECISION: tl.constexpr, A_F32: tl.constexpr, INTERPRET: tl.constexpr):
+    """The rest of a K step of down (not fp8_block, not a one-pair mxfp4 tile) once its weight
+    tile w [BN, BK] at k0 is loaded: acc += w @ a^T [BK, BM]."""
+    kk = k0 + tl.arange(0, BLOCK_K)
+    at = tl.load(a_ptr + rows.to(tl.int64)[:, None] * I + kk[None, :],
+                 mask=row_ok[:, None] & (kk < k_hi)[None, :], other=0.0,
+                 cache_modifier=".cg")  # (EARLY: rows other programs of gate_up wrote)
+    if A_F32:  # fp32 rows of a quantized here, exactly as _quantize_rows would
+        y = tl.clamp(at * inv[:, None], -448.0, 448.0, propagate_nan=tl.PropagateNan.ALL)
+        at = _fp8_value(y, INTERPRET)
+    return _dot(acc, w, _x_cols(at, QUANT), UPCAST, W_TO_X, DOT_PRECISION)
 
 
 @triton.jit
@@ -819,18 +829,24 @@ def _down_loop(k_lo, k_hi, a_ptr, as_ptr, w_ptr, ws_ptr, rows, row_ok, w_rows, c
                inv, I, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
                QUANT: tl.constexpr, UPCAST: tl.constexpr, W_TO_X: tl.constexpr,
                DOT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr, RUNS: tl.constexpr,
-               A_F32: tl.constexpr):
-    """down's K loop over [k_lo, k_hi): the accumulator [BN, BM] in float32."""
+               A_F32: tl.constexpr, w0, FIRST: tl.constexpr):
+    """down's K loop over [k_lo, k_hi): the accumulator [BN, BM] in float32. FIRST: w0 is the
+    weight tile of the first step, loaded before the program's PDL wait (_down_kernel)."""
     acc = _acc0(BLOCK_N, BLOCK_M, BLOCK_K, QUANT, RUNS)
+    k_start = k_lo
+    if FIRST:
+        acc = _down_dot(acc, w0, k_lo, k_hi, a_ptr, rows, row_ok, inv, I, BLOCK_K, QUANT, UPCAST,
+                        W_TO_X, DOT_PRECISION, A_F32, INTERPRET)
+        k_start += BLOCK_K
     if INTERPRET:  # range() over a tensor bound fails in the interpreter
-        k0 = k_lo
+        k0 = k_start
         while k0 < k_hi:
             acc = _down_step(acc, k0, k_hi, a_ptr, as_ptr, w_ptr, ws_ptr, rows, row_ok, w_rows,
                              col_ok, blocks, inv, I, BLOCK_K, QUANT, UPCAST, W_TO_X,
                              DOT_PRECISION, A_F32, INTERPRET)
             k0 += BLOCK_K
     else:
-        for k0 in range(k_lo, k_hi, BLOCK_K):
+        for k0 in range(k_start, k_hi, BLOCK_K):
             acc = _down_step(acc, k0, k_hi, a_ptr, as_ptr, w_ptr, ws_ptr, rows, row_ok, w_rows,
                              col_ok, blocks, inv, I, BLOCK_K, QUANT, UPCAST, W_TO_X,
                              DOT_PRECISION, A_F32, INTERPRET)
@@ -883,11 +899,17 @@ def _down_kernel(
     ROW_BLOCK: tl.constexpr, ROW_CHUNKS: tl.constexpr,  # A_F32: lanes and loads a row of a
     GATE: tl.constexpr,  # the shared expert's rows times sigmoid(x . gate) (see _gate)
     GATE_K: tl.constexpr,  # columns of x a step of _gate
+    PRELOAD: tl.constexpr,  # the first K step's weight tile is loaded before a's rows are read,
+    # with PDL before the program's wait (the routing, which the tile needs, ended before
+    # gate_up passed its own): a program's first bytes are on their way while gate_up ends
 ):
+    WAIT_LATE: tl.constexpr = PDL and PRELOAD  # the program waits after its first weight tile
     s, tile, u, n_tile, shared, exists, g, row0, row_stop, total_tiles, num_valid = _program(
-        counts_ptr, E, n_tiles, split, T, BLOCK_E, BLOCK_M, SHARED, PDL, EARLY)
+        counts_ptr, E, n_tiles, split, T, BLOCK_E, BLOCK_M, SHARED, PDL and not WAIT_LATE, EARLY)
     if EARLY:
         if shared:
+            if WAIT_LATE:  # as _program: the shared programs let the next kernel launch at once
+                gdc_launch_dependents()
             _await_shared(flag_ptr, flag_expected,
                           tl.cdiv(T, BLOCK_M) * n_tiles * split)
     if exists:
@@ -907,6 +929,14 @@ def _down_kernel(
             blocks = g.to(tl.int64) * tl.cdiv(D, 128) + cols // 128
         k_lo = s * k_split
         k_hi = tl.minimum(k_lo + k_split, I)
+        w0 = 0.0
+        if PRELOAD:  # (MIXED: the routed tiles' step; the shared tiles load none)
+            w0 = _w_tile(wd_ptr, w_scale_ptr, w_rows, col_ok & ((shared == 0) | (not MIXED)),
+                         k_lo, k_hi, I, QUANT, BLOCK_K, UPCAST)
+        if WAIT_LATE:
+            if (shared == 0) | (not EARLY):  # EARLY's shared programs wait in their epilogue
+                gdc_wait()
+                gdc_launch_dependents()
         if A_F32:  # the routed rows' scales from their fp32 values
             n_rows = tl.where(shared, 0, tl.minimum(row_stop - row0, BLOCK_M))
             inv, a_sc = row_scales(_row_amax(a_ptr, ids_ptr, rw_ptr, row0, n_rows, I, False,
@@ -919,16 +949,17 @@ def _down_kernel(
                 acc = _down_loop(k_lo, k_hi, sa_ptr, a_scale_ptr, sw_ptr, w_scale_ptr, a_rows,
                                  row_ok, w_rows, col_ok, blocks, inv, I, BLOCK_N, BLOCK_M,
                                  SHARED_K, "none", UPCAST, False, DOT_PRECISION, INTERPRET, RUNS,
-                                 False)
+                                 False, w0, False)
             else:
                 acc = _down_loop(k_lo, k_hi, a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, a_rows,
                                  row_ok, w_rows, col_ok, blocks, inv, I, BLOCK_N, BLOCK_M,
                                  BLOCK_K, QUANT, UPCAST, W_TO_X, DOT_PRECISION, INTERPRET, RUNS,
-                                 A_F32)
+                                 A_F32, w0, PRELOAD)
         else:
             acc = _down_loop(k_lo, k_hi, a_ptr, a_scale_ptr, wd_ptr, w_scale_ptr, a_rows,
                              row_ok, w_rows, col_ok, blocks, inv, I, BLOCK_N, BLOCK_M, BLOCK_K,
-                             QUANT, UPCAST, W_TO_X, DOT_PRECISION, INTERPRET, RUNS, A_F32)
+                             QUANT, UPCAST, W_TO_X, DOT_PRECISION, INTERPRET, RUNS, A_F32, w0,
+                             PRELOAD)
         if EARLY:
             if shared:  # the routing and all of a, for the combine: as the other programs
                 if PDL:
@@ -1299,6 +1330,7 @@ def _down_op(a: Tensor, a_scale: Optional[Tensor], sa: Optional[Tensor], w2: Ten
             ROW_CHUNKS=cdiv(I, min(1024, next_power_of_2(I))),
             GATE=shared_gate is not None,
             GATE_K=_gate_k(D, cfg.block_m) if shared_gate is not None else 16,  # ungated: one build
+            PRELOAD=quant in ("none", "fp8_rowwise", "fp8_w8a16"),
             **_launch_options(cfg, pdl))
 
 
