@@ -15,6 +15,9 @@ fp8_w8a16 (the one-pair GEMVs' formats) at T = 1, 2, 4, 8 (the layer's default s
 where it fuses): the layer against the float64 naive_moe on one input, then CUDA-graph replays
 rotating weight sets (past twice the L2) and 8 inputs (each routes differently). Appends rows
 (label, preset, format, T, us median and p20 / p80, check) to $OUT/probe_one_pair.jsonl.
+--presets / --formats / --tokens narrow the rows; --force-pdl launches both fused GEMMs with
+programmatic dependent launch whatever the tuning table says (for a change that moves work
+before the PDL wait, on rows whose table entry has PDL off).
 """
 
 from __future__ import annotations
@@ -44,21 +47,32 @@ def main() -> None:
     p.add_argument("--out", required=True, type=pathlib.Path)
     p.add_argument("--label", required=True)
     p.add_argument("--budget", type=float, default=150.0, help="seconds, then stop")
+    p.add_argument("--presets", nargs="+", default=list(PRESETS), choices=list(PRESETS))
+    p.add_argument("--formats", nargs="+", default=list(FORMATS), choices=list(FORMATS))
+    p.add_argument("--tokens", nargs="+", type=int, default=list(TOKENS))
+    p.add_argument("--force-pdl", action="store_true")
     args = p.parse_args()
+    if args.force_pdl:
+        from shufflemoe.ops.moe_decode import kernel
+
+        plan = kernel._plan
+        kernel._plan = lambda *a: plan(*a).with_(pdl=True)
     start = time.monotonic()
     args.out.mkdir(parents=True, exist_ok=True)
-    meta = dict(metadata(), label=args.label, tree=str(pathlib.Path(sys.modules["shufflemoe"]
-                                                                     .__file__).parent))
+    meta = dict(metadata(), label=args.label, force_pdl=args.force_pdl,
+                tree=str(pathlib.Path(sys.modules["shufflemoe"].__file__).parent))
     with open(args.out / "probe_one_pair.jsonl", "a") as f:
         f.write(json.dumps(dict(meta=meta)) + "\n")
-        for name, base in PRESETS.items():
-            for fmt, quant in FORMATS.items():
+        for name in args.presets:
+            base = PRESETS[name]
+            for fmt in args.formats:
+                quant = FORMATS[fmt]
                 if time.monotonic() - start > args.budget:
                     print(f"{args.label}: budget spent before {name} {fmt}", flush=True)
                     return
                 cfg = base.replace(quantization=quant)
                 layers = layers_for(cfg, weight_sets(cfg, 1), "cuda")
-                for T in TOKENS:
+                for T in args.tokens:
                     xs = inputs(cfg, T, "cuda", 8)
                     ref, mag = naive_moe(layers[0], xs[0], layers[0].route(xs[0]),
                                          with_magnitude=True)
