@@ -135,7 +135,7 @@ def down(fp8: bool | str, split: int, k: int, pdl: bool, accumulate: bool = True
                   W_TO_X=quant in ("fp8_w8a16", "mxfp4"),
                   DOT_PRECISION="tf32", INTERPRET=False, PDL=pdl, RUNS=runs, A_F32=a_f32,
                   ROW_BLOCK=1024, ROW_CHUNKS=1, GATE=gate, GATE_K=4096 // block_m,
-                  PRELOAD=quant in ("none", "fp8_rowwise", "fp8_w8a16"))
+                  PRELOAD=kernel._preload(quant, k))
     return compile_sm90(kernel._down_kernel, sig, consts, **({"launch_pdl": True} if pdl else {}))
 
 
