@@ -1336,13 +1336,15 @@ def _down_op(a: Tensor, a_scale: Optional[Tensor], sa: Optional[Tensor], w2: Ten
 
 def _preload(quant: str, k: int) -> bool:
     """Whether down loads its first weight step before a's rows (_down_kernel's PRELOAD): for
-    layers of k >= 2 pairs a token in the formats whose K step is a plain tile load. H100, the
-    layer in CUDA graphs, T = 1..8, two rounds ABAB, min, with / without (benchmarks/
-    probe_one_pair.py, results/probe_one_pair_preload_47e3053.jsonl): Qwen3-30B-A3B (k = 8)
-    fp8 rowwise T = 2 / 4 38.7 / 40.7, 61.0 / 64.5 us, fp8_w8a16 37.7 / 39.3, 59.7 / 63.0,
-    bf16 T = 1 / 2 1.020 / 1.033x, T = 4 / 8 within 0.5%; Llama 4 Scout TP8 (top-1) within
-    the noise but bf16 T = 1 (a merged shared expert) 29.2 / 27.7 us."""
-    return k >= 2 and quant in ("none", "fp8_rowwise", "fp8_w8a16")
+    layers of k >= 2 pairs a token with e4m3 weights (fp8 rowwise, fp8_w8a16). H100, the layer
+    in CUDA graphs, T = 1..8, 2-3 rounds ABAB, min, with / without (benchmarks/
+    probe_one_pair.py, results/probe_one_pair_preload_47e3053.jsonl, _626cc89.jsonl):
+    Qwen3-30B-A3B (k = 8) fp8 rowwise T = 2 / 4 38.7 / 40.7, 61.0 / 64.0 us, fp8_w8a16 37.6 /
+    38.8, 59.5 / 62.2; Mixtral TP2 (k = 2) fp8_w8a16 T = 2 118.1 / 119.6, every other within
+    0.7%. Not bf16 (Qwen3 T = 1 / 2 1-2% faster, T = 4 / 8 and Mixtral T = 4 ~1% slower) nor
+    top-1 (Llama 4 Scout TP8 within the noise but bf16 T = 1, a merged shared expert: 29.2 /
+    27.7 us)."""
+    return k >= 2 and quant in ("fp8_rowwise", "fp8_w8a16")
 
 
 def _gate_k(D: int, block_m: int) -> int:
