@@ -15,9 +15,9 @@
 # and compiled rows; decode at T = 2 and 4; weight copies; the e2e compile paths, ~15-25 s per
 # compile of the reduced-depth models): tests ~270 s with 8 workers (run them alone: `tests`;
 # measured since: 338 s at 0d023a5, over 450 s at 89e3250 on a fresh H100, its last torch.compile
-# test still running; over 380 s at 8db53ec and 374 s at 59f9f6f with 14 workers: keep
+# test still running; over 380 s at 8db53ec, 374 s at 59f9f6f, 318 s at 5edc05d with 14 workers: keep
 # TEST_TIMEOUT at its 540 s default), layer ~280 s (measured since: 361 s at ade96e0, 430 s at
-# c113f25, 503 s at 8db53ec, 497 s at 59f9f6f on H100s: a call of its own, with
+# c113f25, 503 s at 8db53ec, 497 s at 59f9f6f, 395 s at 5edc05d on H100s: a call of its own, with
 # CALL_LIMIT_S=560);
 # part 2 ~385 s (index_shuffle 30, token_movement 50, grouped_gemm 30, grouped_gemm_sweep 35,
 # e2e_hf 240). These are estimates, not measurements: each part runs under a deadline
