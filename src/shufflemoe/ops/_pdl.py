@@ -1,0 +1,48 @@
+"""Programmatic dependent launch (PDL) for the small kernels of the unfused path's chain:
+routing and placing the pairs, gathering (and quantizing) their rows, the activation, the
+combine. Launched with PDL, a kernel's programs may start as soon as every program of the kernel
+before it has started, so its launch and ramp overlap that kernel's work instead of following
+its last store. Each of its programs first lets the next kernel launch the same way, then waits
+(griddepcontrol.wait) until the kernel before it has completed and its memory is visible, and
+only then touches memory. Waiting first keeps every order a stream gives: a kernel reads and
+writes nothing until its predecessor is done, which waited for its own, however far back a
+buffer was written or read. Where nothing launched with PDL follows, or no kernel came before,
+the instructions do nothing. Not under the interpreter, nor when torch.compile traces a launch.
+
+The grouped GEMMs keep ordinary launches. Launched early, their persistent programs (two an SM)
+sat on the SMs beside the kernel before, and a GEMM with its GLU lost 8%: Mixtral TP2 bf16 at T
+= 64, GEMM13 304 -> 329 us, the layer 484 -> 507 (and with the GEMMs' own next kernel launched
+only at their last tile, or at their exit: 506). The fused decode kernels have their own PDL
+(moe_decode/kernel.py). H100, the layer in CUDA graphs (benchmarks/probe_one_pair.py, results/
+probe_one_pair_chain_*.jsonl; before -> the small kernels chained, us): Qwen3-30B-A3B fp8 T =
+16 / 64 / 128 153.7 -> 151.6, 227.3 -> 223.9, 234.4 -> 231.2, bf16 269.7 -> 267.7, 405.7 ->
+403.0, 414.2 -> 411.6; Llama 4 Scout TP8 fp8 86.5 -> 85.2, 113.6 -> 111.7, 122.2 -> 119.3;
+Mixtral TP2 fp8 T = 64 267.0 -> 263.7; the other rows within 0.5%."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+from torch import Tensor
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from ._common import traced
+from ._impl import interpreting
+
+
+def chained(like: Tensor) -> dict:
+    """The launch keywords of a chained kernel that runs on ``like``'s device: PDL (the kernel's
+    constexpr, passed to chain_start) and Triton's launch_pdl where it runs compiled on CUDA,
+    PDL=False elsewhere."""
+    if like.is_cuda and not interpreting() and not traced((like,)):
+        return {"PDL": True, "launch_pdl": True}
+    return {"PDL": False}
+
+
+@triton.jit
+def chain_start(PDL: tl.constexpr):
+    """A chained kernel's first statement: let the next kernel launch, then wait for the one
+    before (see the module docstring)."""
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
