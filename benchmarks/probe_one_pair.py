@@ -15,9 +15,10 @@ fp8_w8a16 (the one-pair GEMVs' formats) at T = 1, 2, 4, 8 (the layer's default s
 where it fuses): the layer against the float64 naive_moe on one input, then CUDA-graph replays
 rotating weight sets (past twice the L2) and 8 inputs (each routes differently). Appends rows
 (label, preset, format, T, us median and p20 / p80, check) to $OUT/probe_one_pair.jsonl.
---presets / --formats / --tokens narrow the rows; --force-pdl launches both fused GEMMs with
-programmatic dependent launch whatever the tuning table says (for a change that moves work
-before the PDL wait, on rows whose table entry has PDL off).
+--presets / --formats / --tokens narrow or widen the rows (--formats also takes fp8_block and
+mxfp4, --tokens any T: prefill's 2048 too, for a change to the unfused path); --force-pdl
+launches both fused GEMMs with programmatic dependent launch whatever the tuning table says (for
+a change that moves work before the PDL wait, on rows whose table entry has PDL off).
 """
 
 from __future__ import annotations
@@ -38,7 +39,9 @@ from shufflemoe.bench.report import metadata  # noqa: E402
 from shufflemoe.bench.timing import time_fn  # noqa: E402
 from shufflemoe.testing import compare, tolerance_key  # noqa: E402
 
-FORMATS = {"bf16": "none", "fp8": "fp8_rowwise", "w8a16": "fp8_w8a16"}
+FORMATS = {"bf16": "none", "fp8": "fp8_rowwise", "w8a16": "fp8_w8a16", "fp8_block": "fp8_block",
+           "mxfp4": "mxfp4"}
+DEFAULT_FORMATS = ("bf16", "fp8", "w8a16")  # the one-pair GEMVs' formats
 TOKENS = (1, 2, 4, 8)
 
 
@@ -48,7 +51,7 @@ def main() -> None:
     p.add_argument("--label", required=True)
     p.add_argument("--budget", type=float, default=150.0, help="seconds, then stop")
     p.add_argument("--presets", nargs="+", default=list(PRESETS), choices=list(PRESETS))
-    p.add_argument("--formats", nargs="+", default=list(FORMATS), choices=list(FORMATS))
+    p.add_argument("--formats", nargs="+", default=list(DEFAULT_FORMATS), choices=list(FORMATS))
     p.add_argument("--tokens", nargs="+", type=int, default=list(TOKENS))
     p.add_argument("--force-pdl", action="store_true")
     args = p.parse_args()
