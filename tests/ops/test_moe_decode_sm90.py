@@ -208,14 +208,74 @@ ROUTES = {  # no GEMM: no pipelining or wgmma to check
     "router float32 logits of bf16, D in steps, PDL": lambda: router("*fp32", False, False),
     "router bf16 logits with a bias, one step, 8 tokens": lambda: router("*bf16", True, True, 8),
     "route DeepSeek-V3 groups, one program, PDL": lambda: route(256, 8, (8, 4), 2, True),
-    "route 8 groups of 20 experts, softmax, blocks": lambda: route(160, 6, (8, 3), 16, False,
-                                                                  scoring=1, bias=False,
-                                                                  pdl=False),
+    "route 8 groups of 20 experts, softmax, blocks, PDL": lambda: route(
+        160, 6, (8, 3), 16, False, scoring=1, bias=False),
     "route one group of 384 experts, one program": lambda: route(384, 8, (1, 1), 8, True),
     "route DeepSeek-V2 groups by their best, one program": lambda: route(
         160, 6, (10, 3), 4, True, scoring=1, bias=False, group_best=1),
     "route LFM2-MoE's rounded sigmoid scores, one program": lambda: route(
         32, 4, (1, 1), 8, True, round_scores=True),
+}
+
+
+def chain_kernel(module: str, name: str, sig: dict, consts: dict, num_warps: int = 4):
+    """A small kernel of the unfused path's chain, launched with PDL as on a GPU (ops/_pdl.py)."""
+    import importlib
+
+    fn = getattr(importlib.import_module(f"shufflemoe.ops.{module}.kernel"), name)
+    return compile_sm90(fn, sig, {**consts, "PDL": True}, num_warps=num_warps, launch_pdl=True)
+
+
+ROWS = dict(HAS_NV=True, INTERPRET=False)
+CHAIN = {  # the unfused path's small kernels: no GEMM; each waits first (checked below)
+    "place pairs, PDL": lambda: chain_kernel(
+        "index_shuffle", "_place_kernel",
+        dict(counts_ptr="*i32", tok_ptr="*i32", exp_ptr="*i32", w_ptr="*fp32", nv_ptr="*i32",
+             pos_ptr="*i32", skey_ptr="*i32", sid_ptr="*i32", sw_ptr="*fp32", hist_ptr="*i32",
+             nb="i32", per_prog="i32", A="i32", cap="i32"),
+        dict(E=128, K=8, KP=8, BT=16, NB=128, RB=64, FROM_SCORES=True, HAS_CAP=False)),
+    "gather fp8 token-major, PDL": lambda: chain_kernel(
+        "gather_scale", "_gather_tokens_fp8_kernel",
+        dict(x_ptr="*bf16", pos_ptr="*i32", w_ptr=None, nv_ptr="*i32", q_ptr="*fp8e4nv",
+             scale_ptr="*fp32", A="i32", D="i32"),
+        dict(K=8, HAS_W=False, BLOCK_D=2048, **ROWS)),
+    "gather bf16 rows, PDL": lambda: chain_kernel(
+        "gather_scale", "_gather_scale_kernel",
+        dict(x_ptr="*bf16", ids_ptr="*i32", w_ptr="*fp32", nv_ptr="*i32", out_ptr="*bf16",
+             D="i32"),
+        dict(HAS_W=True, BLOCK_D=1024, **ROWS)),
+    "gather fp8_block groups, PDL": lambda: chain_kernel(
+        "gather_scale", "_gather_scale_groups_kernel",
+        dict(x_ptr="*bf16", ids_ptr="*i32", w_ptr=None, nv_ptr="*i32", q_ptr="*fp8e4nv",
+             scale_ptr="*fp32", D="i32", G="i32"),
+        dict(HAS_W=False, GROUP=128, **ROWS), num_warps=1),
+    "silu_mul fp8 rowwise one pass, PDL": lambda: chain_kernel(
+        "silu_mul", "_silu_mul_fp8_kernel",
+        dict(h_ptr="*bf16", nv_ptr="*i32", q_ptr="*fp8e4nv", scale_ptr="*fp32", I="i32",
+             alpha="fp32", limit="fp32"),
+        dict(ONE_PASS=True, BLOCK=512, BLOCK_B=256, CHUNKS=0, ACT="silu", HAS_LIMIT=False,
+             **ROWS)),
+    "silu_mul bf16, PDL": lambda: chain_kernel(
+        "silu_mul", "_silu_mul_kernel",
+        dict(h_ptr="*bf16", nv_ptr="*i32", out_ptr="*bf16", scale_ptr=None, I="i32",
+             alpha="fp32", limit="fp32"),
+        dict(BLOCK=256, GROUPS=False, ACT="silu", HAS_LIMIT=False, **ROWS)),
+    "token sum k=8, PDL": lambda: chain_kernel(
+        "scatter_add", "_token_sum_kernel",
+        dict(out_ptr="*bf16", y_ptr="*bf16", pos_ptr="*i32", w_ptr=None, nv_ptr="*i32",
+             rows_ptr=None, P="i32", D="i32"),
+        dict(K=8, KP=8, UNROLL=True, HAS_W=False, HAS_ROWS=False, ACCUMULATE=True,
+             BLOCK_D=2048, **ROWS), num_warps=8),
+    "scatter add, PDL": lambda: chain_kernel(
+        "scatter_add", "_scatter_add_kernel",
+        dict(out_ptr="*bf16", y_ptr="*bf16", ids_ptr="*i32", w_ptr="*fp32", nv_ptr="*i32",
+             rows_ptr=None, D="i32"),
+        dict(HAS_W=True, HAS_ROWS=False, BLOCK_D=1024, **ROWS)),
+    "quantize fp8 groups, PDL": lambda: chain_kernel(
+        "quantize", "_quantize_fp8_groups_kernel",
+        dict(x_ptr="*bf16", nv_ptr="*i32", q_ptr="*fp8e4nv", scale_ptr="*fp32", K="i32",
+             G="i32"),
+        dict(HAS_NV=True, INTERPRET=False, GROUP=128), num_warps=1),
 }
 BUILDS = {
     "gate_up bf16 split-K input weights": lambda: gate_up(False, 8, True, False),
@@ -335,13 +395,13 @@ def test_compiles_for_sm90():
     done = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    for name in {**BUILDS, **GEMV, **ROUTES}:
+    for name in {**BUILDS, **GEMV, **ROUTES, **CHAIN}:
         assert f"ok {name}" in done.stdout, done.stdout
 
 
 if __name__ == "__main__":
     failed = False
-    for name, build in {**BUILDS, **GEMV, **ROUTES}.items():
+    for name, build in {**BUILDS, **GEMV, **ROUTES, **CHAIN}.items():
         try:
             compiled = build()
             ttgir = compiled.asm["ttgir"]
@@ -356,6 +416,10 @@ if __name__ == "__main__":
             if "one token" in name:  # fp8 rowwise at T = 1: x's row (past L1) before the wait
                 ptx = compiled.asm["ptx"]
                 assert "ld.global.cg" in ptx[:ptx.index("griddepcontrol.wait")], "x's amax late"
+            if name in CHAIN or (name.startswith("route ") and "PDL" in name):
+                ptx = compiled.asm["ptx"]  # the chain's order: nothing read before the wait
+                assert "ld.global" not in ptx[:ptx.index("griddepcontrol.wait")], "read early"
+                assert "griddepcontrol.launch_dependents" in ptx, "no launch of the next"
             if name in BUILDS and not name.startswith("grouped"):
                 assert "async_copy_global_to_local" in ttgir, "the K loop is not pipelined"
                 assert "warp_group_dot" in ttgir, "no wgmma"

@@ -19,6 +19,7 @@ from torch import Tensor
 from .._common import cdiv, device_l2_bytes, next_power_of_2
 from .._impl import interpreting, kernel_op
 from .._launch import launch
+from .._pdl import chain_start, chained
 from ..quantize.kernel import (cast_to, fp8_target, quant_block, row_scales, store_fp8,
                                store_fp8_group)
 from ..quantize.reference import FP8_BLOCK, FP8_DTYPE, QUANTIZE_MODES
@@ -50,7 +51,9 @@ def _gather_scale_kernel(
     HAS_NV: tl.constexpr,
     INTERPRET: tl.constexpr,  # round with integer arithmetic (interpreter casts are wrong)
     BLOCK_D: tl.constexpr,  # columns per program (grid axis 1 covers D)
+    PDL: tl.constexpr,  # launched with programmatic dependent launch (ops/_pdl.py)
 ):
+    chain_start(PDL)
     row = tl.program_id(0)
     valid, tok, w = _row_source(ids_ptr, w_ptr, nv_ptr, row, HAS_W, HAS_NV)
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -75,10 +78,12 @@ def _gather_tokens_kernel(
     HAS_NV: tl.constexpr,
     INTERPRET: tl.constexpr,  # round with integer arithmetic (interpreter casts are wrong)
     BLOCK_D: tl.constexpr,  # columns per program (grid axis 1 covers D)
+    PDL: tl.constexpr,  # launched with programmatic dependent launch (ops/_pdl.py)
 ):
     """Token-major: token t's row piece is read once and written to its K pairs' output rows
     (the row-major kernel reads it K times, from DRAM once x outgrows the L2): the same values,
     the product in float32 rounded once."""
+    chain_start(PDL)
     t = tl.program_id(0).to(tl.int64)
     if HAS_NV:
         n = tl.load(nv_ptr)
@@ -114,7 +119,9 @@ def _gather_scale_fp8_kernel(
     INTERPRET: tl.constexpr,  # round with integer arithmetic (interpreter casts are wrong)
     BLOCK_D: tl.constexpr,  # the whole row when ONE_PASS, else a chunk
     ONE_PASS: tl.constexpr,  # the row fits in registers: read it once
+    PDL: tl.constexpr,  # launched with programmatic dependent launch (ops/_pdl.py)
 ):
+    chain_start(PDL)
     row = tl.program_id(0)
     valid, tok, w = _row_source(ids_ptr, w_ptr, nv_ptr, row, HAS_W, HAS_NV)
     src = x_ptr + tok * D
@@ -158,11 +165,13 @@ def _gather_tokens_fp8_kernel(
     HAS_NV: tl.constexpr,
     INTERPRET: tl.constexpr,  # round with integer arithmetic (interpreter casts are wrong)
     BLOCK_D: tl.constexpr,  # the whole row (one pass)
+    PDL: tl.constexpr,  # launched with programmatic dependent launch (ops/_pdl.py)
 ):
     """Token-major fp8 rowwise: token t's row is read once and its absolute maximum taken once;
     each of its K rows is then scaled and stored with no reduction of its own. The same bits as
     the row-major kernel: rounding is monotonic and symmetric, so the largest |fl(x_i * w)| is
     fl(max |x_i| * |w|)."""
+    chain_start(PDL)
     t = tl.program_id(0).to(tl.int64)
     if HAS_NV:
         n = tl.load(nv_ptr)
@@ -199,10 +208,12 @@ def _gather_scale_groups_kernel(
     HAS_NV: tl.constexpr,
     INTERPRET: tl.constexpr,
     GROUP: tl.constexpr,  # columns per scale (one program per row and group)
+    PDL: tl.constexpr,  # launched with programmatic dependent launch (ops/_pdl.py)
 ):
     """fp8_block's activations: the gathered row, times its weight rounded to x's dtype (the
     value gather_scale would store), quantized per group of GROUP columns as
     quantize_fp8_groups quantizes that stored row: the same bits as the two passes."""
+    chain_start(PDL)
     row = tl.program_id(0)
     grp = tl.program_id(1)
     valid, tok, w = _row_source(ids_ptr, w_ptr, nv_ptr, row, HAS_W, HAS_NV)
@@ -260,11 +271,13 @@ def _gather_scale_op(x: Tensor, token_ids: Tensor, weights: Optional[Tensor],
                   INTERPRET=interpreting(), BLOCK_D=block, num_warps=4 if block <= 1024 else 8)
     K = token_k(positions, T, A)
     if K:  # token-major
-        launch(_gather_tokens_kernel, (T, cdiv(D, block)),
-            x, positions, weights, num_valid, out, A, D, K=K, **common)
+        grid = (T, cdiv(D, block))
+        launch(_gather_tokens_kernel, grid,
+            x, positions, weights, num_valid, out, A, D, K=K, **common, **chained(x, grid))
         return
-    launch(_gather_scale_kernel, (A, cdiv(D, block)),
-        x, token_ids, weights, num_valid, out, D, **common)
+    grid = (A, cdiv(D, block))
+    launch(_gather_scale_kernel, grid,
+        x, token_ids, weights, num_valid, out, D, **common, **chained(x, grid))
 
 
 @kernel_op("gather_scale_fp8", mutates_args=("q", "scale"))
@@ -282,14 +295,15 @@ def _gather_scale_fp8_op(x: Tensor, token_ids: Tensor, weights: Optional[Tensor]
         launch(_gather_tokens_fp8_kernel, (T,),
             x, positions, weights, num_valid, target, scale, A, D, K=K,
             HAS_W=weights is not None, HAS_NV=num_valid is not None, INTERPRET=interpret,
-            BLOCK_D=block, num_warps=8 if block > 8192 else 4)
+            BLOCK_D=block, num_warps=8 if block > 8192 else 4, **chained(x, (T,)))
         return
     # one pass up to 8192 lanes on 4 warps: 1-4% faster than 8 at D = 5120 over T = 2048 /
     # 16384, k = 1 / 4 (H100, benchmarks/results/probe_movement_88435b6.json)
     launch(_gather_scale_fp8_kernel, (A,),
         x, token_ids, weights, num_valid, target, scale, D,
         HAS_W=weights is not None, HAS_NV=num_valid is not None, INTERPRET=interpret,
-        BLOCK_D=block, ONE_PASS=one_pass, num_warps=8 if block > 8192 or not one_pass else 4)
+        BLOCK_D=block, ONE_PASS=one_pass, num_warps=8 if block > 8192 or not one_pass else 4,
+        **chained(x, (A,)))
 
 
 @kernel_op("gather_scale_groups", mutates_args=("q", "scale"))
@@ -302,7 +316,7 @@ def _gather_scale_groups_op(x: Tensor, token_ids: Tensor, weights: Optional[Tens
     launch(_gather_scale_groups_kernel, (A, scale.shape[1]),
         x, token_ids, weights, num_valid, target, scale, D, scale.shape[1],
         HAS_W=weights is not None, HAS_NV=num_valid is not None, INTERPRET=interpret,
-        GROUP=FP8_BLOCK, num_warps=1)
+        GROUP=FP8_BLOCK, num_warps=1, **chained(x, (A, scale.shape[1])))
 
 
 def gather_scale(

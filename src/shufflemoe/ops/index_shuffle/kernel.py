@@ -30,12 +30,11 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-
 from ...types import Routing
-from .._common import cdiv, next_power_of_2, traced
+from .._common import cdiv, next_power_of_2
 from .._impl import interpreting, kernel_op
 from .._launch import launch
+from .._pdl import chain_start, chained
 from ..quantize.kernel import cast_to
 from .reference import DEEPSEEK_EPS, GROUP_BEST
 
@@ -269,13 +268,9 @@ def _route_kernel(
     ROUND: tl.constexpr,  # the scores rounded to src's dtype before the choice
     INTERPRET: tl.constexpr,  # (ROUND only) round to bf16 with integer arithmetic
     SINGLE: tl.constexpr,  # one block: place the pairs here (no scratch, no second launch)
-    PDL: tl.constexpr,  # launched with programmatic dependent launch: let the next kernel
-    # launch at once (its programs wait for this one, or read none of its outputs), then wait
-    # for the previous kernel's memory
+    PDL: tl.constexpr,  # launched with programmatic dependent launch (ops/_pdl.py)
 ):
-    if PDL:
-        gdc_launch_dependents()
-        gdc_wait()
+    chain_start(PDL)
     P: tl.constexpr = BT * KP
     blk = tl.program_id(0)
     t = blk * BT + tl.arange(0, BT)
@@ -344,7 +339,9 @@ def _place_kernel(
     RB: tl.constexpr,  # histogram table rows read at a time
     FROM_SCORES: tl.constexpr,
     HAS_CAP: tl.constexpr,
+    PDL: tl.constexpr,  # launched with programmatic dependent launch (ops/_pdl.py)
 ):
+    chain_start(PDL)
     P: tl.constexpr = BT * KP
     first = tl.program_id(0) * per_prog
     lane = tl.arange(0, P)
@@ -500,16 +497,16 @@ def _route_op(src: Tensor, topk_weights: Optional[Tensor], bias: Optional[Tensor
                   EGP=next_power_of_2(E // g), TOPG=topk_group, GBEST=group_best,
                   HAS_BIAS=bias is not None, ROUND=round_scores,
                   INTERPRET=round_scores and interpreting())
-    # One program (decode): with PDL the next kernel launches as this one starts, so its
-    # programs that need no routing (the fused decode kernels' shared expert) run beside it.
-    pdl = single and src.is_cuda and not interpreting() and not traced((src,))
+    # With PDL the next kernel launches as this one starts: at decode (one program) the fused
+    # decode kernels' programs that need no routing (a shared expert) run beside it.
+    pdl = chained(src, (nb,))  # place's programs too (at most 128)
     skey, sid = (None, None) if scratch_i is None else (scratch_i[0], scratch_i[1])
     launch(_route_kernel, (nb,),
         src, src.stride(0), win, win.stride(0), bias, counts, token_ids, expert_ids, weights,
         num_valid, positions, skey, sid, scratch_w, hist, T, cap, scaling,
         K=k, KP=kp, BT=block_tokens, BEC=expert_chunk, SCORING=scoring, RENORM=renormalize,
-        HAS_W=topk_weights is not None, SINGLE=single, PDL=pdl, num_warps=num_warps, **meta,
-        **groups, **({"launch_pdl": True} if pdl else {}))
+        HAS_W=topk_weights is not None, SINGLE=single, num_warps=num_warps, **meta, **groups,
+        **pdl)
     if not single:
         # At most one wave of place programs; each reads the histogram table once.
         per_prog = cdiv(nb, min(nb, place_programs))
@@ -517,7 +514,7 @@ def _route_op(src: Tensor, topk_weights: Optional[Tensor], bias: Optional[Tensor
             counts, token_ids, expert_ids, weights, num_valid, positions, scratch_i[0],
             scratch_i[1], scratch_w, hist, nb, per_prog, T * k, cap, K=k, KP=kp, BT=block_tokens,
             RB=max(1, min(64, 8192 // nbins)), num_warps=4 if block_tokens * kp <= 256 else 8,
-            **meta)
+            **meta, **pdl)
 
 
 def _route(src: Tensor, topk_weights: Tensor | None, E: int, k: int, from_scores: bool,

@@ -26,6 +26,7 @@ from torch import Tensor
 from .._common import next_power_of_2
 from .._impl import interpreting, kernel_op
 from .._launch import launch
+from .._pdl import chain_start, chained
 
 
 @triton.jit
@@ -271,7 +272,9 @@ def _quantize_fp8_groups_kernel(
     HAS_NV: tl.constexpr,
     INTERPRET: tl.constexpr,
     GROUP: tl.constexpr,  # columns per scale (one program per row and group)
+    PDL: tl.constexpr,  # launched with programmatic dependent launch (ops/_pdl.py)
 ):
+    chain_start(PDL)
     row = tl.program_id(0)
     grp = tl.program_id(1)
     if HAS_NV:
@@ -296,4 +299,5 @@ def quantize_fp8_groups_into(x: Tensor, num_valid: Optional[Tensor], q: Tensor, 
     target, interpret = fp8_target(q)
     launch(_quantize_fp8_groups_kernel, (M, scale.shape[1]),
         x, num_valid, target, scale, K, scale.shape[1], HAS_NV=num_valid is not None,
-        INTERPRET=interpret, GROUP=group, num_warps=1 if group <= 128 else 4)
+        INTERPRET=interpret, GROUP=group, num_warps=1 if group <= 128 else 4,
+        **chained(x, (M, scale.shape[1])))

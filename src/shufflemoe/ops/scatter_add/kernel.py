@@ -34,6 +34,7 @@ from torch import Tensor
 from .._common import cdiv, next_power_of_2
 from .._impl import interpreting, kernel_op
 from .._launch import launch
+from .._pdl import chain_start, chained
 from ..quantize.kernel import cast_to
 
 
@@ -51,7 +52,9 @@ def _scatter_add_kernel(
     HAS_ROWS: tl.constexpr,
     INTERPRET: tl.constexpr,  # read-modify-write instead of atomics, integer bf16 rounding
     BLOCK_D: tl.constexpr,  # columns per program (grid axis 1 covers D)
+    PDL: tl.constexpr,  # launched with programmatic dependent launch (ops/_pdl.py)
 ):
+    chain_start(PDL)
     i = tl.program_id(0)
     if HAS_NV:
         valid = i < tl.load(nv_ptr)
@@ -95,7 +98,9 @@ def _token_sum_kernel(
     ACCUMULATE: tl.constexpr,  # out += the sum (else out = it)
     INTERPRET: tl.constexpr,  # integer bf16 rounding
     BLOCK_D: tl.constexpr,  # columns per program (grid axis 1 covers D)
+    PDL: tl.constexpr,  # launched with programmatic dependent launch (ops/_pdl.py)
 ):
+    chain_start(PDL)
     t = tl.program_id(0).to(tl.int64)
     if HAS_NV:
         n = tl.load(nv_ptr)
@@ -160,10 +165,12 @@ def _scatter_add_op(out: Tensor, y: Tensor, token_ids: Tensor, weights: Optional
     if A == 0 or D == 0 or y.shape[0] == 0:
         return
     block = _block(D)
-    launch(_scatter_add_kernel, (A, cdiv(D, block)),
+    grid = (A, cdiv(D, block))
+    launch(_scatter_add_kernel, grid,
         out, y, token_ids, weights, num_valid, rows, D,
         HAS_W=weights is not None, HAS_NV=num_valid is not None, HAS_ROWS=rows is not None,
-        INTERPRET=interpreting(), BLOCK_D=block, num_warps=4 if block <= 1024 else 8)
+        INTERPRET=interpreting(), BLOCK_D=block, num_warps=4 if block <= 1024 else 8,
+        **chained(y, grid))
 
 
 @kernel_op("scatter_add_token_major", mutates_args=("out",))
@@ -174,12 +181,13 @@ def _token_sum_op(out: Tensor, y: Tensor, positions: Tensor, weights: Optional[T
         return
     k, block = A // T, _block(D)
     # 8 columns a thread: one 16-byte bf16 vector per row (1024 columns: 4 warps, as above).
-    launch(_token_sum_kernel, (T, cdiv(D, block)),
+    grid = (T, cdiv(D, block))
+    launch(_token_sum_kernel, grid,
         out, y, positions, weights, num_valid, rows,
         y.shape[0] if rows is None else rows.shape[0], D, K=k, KP=next_power_of_2(k),
         UNROLL=k <= 16, HAS_W=weights is not None, HAS_NV=num_valid is not None,
         HAS_ROWS=rows is not None, ACCUMULATE=accumulate, INTERPRET=interpreting(),
-        BLOCK_D=block, num_warps=max(1, min(8, block // 256)))
+        BLOCK_D=block, num_warps=max(1, min(8, block // 256)), **chained(y, grid))
 
 
 def scatter_add(

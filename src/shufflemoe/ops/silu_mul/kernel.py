@@ -28,6 +28,7 @@ from torch import Tensor
 from .._common import cdiv, next_power_of_2
 from .._impl import interpreting, kernel_op
 from .._launch import launch
+from .._pdl import chain_start, chained
 from ..quantize.kernel import cast_to, fp8_target, row_scales, store_fp8, store_fp8_group
 from ..quantize.reference import FP8_BLOCK, FP8_DTYPE, QUANTIZE_MODES
 
@@ -89,7 +90,9 @@ def _silu_mul_kernel(
     BLOCK: tl.constexpr,  # columns per program (grid axis 1 covers I); the group with GROUPS
     GROUPS: tl.constexpr,  # quantize each program's BLOCK columns to e4m3 with their own scale
     ACT: tl.constexpr, HAS_LIMIT: tl.constexpr,
+    PDL: tl.constexpr,  # launched with programmatic dependent launch (ops/_pdl.py)
 ):
+    chain_start(PDL)
     row = tl.program_id(0)
     valid = _row_valid(nv_ptr, row, HAS_NV)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -166,7 +169,9 @@ def _silu_mul_fp8_kernel(
     BLOCK_B: tl.constexpr,  # ONE_PASS: second piece of the row, 0 when BLOCK covers I
     CHUNKS: tl.constexpr,  # two passes: cdiv(I, BLOCK)
     ACT: tl.constexpr, HAS_LIMIT: tl.constexpr,
+    PDL: tl.constexpr,  # launched with programmatic dependent launch (ops/_pdl.py)
 ):
+    chain_start(PDL)
     rows = tl.program_id(0) + tl.arange(0, 1)  # [1]: one row a program, as a 1-row tile
     valid = _row_valid(nv_ptr, rows, HAS_NV)
     src = h_ptr + rows[:, None].to(tl.int64) * (2 * I)
@@ -195,10 +200,12 @@ def _silu_mul_op(h: Tensor, num_valid: Optional[Tensor], out: Tensor, act: str, 
     if A == 0 or I == 0:
         return
     block = _block(I)
-    launch(_silu_mul_kernel, (A, cdiv(I, block)),
+    grid = (A, cdiv(I, block))
+    launch(_silu_mul_kernel, grid,
         h, num_valid, out, None, I, alpha, 0.0 if limit is None else limit,
         HAS_NV=num_valid is not None, INTERPRET=interpreting(), BLOCK=block, GROUPS=False,
-        ACT=act, HAS_LIMIT=limit is not None, num_warps=4 if block <= 1024 else 8)
+        ACT=act, HAS_LIMIT=limit is not None, num_warps=4 if block <= 1024 else 8,
+        **chained(h, grid))
 
 
 @kernel_op("silu_mul_fp8_groups", mutates_args=("q", "scale"))
@@ -211,7 +218,7 @@ def _silu_mul_groups_op(h: Tensor, num_valid: Optional[Tensor], q: Tensor, scale
     launch(_silu_mul_kernel, (A, scale.shape[1]),
         h, num_valid, target, scale, I, alpha, 0.0 if limit is None else limit,
         HAS_NV=num_valid is not None, INTERPRET=interpret, BLOCK=FP8_BLOCK, GROUPS=True,
-        ACT=act, HAS_LIMIT=limit is not None, num_warps=1)
+        ACT=act, HAS_LIMIT=limit is not None, num_warps=1, **chained(h, (A, scale.shape[1])))
 
 
 @dataclass(frozen=True)
@@ -288,7 +295,7 @@ def launch_silu_mul_fp8(h: Tensor, num_valid: Optional[Tensor], q: Tensor, scale
         h, num_valid, target, scale, I, alpha, 0.0 if limit is None else limit,
         HAS_NV=num_valid is not None, INTERPRET=interpret, ONE_PASS=c.one_pass, BLOCK=c.block,
         BLOCK_B=c.block_b, CHUNKS=c.chunks, ACT=kind, HAS_LIMIT=limit is not None,
-        num_warps=c.num_warps)
+        num_warps=c.num_warps, **chained(h, (A,)))
 
 
 @kernel_op("silu_mul_fp8", mutates_args=("q", "scale"))
