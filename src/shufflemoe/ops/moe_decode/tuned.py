@@ -41,6 +41,9 @@ Rows of fp8_rowwise for scout-tp8, maverick-tp8, qwen3-30b-a3b swept (--dtypes, 
   Of its rows, (132, 128, 5120, 1024, 'float8_e4m3fn', 1) is put back by hand to commit
   2ce889f's: in the layer, Maverick TP8 fp8 T = 1, it took 27.5 us to the retuned row's 28.7
   (H100, benchmarks/probe_device_rows.py --against, 5 rounds ABAB, run 20261206T055605Z-a2c59e).
+Rows of fp8_rowwise, fp8_w8a16 for qwen3-30b-a3b judged in the layer (--layer-only) on NVIDIA
+  H100 80GB HBM3 (torch 2.11.0+cu130, triton 3.6.0), commit 7ea851a9, run
+  20261206T104727Z-ec997c: benchmarks/results/tune_decode_pdl_fp8_w8a16_qwen3-30b-a3b.md.
 """
 
 BASE_DEVICE = 'NVIDIA H100 80GB HBM3'
@@ -59,8 +62,8 @@ TABLE: dict[tuple, tuple[tuple[int, ...], tuple[int, ...], bool]] = {
     (132, 128, 2048, 768, 'bfloat16', 8): ((4, 2048, 1, 4, 2, 1), (64, 256, 1, 8, 2, 1), True),
     (132, 128, 2048, 768, 'float8_e4m3fn', 16): ((32, 512, 1, 4, 2, 1), (64, 256, 1, 4, 2, 1), True),
     (132, 128, 2048, 768, 'float8_e4m3fn', 32): ((64, 256, 1, 4, 2, 1), (64, 256, 1, 4, 2, 1), True),
-    (132, 128, 2048, 768, 'float8_e4m3fn', 64): ((128, 256, 1, 8, 3, 16), (64, 128, 1, 4, 4, 16), False),
-    (132, 128, 2048, 768, 'float8_e4m3fn', 8): ((32, 512, 1, 4, 2, 1), (64, 256, 1, 4, 2, 1), False),
+    (132, 128, 2048, 768, 'float8_e4m3fn', 64): ((128, 256, 1, 8, 3, 16), (64, 128, 1, 4, 4, 16), True),
+    (132, 128, 2048, 768, 'float8_e4m3fn', 8): ((32, 512, 1, 4, 2, 1), (64, 256, 1, 4, 2, 1), True),
     (132, 128, 5120, 1024, 'bfloat16', 1): ((4, 2048, 1, 8, 2, 1), (64, 128, 1, 4, 4, 16), True),
     (132, 128, 5120, 1024, 'bfloat16', 16): ((4, 2048, 1, 4, 2, 1), (64, 128, 1, 4, 3, 16), False),
     (132, 128, 5120, 1024, 'bfloat16', 2): ((8, 1024, 1, 8, 2, 1), (32, 256, 1, 4, 2, 1), True),
