@@ -6,8 +6,9 @@ At T = 1 the routing kernel is one program over a [BT, E] score tile (route_conf
 below 128 pairs); its k argmax rounds and the sort are reductions that cross warps through
 shared memory. The layer's timeline (probe_timeline, H100) had it at 2.3 us (Llama 4 Scout,
 E = 16, top-1) and 4.4 us (Qwen3-30B-A3B, E = 128, top-8, softmax). For each router shape and
-T = 1..16: every warp count's Routing against the 4-warp one (counts, ids, positions equal;
-weights within float32 rounding), then CUDA-graph replays of 64 calls on rotating scores.
+T = 1..16 (DeepSeek-V3's grouped top-8 with its bias too, tiled by grouped_config): every warp
+count's Routing against the one route_config picks (counts, ids, positions equal; weights within
+float32 rounding), then CUDA-graph replays of 64 calls on rotating scores.
 Writes $OUT/probe_route_warps.json.
 """
 
@@ -22,14 +23,15 @@ import torch
 
 from shufflemoe.bench.report import metadata
 from shufflemoe.bench.timing import time_fn
-from shufflemoe.ops.index_shuffle.kernel import index_shuffle, route_config
+from shufflemoe.ops.index_shuffle.kernel import grouped_config, index_shuffle, route_config
 
-SHAPES = {  # name: (E, k, scoring, renormalize)
+SHAPES = {  # name: (E, k, scoring, renormalize[, (n_group, topk_group): grouped, with a bias])
     "llama4 (E=16, top-1, sigmoid)": (16, 1, "sigmoid", False),
     "llama4-maverick (E=128, top-1, sigmoid)": (128, 1, "sigmoid", False),
     "qwen3 (E=128, top-8, softmax)": (128, 8, "softmax", True),
     "mixtral (E=8, top-2, softmax)": (8, 2, "softmax", True),
     "gpt-oss (E=128, top-4, softmax)": (128, 4, "softmax", True),
+    "deepseek-v3 (E=256, 8 groups, 4 kept, top-8, sigmoid)": (256, 8, "sigmoid", True, (8, 4)),
 }
 TOKENS = (1, 2, 4, 8, 16)
 WARPS = (1, 2, 4, 8)
@@ -41,22 +43,27 @@ def main() -> None:
     p.add_argument("--out", required=True, type=pathlib.Path)
     args = p.parse_args()
     rows = []
-    for name, (E, k, scoring, renorm) in SHAPES.items():
+    for name, (E, k, scoring, renorm, *grouped) in SHAPES.items():
+        groups = grouped[0] if grouped else None
+        bias = torch.randn(E, device="cuda") if groups else None
         for T in TOKENS:
             scores = [torch.randn(T, E, device="cuda", dtype=torch.bfloat16) for _ in range(SETS)]
-            base = route_config(T, E, k)
+            base = grouped_config(T, E, k, groups[0]) if groups else route_config(T, E, k)
             row = dict(shape=name, T=T, default_warps=base.num_warps)
-            want = index_shuffle(scores[0], k, scoring, renorm, 1.0, None, base)
+            want = index_shuffle(scores[0], k, scoring, renorm, 1.0, None, base, groups=groups,
+                                 bias=bias)
             for w in WARPS:
                 cfg = dataclasses.replace(base, num_warps=w)
-                got = index_shuffle(scores[0], k, scoring, renorm, 1.0, None, cfg)
+                got = index_shuffle(scores[0], k, scoring, renorm, 1.0, None, cfg, groups=groups,
+                                    bias=bias)
                 same = all(torch.equal(getattr(got, f), getattr(want, f)) for f in
                            ("counts", "token_ids", "expert_ids", "num_valid", "positions"))
                 close = torch.allclose(got.weights, want.weights, rtol=1e-6, atol=0)
                 row[f"w{w}_ok"] = same and close
                 row[f"w{w}_bits"] = torch.equal(got.weights, want.weights)
                 row[f"w{w}_us"] = time_fn(
-                    lambda i: index_shuffle(scores[i], k, scoring, renorm, 1.0, None, cfg),
+                    lambda i: index_shuffle(scores[i], k, scoring, renorm, 1.0, None, cfg,
+                                           groups=groups, bias=bias),
                     SETS, graph=True, reps=30).median_us
             rows.append(row)
             print(name, T, " ".join(f"w{w} {row[f'w{w}_us']:.2f}us"

@@ -379,6 +379,25 @@ def test_sort_kernel_matches_reference(id_dtype):
     check_same(blocks, sort_by_expert(ids, E, w, capacity=2, impl="torch"))
 
 
+@pytest.mark.parametrize("block_tokens", [16, 32], ids=["counted_64_pairs", "sorted_128_pairs"])
+def test_one_program_placements(block_tokens):
+    """One program without a capacity places at most RANK_PAIRS pairs by counting
+    (_place_by_rank), more by its sort: both against the reference, from scores (padding
+    pairs: k = 3 of 4 lanes, rows past T) and from ids (repeats, ids outside [0, E) last)."""
+    assert (block_tokens * 4 <= route_kernel.RANK_PAIRS.value) == (block_tokens == 16)
+    config = RouteConfig(block_tokens, 64, True, 4)
+    scores = scores_for(13, 40, torch.float32, seed=5)
+    got = route_kernel.index_shuffle(scores, 3, "softmax", True, 1.0, None, config)
+    check_same(got, index_shuffle(scores, 3, scoring="softmax", renormalize=True, impl="torch"))
+    g = torch.Generator().manual_seed(9)
+    ids = torch.randint(-2, 42, (13, 4), generator=g)
+    ids[2, 3] = ids[2, 0]  # one token, the same expert twice: pair order decides
+    ids = ids.to(DEV)
+    w = torch.rand(13, 4, generator=g).to(DEV)
+    got = route_kernel.sort_by_expert(ids, 40, w, None, config=config)
+    check_same(got, sort_by_expert(ids, 40, w, capacity=None, impl="torch"))
+
+
 def test_sort_kernel_256_experts_k8():
     """E + 1 = 257 buckets (512 after rounding up), eight pairs per token, some ids repeated."""
     g = torch.Generator().manual_seed(11)

@@ -169,10 +169,11 @@ def grouped(quant: str, tma: str, swap_ab: bool, block_m: int = 64, block_k: int
 
 def route(E: int, k: int, groups: tuple[int, int], block_tokens: int, single: bool,
           scoring: int = 2, bias: bool = True, pdl: bool = True, group_best: int = 2,
-          round_scores: bool = False):
+          round_scores: bool = False, grouped: bool = True, num_warps: int | None = None):
     """index_shuffle's route kernel with DeepSeek-V3's grouped selection (its rows whole: the
     [tokens, groups, experts] reshapes and reductions); group_best 1: DeepSeek-V2's;
-    round_scores: LFM2-MoE's bf16 scores."""
+    round_scores: LFM2-MoE's bf16 scores; grouped False: the plain top-k of E experts (groups
+    ignored)."""
     from shufflemoe.ops._common import next_power_of_2
     from shufflemoe.ops.index_shuffle import kernel
 
@@ -185,11 +186,12 @@ def route(E: int, k: int, groups: tuple[int, int], block_tokens: int, single: bo
                cap="i32", scaling="fp32")
     consts = dict(E=E, K=k, KP=next_power_of_2(k), BT=block_tokens, BEC=16,
                   NB=max(32, next_power_of_2(E)), FROM_SCORES=True, SCORING=scoring, RENORM=True,
-                  HAS_W=False, HAS_CAP=False, GROUPED=True, G=n_group, EG=E // n_group,
+                  HAS_W=False, HAS_CAP=False, GROUPED=grouped, G=n_group, EG=E // n_group,
                   GP=next_power_of_2(n_group), EGP=next_power_of_2(E // n_group),
                   TOPG=topk_group, GBEST=group_best, HAS_BIAS=bias, ROUND=round_scores,
                   INTERPRET=False, SINGLE=single, PDL=pdl)
-    return compile_sm90(kernel._route_kernel, sig, consts, num_warps=4 if single else 8)
+    return compile_sm90(kernel._route_kernel, sig, consts,
+                        num_warps=num_warps or (4 if single else 8))
 
 
 def router(out: str, bias: bool, one_step: bool, block_t: int = 1):
@@ -215,6 +217,8 @@ ROUTES = {  # no GEMM: no pipelining or wgmma to check
         160, 6, (10, 3), 4, True, scoring=1, bias=False, group_best=1),
     "route LFM2-MoE's rounded sigmoid scores, one program": lambda: route(
         32, 4, (1, 1), 8, True, round_scores=True),
+    "route Qwen3's top-8 of 128, one program, pairs placed by counting, 2 warps": lambda: route(
+        128, 8, (1, 1), 2, True, scoring=1, bias=False, grouped=False, num_warps=2),
 }
 
 

@@ -10,10 +10,11 @@ two). For each block, program ``_route_kernel``:
      an id outside [0, E)), and finds where each bucket starts and ends in the sorted keys by a
      binary search (``tl.gather``), which gives the block's histogram;
   3. with one block (``SINGLE``), places them directly: position = start of the bucket's section
-     + rank inside the bucket; otherwise it stores the sorted keys, ids, weights and the block's
-     histogram row to scratch, and ``_place_kernel`` (at most 128 programs, each placing a run of
-     consecutive blocks) reads the small [blocks, buckets] histogram table once to get each
-     bucket's totals and the number of pairs of earlier blocks, then places the pairs.
+     + rank inside the bucket (with no capacity and at most 64 pairs, steps 2 and 3 are one
+     count instead: _place_by_rank); otherwise it stores the sorted keys, ids, weights and the
+     block's histogram row to scratch, and ``_place_kernel`` (at most 128 programs, each placing
+     a run of consecutive blocks) reads the small [blocks, buckets] histogram table once to get
+     each bucket's totals and the number of pairs of earlier blocks, then places the pairs.
 Pair order (reference.py): kept pairs expert-major, then pairs over capacity expert-major, then
 pairs routed nowhere; pair index order inside each. Ties in top-k go to the lower expert id.
 Placing a pair also stores its position at its pair index t * k + j (Routing.positions, the
@@ -234,6 +235,40 @@ def _emit(sb, r, raw, w, tok, pair, valid, tot, cap, n_pairs, write_counts, coun
     tl.store(nv_ptr, n_kept, mask=write_counts)
 
 
+# One program without a capacity places its pairs by counting (_place_by_rank) while it has at
+# most RANK_PAIRS pairs and RANK_CELLS bucket x pair cells.
+RANK_PAIRS = tl.constexpr(64)
+RANK_CELLS = tl.constexpr(8192)
+
+
+@triton.jit
+def _place_by_rank(b, raw, w, lane, n_pairs, counts_ptr, tok_ptr, exp_ptr, w_ptr, nv_ptr,
+                   pos_ptr, E: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
+                   NB: tl.constexpr):
+    """One block, no capacity: pair p (bucket b [P], NB where it is padding) goes to the number
+    of pairs before it in (bucket, pair index) order, and bucket e holds the pairs whose bucket
+    is e: what the sort, the searches and _emit give, counted in [P, P] and [NB, P] compares
+    (no sort, no gathers, fewer barriers). Pairs past the experts (bucket E: ids outside
+    [0, E)) follow every kept pair, as in _emit. H100, CUDA graphs, the routing alone at T = 1..8,
+    sorted / counted (results/probe_route_warps_<commit>.json beside the 1114d57 file's shapes):
+    Llama 4 Scout (E = 16, top-1) 2.0 / 1.3-1.4 us, Maverick (E = 128, top-1) 2.4-2.6 / 1.8,
+    Mixtral (top-2) 2.1-2.4 / 1.5-1.7, Qwen3-30B-A3B (top-8) T = 4 3.0 / 2.2, gpt-oss (top-4)
+    T = 1 3.4 / 2.7."""
+    earlier = (b[None, :] == b[:, None]) & (lane[None, :] < lane[:, None])
+    before = (b[None, :] < b[:, None]) | earlier
+    pos = tl.sum(before.to(tl.int32), 1)
+    nbr = tl.arange(0, NB)
+    counts = tl.sum((nbr[:, None] == b[None, :]).to(tl.int32), 1)
+    ok = (b < NB) & (pos < n_pairs)
+    tok = (lane // KP).to(tl.int32)
+    tl.store(tok_ptr + pos, tok, mask=ok)
+    tl.store(exp_ptr + pos, raw, mask=ok)
+    tl.store(w_ptr + pos, w, mask=ok)
+    tl.store(pos_ptr + tok * K + lane % KP, pos, mask=ok)
+    tl.store(counts_ptr + nbr, counts, mask=nbr < E)
+    tl.store(nv_ptr, tl.sum(tl.where(nbr < E, counts, 0), 0))
+
+
 @triton.jit
 def _route_kernel(
     src_ptr,  # scores [T, E] (FROM_SCORES) or topk_ids [T, K] int32/int64
@@ -300,6 +335,10 @@ def _route_kernel(
     raw = tl.reshape(raw2, [P])
     w = tl.reshape(w2, [P])
     lane = tl.arange(0, P)
+    if SINGLE and not HAS_CAP and P <= RANK_PAIRS and P * NB <= RANK_CELLS:
+        _place_by_rank(tl.where(valid, bucket, NB), raw, w, lane, T * K, counts_ptr, tok_ptr,
+                       exp_ptr, w_ptr, nv_ptr, pos_ptr, E, K, KP, NB)
+        return
     # Sorting (bucket, pair index) keys orders the block's pairs as the output wants them.
     skey = tl.sort(tl.where(valid, bucket * P + lane, NB * P))
     # Bucket e's keys are [e * P, (e + 1) * P). (tl.histogram overcounted on the GPU: its input
@@ -414,7 +453,11 @@ def route_config(T: int, E: int, k: int, from_scores: bool = True, single_pairs:
     ``max_block_pairs`` pairs (the sort of one block stays small), as small as keeps the number
     of blocks near 128 (one wave on 132 SMs). Top-k reads scores in tiles of about
     ``score_tile`` values. Register counts from ptxas (sm_90): a [128, 128] score tile spilled;
-    [128, 16] took 76-118 registers with 8 warps, [64, 32] 118 with 4."""
+    [128, 16] took 76-118 registers with 8 warps, [64, 32] 118 with 4. Warps: 8 from 128 pairs a
+    block, 4 from 4 tokens a block, else 2 (a warp a row: top-k's reductions cross no warps).
+    H100, CUDA graphs, one program, us (benchmarks/probe_route_warps.py, results/
+    probe_route_warps_<commit>.json), 2 / 4 warps: Qwen3-30B-A3B (top-8) T = 1 3.12 / 3.68,
+    T = 2 2.43 / 3.18; DeepSeek-V3's grouped top-8 T = 1 5.95 / 8.34, T = 2 4.28 / 6.04."""
     kp = next_power_of_2(k)
     be = max(16, next_power_of_2(E)) if from_scores else 16
     t2 = next_power_of_2(max(T, 1))
@@ -425,7 +468,8 @@ def route_config(T: int, E: int, k: int, from_scores: bool = True, single_pairs:
         pairs = max(min_block_pairs, next_power_of_2(cdiv(T * kp, 128)), kp)
         bt = min(pairs, max_block_pairs) // kp
     bec = min(be, max(16, score_tile // bt))
-    return RouteConfig(bt, bec, single, 8 if bt * kp >= 128 else 4, PLACE_PROGRAMS)
+    return RouteConfig(bt, bec, single, 8 if bt * kp >= 128 else 4 if bt >= 4 else 2,
+                       PLACE_PROGRAMS)
 
 
 def invariant_route_config(T: int, E: int, k: int, block_pairs: int = 64) -> RouteConfig:
