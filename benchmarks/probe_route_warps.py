@@ -8,7 +8,8 @@ shared memory. The layer's timeline (probe_timeline, H100) had it at 2.3 us (Lla
 E = 16, top-1) and 4.4 us (Qwen3-30B-A3B, E = 128, top-8, softmax). For each router shape and
 T = 1..16 (DeepSeek-V3's grouped top-8 with its bias too, tiled by grouped_config): every warp
 count's Routing against the one route_config picks (counts, ids, positions equal; weights within
-float32 rounding), then CUDA-graph replays of 64 calls on rotating scores.
+float32 rounding), then CUDA-graph replays of 64 calls on rotating scores; where one program
+holds 1-2 tokens, also the block padded to 4 tokens with 4 warps (bt4).
 Writes $OUT/probe_route_warps.json.
 """
 
@@ -52,22 +53,24 @@ def main() -> None:
             row = dict(shape=name, T=T, default_warps=base.num_warps)
             want = index_shuffle(scores[0], k, scoring, renorm, 1.0, None, base, groups=groups,
                                  bias=bias)
-            for w in WARPS:
-                cfg = dataclasses.replace(base, num_warps=w)
+            variants = {f"w{w}": dataclasses.replace(base, num_warps=w) for w in WARPS}
+            if base.single and base.block_tokens < 4:  # padded to 4 tokens: a warp a row
+                variants["bt4"] = dataclasses.replace(base, block_tokens=4, num_warps=4)
+            for v, cfg in variants.items():
                 got = index_shuffle(scores[0], k, scoring, renorm, 1.0, None, cfg, groups=groups,
                                     bias=bias)
                 same = all(torch.equal(getattr(got, f), getattr(want, f)) for f in
                            ("counts", "token_ids", "expert_ids", "num_valid", "positions"))
                 close = torch.allclose(got.weights, want.weights, rtol=1e-6, atol=0)
-                row[f"w{w}_ok"] = same and close
-                row[f"w{w}_bits"] = torch.equal(got.weights, want.weights)
-                row[f"w{w}_us"] = time_fn(
+                row[f"{v}_ok"] = same and close
+                row[f"{v}_bits"] = torch.equal(got.weights, want.weights)
+                row[f"{v}_us"] = time_fn(
                     lambda i: index_shuffle(scores[i], k, scoring, renorm, 1.0, None, cfg,
                                            groups=groups, bias=bias),
                     SETS, graph=True, reps=30).median_us
             rows.append(row)
-            print(name, T, " ".join(f"w{w} {row[f'w{w}_us']:.2f}us"
-                                    f"{'' if row[f'w{w}_ok'] else ' WRONG'}" for w in WARPS),
+            print(name, T, " ".join(f"{v} {row[f'{v}_us']:.2f}us"
+                                    f"{'' if row[f'{v}_ok'] else ' WRONG'}" for v in variants),
                   flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "probe_route_warps.json").write_text(json.dumps(dict(meta=metadata(), rows=rows),
