@@ -1,16 +1,18 @@
 """Drive one decode layer for Nsight Compute: where the fused decode path's kernels spend their
 cycles (stall reasons, occupancy, memory throughput), kernel by kernel.
 
-    ncu --clock-control none --graph-profiling node \
-        -k regex:'^(_router_kernel|_route_kernel|_gate_up_kernel|_down_kernel)$' \
-        --launch-skip 12 --launch-count 4 --section SpeedOfLight --section WarpStateStats ... \
+    ncu --clock-control none --graph-profiling node -k regex:'^_' --launch-count 14 \
+        --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
+        --section SchedulerStats --section MemoryWorkloadAnalysis \
         python benchmarks/probe_ncu_decode.py --preset qwen3-30b-a3b --format fp8 --tokens 1
 
-Three eager calls (12 launches of the four kernels at T = 1), then the layer captured in a CUDA
-graph (as the layer suite times it) and replayed four times: --launch-skip 12 --launch-count 4
-profiles the first replay's kernels, one at a time (ncu serializes them: PDL's overlap is gone,
-each kernel's own cycles remain). benchmarks/results/probe_timeline_fp8_*.txt has the same
-kernels' times in flight.
+Three eager calls, then the layer captured in a CUDA graph (as the layer suite times it) and
+replayed four times. The name filter keeps the Triton kernels (their names start with '_'; the
+weights' set-up runs dozens of torch kernels first): at T = 1 four a call (router, route,
+gate_up, down), so --launch-count 14 takes three calls and a half. ncu serializes the kernels
+(PDL's overlap is gone, each kernel's own cycles remain) and flushes the caches before each.
+results/ncu_decode_*_e9f8c0a.txt: its output for Qwen3-30B-A3B and Scout TP8 at T = 1 and
+Qwen3 at T = 64; results/probe_timeline_fp8_*.txt has the same kernels' times in flight.
 """
 
 from __future__ import annotations
