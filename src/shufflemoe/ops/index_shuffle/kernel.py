@@ -249,11 +249,11 @@ def _place_by_rank(b, raw, w, lane, n_pairs, counts_ptr, tok_ptr, exp_ptr, w_ptr
     of pairs before it in (bucket, pair index) order, and bucket e holds the pairs whose bucket
     is e: what the sort, the searches and _emit give, counted in [P, P] and [NB, P] compares
     (no sort, no gathers, fewer barriers). Pairs past the experts (bucket E: ids outside
-    [0, E)) follow every kept pair, as in _emit. H100, CUDA graphs, the routing alone at T = 1..8
-    with 4 warps, us, sorted (e9f8c0a, benchmarks/notes/layer.md, thirty-ninth session) /
-    counted (results/probe_route_warps_8bb1289.txt): Llama 4 Scout (E = 16, top-1) 1.9-2.1 /
-    1.3-1.4, Maverick (E = 128, top-1) 2.4-2.6 / 1.8, Mixtral (top-2) 2.1-2.4 / 1.5-1.7,
-    Qwen3-30B-A3B (top-8) T = 4 3.0 / 2.2, gpt-oss (top-4) T = 1 3.4 / 2.7."""
+    [0, E)) follow every kept pair, as in _emit. H100, CUDA graphs, the routing alone at T = 1..8,
+    sorted / counted (results/probe_route_warps_<commit>.json beside the 1114d57 file's shapes):
+    Llama 4 Scout (E = 16, top-1) 2.0 / 1.3-1.4 us, Maverick (E = 128, top-1) 2.4-2.6 / 1.8,
+    Mixtral (top-2) 2.1-2.4 / 1.5-1.7, Qwen3-30B-A3B (top-8) T = 4 3.0 / 2.2, gpt-oss (top-4)
+    T = 1 3.4 / 2.7."""
     earlier = (b[None, :] == b[:, None]) & (lane[None, :] < lane[:, None])
     before = (b[None, :] < b[:, None]) | earlier
     pos = tl.sum(before.to(tl.int32), 1)
@@ -456,8 +456,8 @@ def route_config(T: int, E: int, k: int, from_scores: bool = True, single_pairs:
     [128, 16] took 76-118 registers with 8 warps, [64, 32] 118 with 4. Warps: 8 from 128 pairs a
     block, 4 from 4 tokens a block, else 2 (a warp a row: top-k's reductions cross no warps).
     H100, CUDA graphs, one program, us (benchmarks/probe_route_warps.py, results/
-    probe_route_warps_8bb1289.txt), 2 / 4 warps: Qwen3-30B-A3B (top-8) T = 1 3.13 / 3.70,
-    T = 2 2.43 / 3.18; DeepSeek-V3's grouped top-8 T = 1 6.01 / 8.37, T = 2 4.28 / 6.05."""
+    probe_route_warps_<commit>.json), 2 / 4 warps: Qwen3-30B-A3B (top-8) T = 1 3.12 / 3.68,
+    T = 2 2.43 / 3.18; DeepSeek-V3's grouped top-8 T = 1 5.95 / 8.34, T = 2 4.28 / 6.04."""
     kp = next_power_of_2(k)
     be = max(16, next_power_of_2(E)) if from_scores else 16
     t2 = next_power_of_2(max(T, 1))
