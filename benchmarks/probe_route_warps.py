@@ -51,22 +51,24 @@ def main() -> None:
             scores = [torch.randn(T, E, device="cuda", dtype=torch.bfloat16) for _ in range(SETS)]
             base = grouped_config(T, E, k, groups[0]) if groups else route_config(T, E, k)
             row = dict(shape=name, T=T, default_warps=base.num_warps)
-            want = index_shuffle(scores[0], k, scoring, renorm, 1.0, None, base, groups=groups,
-                                 bias=bias)
+
+            def route(s, cfg):
+                return index_shuffle(s, k, scoring, renorm, 1.0, None, cfg, groups=groups,
+                                     bias=bias)
+
+            want = route(scores[0], base)
             variants = {f"w{w}": dataclasses.replace(base, num_warps=w) for w in WARPS}
             if base.single and base.block_tokens < 4:  # padded to 4 tokens: a warp a row
                 variants["bt4"] = dataclasses.replace(base, block_tokens=4, num_warps=4)
             for v, cfg in variants.items():
-                got = index_shuffle(scores[0], k, scoring, renorm, 1.0, None, cfg, groups=groups,
-                                    bias=bias)
+                got = route(scores[0], cfg)
                 same = all(torch.equal(getattr(got, f), getattr(want, f)) for f in
                            ("counts", "token_ids", "expert_ids", "num_valid", "positions"))
                 close = torch.allclose(got.weights, want.weights, rtol=1e-6, atol=0)
                 row[f"{v}_ok"] = same and close
                 row[f"{v}_bits"] = torch.equal(got.weights, want.weights)
                 row[f"{v}_us"] = time_fn(
-                    lambda i: index_shuffle(scores[i], k, scoring, renorm, 1.0, None, cfg,
-                                           groups=groups, bias=bias),
+                    lambda i: route(scores[i], cfg),
                     SETS, graph=True, reps=30).median_us
             rows.append(row)
             print(name, T, " ".join(f"{v} {row[f'{v}_us']:.2f}us"
