@@ -16,7 +16,8 @@ from shufflemoe.ops import index_shuffle, ops_for, sort_by_expert
 from shufflemoe.testing import assert_close
 
 pytest.importorskip("triton")
-from shufflemoe.ops.index_shuffle.kernel import RouteConfig, route_config  # noqa: E402
+from shufflemoe.ops.index_shuffle.kernel import (  # noqa: E402
+    RouteConfig, grouped_config, route_config)
 from shufflemoe.ops.index_shuffle import kernel as route_kernel  # noqa: E402
 
 CUDA = torch.cuda.is_available()
@@ -425,6 +426,15 @@ def test_route_config_heuristic():
     assert not big.single and triton_cdiv(8192, big.block_tokens) <= 128
     huge = route_config(65536, 256, 8)
     assert huge.block_tokens * 8 <= 1024 and huge.block_tokens * huge.expert_chunk <= 4096
+    # warps (probe_route_warps): a warp a row at 1-2 tokens, 8 for one program of >= 8 rows
+    # and >= 1024 scores, 4 between; DeepSeek-V3's grouped 4-token block stays at 4
+    warps = {(T, E, k): route_config(T, E, k).num_warps
+             for T, E, k in ((1, 128, 8), (2, 128, 8), (4, 128, 8), (8, 128, 8), (8, 128, 4),
+                             (1, 128, 1), (1, 16, 1), (8, 8, 2), (1024, 128, 8))}
+    assert warps == {(1, 128, 8): 2, (2, 128, 8): 2, (4, 128, 8): 4, (8, 128, 8): 8,
+                     (8, 128, 4): 8, (1, 128, 1): 8, (1, 16, 1): 4, (8, 8, 2): 4,
+                     (1024, 128, 8): 4}
+    assert grouped_config(4, 256, 8, 8).num_warps == 4
 
 
 def triton_cdiv(a: int, b: int) -> int:

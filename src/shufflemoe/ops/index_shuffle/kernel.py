@@ -250,10 +250,9 @@ def _place_by_rank(b, raw, w, lane, n_pairs, counts_ptr, tok_ptr, exp_ptr, w_ptr
     is e: what the sort, the searches and _emit give, counted in [P, P] and [NB, P] compares
     (no sort, no gathers, fewer barriers). Pairs past the experts (bucket E: ids outside
     [0, E)) follow every kept pair, as in _emit. H100, CUDA graphs, the routing alone at T = 1..8,
-    sorted / counted (results/probe_route_warps_<commit>.json beside the 1114d57 file's shapes):
-    Llama 4 Scout (E = 16, top-1) 2.0 / 1.3-1.4 us, Maverick (E = 128, top-1) 2.4-2.6 / 1.8,
-    Mixtral (top-2) 2.1-2.4 / 1.5-1.7, Qwen3-30B-A3B (top-8) T = 4 3.0 / 2.2, gpt-oss (top-4)
-    T = 1 3.4 / 2.7."""
+    sorted (e9f8c0a) / counted (results/probe_route_warps_8bb1289.txt), 4 warps: Llama 4 Scout
+    (E = 16, top-1) 2.0 / 1.3-1.4 us, Maverick (E = 128, top-1) 2.5-2.6 / 1.8, Mixtral (top-2)
+    2.1-2.4 / 1.5-1.7, Qwen3-30B-A3B (top-8) T = 4 3.0 / 2.2, gpt-oss (top-4) T = 1 3.4 / 2.7."""
     earlier = (b[None, :] == b[:, None]) & (lane[None, :] < lane[:, None])
     before = (b[None, :] < b[:, None]) | earlier
     pos = tl.sum(before.to(tl.int32), 1)
@@ -454,10 +453,15 @@ def route_config(T: int, E: int, k: int, from_scores: bool = True, single_pairs:
     of blocks near 128 (one wave on 132 SMs). Top-k reads scores in tiles of about
     ``score_tile`` values. Register counts from ptxas (sm_90): a [128, 128] score tile spilled;
     [128, 16] took 76-118 registers with 8 warps, [64, 32] 118 with 4. Warps: 8 from 128 pairs a
-    block, 4 from 4 tokens a block, else 2 (a warp a row: top-k's reductions cross no warps).
-    H100, CUDA graphs, one program, us (benchmarks/probe_route_warps.py, results/
-    probe_route_warps_<commit>.json), 2 / 4 warps: Qwen3-30B-A3B (top-8) T = 1 3.12 / 3.68,
-    T = 2 2.43 / 3.18; DeepSeek-V3's grouped top-8 T = 1 5.95 / 8.34, T = 2 4.28 / 6.04."""
+    block, or for one program of at least 8 tokens and 1024 scores; 4 from 4 tokens a block;
+    else 2 (a warp a row: top-k's reductions cross no warps). H100, CUDA graphs, one program,
+    us (benchmarks/probe_route_warps.py, results/probe_route_warps_8bb1289.txt), 2 / 4 / 8
+    warps: Qwen3-30B-A3B (top-8) T = 1 3.13 / 3.70 / 3.78, T = 2 2.43 / 3.18 / 3.58, T = 4
+    3.67 / 2.24 / 3.48, T = 8 6.51 / 4.32 / 3.29; gpt-oss (top-4) T = 8 3.21 / 2.48 / 2.14, T =
+    16 6.57 / 3.86 / 3.46; Maverick (E = 128, top-1, 16-token block) T = 1 2.30 / 1.80 / 1.71;
+    Scout (E = 16) 1.37 / 1.31 / 1.48; Mixtral (E = 8, top-2) T = 8 1.59 / 1.50 / 1.57;
+    DeepSeek-V3's grouped top-8 T = 1 6.01 / 8.37 / 7.60, T = 2 4.28 / 6.05 / 5.66, T = 4
+    5.98 / 4.09 / 5.75 (its 256-wide rows: 4 tokens, 4 warps)."""
     kp = next_power_of_2(k)
     be = max(16, next_power_of_2(E)) if from_scores else 16
     t2 = next_power_of_2(max(T, 1))
@@ -468,8 +472,8 @@ def route_config(T: int, E: int, k: int, from_scores: bool = True, single_pairs:
         pairs = max(min_block_pairs, next_power_of_2(cdiv(T * kp, 128)), kp)
         bt = min(pairs, max_block_pairs) // kp
     bec = min(be, max(16, score_tile // bt))
-    return RouteConfig(bt, bec, single, 8 if bt * kp >= 128 else 4 if bt >= 4 else 2,
-                       PLACE_PROGRAMS)
+    wide = bt * kp >= 128 or (single and bt >= 8 and bt * bec >= 1024)
+    return RouteConfig(bt, bec, single, 8 if wide else 4 if bt >= 4 else 2, PLACE_PROGRAMS)
 
 
 def invariant_route_config(T: int, E: int, k: int, block_pairs: int = 64) -> RouteConfig:
