@@ -54,31 +54,15 @@ def main() -> None:
     p.add_argument("--formats", nargs="+", default=list(DEFAULT_FORMATS), choices=list(FORMATS))
     p.add_argument("--tokens", nargs="+", type=int, default=list(TOKENS))
     p.add_argument("--force-pdl", action="store_true")
-    p.add_argument("--pair-stages", type=int, default=0,
-                   help="one-pair tiles' num_stages (the K loop's pipeline depth), whatever the "
-                        "tuning table says; 0: the table's")
     args = p.parse_args()
     if args.force_pdl:
         from shufflemoe.ops.moe_decode import kernel
 
         plan = kernel._plan
         kernel._plan = lambda *a: plan(*a).with_(pdl=True)
-    if args.pair_stages:
-        from shufflemoe.ops.moe_decode import kernel
-
-        table_plan = kernel._plan
-
-        def staged(*a):
-            plan = table_plan(*a)
-            gu, dn = (g.with_(num_stages=args.pair_stages) if g.block_m == 1 else g
-                      for g in (plan.gate_up, plan.down))
-            return plan.with_(gate_up=gu, down=dn)
-
-        kernel._plan = staged
     start = time.monotonic()
     args.out.mkdir(parents=True, exist_ok=True)
     meta = dict(metadata(), label=args.label, force_pdl=args.force_pdl,
-                pair_stages=args.pair_stages,
                 tree=str(pathlib.Path(sys.modules["shufflemoe"].__file__).parent))
     with open(args.out / "probe_one_pair.jsonl", "a") as f:
         f.write(json.dumps(dict(meta=meta)) + "\n")

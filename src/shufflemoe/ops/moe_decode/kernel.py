@@ -521,10 +521,13 @@ def _gate_up_loop(k_lo, k_hi, x_ptr, w_ptr, ws_ptr, tok, rw, inv, row_ok, gate_r
                   blocks, D, I, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
                   HAS_RW: tl.constexpr, QUANT: tl.constexpr, UPCAST: tl.constexpr,
                   W_TO_X: tl.constexpr, DOT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr,
-                  RUNS: tl.constexpr, STAGES: tl.constexpr):
+                  RUNS: tl.constexpr):
     """gate_up's K loop over [k_lo, k_hi): the (gate, up) accumulators [BN, BM] in float32.
-    STAGES: its software-pipeline depth, the launch's num_stages, named on the loop so that
-    Triton also pipelines loads that feed no dot (one-pair tiles: cp.async)."""
+    One-pair tiles' loads feed no dot, so Triton does not software-pipeline them; naming the
+    launch's num_stages on the loop (tl.range) would (cp.async through shared memory), and the
+    layer lost to it (H100, CUDA graphs, T = 1..8, bf16 and fp8 rowwise, 2 stages / 3 against
+    none: geometric mean 1.020 / 1.045, Qwen3-30B-A3B fp8 T = 1 1.079 / 1.160, Scout fp8 T = 2
+    1.127; results/probe_one_pair_stages_e64eed9.jsonl)."""
     acc_g = _acc0(BLOCK_N, BLOCK_M, BLOCK_K, QUANT, RUNS)
     acc_u = _acc0(BLOCK_N, BLOCK_M, BLOCK_K, QUANT, RUNS)
     if INTERPRET:  # range() over a tensor bound fails in the interpreter
@@ -536,7 +539,7 @@ def _gate_up_loop(k_lo, k_hi, x_ptr, w_ptr, ws_ptr, tok, rw, inv, row_ok, gate_r
                                          INTERPRET)
             k0 += BLOCK_K
     else:
-        for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=STAGES):
+        for k0 in range(k_lo, k_hi, BLOCK_K):
             acc_g, acc_u = _gate_up_step(acc_g, acc_u, k0, k_hi, x_ptr, w_ptr, ws_ptr, tok, rw,
                                          inv, row_ok, gate_rows, col_ok, blocks, D, I, BLOCK_K,
                                          HAS_RW, QUANT, UPCAST, W_TO_X, DOT_PRECISION,
@@ -583,7 +586,6 @@ def _gate_up_kernel(
     # down's shared programs when their rows of a are stored (flag_ptr; split 1)
     SHARED_K: tl.constexpr,
     RUNS: tl.constexpr,  # one-pair tiles sum runs of a weight row per thread (_runs)
-    STAGES: tl.constexpr,  # the K loop's pipeline depth: the launch's num_stages (_gate_up_loop)
     QUANT_BLOCK: tl.constexpr,  # columns per step when the last m-tile quantizes rows of a
     QUANT_A: tl.constexpr,  # w8a8: quantize a's rows here (else a stays fp32, down quantizes)
     ROW_BLOCK: tl.constexpr, ROW_CHUNKS: tl.constexpr,  # fp8_rowwise: lanes and loads a row of x
@@ -643,17 +645,17 @@ def _gate_up_kernel(
                 acc_g, acc_u = _gate_up_loop(k_lo, k_hi, x_ptr, sw_ptr, w_scale_ptr, tok, rw, inv,
                                              row_ok, gate_rows, col_ok, blocks, D, I, BLOCK_N,
                                              BLOCK_M, SHARED_K, HAS_RW, "none", UPCAST, False,
-                                             DOT_PRECISION, INTERPRET, RUNS, STAGES)
+                                             DOT_PRECISION, INTERPRET, RUNS)
             else:
                 acc_g, acc_u = _gate_up_loop(k_lo, k_hi, x_ptr, w_ptr, w_scale_ptr, tok, rw, inv,
                                              row_ok, gate_rows, col_ok, blocks, D, I, BLOCK_N,
                                              BLOCK_M, BLOCK_K, HAS_RW, QUANT, UPCAST, W_TO_X,
-                                             DOT_PRECISION, INTERPRET, RUNS, STAGES)
+                                             DOT_PRECISION, INTERPRET, RUNS)
         else:
             acc_g, acc_u = _gate_up_loop(k_lo, k_hi, x_ptr, wg_ptr, w_scale_ptr, tok, rw, inv,
                                          row_ok, gate_rows, col_ok, blocks, D, I, BLOCK_N, BLOCK_M,
                                          BLOCK_K, HAS_RW, QUANT, UPCAST, W_TO_X, DOT_PRECISION,
-                                         INTERPRET, RUNS, STAGES)
+                                         INTERPRET, RUNS)
         mask = col_ok[:, None] & row_ok[None, :]  # [BN, BM]
         if split > 1:  # store both partials, arrive once; the last split sums them all
             at = p_rows.to(tl.int64)[None, :] * (2 * I) + cols[:, None]
@@ -832,10 +834,9 @@ def _down_loop(k_lo, k_hi, a_ptr, as_ptr, w_ptr, ws_ptr, rows, row_ok, w_rows, c
                inv, I, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
                QUANT: tl.constexpr, UPCAST: tl.constexpr, W_TO_X: tl.constexpr,
                DOT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr, RUNS: tl.constexpr,
-               A_F32: tl.constexpr, w0, FIRST: tl.constexpr, STAGES: tl.constexpr):
+               A_F32: tl.constexpr, w0, FIRST: tl.constexpr):
     """down's K loop over [k_lo, k_hi): the accumulator [BN, BM] in float32. FIRST: w0 is the
-    weight tile of the first step, loaded before the program's PDL wait (_down_kernel). STAGES:
-    as _gate_up_loop's."""
+    weight tile of the first step, loaded before the program's PDL wait (_down_kernel)."""
     acc = _acc0(BLOCK_N, BLOCK_M, BLOCK_K, QUANT, RUNS)
     k_start = k_lo
     if FIRST:
@@ -850,7 +851,7 @@ def _down_loop(k_lo, k_hi, a_ptr, as_ptr, w_ptr, ws_ptr, rows, row_ok, w_rows, c
                              DOT_PRECISION, A_F32, INTERPRET)
             k0 += BLOCK_K
     else:
-        for k0 in tl.range(k_start, k_hi, BLOCK_K, num_stages=STAGES):
+        for k0 in range(k_start, k_hi, BLOCK_K):
             acc = _down_step(acc, k0, k_hi, a_ptr, as_ptr, w_ptr, ws_ptr, rows, row_ok, w_rows,
                              col_ok, blocks, inv, I, BLOCK_K, QUANT, UPCAST, W_TO_X,
                              DOT_PRECISION, A_F32, INTERPRET)
@@ -898,7 +899,6 @@ def _down_kernel(
     # not for all of gate_up, and for the rest only before their epilogue
     SHARED_K: tl.constexpr,  # as in _gate_up_kernel
     RUNS: tl.constexpr,  # as in _gate_up_kernel
-    STAGES: tl.constexpr,  # as in _gate_up_kernel
     A_F32: tl.constexpr,  # fp8_rowwise: a's routed rows in fp32, quantized here (one pair a
     # tile: see the module's docstring)
     ROW_BLOCK: tl.constexpr, ROW_CHUNKS: tl.constexpr,  # A_F32: lanes and loads a row of a
@@ -954,17 +954,17 @@ def _down_kernel(
                 acc = _down_loop(k_lo, k_hi, sa_ptr, a_scale_ptr, sw_ptr, w_scale_ptr, a_rows,
                                  row_ok, w_rows, col_ok, blocks, inv, I, BLOCK_N, BLOCK_M,
                                  SHARED_K, "none", UPCAST, False, DOT_PRECISION, INTERPRET, RUNS,
-                                 False, w0, False, STAGES)
+                                 False, w0, False)
             else:
                 acc = _down_loop(k_lo, k_hi, a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, a_rows,
                                  row_ok, w_rows, col_ok, blocks, inv, I, BLOCK_N, BLOCK_M,
                                  BLOCK_K, QUANT, UPCAST, W_TO_X, DOT_PRECISION, INTERPRET, RUNS,
-                                 A_F32, w0, PRELOAD, STAGES)
+                                 A_F32, w0, PRELOAD)
         else:
             acc = _down_loop(k_lo, k_hi, a_ptr, a_scale_ptr, wd_ptr, w_scale_ptr, a_rows,
                              row_ok, w_rows, col_ok, blocks, inv, I, BLOCK_N, BLOCK_M, BLOCK_K,
                              QUANT, UPCAST, W_TO_X, DOT_PRECISION, INTERPRET, RUNS, A_F32, w0,
-                             PRELOAD, STAGES)
+                             PRELOAD)
         if EARLY:
             if shared:  # the routing and all of a, for the combine: as the other programs
                 if PDL:
@@ -1149,7 +1149,7 @@ def _early(early: bool, shared: Tensor | None, gate_up_split: int, like: Tensor)
 
 
 def _launch_options(cfg: configs.GemmConfig, pdl: bool) -> dict:
-    opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages, STAGES=cfg.num_stages)
+    opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if pdl:
         opts["launch_pdl"] = True
     return opts
