@@ -51,12 +51,10 @@ def main() -> None:
 
         bump = torch.zeros(1, device="cuda")
 
-        def route(i: int):
-            return index_shuffle(sets[i], k, impl="triton")
-
-        def route_sep(i: int):
+        def route(i: int, sep: bool = False):
             r = index_shuffle(sets[i], k, impl="triton")
-            bump.add_(1.0)
+            if sep:
+                bump.add_(1.0)
             return r
 
         outs = {}
@@ -68,7 +66,7 @@ def main() -> None:
             for sep in (False, True):
                 for chain in (True, False):
                     _pdl.MAX_PROGRAMS = bound if chain else 0
-                    t = time_fn(route_sep if sep else route, n_sets, graph=True, reps=40)
+                    t = time_fn(lambda i: route(i, sep), n_sets, graph=True, reps=40)
                     rows.append(dict(k=k, E=E, T=T, chain=chain, sep=sep, round=r,
                                      us=t.median_us, p20=t.p20_us, p80=t.p80_us, same=same))
                     print(f"top-{k} E={E} T={T} {'chained' if chain else 'unchained'}"
