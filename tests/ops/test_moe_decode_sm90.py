@@ -66,11 +66,6 @@ def _format(fp8: bool | str) -> tuple[str, bool]:
     return quant, quant in ("fp8_rowwise", "fp8_block")
 
 
-def _ahead(quant: str, block_m: int) -> bool:
-    """kernel._ahead for a K range of more than one step."""
-    return block_m == 1 and quant not in ("mxfp4", "fp8_block")
-
-
 def gate_up(fp8: bool | str, split: int, rw: bool, pdl: bool, block_m: int = 16,
             oai: bool = False, shared: bool = False, block_k: int | None = None,
             runs: bool = False, quant_a: bool = True, one_token: bool = False):
@@ -102,7 +97,7 @@ def gate_up(fp8: bool | str, split: int, rw: bool, pdl: bool, block_m: int = 16,
                   **_split_const(split), QUANT=quant, ACT="swiglu_oai" if oai else "silu",
                   HAS_LIMIT=oai, HAS_BIAS=oai, HAS_RW=rw, UPCAST=False,
                   W_TO_X=quant in ("fp8_w8a16", "mxfp4"), DOT_PRECISION="tf32", INTERPRET=False,
-                  PDL=pdl, RUNS=runs, AHEAD=_ahead(quant, block_m), QUANT_BLOCK=1024, QUANT_A=quant_a, ROW_BLOCK=4096,
+                  PDL=pdl, RUNS=runs, QUANT_BLOCK=1024, QUANT_A=quant_a, ROW_BLOCK=4096,
                   ROW_CHUNKS=2, X_READY=one_token)
     return compile_sm90(kernel._gate_up_kernel, sig, consts,
                         **({"launch_pdl": True} if pdl else {}))
@@ -138,8 +133,7 @@ def down(fp8: bool | str, split: int, k: int, pdl: bool, accumulate: bool = True
                   **_split_const(split),
                   QUANT=quant, HAS_BIAS=bias, HAS_RW=True, UPCAST=False,
                   W_TO_X=quant in ("fp8_w8a16", "mxfp4"),
-                  DOT_PRECISION="tf32", INTERPRET=False, PDL=pdl, RUNS=runs,
-                  AHEAD=_ahead(quant, block_m), A_F32=a_f32,
+                  DOT_PRECISION="tf32", INTERPRET=False, PDL=pdl, RUNS=runs, A_F32=a_f32,
                   ROW_BLOCK=1024, ROW_CHUNKS=1, GATE=gate, GATE_K=4096 // block_m,
                   PRELOAD=kernel._preload(quant, k))
     return compile_sm90(kernel._down_kernel, sig, consts, **({"launch_pdl": True} if pdl else {}))

@@ -517,56 +517,25 @@ def _gate_up_step(acc_g, acc_u, k0, k_hi, x_ptr, w_ptr, ws_ptr, tok, rw, inv, ro
 
 
 @triton.jit
-def _gate_up_ahead(acc_g, acc_u, wg, wu, k0, k_hi, x_ptr, w_ptr, ws_ptr, tok, rw, inv, row_ok,
-                   gate_rows, col_ok, D, I, BLOCK_K: tl.constexpr, HAS_RW: tl.constexpr,
-                   QUANT: tl.constexpr, UPCAST: tl.constexpr, W_TO_X: tl.constexpr,
-                   DOT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
-    """One K step of a one-pair gate_up tile whose weights at k0 (wg, wu) are loaded: the next
-    step's weights (none past k_hi: masked) are loaded first, then this step's math."""
-    ng = _w_tile(w_ptr, ws_ptr, gate_rows, col_ok, k0 + BLOCK_K, k_hi, D, QUANT, BLOCK_K, UPCAST)
-    nu = _w_tile(w_ptr, ws_ptr, gate_rows + I, col_ok, k0 + BLOCK_K, k_hi, D, QUANT, BLOCK_K,
-                 UPCAST)
-    kk = k0 + tl.arange(0, BLOCK_K)
-    xt = _x_cols(_x_tile(x_ptr, tok, rw, inv, row_ok, kk, D, HAS_RW, QUANT, INTERPRET), QUANT)
-    acc_g = _dot(acc_g, wg, xt, UPCAST, W_TO_X, DOT_PRECISION)
-    acc_u = _dot(acc_u, wu, xt, UPCAST, W_TO_X, DOT_PRECISION)
-    return acc_g, acc_u, ng, nu
-
-
-@triton.jit
 def _gate_up_loop(k_lo, k_hi, x_ptr, w_ptr, ws_ptr, tok, rw, inv, row_ok, gate_rows, col_ok,
                   blocks, D, I, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
                   HAS_RW: tl.constexpr, QUANT: tl.constexpr, UPCAST: tl.constexpr,
                   W_TO_X: tl.constexpr, DOT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr,
-                  RUNS: tl.constexpr, AHEAD: tl.constexpr):
+                  RUNS: tl.constexpr):
     """gate_up's K loop over [k_lo, k_hi): the (gate, up) accumulators [BN, BM] in float32.
     One-pair tiles' loads feed no dot, so Triton does not software-pipeline them; naming the
     launch's num_stages on the loop (tl.range) would (cp.async through shared memory), and the
     layer lost to it (H100, CUDA graphs, T = 1..8, bf16 and fp8 rowwise, 2 stages / 3 against
     none: geometric mean 1.020 / 1.045, Qwen3-30B-A3B fp8 T = 1 1.079 / 1.160, Scout fp8 T = 2
-    1.127; results/probe_one_pair_stages_e64eed9.jsonl)."""
+    1.127; results/probe_one_pair_stages_e64eed9.jsonl). Loading each step's weights a step
+    ahead in registers (the next step's loads before this step's math; 09ccc9f, gate_up and
+    down) lost far more: geometric mean 1.404 over 48 rows (bf16, fp8 rowwise, fp8_w8a16),
+    Qwen3-30B-A3B fp8 T = 1 27.5 -> 59.1 us, Scout fp8 T = 4 43.9 -> 96.2
+    (results/probe_one_pair_ahead_09ccc9f.jsonl; the rows' meta name 9a57ef3 for both trees:
+    "new" is 09ccc9f's source, digest 5f885b98)."""
     acc_g = _acc0(BLOCK_N, BLOCK_M, BLOCK_K, QUANT, RUNS)
     acc_u = _acc0(BLOCK_N, BLOCK_M, BLOCK_K, QUANT, RUNS)
-    if AHEAD:  # one-pair tiles: each step's math after the next step's loads are issued
-        wg = _w_tile(w_ptr, ws_ptr, gate_rows, col_ok, k_lo, k_hi, D, QUANT, BLOCK_K, UPCAST)
-        wu = _w_tile(w_ptr, ws_ptr, gate_rows + I, col_ok, k_lo, k_hi, D, QUANT, BLOCK_K, UPCAST)
-        if INTERPRET:
-            k0 = k_lo
-            while k0 < k_hi:
-                acc_g, acc_u, wg, wu = _gate_up_ahead(acc_g, acc_u, wg, wu, k0, k_hi, x_ptr,
-                                                      w_ptr, ws_ptr, tok, rw, inv, row_ok,
-                                                      gate_rows, col_ok, D, I, BLOCK_K, HAS_RW,
-                                                      QUANT, UPCAST, W_TO_X, DOT_PRECISION,
-                                                      INTERPRET)
-                k0 += BLOCK_K
-        else:
-            for k0 in range(k_lo, k_hi, BLOCK_K):
-                acc_g, acc_u, wg, wu = _gate_up_ahead(acc_g, acc_u, wg, wu, k0, k_hi, x_ptr,
-                                                      w_ptr, ws_ptr, tok, rw, inv, row_ok,
-                                                      gate_rows, col_ok, D, I, BLOCK_K, HAS_RW,
-                                                      QUANT, UPCAST, W_TO_X, DOT_PRECISION,
-                                                      INTERPRET)
-    elif INTERPRET:  # range() over a tensor bound fails in the interpreter
+    if INTERPRET:  # range() over a tensor bound fails in the interpreter
         k0 = k_lo
         while k0 < k_hi:
             acc_g, acc_u = _gate_up_step(acc_g, acc_u, k0, k_hi, x_ptr, w_ptr, ws_ptr, tok, rw,
@@ -622,7 +591,6 @@ def _gate_up_kernel(
     # down's shared programs when their rows of a are stored (flag_ptr; split 1)
     SHARED_K: tl.constexpr,
     RUNS: tl.constexpr,  # one-pair tiles sum runs of a weight row per thread (_runs)
-    AHEAD: tl.constexpr,  # one-pair tiles load each K step's weights a step ahead (_ahead)
     QUANT_BLOCK: tl.constexpr,  # columns per step when the last m-tile quantizes rows of a
     QUANT_A: tl.constexpr,  # w8a8: quantize a's rows here (else a stays fp32, down quantizes)
     ROW_BLOCK: tl.constexpr, ROW_CHUNKS: tl.constexpr,  # fp8_rowwise: lanes and loads a row of x
@@ -682,17 +650,17 @@ def _gate_up_kernel(
                 acc_g, acc_u = _gate_up_loop(k_lo, k_hi, x_ptr, sw_ptr, w_scale_ptr, tok, rw, inv,
                                              row_ok, gate_rows, col_ok, blocks, D, I, BLOCK_N,
                                              BLOCK_M, SHARED_K, HAS_RW, "none", UPCAST, False,
-                                             DOT_PRECISION, INTERPRET, RUNS, AHEAD)
+                                             DOT_PRECISION, INTERPRET, RUNS)
             else:
                 acc_g, acc_u = _gate_up_loop(k_lo, k_hi, x_ptr, w_ptr, w_scale_ptr, tok, rw, inv,
                                              row_ok, gate_rows, col_ok, blocks, D, I, BLOCK_N,
                                              BLOCK_M, BLOCK_K, HAS_RW, QUANT, UPCAST, W_TO_X,
-                                             DOT_PRECISION, INTERPRET, RUNS, AHEAD)
+                                             DOT_PRECISION, INTERPRET, RUNS)
         else:
             acc_g, acc_u = _gate_up_loop(k_lo, k_hi, x_ptr, wg_ptr, w_scale_ptr, tok, rw, inv,
                                          row_ok, gate_rows, col_ok, blocks, D, I, BLOCK_N, BLOCK_M,
                                          BLOCK_K, HAS_RW, QUANT, UPCAST, W_TO_X, DOT_PRECISION,
-                                         INTERPRET, RUNS, AHEAD)
+                                         INTERPRET, RUNS)
         mask = col_ok[:, None] & row_ok[None, :]  # [BN, BM]
         if split > 1:  # store both partials, arrive once; the last split sums them all
             at = p_rows.to(tl.int64)[None, :] * (2 * I) + cols[:, None]
@@ -871,34 +839,11 @@ def _down_loop(k_lo, k_hi, a_ptr, as_ptr, w_ptr, ws_ptr, rows, row_ok, w_rows, c
                inv, I, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
                QUANT: tl.constexpr, UPCAST: tl.constexpr, W_TO_X: tl.constexpr,
                DOT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr, RUNS: tl.constexpr,
-               A_F32: tl.constexpr, w0, FIRST: tl.constexpr, AHEAD: tl.constexpr):
+               A_F32: tl.constexpr, w0, FIRST: tl.constexpr):
     """down's K loop over [k_lo, k_hi): the accumulator [BN, BM] in float32. FIRST: w0 is the
-    weight tile of the first step, loaded before the program's PDL wait (_down_kernel). AHEAD:
-    each step's weights load a step ahead (one-pair tiles, see _gate_up_loop)."""
+    weight tile of the first step, loaded before the program's PDL wait (_down_kernel)."""
     acc = _acc0(BLOCK_N, BLOCK_M, BLOCK_K, QUANT, RUNS)
     k_start = k_lo
-    if AHEAD:
-        if FIRST:
-            w = w0
-        else:
-            w = _w_tile(w_ptr, ws_ptr, w_rows, col_ok, k_lo, k_hi, I, QUANT, BLOCK_K, UPCAST)
-        if INTERPRET:
-            k0 = k_lo
-            while k0 < k_hi:
-                nw = _w_tile(w_ptr, ws_ptr, w_rows, col_ok, k0 + BLOCK_K, k_hi, I, QUANT,
-                             BLOCK_K, UPCAST)
-                acc = _down_dot(acc, w, k0, k_hi, a_ptr, rows, row_ok, inv, I, BLOCK_K, QUANT,
-                                UPCAST, W_TO_X, DOT_PRECISION, A_F32, INTERPRET)
-                w = nw
-                k0 += BLOCK_K
-        else:
-            for k0 in range(k_lo, k_hi, BLOCK_K):
-                nw = _w_tile(w_ptr, ws_ptr, w_rows, col_ok, k0 + BLOCK_K, k_hi, I, QUANT,
-                             BLOCK_K, UPCAST)
-                acc = _down_dot(acc, w, k0, k_hi, a_ptr, rows, row_ok, inv, I, BLOCK_K, QUANT,
-                                UPCAST, W_TO_X, DOT_PRECISION, A_F32, INTERPRET)
-                w = nw
-        return _acc_sum(acc, BLOCK_M)
     if FIRST:
         acc = _down_dot(acc, w0, k_lo, k_hi, a_ptr, rows, row_ok, inv, I, BLOCK_K, QUANT, UPCAST,
                         W_TO_X, DOT_PRECISION, A_F32, INTERPRET)
@@ -958,7 +903,7 @@ def _down_kernel(
     EARLY: tl.constexpr,  # the shared programs wait for gate_up's shared rows of a (flag_ptr),
     # not for all of gate_up, and for the rest only before their epilogue
     SHARED_K: tl.constexpr,  # as in _gate_up_kernel
-    RUNS: tl.constexpr, AHEAD: tl.constexpr,  # as in _gate_up_kernel
+    RUNS: tl.constexpr,  # as in _gate_up_kernel
     A_F32: tl.constexpr,  # fp8_rowwise: a's routed rows in fp32, quantized here (one pair a
     # tile: see the module's docstring)
     ROW_BLOCK: tl.constexpr, ROW_CHUNKS: tl.constexpr,  # A_F32: lanes and loads a row of a
@@ -1014,17 +959,17 @@ def _down_kernel(
                 acc = _down_loop(k_lo, k_hi, sa_ptr, a_scale_ptr, sw_ptr, w_scale_ptr, a_rows,
                                  row_ok, w_rows, col_ok, blocks, inv, I, BLOCK_N, BLOCK_M,
                                  SHARED_K, "none", UPCAST, False, DOT_PRECISION, INTERPRET, RUNS,
-                                 False, w0, False, AHEAD)
+                                 False, w0, False)
             else:
                 acc = _down_loop(k_lo, k_hi, a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, a_rows,
                                  row_ok, w_rows, col_ok, blocks, inv, I, BLOCK_N, BLOCK_M,
                                  BLOCK_K, QUANT, UPCAST, W_TO_X, DOT_PRECISION, INTERPRET, RUNS,
-                                 A_F32, w0, PRELOAD, AHEAD)
+                                 A_F32, w0, PRELOAD)
         else:
             acc = _down_loop(k_lo, k_hi, a_ptr, a_scale_ptr, wd_ptr, w_scale_ptr, a_rows,
                              row_ok, w_rows, col_ok, blocks, inv, I, BLOCK_N, BLOCK_M, BLOCK_K,
                              QUANT, UPCAST, W_TO_X, DOT_PRECISION, INTERPRET, RUNS, A_F32, w0,
-                             PRELOAD, AHEAD)
+                             PRELOAD)
         if EARLY:
             if shared:  # the routing and all of a, for the combine: as the other programs
                 if PDL:
@@ -1262,15 +1207,6 @@ def _runs(cfg: configs.GemmConfig, k_split: int, quant: str) -> bool:
     return k_split // cfg.block_k >= (2 if quant in ("fp8_rowwise", "fp8_w8a16") else 4)
 
 
-def _ahead(cfg: configs.GemmConfig, k_split: int, quant: str) -> bool:
-    """Whether a one-pair tile (weights in x's dtype, e4m3) issues each K step's weight loads
-    before the step before it does its math (registers hold two steps), where it has more
-    than one step: the loads of one program stay in flight through its math."""
-    if cfg.block_m != 1 or quant in ("mxfp4", "fp8_block"):
-        return False
-    return k_split > cfg.block_k
-
-
 def _shared_k(cfg: configs.GemmConfig, w: Tensor, x_dtype: torch.dtype, quant: str) -> int:
     """The K step of a merged shared expert's weights (x's dtype) beside routed weights in a
     quantized format: as many bytes a row as the routed step's (at least 16 columns, a dot's)."""
@@ -1336,7 +1272,6 @@ def _gate_up_op(x: Tensor, w13: Tensor, w13_scale: Optional[Tensor], counts: Ten
             DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", INTERPRET=interpret,
             PDL=pdl, SHARED=shared is not None, EARLY=early,
             SHARED_K=_shared_k(cfg, w13, x.dtype, quant), RUNS=_runs(cfg, k_split, quant),
-            AHEAD=_ahead(cfg, k_split, quant),
             QUANT_BLOCK=min(1024, next_power_of_2(I)), QUANT_A=quant_a,
             ROW_BLOCK=row_block, ROW_CHUNKS=cdiv(D, row_block), X_READY=x_ready,
             **_launch_options(cfg, pdl))
@@ -1401,7 +1336,6 @@ def _down_op(a: Tensor, a_scale: Optional[Tensor], sa: Optional[Tensor], w2: Ten
             DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32", INTERPRET=interpret,
             PDL=pdl, SHARED=shared is not None, EARLY=early,
             SHARED_K=_shared_k(cfg, w2, out.dtype, quant), RUNS=_runs(cfg, k_split, quant),
-            AHEAD=_ahead(cfg, k_split, quant),
             A_F32=a_f32, ROW_BLOCK=min(1024, next_power_of_2(I)),
             ROW_CHUNKS=cdiv(I, min(1024, next_power_of_2(I))),
             GATE=shared_gate is not None,
