@@ -427,6 +427,29 @@ def _num_buckets(E: int, from_scores: bool) -> int:
 PLACE_PROGRAMS = 128
 
 
+# Blocks of routing (not one program) launch in stream order: their kernel never starts beside
+# the one before it. Launched with PDL behind a chained kernel (the index_shuffle suite's back-to-
+# back calls: place(i), then route(i + 1)) their programs took the SMs early and unevenly: top-8 of
+# E = 128 at T = 2048 22.8 us where unchained 11.0, T = 8192 55.7 / 25.8 (H100, CUDA graphs,
+# benchmarks/probe_route_chain.py, results/probe_route_chain_9a57ef3.json). They still let
+# place launch early (their PDL constexpr) while a block holds at most CHAIN_PAIRS pairs: after
+# an ordinary launch (as after the router's GEMM), chained / unchained 0.83-0.90 at 64 to 128
+# pairs a block (top-1 E = 128 T = 8192 10.3 / 12.0 us, top-8 T = 2048 11.0 / 12.2), but 1.12 at
+# 512 (top-8 T = 8192 30.4 / 27.2).
+CHAIN_PAIRS = 256
+
+
+def chain_keywords(pdl: dict, single: bool, block_pairs: int) -> tuple[dict, dict]:
+    """The PDL launch keywords of the route and place kernels from chained()'s for the grid:
+    one program as given; blocks launched in stream order, letting place launch early while a
+    block holds at most CHAIN_PAIRS pairs (see there), else neither chained."""
+    if single:
+        return pdl, pdl
+    if block_pairs > CHAIN_PAIRS:
+        return {"PDL": False}, {"PDL": False}
+    return {"PDL": pdl["PDL"]}, pdl
+
+
 @dataclass(frozen=True)
 class RouteConfig:
     """Tiling of one index_shuffle / sort_by_expert call (see route_config)."""
@@ -547,14 +570,14 @@ def _route_op(src: Tensor, topk_weights: Optional[Tensor], bias: Optional[Tensor
                   INTERPRET=round_scores and interpreting())
     # With PDL the next kernel launches as this one starts: at decode (one program) the fused
     # decode kernels' programs that need no routing (a shared expert) run beside it.
-    pdl = chained(src, (nb,))  # place's programs too (at most 128)
+    route_pdl, pdl = chain_keywords(chained(src, (nb,)), single, block_tokens * kp)
     skey, sid = (None, None) if scratch_i is None else (scratch_i[0], scratch_i[1])
     launch(_route_kernel, (nb,),
         src, src.stride(0), win, win.stride(0), bias, counts, token_ids, expert_ids, weights,
         num_valid, positions, skey, sid, scratch_w, hist, T, cap, scaling,
         K=k, KP=kp, BT=block_tokens, BEC=expert_chunk, SCORING=scoring, RENORM=renormalize,
         HAS_W=topk_weights is not None, SINGLE=single, num_warps=num_warps, **meta, **groups,
-        **pdl)
+        **route_pdl)
     if not single:
         # At most one wave of place programs; each reads the histogram table once.
         per_prog = cdiv(nb, min(nb, place_programs))
