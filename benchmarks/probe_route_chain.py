@@ -42,14 +42,14 @@ MODES = ("shipped", "all", "early", "unchained")
 FIELDS = ("counts", "token_ids", "expert_ids", "num_valid", "positions", "weights")
 
 
+_launch = shuffle_kernel.launch
+
+
 def _early_launch(fn, grid, *args, **kwargs):
     """shuffle_kernel.launch, with a chained route kernel launched with PDL as before."""
     if fn is shuffle_kernel._route_kernel and kwargs.get("PDL"):
         kwargs["launch_pdl"] = True
     return _launch(fn, grid, *args, **kwargs)
-
-
-_launch = shuffle_kernel.launch
 
 
 def _mode(mode: str, bound: int, pairs: int) -> None:
