@@ -523,16 +523,9 @@ def _gate_up_loop(k_lo, k_hi, x_ptr, w_ptr, ws_ptr, tok, rw, inv, row_ok, gate_r
                   W_TO_X: tl.constexpr, DOT_PRECISION: tl.constexpr, INTERPRET: tl.constexpr,
                   RUNS: tl.constexpr):
     """gate_up's K loop over [k_lo, k_hi): the (gate, up) accumulators [BN, BM] in float32.
-    One-pair tiles' loads feed no dot, so Triton does not software-pipeline them; naming the
-    launch's num_stages on the loop (tl.range) would (cp.async through shared memory), and the
-    layer lost to it (H100, CUDA graphs, T = 1..8, bf16 and fp8 rowwise, 2 stages / 3 against
-    none: geometric mean 1.020 / 1.045, Qwen3-30B-A3B fp8 T = 1 1.079 / 1.160, Scout fp8 T = 2
-    1.127; results/probe_one_pair_stages_e64eed9.jsonl). Loading each step's weights a step
-    ahead in registers (DESIGN.md: spills; tried again at 09ccc9f, gate_up and down) lost far
-    more: geometric mean 1.404 over 48 rows (bf16, fp8 rowwise, fp8_w8a16),
-    Qwen3-30B-A3B fp8 T = 1 27.5 -> 59.1 us, Scout fp8 T = 4 43.9 -> 96.2
-    (results/probe_one_pair_ahead_09ccc9f.jsonl; the rows' meta name 9a57ef3 for both trees:
-    "new" is 09ccc9f's source, digest 5f885b98)."""
+    One-pair tiles' loads feed no dot, so Triton keeps one step in flight a program; putting
+    more in flight (cp.async stages, or the next step in registers) lost in the layer
+    (DESIGN.md, "Register double-buffering")."""
     acc_g = _acc0(BLOCK_N, BLOCK_M, BLOCK_K, QUANT, RUNS)
     acc_u = _acc0(BLOCK_N, BLOCK_M, BLOCK_K, QUANT, RUNS)
     if INTERPRET:  # range() over a tensor bound fails in the interpreter
