@@ -22,13 +22,15 @@ SM, and the untuned choice (configs.untuned: the heuristic, or fp8_w8a16's rule)
    it gate_up stores a unquantized and skips its m-tile's arrival, which down's own timing
    cannot see;
 3. layer: the whole layer (graph replays) at each T, fused with the new table (PDL off and on),
-   with the alt row where there is one (PDL off and on), fused with the untuned tiles, and
-   unfused, as % of the read ceiling for the bytes the routing activates
-   (planner.must_read_bytes), the bytes floor the layer suite uses; each row the layer ran with
-   keeps PDL where that was faster, gives way to its alt row where the layer was faster with
-   that, and is dropped unless the layer was faster with it than with the untuned tiles by
-   KEEP_MARGIN (judge); the shared expert's rows in Llama 4 Scout's layer at the T it runs that
-   expert in launches of its own (shared_judge);
+   with the alt row where there is one (PDL off and on), with the committed row where the
+   table had one, fused with the untuned tiles, and unfused, as % of the read ceiling for the
+   bytes the routing activates (planner.must_read_bytes), the bytes floor the layer suite uses;
+   each row the layer ran with keeps PDL where that was faster, gives way to its alt row where
+   the layer was faster with that, and is dropped unless the layer was faster with it than
+   with the untuned tiles by KEEP_MARGIN; a committed row gives way (to new tiles, another PDL
+   bit or no row) only where the layer was faster by KEEP_MARGIN than with it (judge); the
+   shared expert's rows in Llama 4 Scout's layer at the T it runs that expert in launches of
+   its own (shared_judge);
 4. writes $OUT/tune_decode.json, $OUT/tune_decode.md and $OUT/tuned.py (the tables: copy it to
    src/shufflemoe/ops/moe_decode/tuned.py). With --dtypes naming some of DTYPES, the other
    dtypes' rows stay as committed and the results are tune_decode_<dtypes>.json / .md. Rows of
@@ -322,17 +324,22 @@ def quant_at(k: tuple, cfg) -> str:
     return cfg.quantization if k[1] == cfg.num_experts else "none"
 
 
-def judged(key: tuple, cfg, variant: str, gpu: str = "", alt: tuple | None = None):
+def judged(key: tuple, cfg, variant: str, gpu: str = "", alt: tuple | None = None,
+           committed: tuple | None = None):
     """configs.select in a layer of ``cfg`` on the GPU ``gpu`` where the row for ``key`` (a
     table_key) alone is ``variant``: "tuned" (PDL off), "tuned_pdl", "untuned"
-    (configs.untuned), or "alt" / "alt_pdl" (the row ``alt``, in the table's form); every other
-    launch takes what the layer plans, so a verdict compares that row and nothing else."""
+    (configs.untuned), "alt" / "alt_pdl" (the row ``alt``, in the table's form) or "committed"
+    (the row ``committed``, its PDL bit as committed); every other launch takes what the layer
+    plans, so a verdict compares that row and nothing else."""
     def choose(k):
         quant = quant_at(k, cfg)
         if configs.table_key(*k, quant=quant) != key:
             return configs.planned(k, quant, gpu)
         if variant == "untuned":
             return configs.untuned(k, quant, gpu)
+        if variant == "committed":
+            return configs.DecodeConfig(configs.GemmConfig(*committed[0]),
+                                        configs.GemmConfig(*committed[1]), pdl=committed[2])
         if variant.startswith("alt"):
             return configs.DecodeConfig(configs.GemmConfig(*alt[0]), configs.GemmConfig(*alt[1]),
                                         pdl=variant == "alt_pdl")
@@ -341,10 +348,12 @@ def judged(key: tuple, cfg, variant: str, gpu: str = "", alt: tuple | None = Non
 
 
 def layer_rows(case_layers: list, name: str, dtype: str, T: int, device: str, dry: bool,
-               read_gbps: float, key_of, gpu: str = "", alts: dict | None = None) -> dict:
+               read_gbps: float, key_of, gpu: str = "", alts: dict | None = None,
+               committed: dict | None = None) -> dict:
     """The layer at T tokens: fused with its table row (key_of(A), A the pairs its launches
     plan for) without and with PDL, with the key's row in ``alts`` if it has one (without and
-    with PDL), fused with the untuned tiles, unfused. bf16 and fp8 rowwise take the fused path
+    with PDL), with its row in ``committed`` (the table before this run) if it has one, fused
+    with the untuned tiles, unfused. bf16 and fp8 rowwise take the fused path
     forced on (decode_check.FUSED: a shared expert merged where the default merges it),
     fp8_w8a16 the default switch (it has rows only where that fuses)."""
     cfg = case_layers[0].config
@@ -360,9 +369,10 @@ def layer_rows(case_layers: list, name: str, dtype: str, T: int, device: str, dr
     nbytes = must_read_bytes(cfg, active)
     row = dict(preset=name, dtype=dtype, T=T, key=key, active_experts=active,
                must_read_mb=nbytes / 1e6)
-    alt = (alts or {}).get(key)
-    variants = ("tuned", "tuned_pdl", "untuned") + ("alt", "alt_pdl") * (alt is not None)
-    for lab, plans in [(v, (fused, judged(key, cfg, v, gpu, alt))) for v in variants
+    alt, before = (alts or {}).get(key), (committed or {}).get(key)
+    variants = (("tuned", "tuned_pdl", "untuned") + ("alt", "alt_pdl") * (alt is not None)
+                + ("committed",) * (before is not None))
+    for lab, plans in [(v, (fused, judged(key, cfg, v, gpu, alt, before))) for v in variants
                        ] + [("unfused", (configs.NEVER,))]:
         run = lambda i: case_layers[i % len(case_layers)](xs[i])  # noqa: E731
         with contextlib.ExitStack() as stack:
@@ -397,22 +407,31 @@ def shared_judge(dtype: str, dry: bool, device: str, As: list[int]) -> tuple[lis
     return layers_for(cfg, 1 if dry else weight_sets(cfg, 1), device), Ts
 
 
-def judge(table: dict, layer: list[dict], dropped: list, alts: dict | None = None) -> None:
+def judge(table: dict, layer: list[dict], dropped: list, alts: dict | None = None,
+          committed: dict | None = None) -> None:
     """Each row of ``table`` that layer rows ran with: PDL where the layer was faster with it by
     more than the timing's noise (0.5%); the key's row in ``alts`` (layer rows "alt_us",
     "alt_pdl_us") in its place where the layer was faster with it, PDL as chosen, by over that
     noise; and the row dropped (its bucket takes the untuned tiles) unless the layer was faster
-    with the row kept, PDL as chosen, by over KEEP_MARGIN. A row several T share (a merged
+    with the row kept, PDL as chosen, by over KEEP_MARGIN. Where ``committed`` (the table before
+    the run) has a row for the key that this verdict would change (tiles, PDL bit or a drop;
+    layer rows "committed_us"), the change stands only if the layer was faster with it than
+    with the committed row by over KEEP_MARGIN; else the committed row stays. One timing's
+    verdicts are noisy at 1%: against the untuned tiles alone, H100 retunes dropped rows and
+    took tiles whose loss in the layer probe_device_rows.py then measured in every round
+    (Scout TP8 bf16: A = 16..64 dropped 1.004-1.014x, T = 1's merged A = 2 row 1.018x;
+    results/probe_device_rows_12ab863.json, _29e5976.json). A row several T share (a merged
     shared expert's T + 1 pairs) is judged on their sums. A GEMM alone can be faster under a
     tile that makes the layer slower (the kernels overlap under PDL, and the router runs
     before them), or slower under one that makes it faster (fp8 rowwise's one-pair down on
     fp32 rows spares gate_up its m-tile's arrival)."""
-    labels = ("tuned", "tuned_pdl", "untuned", "alt", "alt_pdl")
+    labels = ("tuned", "tuned_pdl", "untuned", "alt", "alt_pdl", "committed")
+    optional = ("alt", "alt_pdl", "committed")  # NaN where a layer row lacks them: never taken
     sums: dict = {}
     for r in layer:
         acc = sums.setdefault(r["key"], dict.fromkeys(labels, 0.0) | dict(Ts=[]))
         for lab in labels:
-            acc[lab] += r.get(f"{lab}_us", math.nan if lab.startswith("alt") else 0.0)
+            acc[lab] += r.get(f"{lab}_us", math.nan if lab in optional else 0.0)
         acc["Ts"].append(r["T"])
     verdict = {}
     for key, acc in sums.items():
@@ -426,13 +445,19 @@ def judge(table: dict, layer: list[dict], dropped: list, alts: dict | None = Non
         if key in (alts or {}) and alt_best < 0.995 * best:
             row, kind, best = alts[key], "kept: alt", alt_best
             use_pdl = bool(acc["alt_pdl"] < 0.995 * acc["alt"])
-        if best > (1 - KEEP_MARGIN) * acc["untuned"]:  # NaN (dry run): kept
+        drop = bool(best > (1 - KEEP_MARGIN) * acc["untuned"])  # NaN (dry run): kept
+        before = (committed or {}).get(key)
+        change = None if drop else (*row[:2], use_pdl)
+        if (before is not None and change != before
+                and acc["committed"] * (1 - KEEP_MARGIN) <= (acc["untuned"] if drop else best)):
+            table[key], verdict[key] = before, ("kept: committed", before[2])  # NaN: changed
+        elif drop:
             table.pop(key)
             dropped.append(dict(key=str(key), T=acc["Ts"], tuned_us=best,
                                 untuned_us=acc["untuned"], row=row))
             verdict[key] = ("dropped", False)
         else:
-            table[key] = (*row[:2], use_pdl)
+            table[key] = change
             verdict[key] = (kind, use_pdl)
     for r in layer:
         r["row"], r["pdl"] = verdict[r["key"]]
@@ -625,7 +650,7 @@ def main(argv: list[str] | None = None) -> dict:
                         rows["skipped"].append(dict(phase="layer", case=[name, dtype, T]))
                         continue
                     r = layer_rows(judge_layers, label, dtype, T, device, dry, read_gbps, key_of,
-                                   own, alts)
+                                   own, alts, committed)
                     done.append(r)
                     print(f"layer {label} {dtype} T={T}: tuned {r['tuned_us']:.1f} us "
                           f"({r['tuned_pct_read']:.0f}%), with PDL {r['tuned_pdl_us']:.1f}, "
@@ -633,7 +658,7 @@ def main(argv: list[str] | None = None) -> dict:
                           f"({r['untuned_pct_read']:.0f}%), unfused {r['unfused_us']:.1f} "
                           f"({r['unfused_pct_read']:.0f}%)", flush=True)
                 rows["layer"] += done
-                judge(table, done, rows["dropped"], alts)
+                judge(table, done, rows["dropped"], alts, committed)
                 del layers, judge_layers
             except Exception as e:  # a failing preset must not cost the rest of the call
                 rows["errors"].append(dict(where=f"{name} {dtype}", error=f"{type(e).__name__}: "
@@ -735,20 +760,22 @@ def markdown(result: dict) -> str:
                    f"{pct(h):.0f} | {(h / b) if b and h else float('nan'):.2f} |")
     out += ["", "## The layer (CUDA-graph replays, median us; % of the read ceiling for the "
             "bytes the routing activates)", "",
-            "| preset | dtype | T | fused, table | % | with PDL | % | alt (with PDL) | row | "
-            "PDL | fused, untuned | % | unfused | % |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "| preset | dtype | T | fused, table | % | with PDL | % | alt (with PDL) | "
+            "committed | row | PDL | fused, untuned | % | unfused | % |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["layer"]:
         alt = (f"{r['alt_us']:.1f} ({r['alt_pdl_us']:.1f})" if "alt_us" in r else "")
+        before = f"{r['committed_us']:.1f}" if "committed_us" in r else ""
         out.append(f"| {r['preset']} | {r['dtype']} | {r['T']} | {r['tuned_us']:.1f} | "
                    f"{r['tuned_pct_read']:.1f} | {r['tuned_pdl_us']:.1f} | "
-                   f"{r['tuned_pdl_pct_read']:.1f} | {alt} | {r['row']} | {r['pdl']} | "
+                   f"{r['tuned_pdl_pct_read']:.1f} | {alt} | {before} | {r['row']} | {r['pdl']} | "
                    f"{r['untuned_us']:.1f} | "
                    f"{r['untuned_pct_read']:.1f} | {r['unfused_us']:.1f} | "
                    f"{r['unfused_pct_read']:.1f} |")
     out += ["", "alt: the key's best down among the one-pair tiles on a's fp32 rows, with the "
             "best gate_up (fp8 rowwise, where the best down alone is an MMA tile); row "
-            "'kept: alt' took it."]
+            "'kept: alt' took it. committed: the row the table held before this run; 'kept: "
+            f"committed' where no change made the layer {KEEP_MARGIN:.0%} faster than it."]
     out += ["", f"Rows dropped (the layer was not {KEEP_MARGIN:.0%} faster with them than with "
             "the untuned tiles, or no case names them): "
             + ("; ".join(d.get("why") and f"{d['key']}: {d['why']}" or

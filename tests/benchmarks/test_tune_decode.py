@@ -140,9 +140,13 @@ def test_overrides_vary_the_judged_row_alone():
     key = configs.table_key(*routed, quant="fp8_w8a16")
     assert configs.planned(routed, "fp8_w8a16") != configs.w8a16_rule(routed)  # a row to judge
     pdl, untuned = (tune_decode.judged(key, cfg, v) for v in ("tuned_pdl", "untuned"))
+    row = ((8, 1024, 1, 4, 2, 1), (16, 512, 1, 4, 2, 1), True)
+    before = tune_decode.judged(key, cfg, "committed", committed=row)
     assert pdl(routed) == configs.planned(routed, "fp8_w8a16").with_(pdl=True)
     assert untuned(routed) == configs.w8a16_rule(routed)
-    for choose in (pdl, untuned):
+    assert before(routed) == configs.DecodeConfig(configs.GemmConfig(*row[0]),
+                                                  configs.GemmConfig(*row[1]), pdl=True)
+    for choose in (pdl, untuned, before):
         assert choose(shared) == configs.planned(shared) == configs.select(*shared)
         assert choose(other) == configs.planned(other, "fp8_w8a16")
     assert configs.planned(shared, "fp8_w8a16") != configs.planned(shared)  # what it once took
@@ -210,6 +214,50 @@ def test_judge_takes_the_alt_row_where_the_layer_is_faster_with_it():
     assert [(r["row"], r["pdl"]) for r in layer] == [
         ("kept: alt", True), ("kept: alt", True), ("kept", False), ("dropped", False),
         ("kept", False)]
+
+
+def test_judge_keeps_the_committed_row_unless_a_change_wins_by_the_margin():
+    """judge with the committed table: new tiles, another PDL bit or a drop replace the
+    committed row only where the layer was over KEEP_MARGIN faster than with it (layer rows
+    "committed_us"); else the committed row stays, its PDL bit as committed; keys without a
+    committed row are judged against the untuned tiles alone; NaN (dry run) takes the change."""
+    import math
+    import pathlib
+    import sys
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks"))
+    import tune_decode
+
+    g = ((4, 2048, 1, 4, 2, 1), (32, 256, 1, 4, 2, 1))  # this run's tiles
+    c = ((4, 2048, 1, 4, 2, 1), (16, 512, 1, 4, 2, 1))  # the committed tiles
+    committed = {"tiles lose": (*c, True), "tiles win": (*c, False), "close": (*c, False),
+                 "drop by noise": (*g, True), "drop wins": (*g, False),
+                 "pdl by noise": (*g, True), "pdl wins": (*g, True), "same": (*g, False),
+                 "dry": (*c, True)}
+    table = {k: (*g, False) for k in list(committed) + ["new key"]}
+    t = lambda tuned, pdl, untuned, before=None: dict(  # noqa: E731
+        tuned_us=tuned, tuned_pdl_us=pdl, untuned_us=untuned,
+        **({} if before is None else dict(committed_us=before)))
+    layer = [dict(key="tiles lose", T=1, **t(30.0, 30.1, 33.0, 29.8)),
+             dict(key="tiles win", T=1, **t(28.0, 28.5, 33.0, 29.8)),
+             dict(key="close", T=1, **t(29.6, 29.9, 33.0, 29.8)),
+             dict(key="drop by noise", T=16, **t(131.7, 131.0, 131.8, 131.0)),
+             dict(key="drop wins", T=1, **t(50.0, 50.0, 45.0, 50.0)),
+             dict(key="pdl by noise", T=4, **t(59.5, 60.0, 62.0, 60.0)),
+             dict(key="pdl wins", T=4, **t(58.6, 60.1, 62.0, 60.1)),
+             dict(key="same", T=1, **t(30.0, 31.0, 35.0, 30.0)),
+             dict(key="dry", T=1, **t(math.nan, math.nan, math.nan, math.nan)),
+             dict(key="new key", T=1, **t(30.0, 31.0, 35.0))]
+    dropped: list = []
+    tune_decode.judge(table, layer, dropped, committed=committed)
+    assert table == {"tiles lose": (*c, True), "tiles win": (*g, False), "close": (*c, False),
+                     "drop by noise": (*g, True), "pdl by noise": (*g, True),
+                     "pdl wins": (*g, False), "same": (*g, False), "dry": (*g, False),
+                     "new key": (*g, False)}
+    assert [d["key"] for d in dropped] == ["drop wins"]
+    assert [r["row"] for r in layer] == [
+        "kept: committed", "kept", "kept: committed", "kept: committed", "dropped",
+        "kept: committed", "kept", "kept", "kept", "kept"]
 
 
 def test_drop_stale_drops_rows_no_case_names():
