@@ -337,12 +337,10 @@ def judged(key: tuple, cfg, variant: str, gpu: str = "", alt: tuple | None = Non
             return configs.planned(k, quant, gpu)
         if variant == "untuned":
             return configs.untuned(k, quant, gpu)
-        if variant == "committed":
-            return configs.DecodeConfig(configs.GemmConfig(*committed[0]),
-                                        configs.GemmConfig(*committed[1]), pdl=committed[2])
-        if variant.startswith("alt"):
-            return configs.DecodeConfig(configs.GemmConfig(*alt[0]), configs.GemmConfig(*alt[1]),
-                                        pdl=variant == "alt_pdl")
+        if variant == "committed" or variant.startswith("alt"):
+            gate_up, down, pdl = committed if variant == "committed" else alt
+            return configs.DecodeConfig(configs.GemmConfig(*gate_up), configs.GemmConfig(*down),
+                                        pdl=pdl if variant == "committed" else variant == "alt_pdl")
         return configs.planned(k, quant, gpu).with_(pdl=variant == "tuned_pdl")
     return choose
 
