@@ -52,6 +52,14 @@ Rows of bf16 for scout-tp8, maverick-tp8, qwen3-30b-a3b judged in the layer (--l
   benchmarks/probe_device_rows.py --against, 5 rounds ABAB, run 20261207T075941Z-fbf983,
   results/probe_device_rows_12ab863.json). Its other eleven tied (0.998-1.004) or lost (Scout
   T = 16..64 dropped, 1.004-1.013) there, so the rows before it stay.
+Of the rows of bf16 for scout-tp8 swept (--dtypes, --presets) on NVIDIA H100 80GB HBM3 (torch
+  2.11.0+cu130, triton 3.6.0), commit c79befb, run 20261207T082324Z-2eea23
+  (benchmarks/results/tune_decode_bf16_scout-tp8.md), only A = 4's is taken: Scout merges its
+  shared expert at T <= 2, so T = 2 and 4 read A = 4 alone, and in the layer they took 37.5
+  against 39.1 us and 56.1 against 58.6 (0.958, 0.956, every round; H100, probe_device_rows.py
+  --against, 5 rounds ABAB, run 20261207T082656Z-1da17b, results/probe_device_rows_29e5976.json).
+  Its A = 2 row lost at T = 1 (1.018), A = 1 and 8 lost (1.019, 1.023), and its drops of
+  A = 16..64 lost (1.004-1.014), so those rows stay.
 """
 
 BASE_DEVICE = 'NVIDIA H100 80GB HBM3'
@@ -91,7 +99,7 @@ TABLE: dict[tuple, tuple[tuple[int, ...], tuple[int, ...], bool]] = {
     (132, 16, 5120, 1024, 'bfloat16', 16): ((128, 128, 1, 8, 3, 16), (128, 128, 1, 8, 3, 16), True),
     (132, 16, 5120, 1024, 'bfloat16', 2): ((4, 2048, 1, 4, 2, 1), (16, 512, 1, 4, 2, 1), True),
     (132, 16, 5120, 1024, 'bfloat16', 32): ((64, 128, 1, 4, 4, 16), (64, 128, 1, 4, 3, 16), True),
-    (132, 16, 5120, 1024, 'bfloat16', 4): ((4, 2048, 1, 4, 2, 1), (32, 256, 1, 4, 2, 1), False),
+    (132, 16, 5120, 1024, 'bfloat16', 4): ((4, 1024, 1, 4, 2, 1), (32, 256, 1, 4, 2, 1), True),
     (132, 16, 5120, 1024, 'bfloat16', 64): ((64, 128, 1, 4, 3, 16), (128, 128, 1, 4, 2, 16), False),
     (132, 16, 5120, 1024, 'bfloat16', 8): ((64, 128, 1, 4, 4, 16), (64, 128, 1, 4, 2, 1), True),
     (132, 16, 5120, 1024, 'float8_e4m3fn', 1): ((4, 4096, 1, 8, 2, 1), (64, 256, 1, 4, 4, 16), False),
