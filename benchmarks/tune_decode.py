@@ -28,7 +28,8 @@ SM, and the untuned choice (configs.untuned: the heuristic, or fp8_w8a16's rule)
    each row the layer ran with keeps PDL where that was faster, gives way to its alt row where
    the layer was faster with that, and is dropped unless the layer was faster with it than
    with the untuned tiles by KEEP_MARGIN; a committed row gives way (to new tiles, another PDL
-   bit or no row) only where the layer was faster by KEEP_MARGIN than with it (judge); the
+   bit or no row) only where the layer was faster by KEEP_MARGIN than with it (judge), and
+   stays where no layer row reads its key (keep_unjudged); the
    shared expert's rows in Llama 4 Scout's layer at the T it runs that expert in launches of
    its own (shared_judge);
 4. writes $OUT/tune_decode.json, $OUT/tune_decode.md and $OUT/tuned.py (the tables: copy it to
@@ -461,6 +462,20 @@ def judge(table: dict, layer: list[dict], dropped: list, alts: dict | None = Non
         r["row"], r["pdl"] = verdict[r["key"]]
 
 
+def keep_unjudged(table: dict, committed: dict, swept, layer: list[dict]) -> list[dict]:
+    """Swept keys no layer row read (a merged shared expert's T reads A + T pairs, so Maverick's
+    A = 1 serves only layers that do not merge; or the layer phase ran out of time) keep their
+    committed row: one GEMM timed alone is no evidence that the layer is faster with new tiles
+    (judge). Keys without a committed row keep the sweep's. Returns what was kept."""
+    read = {r["key"] for r in layer}
+    kept = []
+    for key in dict.fromkeys(swept):
+        if key not in read and key in committed and table.get(key) != committed[key]:
+            kept.append(dict(key=str(key), swept=table.get(key), committed=committed[key]))
+            table[key] = committed[key]
+    return kept
+
+
 def drop_stale(table: dict, named: set, dropped: list, every_preset: bool = True) -> None:
     """Rows of the formats this run covers (and of its GPU's SM count; with some presets only,
     of their shapes) that no case names: a case the script no longer runs (the shared expert of
@@ -581,7 +596,8 @@ def main(argv: list[str] | None = None) -> dict:
     gpu = args.as_device if args.as_device is not None else "" if dry else meta["device"]
     own = "" if gpu == configs.BASE_DEVICE else gpu  # whose rows the run writes ("": TABLE's)
     committed_base, committed_own = dict(configs.TABLE), dict(configs.BY_DEVICE.get(own, {}))
-    rows: dict = {k: [] for k in ("compile", "sweep", "layer", "dropped", "skipped", "errors")}
+    rows: dict = {k: [] for k in ("compile", "sweep", "layer", "dropped", "unjudged", "skipped",
+                                  "errors")}
     read_gbps = float("nan")
     if not dry:
         from shufflemoe.bench.ceilings import measure_ceilings
@@ -657,6 +673,7 @@ def main(argv: list[str] | None = None) -> dict:
                           f"({r['unfused_pct_read']:.0f}%)", flush=True)
                 rows["layer"] += done
                 judge(table, done, rows["dropped"], alts, committed)
+                rows["unjudged"] += keep_unjudged(table, committed, map(key_of, As), done)
                 del layers, judge_layers
             except Exception as e:  # a failing preset must not cost the rest of the call
                 rows["errors"].append(dict(where=f"{name} {dtype}", error=f"{type(e).__name__}: "
@@ -779,6 +796,9 @@ def markdown(result: dict) -> str:
             + ("; ".join(d.get("why") and f"{d['key']}: {d['why']}" or
                          f"{d['key']} at T = {d['T']}: {d['tuned_us']:.1f} vs {d['untuned_us']:.1f} us"
                          for d in result["dropped"]) or "none")]
+    out += ["", "Rows no layer case read, kept as committed (the sweep's tiles in brackets): "
+            + ("; ".join(f"{d['key']} [{d['swept']}]" for d in result.get("unjudged", []))
+               or "none")]
     out += ["", f"errors: {len(result['errors'])}; skipped: {result['skipped']}"]
     out += [f"- {e['where']}: {e['error'][:200]}" for e in result["errors"][:10]]
     return "\n".join(out) + "\n"

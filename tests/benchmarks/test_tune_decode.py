@@ -328,3 +328,26 @@ def test_markdown_gives_the_weights_share_of_the_read_ceiling():
     md = mod.markdown(dict(meta={}, ceilings=dict(read_gbps=4000.0), sweep=[row], layer=[],
                            dropped=[], errors=[], skipped=[]))
     assert "| p | fp8 | 8 | gate_up | b | 10.0 | 100 | 20.0 | 50 | 2.00 |" in md
+
+
+def test_keep_unjudged_keeps_committed_rows_no_layer_row_read():
+    """keep_unjudged: a swept key that no layer row read (Maverick bf16 A = 1, whose T = 1
+    reads A = 2 with the shared expert merged) keeps its committed row; keys the layer read,
+    and keys without a committed row, keep what the sweep (and judge) left."""
+    import pathlib
+    import sys
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks"))
+    import tune_decode
+
+    g = ((8, 1024, 1, 8, 2, 1), (32, 256, 1, 4, 2, 1), False)  # this run's tiles
+    c = ((4, 2048, 1, 8, 2, 1), (64, 128, 1, 4, 4, 16), True)  # the committed tiles
+    committed = {"unread": c, "read": c, "same": g}
+    table = {"unread": g, "read": g, "same": g, "new": g}
+    kept = tune_decode.keep_unjudged(table, committed, ["unread", "read", "same", "new", "read"],
+                                     [dict(key="read", T=1)])
+    assert table == {"unread": c, "read": g, "same": g, "new": g}
+    assert kept == [dict(key="unread", swept=g, committed=c)]
+    md = tune_decode.markdown(dict(meta={}, ceilings={}, sweep=[], layer=[], dropped=[],
+                                   unjudged=kept, errors=[], skipped=[]))
+    assert f"kept as committed (the sweep's tiles in brackets): unread [{g}]" in md
