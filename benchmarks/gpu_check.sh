@@ -17,8 +17,9 @@
 # measured since: 338 s at 0d023a5, over 450 s at 89e3250 on a fresh H100, its last torch.compile
 # test still running; over 380 s at 8db53ec, 374 s at 59f9f6f, 318 s at 5edc05d with 14 workers: keep
 # TEST_TIMEOUT at its 540 s default), layer ~280 s (measured since: 361 s at ade96e0, 430 s at
-# c113f25, 503 s at 8db53ec, 497 s at 59f9f6f, 395 s at 5edc05d on H100s: a call of its own, with
-# CALL_LIMIT_S=560);
+# c113f25, 503 s at 8db53ec, 497 s at 59f9f6f, 395 s at 5edc05d, 460 s at 9a9ee39 on H100s: a call
+# of its own, with CALL_LIMIT_S=588 and the device call's timeout_s 600; at 560 the run at aeda6f2
+# spent its budget at 474 s, leaving out Mixtral fp8_block T = 64, mxfp4 and the shoot-out);
 # part 2 ~385 s (index_shuffle 30, token_movement 50, grouped_gemm 30, grouped_gemm_sweep 35,
 # e2e_hf 240). These are estimates, not measurements: each part runs under a deadline
 # (BENCH_BUDGET_S) that skips late cases (rows say "skipped: time budget") rather than lose the
