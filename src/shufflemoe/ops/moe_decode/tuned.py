@@ -47,8 +47,9 @@ Rows of fp8_rowwise, fp8_w8a16 for qwen3-30b-a3b judged in the layer (--layer-on
 Rows of bf16 for scout-tp8, maverick-tp8, qwen3-30b-a3b judged in the layer (--layer-only) on
   NVIDIA H100 80GB HBM3 (torch 2.11.0+cu130, triton 3.6.0), commit 12ab863, run
   20261207T075816Z-662275: benchmarks/results/tune_decode_pdl_bf16_scout-tp8_maverick-tp8_qwen3-
-  30b-a3b.md. Of its changes only (132, 16, 5120, 1024, 'bfloat16', 4)'s PDL bit (now off) is
-  taken: in the layer, Scout TP8 bf16 T = 4, 58.6 against 60.1 us, every round (H100,
+  30b-a3b.md. Of its changes only (132, 16, 5120, 1024, 'bfloat16', 4)'s PDL bit (off; the
+  c79befb row below has since replaced that row) was taken: in the layer, Scout TP8 bf16
+  T = 4, 58.6 against 60.1 us, every round (H100,
   benchmarks/probe_device_rows.py --against, 5 rounds ABAB, run 20261207T075941Z-fbf983,
   results/probe_device_rows_12ab863.json). Its other eleven tied (0.998-1.004) or lost (Scout
   T = 16..64 dropped, 1.004-1.013) there, so the rows before it stay.
