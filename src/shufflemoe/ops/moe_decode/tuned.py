@@ -61,16 +61,6 @@ Of the rows of bf16 for scout-tp8 swept (--dtypes, --presets) on NVIDIA H100 80G
   --against, 5 rounds ABAB, run 20261207T082656Z-1da17b, results/probe_device_rows_29e5976.json).
   Its A = 2 row lost at T = 1 (1.018), A = 1 and 8 lost (1.019, 1.023), and its drops of
   A = 16..64 lost (1.004-1.014), so those rows stay.
-Three bf16 rows chosen in the layer, not swept (benchmarks/probe_merged_tiles.py, coordinate
-  descent over the tiles of one GEMM at a time, the layer in CUDA graphs over rotated weights,
-  each best checked against float64; H100, df31456's source,
-  results/probe_merged_tiles_df31456.json):
-  (132, 16, 5120, 1024, 'bfloat16', 2)'s gate_up 8 x 1024 (Scout TP8 T = 1, 28.3 -> 27.2 and
-  28.4 -> 27.5 us in two calls), (132, 16, 5120, 1024, 'bfloat16', 8)'s down the 64 x 64 MMA
-  tile, four stages (Scout TP8 T = 8, 104.1 -> 92.2 and 104.9 -> 92.7), and (132, 128, 5120,
-  1024, 'bfloat16', 8)'s gate_up 4 x 1024 and down the 64 x 128 MMA tile, three stages
-  (Maverick TP8 T = 8, 127.8 -> 123.1); then judged against the rows they replaced in turns
-  (probe_device_rows.py --against, results/probe_device_rows_<this commit>.json).
 """
 
 BASE_DEVICE = 'NVIDIA H100 80GB HBM3'
@@ -97,7 +87,7 @@ TABLE: dict[tuple, tuple[tuple[int, ...], tuple[int, ...], bool]] = {
     (132, 128, 5120, 1024, 'bfloat16', 32): ((4, 1024, 1, 4, 2, 1), (64, 128, 1, 4, 2, 1), False),
     (132, 128, 5120, 1024, 'bfloat16', 4): ((4, 1024, 1, 4, 2, 1), (32, 256, 1, 4, 2, 1), True),
     (132, 128, 5120, 1024, 'bfloat16', 64): ((64, 128, 1, 4, 3, 16), (64, 128, 1, 4, 3, 16), False),
-    (132, 128, 5120, 1024, 'bfloat16', 8): ((4, 1024, 1, 4, 2, 1), (64, 128, 1, 4, 3, 16), False),
+    (132, 128, 5120, 1024, 'bfloat16', 8): ((4, 2048, 1, 4, 2, 1), (64, 128, 1, 4, 2, 1), False),
     (132, 128, 5120, 1024, 'float8_e4m3fn', 1): ((4, 2048, 1, 4, 2, 1), (64, 256, 1, 4, 4, 16), True),
     (132, 128, 5120, 1024, 'float8_e4m3fn', 2): ((8, 2048, 1, 8, 2, 1), (32, 512, 1, 4, 2, 1), False),
     (132, 128, 5120, 1024, 'float8_e4m3fn', 32): ((32, 512, 1, 4, 2, 1), (64, 128, 1, 4, 4, 16), True),
@@ -108,11 +98,11 @@ TABLE: dict[tuple, tuple[tuple[int, ...], tuple[int, ...], bool]] = {
     (132, 128, 5120, 1024, 'fp8_w8a16', 8): ((32, 512, 1, 4, 2, 1), (64, 256, 1, 4, 2, 1), False),
     (132, 16, 5120, 1024, 'bfloat16', 1): ((4, 2048, 1, 4, 2, 1), (4, 1024, 1, 4, 2, 1), True),
     (132, 16, 5120, 1024, 'bfloat16', 16): ((128, 128, 1, 8, 3, 16), (128, 128, 1, 8, 3, 16), True),
-    (132, 16, 5120, 1024, 'bfloat16', 2): ((8, 1024, 1, 8, 2, 1), (16, 512, 1, 4, 2, 1), True),
+    (132, 16, 5120, 1024, 'bfloat16', 2): ((4, 2048, 1, 4, 2, 1), (16, 512, 1, 4, 2, 1), True),
     (132, 16, 5120, 1024, 'bfloat16', 32): ((64, 128, 1, 4, 4, 16), (64, 128, 1, 4, 3, 16), True),
     (132, 16, 5120, 1024, 'bfloat16', 4): ((4, 1024, 1, 4, 2, 1), (32, 256, 1, 4, 2, 1), True),
     (132, 16, 5120, 1024, 'bfloat16', 64): ((64, 128, 1, 4, 3, 16), (128, 128, 1, 4, 2, 16), False),
-    (132, 16, 5120, 1024, 'bfloat16', 8): ((64, 128, 1, 4, 4, 16), (64, 64, 1, 4, 4, 16), True),
+    (132, 16, 5120, 1024, 'bfloat16', 8): ((64, 128, 1, 4, 4, 16), (64, 128, 1, 4, 2, 1), True),
     (132, 16, 5120, 1024, 'float8_e4m3fn', 1): ((4, 4096, 1, 8, 2, 1), (64, 256, 1, 4, 4, 16), False),
     (132, 16, 5120, 1024, 'float8_e4m3fn', 16): ((64, 256, 1, 4, 2, 1), (128, 128, 1, 4, 3, 16), False),
     (132, 16, 5120, 1024, 'float8_e4m3fn', 2): ((4, 2048, 1, 4, 2, 1), (32, 512, 1, 4, 2, 1), False),
