@@ -61,6 +61,14 @@ Of the rows of bf16 for scout-tp8 swept (--dtypes, --presets) on NVIDIA H100 80G
   --against, 5 rounds ABAB, run 20261207T082656Z-1da17b, results/probe_device_rows_29e5976.json).
   Its A = 2 row lost at T = 1 (1.018), A = 1 and 8 lost (1.019, 1.023), and its drops of
   A = 16..64 lost (1.004-1.014), so those rows stay.
+(132, 16, 5120, 1024, 'bfloat16', 2)'s gate_up 8 x 1024 w8 was chosen in the layer, not swept
+  (benchmarks/probe_merged_tiles.py: coordinate descent over one GEMM's tile at a time, the
+  layer in CUDA graphs over rotated weights; H100, df31456,
+  results/probe_merged_tiles_df31456.json), then judged against the row it replaces in the
+  suite's cases: Scout TP8 bf16 T = 1, 27.4 against 28.5 us, 1.042-1.044x every round of two
+  calls (probe_device_rows.py --against, 3 and 5 rounds, runs 20261207T143107Z-ae0936 and
+  20261207T143153Z-9aa807, results/probe_device_rows_240973c_candidates.json). The A = 8 rows
+  found the same way lost there (0.962-0.994) and were not taken.
 """
 
 BASE_DEVICE = 'NVIDIA H100 80GB HBM3'
@@ -98,7 +106,7 @@ TABLE: dict[tuple, tuple[tuple[int, ...], tuple[int, ...], bool]] = {
     (132, 128, 5120, 1024, 'fp8_w8a16', 8): ((32, 512, 1, 4, 2, 1), (64, 256, 1, 4, 2, 1), False),
     (132, 16, 5120, 1024, 'bfloat16', 1): ((4, 2048, 1, 4, 2, 1), (4, 1024, 1, 4, 2, 1), True),
     (132, 16, 5120, 1024, 'bfloat16', 16): ((128, 128, 1, 8, 3, 16), (128, 128, 1, 8, 3, 16), True),
-    (132, 16, 5120, 1024, 'bfloat16', 2): ((4, 2048, 1, 4, 2, 1), (16, 512, 1, 4, 2, 1), True),
+    (132, 16, 5120, 1024, 'bfloat16', 2): ((8, 1024, 1, 8, 2, 1), (16, 512, 1, 4, 2, 1), True),
     (132, 16, 5120, 1024, 'bfloat16', 32): ((64, 128, 1, 4, 4, 16), (64, 128, 1, 4, 3, 16), True),
     (132, 16, 5120, 1024, 'bfloat16', 4): ((4, 1024, 1, 4, 2, 1), (32, 256, 1, 4, 2, 1), True),
     (132, 16, 5120, 1024, 'bfloat16', 64): ((64, 128, 1, 4, 3, 16), (128, 128, 1, 4, 2, 16), False),
