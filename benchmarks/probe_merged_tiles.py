@@ -4,9 +4,9 @@ itself, while a merged call runs the shared expert's programs beside the router,
 the routed ones. One GPU call: for Llama 4 Scout and Maverick TP8 at T = 1 (bf16 and fp8 rowwise
 routed experts, a bf16 shared expert), the layer in CUDA graphs (weights and inputs rotating, as
 the layer suite does; --presets qwen3-30b-a3b --tokens 1 2: the routed experts alone) with the
-table's tiles, then down's tile varied with gate_up's fixed, then
-gate_up's with the best down (coordinate descent); the best checked against float64 and timed
-again beside the table's.
+table's tiles, then down's tile varied with gate_up's fixed (SPLIT too: K split past what the SMs
+need), then gate_up's with the best down (coordinate descent); the best checked against float64
+and timed again beside the table's.
 
     PYTHONPATH=src python benchmarks/probe_merged_tiles.py --out $OUT [--budget 420]
 """
@@ -35,15 +35,19 @@ PRESETS = {"scout-tp8": preset("llama4-scout", tp=8),
 GEMV = ((4, 2048, 4), (4, 4096, 4), (4, 4096, 8), (8, 2048, 8), (8, 4096, 8), (16, 1024, 4),
         (32, 512, 4), (64, 256, 4))
 MMA = ((64, 256, 4, 3), (32, 256, 4, 4), (64, 128, 4, 4))  # down only: (block_n, bytes, warps, stages)
+# down only, one pair a tile with K in this many ranges whatever the SMs need (a short chain a
+# program: one or two K steps): (block_n, bytes, warps, split)
+SPLIT = ((32, 512, 4, 2), (64, 256, 4, 2), (64, 256, 4, 4), (128, 256, 8, 4))
 N_SETS = 8
 
 
-def gemm(tile, itemsize: int, tiles_n: int, K: int, sms: int, split_ok: bool):
-    """A GemmConfig from a candidate: K split so that every SM gets a program (where allowed)."""
+def gemm(tile, itemsize: int, tiles_n: int, K: int, sms: int, split_ok: bool, split=None):
+    """A GemmConfig from a candidate: K split so that every SM gets a program (where allowed),
+    or into `split` ranges."""
     block_n, nbytes, warps = tile[:3]
     stages, block_m = (tile[3], 16) if len(tile) == 4 else (2, 1)
     block_k = nbytes // itemsize
-    split = configs.split_for(tiles_n, -(-K // block_k), sms) if split_ok else 1
+    split = split or (configs.split_for(tiles_n, -(-K // block_k), sms) if split_ok else 1)
     return configs.GemmConfig(block_n, block_k, split, warps, stages, block_m)
 
 
@@ -105,6 +109,7 @@ def main() -> None:
         # no split, its shared programs run early only unsplit)
         parts = (("down", GEMV + MMA, lambda t: gemm(t, itemsize, active * -(-D // t[0]), I, sms,
                                                      True)),
+                 ("down", SPLIT, lambda t: gemm(t[:3], itemsize, 0, I, sms, True, t[3])),
                  ("gate_up", GEMV, lambda t: gemm(t, itemsize, active * -(-I // t[0]), D, sms,
                                                   not merged)))
         best = descend(best, best_us, parts, time_with, deadline, tried)
