@@ -69,6 +69,11 @@ Of the rows of bf16 for scout-tp8 swept (--dtypes, --presets) on NVIDIA H100 80G
   calls (probe_device_rows.py --against, 3 and 5 rounds, runs 20261207T143107Z-ae0936 and
   20261207T143153Z-9aa807, results/probe_device_rows_240973c_candidates.json). The A = 8 rows
   found the same way lost there (0.962-0.994) and were not taken.
+(132, 128, 2048, 768, 'float8_e4m3fn', 8)'s down 32 x 512 (was 64 x 256) was chosen the same way
+  (probe_merged_tiles.py --formats fp8_rowwise, H100, 19fd455, Qwen3-30B-A3B T = 1 28.0 -> 25.9
+  us) and judged with probe_device_rows.py --against in the suite's cases: Qwen3 fp8 rowwise
+  T = 1 27.4 against 25.8 us (3 rounds, results/probe_device_rows_fp8_19fd455.json). Scout's and
+  Maverick's A = 2 rows of that run lost there (0.973, 0.945) and were not taken.
 """
 
 BASE_DEVICE = 'NVIDIA H100 80GB HBM3'
@@ -88,7 +93,7 @@ TABLE: dict[tuple, tuple[tuple[int, ...], tuple[int, ...], bool]] = {
     (132, 128, 2048, 768, 'float8_e4m3fn', 16): ((32, 512, 1, 4, 2, 1), (64, 256, 1, 4, 2, 1), True),
     (132, 128, 2048, 768, 'float8_e4m3fn', 32): ((64, 256, 1, 4, 2, 1), (64, 256, 1, 4, 2, 1), True),
     (132, 128, 2048, 768, 'float8_e4m3fn', 64): ((128, 256, 1, 8, 3, 16), (64, 128, 1, 4, 4, 16), True),
-    (132, 128, 2048, 768, 'float8_e4m3fn', 8): ((32, 512, 1, 4, 2, 1), (64, 256, 1, 4, 2, 1), True),
+    (132, 128, 2048, 768, 'float8_e4m3fn', 8): ((32, 512, 1, 4, 2, 1), (32, 512, 1, 4, 2, 1), True),
     (132, 128, 5120, 1024, 'bfloat16', 1): ((4, 2048, 1, 8, 2, 1), (64, 128, 1, 4, 4, 16), True),
     (132, 128, 5120, 1024, 'bfloat16', 16): ((4, 2048, 1, 4, 2, 1), (64, 128, 1, 4, 3, 16), False),
     (132, 128, 5120, 1024, 'bfloat16', 2): ((8, 1024, 1, 8, 2, 1), (32, 256, 1, 4, 2, 1), True),
