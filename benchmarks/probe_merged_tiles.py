@@ -1,38 +1,47 @@
-"""Tiles for the merged decode (the shared expert in the routed experts' two fused launches) chosen
-in the layer, not in the GEMMs alone: tune_decode.py times each GEMM of the routed experts by
-itself, while a merged call runs the shared expert's programs beside the router, index_shuffle and
-the routed ones. One GPU call: for Llama 4 Scout and Maverick TP8 at T = 1 (bf16 and fp8 rowwise
-routed experts, a bf16 shared expert), the layer in CUDA graphs (weights and inputs rotating, as
-the layer suite does; --presets qwen3-30b-a3b --tokens 1 2: the routed experts alone) with the
-table's tiles, then down's tile varied with gate_up's fixed (SPLIT too: K split past what the SMs
-need), then gate_up's with the best down, then the PDL bit flipped (coordinate descent); the best
-checked against float64 and timed again beside the table's. --write-table FILE: tuned.py with
-every best that beats the table's row by --min-speedup in its place, for probe_device_rows.py
---against FILE to judge in the suite's cases (own / base > 1: the candidate rows are faster).
+"""Decode rows chosen in the layer, one table key at a time, in the cases probe_device_rows.py
+judges: tune_decode.py times each GEMM of the routed experts by itself, while a layer call runs the
+router, index_shuffle, the shared expert (merged into the routed launches at small T) and both
+GEMMs. One GPU call: for each preset and weight format, the --tokens are grouped by the table key
+of their routed launches (Llama 4's merged T = 1 and unmerged T = 2 share A = 2), and each key's
+row is varied one part at a time, the other keys keeping theirs (coordinate descent: down's tile,
+one pair or MMA; down with K split past what the SMs need; gate_up's tile; the PDL bit), scored
+by the sum over the key's T of the layer's time (decode_check's layers and inputs, as the judge:
+CUDA-graph replays over rotated weights and 8 routings). Each best is checked against float64 at
+every T and timed again beside the table's row. --write-table FILE: tuned.py with each key's best
+that beats its row by --min-speedup in its place, for probe_device_rows.py --against FILE to
+judge in turns (own / base > 1: the candidate rows are faster).
 
     PYTHONPATH=src python benchmarks/probe_merged_tiles.py --out $OUT [--budget 420]
+    PYTHONPATH=src python benchmarks/probe_merged_tiles.py --dry-run --out /tmp/x   (CPU)
+
+Writes $OUT/probe_merged_tiles.json: per key its T, the table's row and time at each T, the best,
+the speedup (the table's sum, the smaller of its two timings, over the best's) and every try.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import pathlib
 import sys
 import time
 
-import torch
+if "--dry-run" in sys.argv and not os.environ.get("TRITON_INTERPRET"):
+    os.environ["TRITON_INTERPRET"] = "1"  # before triton decorates any kernel
 
-from shufflemoe import preset
-from shufflemoe.bench.report import metadata
-from shufflemoe.ops.moe_decode import configs
+import torch  # noqa: E402
 
-sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from probe_combine import _check, _graph_us, _layers  # noqa: E402
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from decode_check import inputs, layers_for, tiny, weight_sets  # noqa: E402
+from probe_combine import _check  # noqa: E402
+from tune_decode import DTYPES, N_INPUTS, PRESETS, quant_at, time_us  # noqa: E402
 
-PRESETS = {"scout-tp8": preset("llama4-scout", tp=8),
-           "maverick-tp8": preset("llama4-maverick", tp=8),
-           "qwen3-30b-a3b": preset("qwen3-30b-a3b")}
+from shufflemoe.bench.report import metadata  # noqa: E402
+from shufflemoe.ops import use_impl  # noqa: E402
+from shufflemoe.ops.moe_decode import configs  # noqa: E402
+
 # one pair a tile (block_m = 1): (block_n, bytes of K a step, warps); tune_decode's GEMV_TILES
 GEMV = ((4, 2048, 4), (4, 4096, 4), (4, 4096, 8), (8, 2048, 8), (8, 4096, 8), (16, 1024, 4),
         (32, 512, 4), (64, 256, 4))
@@ -40,7 +49,6 @@ MMA = ((64, 256, 4, 3), (32, 256, 4, 4), (64, 128, 4, 4))  # down only: (block_n
 # down only, one pair a tile with K in this many ranges whatever the SMs need (a short chain a
 # program: one or two K steps): (block_n, bytes, warps, split)
 SPLIT = ((32, 512, 4, 2), (64, 256, 4, 2), (64, 256, 4, 4), (128, 256, 8, 4))
-N_SETS = 8
 
 
 def gemm(tile, itemsize: int, tiles_n: int, K: int, sms: int, split_ok: bool, split=None):
@@ -55,8 +63,8 @@ def gemm(tile, itemsize: int, tiles_n: int, K: int, sms: int, split_ok: bool, sp
 
 def descend(best, best_us, parts, time_with, deadline, tried):
     """Coordinate descent over the decode plan: for each (part, tiles, make) in turn, each tile's
-    GemmConfig make(tile) in place of best's part, timed by time_with(plan); the fastest plan
-    is kept. Appends {part: config, "us" or "error"} to tried; returns the best plan."""
+    make(tile) (a GemmConfig, or the PDL bit) in place of best's part, timed by time_with(plan);
+    the fastest plan is kept. Appends {part: what, "us" or "error"} to tried; returns the best."""
     for part, tiles, make in parts:
         for tile in tiles:
             if time.time() > deadline:
@@ -75,7 +83,89 @@ def descend(best, best_us, parts, time_with, deadline, tried):
     return best
 
 
-def _row(c: dict) -> tuple:
+def routed_keys(cfg, layer, x, gpu: str) -> set:
+    """The configs.select keys of one call's routed launches (E = the layer's experts; a merged
+    shared expert's rows are in their A); none where the call takes the unfused path."""
+    seen = set()
+
+    def record(k):
+        if k[1] == cfg.num_experts:
+            seen.add(k)
+        return configs.planned(k, quant_at(k, cfg), gpu)
+    with configs.override(record), torch.no_grad():
+        layer(x)
+    return seen
+
+
+def only_at(cfg, tkey: tuple, plan: configs.DecodeConfig, gpu: str):
+    """An override: ``plan`` for the routed launches whose table key is ``tkey``, every other
+    launch its row as the GPU ``gpu`` reads the tables."""
+    def chosen(k):
+        quant = quant_at(k, cfg)
+        if k[1] == cfg.num_experts and configs.table_key(*k, quant=quant) == tkey:
+            return plan
+        return configs.planned(k, quant, gpu)
+    return chosen
+
+
+def key_cases(cfg, tokens, device: str, gpu: str, dry: bool) -> dict:
+    """{table key: [(T, raw key, layers, inputs)]} for the T whose routed launches take the
+    fused kernels."""
+    out: dict = {}
+    for T in tokens:
+        layers = layers_for(cfg, 1 if dry else weight_sets(cfg, T), device)
+        xs = inputs(cfg, T, device, 2 if dry else N_INPUTS)
+        for k in sorted(routed_keys(cfg, layers[0], xs[0], gpu)):
+            tkey = configs.table_key(*k, quant=cfg.quantization)
+            out.setdefault(tkey, []).append((T, k, layers, xs))
+    return out
+
+
+def key_row(cfg, tkey, cases, gpu: str, deadline: float, dry: bool) -> dict:
+    """The descent for one key over its cases (see the module's docstring)."""
+    E, D, I, k = cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.top_k
+    sms = cases[0][1][5]  # the layer's: configs.select's key ends with the SMs
+    itemsize = cases[0][2][0].w13.dtype.itemsize
+    merged = [c[1][0] > c[0] * k for c in cases]  # rows planned past T k: the shared expert's
+    active = min(E, cases[0][0] * k) + merged[0]  # weight sets streamed (the shared expert's too)
+    table = configs.planned(cases[0][1], cfg.quantization, gpu)
+
+    def times(plan) -> list[float]:
+        out = []
+        with configs.override(only_at(cfg, tkey, plan, gpu)), torch.no_grad():
+            for _, _, layers, xs in cases:
+                run = lambda i, layers=layers, xs=xs: layers[i % len(layers)](xs[i])  # noqa: E731
+                if dry:
+                    run(0)
+                    out.append(float("nan"))
+                else:
+                    out.append(time_us(run, len(xs), 30))
+        return out
+
+    row = dict(key=tkey, T=[c[0] for c in cases], A=[c[1][0] for c in cases],
+               merged=merged, table=[table.gate_up.__dict__, table.down.__dict__, table.pdl])
+    row["table_us"] = times(table)
+    few = (lambda t: t[:1]) if dry else (lambda t: t)
+    parts = (("down", few(GEMV + MMA), lambda t: gemm(t, itemsize, active * -(-D // t[0]), I, sms,
+                                                      True)),
+             ("down", few(SPLIT), lambda t: gemm(t[:3], itemsize, 0, I, sms, True, t[3])),
+             ("gate_up", few(GEMV), lambda t: gemm(t, itemsize, active * -(-I // t[0]), D, sms,
+                                                   not any(merged))),  # merged: unsplit, early
+             ("pdl", (not table.pdl,), lambda t: t))
+    tried: list = []
+    best = descend(table, sum(row["table_us"]), parts, lambda p: sum(times(p)), deadline, tried)
+    with configs.override(only_at(cfg, tkey, best, gpu)), torch.no_grad():
+        row["check"] = [_check(c[2][0], c[3][0]) for c in cases]
+    row["best"] = [best.gate_up.__dict__, best.down.__dict__, best.pdl]
+    row["best_us"] = times(best)
+    row["table_again_us"] = times(table)
+    row["speedup"] = round(min(sum(row["table_us"]), sum(row["table_again_us"]))
+                           / sum(row["best_us"]), 3)
+    row["tried"] = tried
+    return row
+
+
+def _fields(c: dict) -> tuple:
     return tuple(c[f] for f in ("block_n", "block_k", "split_k", "num_warps", "num_stages",
                                 "block_m"))
 
@@ -88,7 +178,7 @@ def write_table(path: pathlib.Path, rows) -> None:
     for r in rows:
         gate_up, down, pdl = r["best"]
         key = tuple(r["key"])
-        line = f"    {key!r}: ({_row(gate_up)}, {_row(down)}, {pdl}),"
+        line = f"    {key!r}: ({_fields(gate_up)}, {_fields(down)}, {pdl}),"
         at = [i for i, s in enumerate(src[:end]) if s.startswith(f"    {key!r}:")]
         if at:
             src[at[0]] = line
@@ -99,69 +189,46 @@ def write_table(path: pathlib.Path, rows) -> None:
     path.write_text("\n".join(src) + "\n")
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True, type=pathlib.Path)
     p.add_argument("--budget", type=float, default=420.0)
-    p.add_argument("--formats", nargs="+", default=["none", "fp8_rowwise"])
+    p.add_argument("--dtypes", nargs="+", default=["bf16", "fp8"], choices=list(DTYPES))
     p.add_argument("--presets", nargs="+", default=["scout-tp8", "maverick-tp8"])
-    p.add_argument("--tokens", nargs="+", type=int, default=[1])
+    p.add_argument("--tokens", nargs="+", type=int, default=[1, 2])
     p.add_argument("--write-table", type=pathlib.Path, default=None,
                    help="a copy of tuned.py with each best that beats its row by --min-speedup")
     p.add_argument("--min-speedup", type=float, default=1.02)
-    args = p.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
+    p.add_argument("--dry-run", action="store_true")
+    args = p.parse_args(argv)
+    dry = args.dry_run
+    device = "cpu" if dry else "cuda"
+    gpu = "" if dry else torch.cuda.get_device_name()
+    if args.write_table and gpu not in ("", configs.BASE_DEVICE):
+        p.error(f"--write-table writes the base table ({configs.BASE_DEVICE}'s), not {gpu}'s")
     deadline = time.time() + args.budget
     meta, rows = metadata(), []
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    for name, fmt, T in [(n, f, t) for n in args.presets for f in args.formats
-                         for t in args.tokens]:
-        cfg = PRESETS[name].replace(quantization=fmt)
-        layers = _layers(cfg, "cuda", False)
-        xs = [torch.randn(T, cfg.hidden_size, device="cuda", dtype=cfg.dtype)
-              for _ in range(N_SETS)]
-        D, I, E, k = cfg.hidden_size, cfg.intermediate_size, cfg.num_experts, cfg.top_k
-        itemsize = 1 if fmt == "fp8_rowwise" else 2
-        merged = bool(cfg.shared_intermediate_size) and configs.merges_shared(T, k, fmt, E)
-        A = T * k + (T if merged else 0)  # rows the fused kernels plan for
-        active = min(E, T * k) + merged  # weight sets streamed (the shared expert's too)
-        table = configs.select(A, E, D, I, layers[0].w13.dtype, sms, fmt)
-
-        def time_with(plan, layers=layers, xs=xs):
-            with configs.override(plan), torch.no_grad():
-                return _graph_us(layers, xs, False)["us"]
-
-        row = dict(preset=name, format=fmt, T=T, merged=merged,
-                   key=configs.table_key(A, E, D, I, layers[0].w13.dtype, sms, fmt), table=[table.gate_up.__dict__,
-                                                        table.down.__dict__, table.pdl])
-        row["table_us"] = time_with(table)
-        best, best_us, tried = table, row["table_us"], []
-        # down's tile first (K split to fill the SMs), then gate_up's with the best down (merged:
-        # no split, its shared programs run early only unsplit)
-        parts = (("down", GEMV + MMA, lambda t: gemm(t, itemsize, active * -(-D // t[0]), I, sms,
-                                                     True)),
-                 ("down", SPLIT, lambda t: gemm(t[:3], itemsize, 0, I, sms, True, t[3])),
-                 ("gate_up", GEMV, lambda t: gemm(t, itemsize, active * -(-I // t[0]), D, sms,
-                                                  not merged)),
-                 ("pdl", (not table.pdl,), lambda t: t))
-        best = descend(best, best_us, parts, time_with, deadline, tried)
-        with configs.override(best), torch.no_grad():
-            row["check"] = _check(layers[0], xs[0])
-        row["best"] = [best.gate_up.__dict__, best.down.__dict__, best.pdl]
-        row["best_us"] = time_with(best)
-        row["table_again_us"] = time_with(table)
-        row["speedup"] = round(min(row["table_us"], row["table_again_us"]) / row["best_us"], 3)
-        row["tried"] = tried
-        rows.append(row)
-        print(json.dumps({k: v for k, v in row.items() if k != "tried"}), flush=True)
-        del layers
-        torch.cuda.empty_cache()
+    with use_impl("triton"):
+        for name in args.presets:
+            for dtype in args.dtypes:
+                cfg = PRESETS[name].replace(quantization=DTYPES[dtype])
+                cfg = tiny(cfg) if dry else cfg
+                for tkey, cases in key_cases(cfg, args.tokens, device, gpu, dry).items():
+                    row = dict(preset=name, dtype=dtype,
+                               **key_row(cfg, tkey, cases, gpu, deadline, dry))
+                    rows.append(row)
+                    print(json.dumps({k: v for k, v in row.items() if k != "tried"}), flush=True)
+                if not dry:
+                    torch.cuda.empty_cache()
     meta["seconds"] = round(time.time() - deadline + args.budget)
     if args.write_table:
-        write_table(args.write_table, [r for r in rows if r["check"] == "ok"
+        write_table(args.write_table, [r for r in rows if set(r["check"]) == {"ok"}
+                                       and not math.isnan(r["speedup"])
                                        and r["speedup"] >= args.min_speedup])
-    (args.out / "probe_merged_tiles.json").write_text(json.dumps(dict(meta=meta, rows=rows),
-                                                                 indent=1))
+    result = dict(meta=meta, rows=rows)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "probe_merged_tiles.json").write_text(json.dumps(result, indent=1, default=str))
+    return result
 
 
 if __name__ == "__main__":
