@@ -15,7 +15,9 @@ judge in turns (own / base > 1: the candidate rows are faster).
     PYTHONPATH=src python benchmarks/probe_merged_tiles.py --dry-run --out /tmp/x   (CPU)
 
 Writes $OUT/probe_merged_tiles.json: per key its T, the table's row and time at each T, the best,
-the speedup (the table's sum, the smaller of its two timings, over the best's) and every try.
+the speedup (the table's sum, the smaller of its two timings, over the best's) and every try; the
+keys not begun within --budget under "skipped" (one begun stops its descent at the budget's end,
+then is checked and timed with the best it found).
 """
 
 from __future__ import annotations
@@ -110,10 +112,13 @@ def only_at(cfg, tkey: tuple, plan: configs.DecodeConfig, gpu: str):
 
 def key_cases(cfg, tokens, device: str, gpu: str, dry: bool) -> dict:
     """{table key: [(T, raw key, layers, inputs)]} for the T whose routed launches take the
-    fused kernels."""
+    fused kernels. One set of layers serves every T (layers_for seeds layer i with i: the
+    judge's weight sets at each T are a prefix of the largest)."""
+    sets = {T: 1 if dry else weight_sets(cfg, T) for T in tokens}
+    every = layers_for(cfg, max(sets.values()), device)
     out: dict = {}
     for T in tokens:
-        layers = layers_for(cfg, 1 if dry else weight_sets(cfg, T), device)
+        layers = every[:sets[T]]
         xs = inputs(cfg, T, device, 2 if dry else N_INPUTS)
         for k in sorted(routed_keys(cfg, layers[0], xs[0], gpu)):
             tkey = configs.table_key(*k, quant=cfg.quantization)
@@ -207,13 +212,17 @@ def main(argv: list[str] | None = None) -> dict:
     if args.write_table and gpu not in ("", configs.BASE_DEVICE):
         p.error(f"--write-table writes the base table ({configs.BASE_DEVICE}'s), not {gpu}'s")
     deadline = time.time() + args.budget
-    meta, rows = metadata(), []
+    meta, rows, skipped = metadata(), [], []  # skipped: the keys the budget left untried
     with use_impl("triton"):
         for name in args.presets:
             for dtype in args.dtypes:
                 cfg = PRESETS[name].replace(quantization=DTYPES[dtype])
                 cfg = tiny(cfg) if dry else cfg
                 for tkey, cases in key_cases(cfg, args.tokens, device, gpu, dry).items():
+                    if time.time() > deadline:
+                        skipped.append(dict(preset=name, dtype=dtype, key=tkey,
+                                            T=[c[0] for c in cases]))
+                        continue
                     row = dict(preset=name, dtype=dtype,
                                **key_row(cfg, tkey, cases, gpu, deadline, dry))
                     rows.append(row)
@@ -225,7 +234,7 @@ def main(argv: list[str] | None = None) -> dict:
         write_table(args.write_table, [r for r in rows if set(r["check"]) == {"ok"}
                                        and not math.isnan(r["speedup"])
                                        and r["speedup"] >= args.min_speedup])
-    result = dict(meta=meta, rows=rows)
+    result = dict(meta=meta, rows=rows, skipped=skipped)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "probe_merged_tiles.json").write_text(json.dumps(result, indent=1, default=str))
     return result

@@ -43,6 +43,15 @@ def test_the_t_of_one_key_descend_together(tmp_path):
     assert rows[0]["check"] == ["ok", "ok"] and len(rows[0]["best_us"]) == 2
 
 
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the script itself runs")
+def test_keys_past_the_budget_are_named_not_tried(tmp_path):
+    result = dry_run("probe_merged_tiles", tmp_path, "--presets", "scout-tp8", "--dtypes", "bf16",
+                     "--tokens", "1", "2", "--budget", "0")
+    assert result["rows"] == []
+    assert sorted(T for s in result["skipped"] for T in s["T"]) == [1, 2]
+
+
 def test_write_table_replaces_one_row(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     import probe_device_rows
