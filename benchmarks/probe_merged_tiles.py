@@ -230,13 +230,14 @@ def main(argv: list[str] | None = None) -> dict:
                 if not dry:
                     torch.cuda.empty_cache()
     meta["seconds"] = round(time.time() - deadline + args.budget)
-    if args.write_table:
-        write_table(args.write_table, [r for r in rows if set(r["check"]) == {"ok"}
-                                       and not math.isnan(r["speedup"])
-                                       and r["speedup"] >= args.min_speedup])
     result = dict(meta=meta, rows=rows, skipped=skipped)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "probe_merged_tiles.json").write_text(json.dumps(result, indent=1, default=str))
+    if args.write_table:
+        args.write_table.parent.mkdir(parents=True, exist_ok=True)
+        write_table(args.write_table, [r for r in rows if set(r["check"]) == {"ok"}
+                                       and not math.isnan(r["speedup"])
+                                       and r["speedup"] >= args.min_speedup])
     return result
 
 

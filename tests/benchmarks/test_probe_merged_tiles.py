@@ -46,9 +46,12 @@ def test_the_t_of_one_key_descend_together(tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the script itself runs")
 def test_keys_past_the_budget_are_named_not_tried(tmp_path):
+    table = tmp_path / "new" / "cand_tuned.py"
     result = dry_run("probe_merged_tiles", tmp_path, "--presets", "scout-tp8", "--dtypes", "bf16",
-                     "--tokens", "1", "2", "--budget", "0")
-    assert result["rows"] == []
+                     "--tokens", "1", "2", "--budget", "0", "--write-table", str(table))
+    assert result["rows"] == []  # so no row beat its own: tuned.py as it is
+    assert table.read_text() == (BENCHMARKS.parent / "src/shufflemoe/ops/moe_decode/tuned.py"
+                                 ).read_text()
     assert sorted(T for s in result["skipped"] for T in s["T"]) == [1, 2]
 
 
