@@ -38,7 +38,7 @@ import torch  # noqa: E402
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from decode_check import inputs, layers_for, tiny, weight_sets  # noqa: E402
 from probe_combine import _check  # noqa: E402
-from tune_decode import DTYPES, N_INPUTS, PRESETS, quant_at, time_us  # noqa: E402
+from tune_decode import DTYPES, N_INPUTS, PRESETS, fields, quant_at, time_us  # noqa: E402
 
 from shufflemoe.bench.report import metadata  # noqa: E402
 from shufflemoe.ops import use_impl  # noqa: E402
@@ -170,11 +170,6 @@ def key_row(cfg, tkey, cases, gpu: str, deadline: float, dry: bool) -> dict:
     return row
 
 
-def _fields(c: dict) -> tuple:
-    return tuple(c[f] for f in ("block_n", "block_k", "split_k", "num_warps", "num_stages",
-                                "block_m"))
-
-
 def write_table(path: pathlib.Path, rows) -> None:
     """tuned.py with each row's best in TABLE at its key (the base table: BASE_DEVICE's rows), for
     probe_device_rows.py --against to judge in the suite's cases."""
@@ -183,7 +178,8 @@ def write_table(path: pathlib.Path, rows) -> None:
     for r in rows:
         gate_up, down, pdl = r["best"]
         key = tuple(r["key"])
-        line = f"    {key!r}: ({_fields(gate_up)}, {_fields(down)}, {pdl}),"
+        gate_up, down = (fields(configs.GemmConfig(**c)) for c in (gate_up, down))
+        line = f"    {key!r}: ({gate_up}, {down}, {pdl}),"
         at = [i for i, s in enumerate(src[:end]) if s.startswith(f"    {key!r}:")]
         if at:
             src[at[0]] = line

@@ -32,7 +32,6 @@ def test_dry_run(tmp_path):
     assert all(r["merged"] == [True] for r in rows if r["T"] == [1])  # Scout's shared expert
 
 
-
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the script itself runs")
 def test_the_t_of_one_key_descend_together(tmp_path):
     """Mixtral (top-2) at T = 3 and 4: A = 6 and 8, one key (A rounds up to 8), one descent
@@ -41,7 +40,6 @@ def test_the_t_of_one_key_descend_together(tmp_path):
                    "bf16", "--tokens", "3", "4")["rows"]
     assert [(r["T"], r["A"], r["key"][5]) for r in rows] == [([3, 4], [6, 8], 8)]
     assert rows[0]["check"] == ["ok", "ok"] and len(rows[0]["best_us"]) == 2
-
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the script itself runs")
