@@ -677,12 +677,13 @@ class MoE(nn.Module):
     def _route_and_run(self, hot: _Hot, x: Tensor, logits: Tensor, out: Tensor,
                        join: Callable[[], None] = lambda: None, overwrite: bool = False) -> None:
         """out += the routed experts' output for router logits [T, E] (overwrite: out = it,
-        local dispatch only, see _routed_first)."""
+        local dispatch only, see _routed_first; x is the layer's input, written before the
+        router's launch, which is not launched early: x_ready)."""
         paths = hot.paths
         routing = paths.route(logits, paths.config, hot.router_bias)
         if overwrite:
             paths.dispatch.run(paths.experts, x, routing, hot.weights, out, paths.config, join,
-                               overwrite=True)
+                               overwrite=True, x_ready=True)
         else:
             paths.dispatch.run(paths.experts, x, routing, hot.weights, out, paths.config, join)
 

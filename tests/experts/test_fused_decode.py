@@ -89,6 +89,7 @@ def fused_calls(monkeypatch):
 
 CASES = [(name, 5) for name in CONFIGS] + [
     ("llama4 (weights on input)", 1), ("qwen3 (k=8 of 128)", 1), ("llama4 fp8", 1),
+    ("mixtral fp8", 1),
     ("gpt-oss mxfp4", 1), ("llama4 fp8_block", 1)]
 
 
@@ -103,6 +104,31 @@ def test_layer_through_fused_kernels(name, T, fused_calls):
         y = layer(x)
     assert fused_calls, "the fused path was not taken"
     assert_close(y, ref, tolerance_key(cfg), name=f"{name} T={T}", magnitude=mag)
+
+
+def test_layer_says_x_is_ready(monkeypatch):
+    """The layer tells the fused gate_up that x is its input, written before the routing's
+    launches (early: fp8 rowwise at T = 1 takes x's amax before the PDL wait); the strategy
+    called by itself, whose caller's last kernel might write x, does not."""
+    early = []
+    for impl, ops in list(_impl._OPS.items()):
+        real = ops.decode_gate_up
+        monkeypatch.setitem(_impl._OPS, impl, dataclasses.replace(
+            ops, decode_gate_up=lambda *a, real=real, **k: early.append(k.get("early", False))
+            or real(*a, **k)))
+    cfg = CONFIGS["mixtral fp8"]
+    layer = make_layer(cfg, device=DEV)
+    x = make_input(cfg, 1, seed=3, device=DEV)
+    r = layer.route(x)
+    ref, mag = naive_moe(layer, x, r, with_magnitude=True)
+    with use_impl("triton"), configs.override(configs.ALWAYS):
+        y = layer(x)
+        assert early == [True]
+        out = torch.full_like(x, float("nan"))
+        layer.experts.forward(x, r, layer.expert_weights, out, cfg, overwrite=True)
+        assert early == [True, False]
+    assert_close(y, ref, tolerance_key(cfg), magnitude=mag)
+    assert_close(out, ref, tolerance_key(cfg), magnitude=mag)
 
 
 def test_switch_picks_the_path(fused_calls):

@@ -20,9 +20,12 @@ class LocalDispatch(Dispatch):
         return [{}] if ep == tp == 1 else []
 
     def run(self, experts, x, routing, weights, out, cfg, before_combine=lambda: None,
-            overwrite=False):
-        """overwrite: out = the routed output (the layer asks only strategies that overwrite)."""
+            overwrite=False, x_ready=False):
+        """overwrite: out = the routed output (the layer asks only strategies that overwrite,
+        and says whether x was written before the routing's launches: x_ready, see
+        Shuffled.forward)."""
         if overwrite:
-            experts.forward(x, routing, weights, out, cfg, before_combine, overwrite=True)
+            experts.forward(x, routing, weights, out, cfg, before_combine, overwrite=True,
+                            x_ready=x_ready)
         else:
             experts.forward(x, routing, weights, out, cfg, before_combine)

@@ -28,8 +28,10 @@ class Shuffled(Experts):
     overwrites = True
 
     def forward(self, x, routing, weights, out, cfg, before_combine=lambda: None,
-                overwrite=False):
-        """out += the routed output; overwrite (every pair routed): out = it."""
+                overwrite=False, x_ready=False):
+        """out += the routed output; overwrite (every pair routed): out = it. x_ready: x was
+        written before the routing's launches (the layer's input under local dispatch), so the
+        fused decode gate_up may read it before its PDL wait (fp8 rowwise at T = 1: x's amax)."""
         r, w, ops = routing, weights, backend_for(x)
         w_in, w_out = pair_weights(r, cfg)
         # fused kernels only: the torch reference of the fused path composes the same ops as
@@ -47,7 +49,7 @@ class Shuffled(Experts):
             a = ops.decode_gate_up(x, w.w13, w.w13_scale, r.counts, r.token_ids, w_in,
                                    gate_up_outputs(None, r.num_pairs, I, x.dtype, w.quantization,
                                                    x.device, fp32=fp32), 0,
-                                   w.quantization, w.w13_bias, cfg.act)
+                                   w.quantization, w.w13_bias, cfg.act, early=x_ready)
             before_combine()
             ops.decode_down(*(a if isinstance(a, tuple) else (a, None)), w.w2, w.w2_scale,
                             r.counts, r.token_ids, r.positions, w_out, out, not overwrite, 0,

@@ -24,7 +24,7 @@ ops.quantize, as gather_scale and silu_mul do): gate_up quantizes its rows of x 
 from the rows' amax (a pass over the rows before the loop); its epilogue stores a in fp32. At
 T = 1 every routed row is x[0] times its input weight, so the amax is max |x[0]| times |w| (the
 same bits: rounding is monotone), and where the caller says x was written before the launches
-gate_up overlaps (early: the layer's merged call) it is taken before the PDL wait. Where down's
+gate_up overlaps (early: the layer's calls) it is taken before the PDL wait. Where down's
 tiles hold one pair (configs.down_quantizes), down quantizes those rows itself (A_F32): each
 program takes its rows' amax (a pass before its K loop) and quantizes each K step's tile in
 registers, the formula of ops.quantize, so no gate_up program waits for the rest of its m-tile.
