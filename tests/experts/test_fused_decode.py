@@ -68,16 +68,16 @@ CONFIGS = {
 
 @pytest.fixture
 def fused_calls(monkeypatch):
-    """Counts the strategy's calls into the fused kernels' entry point (each implementation's,
+    """The strategy's calls into the fused kernels' entry point (each implementation's,
     which the strategy calls unchecked; the default switch fuses bf16 top-1 layers only: tests
-    that need the others force it with configs.ALWAYS). The routed experts' calls only: a
-    shared expert's (MoE.shared_expert at decode sizes) use workspace 1."""
+    that need the others force it with configs.ALWAYS), each as its ``early`` flag. The routed
+    experts' calls only: a shared expert's (MoE.shared_expert at decode sizes) use workspace 1."""
     calls = []
 
     def counted(real):
         def call(*a, **k):
             if (a[7] if len(a) > 7 else k.get("workspace", 0)) == 0:
-                calls.append(1)
+                calls.append(k.get("early", False))
             return real(*a, **k)
         return call
 
@@ -106,16 +106,10 @@ def test_layer_through_fused_kernels(name, T, fused_calls):
     assert_close(y, ref, tolerance_key(cfg), name=f"{name} T={T}", magnitude=mag)
 
 
-def test_layer_says_x_is_ready(monkeypatch):
+def test_layer_says_x_is_ready(fused_calls):
     """The layer tells the fused gate_up that x is its input, written before the routing's
     launches (early: fp8 rowwise at T = 1 takes x's amax before the PDL wait); the strategy
     called by itself, whose caller's last kernel might write x, does not."""
-    early = []
-    for impl, ops in list(_impl._OPS.items()):
-        real = ops.decode_gate_up
-        monkeypatch.setitem(_impl._OPS, impl, dataclasses.replace(
-            ops, decode_gate_up=lambda *a, real=real, **k: early.append(k.get("early", False))
-            or real(*a, **k)))
     cfg = CONFIGS["mixtral fp8"]
     layer = make_layer(cfg, device=DEV)
     x = make_input(cfg, 1, seed=3, device=DEV)
@@ -123,10 +117,10 @@ def test_layer_says_x_is_ready(monkeypatch):
     ref, mag = naive_moe(layer, x, r, with_magnitude=True)
     with use_impl("triton"), configs.override(configs.ALWAYS):
         y = layer(x)
-        assert early == [True]
+        assert fused_calls == [True]
         out = torch.full_like(x, float("nan"))
         layer.experts.forward(x, r, layer.expert_weights, out, cfg, overwrite=True)
-        assert early == [True, False]
+        assert fused_calls == [True, False]
     assert_close(y, ref, tolerance_key(cfg), magnitude=mag)
     assert_close(out, ref, tolerance_key(cfg), magnitude=mag)
 
