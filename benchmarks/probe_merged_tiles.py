@@ -87,15 +87,19 @@ def descend(best, best_us, parts, time_with, deadline, tried):
 
 def routed_keys(cfg, layer, x, gpu: str) -> set:
     """The configs.select keys of one call's routed launches (E = the layer's experts; a merged
-    shared expert's rows are in their A); none where the call takes the unfused path."""
+    shared expert's rows are in their A); none where the call takes the unfused path. The call
+    recorded is the second: on a GPU the first also reserves the fused kernels' arrival words,
+    selecting a plan for every A the Switch fuses (moe_decode.reserve)."""
     seen = set()
 
     def record(k):
         if k[1] == cfg.num_experts:
             seen.add(k)
         return configs.planned(k, quant_at(k, cfg), gpu)
-    with configs.override(record), torch.no_grad():
+    with torch.no_grad():
         layer(x)
+        with configs.override(record):
+            layer(x)
     return seen
 
 

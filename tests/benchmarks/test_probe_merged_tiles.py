@@ -72,3 +72,27 @@ def test_write_table_replaces_one_row(tmp_path, monkeypatch):
         k: v for k, v in configs.TABLE.items() if k != key}
     assert cand.BY_DEVICE == configs.BY_DEVICE
     assert probe_device_rows.differing(cand, "") == {key: configs.TABLE[key], new_key: None}
+
+
+def test_routed_keys_skip_the_first_calls_reservation(monkeypatch):
+    """On a GPU a layer's first call also reserves the fused kernels' arrival words, selecting a
+    plan for every A the Switch fuses: the keys are those of a later call, its own A alone (the
+    fifty-third session's descent spent its budget on Scout's reserved A = 5..80 at T = 1)."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import probe_merged_tiles
+    import tune_decode
+    from shufflemoe.ops.moe_decode import configs
+
+    cfg = tune_decode.PRESETS["scout-tp8"]
+    E, D, I = cfg.num_experts, cfg.hidden_size, cfg.intermediate_size
+    calls = []
+
+    def layer(x):
+        if not calls:  # as moe_decode.reserve on the first call
+            for A in range(1, configs.Switch().max_pairs + 1):
+                configs.select(A, E, D, I, torch.bfloat16, 132, "none", "")
+        calls.append(x)
+        return configs.select(2, E, D, I, torch.bfloat16, 132, "none", "")
+
+    keys = probe_merged_tiles.routed_keys(cfg, layer, torch.ones(1), "")
+    assert [k[0] for k in keys] == [2] and len(calls) == 2
