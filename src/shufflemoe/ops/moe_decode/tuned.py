@@ -74,6 +74,13 @@ Of the rows of bf16 for scout-tp8 swept (--dtypes, --presets) on NVIDIA H100 80G
   us) and judged with probe_device_rows.py --against in the suite's cases: Qwen3 fp8 rowwise
   T = 1 27.4 against 25.8 us (3 rounds, results/probe_device_rows_fp8_19fd455.json). Scout's and
   Maverick's A = 2 rows of that run lost there (0.973, 0.945) and were not taken.
+(132, 128, 5120, 1024, 'fp8_w8a16', 4), a key the table lacked, was chosen the same way
+  (probe_merged_tiles.py, H100, 23f64cf, Maverick TP8 fp8_w8a16 T = 4, 46.7 -> 44.1 us) and
+  judged with probe_device_rows.py --against in the suite's cases: Maverick TP8 fp8_w8a16 T = 4
+  47.3 against 44.4 us, every one of 3 rounds (results/probe_device_rows_w8a16_23f64cf.json).
+  That descent's other keys (Qwen3 fp8 A = 8..32 and fp8_w8a16 A = 8..64, Maverick fp8 A = 2..8
+  and fp8_w8a16 A = 2, Scout fp8 and fp8_w8a16 A = 2..8) found nothing better than 1.009
+  (results/probe_merged_tiles_fp8_w8a16_23f64cf.json, ..._scout_fp8_w8a16_23f64cf.json).
 """
 
 BASE_DEVICE = 'NVIDIA H100 80GB HBM3'
@@ -108,6 +115,7 @@ TABLE: dict[tuple, tuple[tuple[int, ...], tuple[int, ...], bool]] = {
     (132, 128, 5120, 1024, 'float8_e4m3fn', 64): ((64, 256, 1, 4, 4, 16), (64, 128, 1, 4, 4, 16), False),
     (132, 128, 5120, 1024, 'float8_e4m3fn', 8): ((64, 512, 1, 8, 2, 1), (64, 128, 1, 4, 4, 16), False),
     (132, 128, 5120, 1024, 'fp8_w8a16', 1): ((4, 4096, 1, 4, 2, 1), (16, 1024, 1, 4, 2, 1), False),
+    (132, 128, 5120, 1024, 'fp8_w8a16', 4): ((4, 2048, 1, 4, 2, 1), (64, 256, 1, 4, 2, 1), True),
     (132, 128, 5120, 1024, 'fp8_w8a16', 8): ((32, 512, 1, 4, 2, 1), (64, 256, 1, 4, 2, 1), False),
     (132, 16, 5120, 1024, 'bfloat16', 1): ((4, 2048, 1, 4, 2, 1), (4, 1024, 1, 4, 2, 1), True),
     (132, 16, 5120, 1024, 'bfloat16', 16): ((128, 128, 1, 8, 3, 16), (128, 128, 1, 8, 3, 16), True),
